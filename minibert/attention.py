@@ -1,0 +1,208 @@
+"""Scaled dot-product attention, three ways, side by side.
+
+All three compute the same thing (Vaswani et al. 2017):
+
+    Attention(Q, K, V) = softmax(Q Kᵀ / √hs + bias) V
+
+for q, k, v of shape (B, nh, T, hs) and an additive key-padding bias of shape (B, 1, 1, T)
+(0 for a real token, a very negative number for padding). They differ in how much memory
+they need and how readable they are:
+
+* `math_attention` writes the formula out. It materialises the (B, nh, T, T) score matrix,
+  and autograd keeps the probabilities for the backward pass, so training memory is O(T²).
+  Read this one first.
+* `sdpa_attention` calls `torch.nn.functional.scaled_dot_product_attention`, which picks a
+  fused kernel (FlashAttention, memory-efficient, or C++ math) for the device. The default.
+* `chunked_attention` is exact attention in O(T · chunk) training memory, written in plain
+  PyTorch so that a reader can see how the FlashAttention idea works. See its docstring.
+
+`attention()` dispatches on the backend name held in `BertConfig.attention`. The tests check
+that all three agree to 1e-5 in the forward pass and 1e-4 in the gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def key_padding_bias(keep: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, T) bool mask, True for real tokens -> (B, 1, 1, T) additive bias in `dtype`.
+
+    We use the most negative finite number rather than -inf, as BERT always has: a row whose
+    keys are all padding then gets a uniform (harmless) distribution instead of NaN.
+    """
+    bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
+    bias.masked_fill_(~keep, torch.finfo(dtype).min)
+    return bias[:, None, None, :]  # (B, 1, 1, T): broadcast over heads and queries
+
+
+def math_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
+                   dropout_p: float = 0.0) -> Tensor:
+    """The textbook formula. (B, nh, T, hs) x3 -> (B, nh, T, hs)."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, T)
+    if bias is not None:
+        scores = scores + bias  # padding keys get ~-inf, so softmax gives them weight 0
+    probs = torch.softmax(scores, dim=-1)  # each query's weights over keys sum to 1
+    # BERT drops whole attention links: a query randomly ignores some keys during training.
+    probs = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
+    return probs @ v  # (B, nh, T, hs)
+
+
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
+                   dropout_p: float = 0.0) -> Tensor:
+    """PyTorch's fused kernel. With no padding mask it may use FlashAttention on CUDA."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunked attention
+# ---------------------------------------------------------------------------------------------
+# Why not simply loop over query chunks under autograd, as is often suggested?
+#
+#     for i in range(0, T, c):
+#         out.append(softmax(Q[i:i+c] @ Kᵀ) @ V)
+#
+# That lowers the *forward* peak, but autograd saves every chunk's probability matrix for the
+# backward pass, so a training step still stores all T² probabilities (Rabe & Staats 2021,
+# "Self-attention does not need O(n²) memory", make the same point). The memory goes away
+# only if the backward pass recomputes the probabilities instead of saving them, which is
+# what FlashAttention (Dao et al. 2022) does in a fused kernel. Here the same algorithm is
+# written in PyTorch, inside a torch.autograd.Function:
+#
+# Forward, for each query block Qi, visit the key blocks Kj, Vj with an *online softmax*:
+#     S   = Qi Kjᵀ · scale + bias_j                       (B, nh, c, c), the only big temporary
+#     m'  = max(m, rowmax(S))                             running row maximum
+#     l   = l · exp(m - m') + rowsum(exp(S - m'))         running softmax denominator
+#     acc = acc · exp(m - m') + exp(S - m') Vj            running numerator
+# then Oi = acc / l, and we keep only lse_i = m + log l (B, nh, c) for the backward pass.
+#
+# Backward, with P = exp(S - lse) recomputed block by block and D = rowsum(dO ∘ O):
+#     dV_j += Pᵀ dO_i          dP = dO_i V_jᵀ          dS = P ∘ (dP - D_i)
+#     dQ_i += dS K_j · scale   dK_j += dSᵀ Q_i · scale
+# (D_i = Σ_j P_ij dP_ij is the softmax Jacobian's correction term; rowsum(dO ∘ O) is the
+# cheap way to get it.) Saved tensors: q, k, v, out and lse, all O(T), none O(T²).
+#
+# Attention dropout is supported: each (query block, key block) tile draws its keep-mask
+# from its own generator seeded with (seed, tile index), so the backward pass regenerates
+# exactly the forward's mask without storing it. The dropout acts on the normalised
+# probabilities, as in BERT: the denominator l sums the probabilities *before* dropout.
+
+
+def _tile_keep_mask(seed: int, tile: int, shape: torch.Size, p: float, device: torch.device,
+                    dtype: torch.dtype) -> Tensor:
+    """The dropout keep-mask of one tile, scaled by 1/(1-p); the same on every call."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed + tile)
+    keep = torch.rand(shape, generator=gen, device=device) >= p
+    return keep.to(dtype) / (1.0 - p)
+
+
+def _stats_dtype(x: Tensor) -> torch.dtype:
+    # Softmax statistics stay in at least fp32 even when the matmuls run in bf16/fp16.
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def _scores(qi: Tensor, kj: Tensor, bias: Optional[Tensor], cols: slice, scale: float) -> Tensor:
+    s = (qi @ kj.transpose(-2, -1)).to(_stats_dtype(qi)) * scale  # (B, nh, cq, ck)
+    return s if bias is None else s + bias[..., cols]
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], chunk: int,
+                dropout_p: float, seed: int) -> Tensor:
+        B, nh, T, hs = q.shape
+        scale = 1.0 / math.sqrt(hs)
+        n_blocks = (T + chunk - 1) // chunk
+        out = torch.empty_like(q)
+        f32 = _stats_dtype(q)
+        lse = torch.empty(B, nh, T, 1, dtype=f32, device=q.device)
+        for i in range(n_blocks):
+            rows = slice(i * chunk, (i + 1) * chunk)
+            qi = q[:, :, rows]  # (B, nh, cq, hs)
+            m = torch.full((B, nh, qi.size(2), 1), -math.inf, dtype=f32, device=q.device)
+            l = torch.zeros_like(m)
+            acc = torch.zeros(qi.shape, dtype=f32, device=q.device)
+            for j in range(n_blocks):
+                cols = slice(j * chunk, (j + 1) * chunk)
+                s = _scores(qi, k[:, :, cols], bias, cols, scale)
+                m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+                p = torch.exp(s - m_new)
+                correction = torch.exp(m - m_new)  # rescales what was summed under the old max
+                l = l * correction + p.sum(dim=-1, keepdim=True)
+                if dropout_p > 0:
+                    p = p * _tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p, q.device, p.dtype)
+                acc = acc * correction + (p.to(v.dtype) @ v[:, :, cols]).to(f32)
+                m = m_new
+            out[:, :, rows] = (acc / l).to(q.dtype)
+            lse[:, :, rows] = m + torch.log(l)
+        ctx.save_for_backward(q, k, v, bias, out, lse)
+        ctx.chunk, ctx.dropout_p, ctx.seed = chunk, dropout_p, seed
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out: Tensor):
+        q, k, v, bias, out, lse = ctx.saved_tensors
+        chunk, dropout_p, seed = ctx.chunk, ctx.dropout_p, ctx.seed
+        B, nh, T, hs = q.shape
+        scale = 1.0 / math.sqrt(hs)
+        n_blocks = (T + chunk - 1) // chunk
+        f32 = _stats_dtype(q)
+        dq = torch.zeros(q.shape, dtype=f32, device=q.device)
+        dk = torch.zeros_like(dq)
+        dv = torch.zeros_like(dq)
+        D = (d_out.to(f32) * out.to(f32)).sum(dim=-1, keepdim=True)  # (B, nh, T, 1)
+        for i in range(n_blocks):
+            rows = slice(i * chunk, (i + 1) * chunk)
+            qi, d_oi = q[:, :, rows], d_out[:, :, rows]
+            for j in range(n_blocks):
+                cols = slice(j * chunk, (j + 1) * chunk)
+                kj, vj = k[:, :, cols], v[:, :, cols]
+                p = torch.exp(_scores(qi, kj, bias, cols, scale) - lse[:, :, rows])  # (B,nh,cq,ck)
+                dp = (d_oi @ vj.transpose(-2, -1)).to(f32)
+                if dropout_p > 0:
+                    keep = _tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p, q.device, p.dtype)
+                    dv[:, :, cols] += ((p * keep).transpose(-2, -1).to(q.dtype) @ d_oi).to(f32)
+                    dp = dp * keep
+                else:
+                    dv[:, :, cols] += (p.transpose(-2, -1).to(q.dtype) @ d_oi).to(f32)
+                ds = (p * (dp - D[:, :, rows])).to(q.dtype)
+                dq[:, :, rows] += (ds @ kj).to(f32) * scale
+                dk[:, :, cols] += (ds.transpose(-2, -1) @ qi).to(f32) * scale
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+def chunked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
+                      dropout_p: float = 0.0, chunk_size: int = 128) -> Tensor:
+    """Exact attention whose training memory is O(T · chunk_size) instead of O(T²).
+
+    Queries and keys are processed in tiles of `chunk_size` with an online softmax, and the
+    backward pass recomputes each tile's probabilities instead of saving them (the
+    FlashAttention algorithm; the derivation is in the comment above). Looping over chunks
+    under plain autograd would *not* save training memory, because autograd would keep every
+    chunk's probabilities for the backward pass.
+
+    (B, nh, T, hs) x3 -> (B, nh, T, hs). Lengths need not be multiples of `chunk_size`.
+    """
+    # The dropout seed comes from torch's global generator, so `set_seed` makes it repeatable.
+    seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
+    if bias is not None:
+        bias = bias.to(_stats_dtype(q))
+    return _ChunkedAttention.apply(q, k, v, bias, chunk_size, dropout_p, seed)
+
+
+BACKENDS = {"math": math_attention, "sdpa": sdpa_attention, "chunked": chunked_attention}
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], backend: str,
+              dropout_p: float = 0.0, chunk_size: int = 128) -> Tensor:
+    """Dispatch to one backend. `keep` is the (B, T) bool mask of real tokens, or None."""
+    bias = None if keep is None else key_padding_bias(keep, q.dtype)
+    if backend == "chunked":
+        return chunked_attention(q, k, v, bias, dropout_p, chunk_size)
+    return BACKENDS[backend](q, k, v, bias, dropout_p)

@@ -1,0 +1,319 @@
+"""The BERT model: embeddings, encoder blocks, the encoder, and the MLM and classification heads.
+
+Reading order: `Embeddings` -> `SelfAttention` -> `Block` (with the Pre-LN / Post-LN switch)
+-> `BertModel` -> `BertForMaskedLM`, `BertForSequenceClassification`.
+
+Shape legend, used in every comment below:
+    B   batch size              T   tokens per sequence (after padding)
+    H   hidden size             nh  attention heads       hs  head size = H / nh
+    I   feed-forward width      V   vocabulary size       N   number of predicted tokens
+
+The parameters keep their own readable names (`blocks.0.attn.qkv`, ...); `minibert/hf.py`
+translates them to and from transformers' names, so checkpoints move both ways.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from .attention import attention
+from .config import BertConfig
+from .hf import PretrainedMixin
+
+
+class BertOutput(NamedTuple):
+    last_hidden_state: Tensor  # (B, T, H)
+    pooler_output: Optional[Tensor]  # (B, H): tanh(W h_[CLS] + b), or None without a pooler
+
+
+class MaskedLMOutput(NamedTuple):
+    loss: Optional[Tensor]  # scalar mean cross-entropy over predicted tokens, None without labels
+    logits: Tensor  # (B, T, V) without labels; (N, V), predicted positions only, with labels
+
+
+class SequenceClassifierOutput(NamedTuple):
+    loss: Optional[Tensor]  # scalar, None without labels
+    logits: Tensor  # (B, num_labels)
+
+
+class Embeddings(nn.Module):
+    """Token + learned absolute position + segment (token type) embeddings, then LayerNorm."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        # padding_idx keeps the [PAD] row's gradient at zero, as in the original BERT.
+        self.word = nn.Embedding(config.vocab_size, config.hidden_size,
+                                 padding_idx=config.pad_token_id)
+        self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.drop = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor]) -> Tensor:
+        T = input_ids.size(1)
+        x = self.word(input_ids) + self.position.weight[:T]  # (B, T, H) + (T, H) broadcast
+        if token_type_ids is None:  # single-segment input: every token is segment 0
+            x = x + self.token_type.weight[0]
+        else:
+            x = x + self.token_type(token_type_ids)
+        return self.drop(self.norm(x))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with one fused Q/K/V projection."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.backend = config.attention
+        self.chunk_size = config.attention_chunk_size
+        self.dropout_p = config.attention_dropout
+        # One (H -> 3H) matmul instead of three (H -> H): the same math, one kernel launch.
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.out = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, x: Tensor, keep: Optional[Tensor]) -> Tensor:
+        B, T, H = x.shape
+        q, k, v = self.qkv(x).split(H, dim=-1)  # 3 x (B, T, H)
+        # split H into nh heads of hs dims and move heads next to batch: (B, nh, T, hs)
+        q, k, v = (t.view(B, T, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
+        y = attention(q, k, v, keep, self.backend,
+                      dropout_p=self.dropout_p if self.training else 0.0,
+                      chunk_size=self.chunk_size)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, H)  # heads side by side again: (B, T, H)
+        return self.out(y)
+
+
+class FeedForward(nn.Module):
+    """Position-wise MLP: H -> I -> H with BERT's exact (erf) GELU."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.up = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.gelu(self.up(x)))  # (B, T, H) -> (B, T, I) -> (B, T, H)
+
+
+class Block(nn.Module):
+    """One encoder layer: self-attention and feed-forward, each a residual branch."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.pre_norm = config.norm_position == "pre"
+        self.attn = SelfAttention(config)
+        self.attn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ffn = FeedForward(config)
+        self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.drop = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, x: Tensor, keep: Optional[Tensor]) -> Tensor:
+        if self.pre_norm:
+            # Pre-LN (Xiong et al. 2020, "On Layer Normalization in the Transformer
+            # Architecture"): normalise the input of each branch and leave the residual
+            # stream untouched. The gradient then reaches every layer through the identity
+            # path with the same scale, so the expected gradients near the output stay
+            # bounded at initialisation and training is stable without a learning-rate
+            # warmup. Post-LN puts a LayerNorm on the residual path itself; its gradients
+            # at the last layers are large at initialisation, which is why original BERT
+            # needs warmup and can diverge at high learning rates.
+            x = x + self.drop(self.attn(self.attn_norm(x), keep))
+            x = x + self.drop(self.ffn(self.ffn_norm(x)))
+        else:
+            # Post-LN, the original BERT (and transformers' layout): add, then normalise.
+            x = self.attn_norm(x + self.drop(self.attn(x, keep)))
+            x = self.ffn_norm(x + self.drop(self.ffn(x)))
+        return x  # (B, T, H)
+
+
+class BertModel(PretrainedMixin, nn.Module):
+    """The BERT encoder: embeddings, `num_layers` blocks and, optionally, the [CLS] pooler."""
+
+    def __init__(self, config: BertConfig, add_pooler: bool = True):
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        # Pre-LN leaves the residual stream un-normalised, so the stack ends with a LayerNorm.
+        self.final_norm = (nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+                           if config.norm_position == "pre" else None)
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if add_pooler else None
+        self.apply(lambda m: init_weights(m, config))
+
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
+                token_type_ids: Optional[Tensor] = None) -> BertOutput:
+        """input_ids, attention_mask (1 = real token, 0 = padding), token_type_ids: (B, T).
+
+        Returns `last_hidden_state` (B, T, H) and `pooler_output` (B, H) or None.
+        """
+        check_inputs(self.config, input_ids, attention_mask, token_type_ids)
+        keep = None if attention_mask is None else attention_mask.bool()  # (B, T)
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        for block in self.blocks:
+            x = block(x, keep)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        pooled = None if self.pooler is None else torch.tanh(self.pooler(x[:, 0]))  # (B, H)
+        return BertOutput(x, pooled)
+
+
+class MLMHead(nn.Module):
+    """Transform (dense, GELU, LayerNorm), then the decoder tied to the word embeddings."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, h: Tensor, word_embeddings: Tensor) -> Tensor:
+        """h: (..., H), word_embeddings: (V, H) -> logits (..., V)."""
+        h = self.norm(F.gelu(self.dense(h)))
+        # The decoder *is* the input embedding matrix (weight tying, Press & Wolf 2017): it
+        # saves V x H parameters, and since there is only one tensor there is nothing to
+        # re-tie after loading, moving or compiling the model.
+        return F.linear(h, word_embeddings, self.bias)
+
+
+class BertForMaskedLM(PretrainedMixin, nn.Module):
+    """BERT with the masked-language-modelling head (no pooler, as in transformers)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooler=False)
+        self.head = MLMHead(config)
+        self.head.apply(lambda m: init_weights(m, config))
+
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
+                token_type_ids: Optional[Tensor] = None,
+                labels: Optional[Tensor] = None) -> MaskedLMOutput:
+        """labels: (B, T), the original token id where one is predicted and -100 elsewhere.
+
+        Without labels, `logits` is (B, T, V). With labels the head runs *only* on the N
+        predicted positions (sparse prediction, as in Cramming and academic-budget-bert):
+        with 15% masking that skips 85% of the largest matmul and of the vocabulary-wide
+        softmax. `logits` is then (N, V), in the row-major order of `labels != -100`, and
+        `loss` is the mean cross-entropy over those N tokens (NaN when N == 0, as in torch).
+        """
+        h = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
+        decoder = self.bert.embeddings.word.weight  # (V, H), tied
+        if labels is None:
+            return MaskedLMOutput(None, self.head(h, decoder))
+        if labels.shape != input_ids.shape:
+            raise ValueError(f"labels has shape {tuple(labels.shape)} but input_ids has "
+                             f"{tuple(input_ids.shape)}; they must match")
+        predicted = labels != -100  # (B, T) bool
+        logits = self.head(h[predicted], decoder)  # (N, H) -> (N, V)
+        loss = F.cross_entropy(logits.float(), labels[predicted])
+        return MaskedLMOutput(loss, logits)
+
+
+class BertForSequenceClassification(PretrainedMixin, nn.Module):
+    """BERT with a classifier on the pooled [CLS] vector.
+
+    `num_labels == 1` is regression (MSE on float labels); otherwise cross-entropy on class ids.
+    """
+
+    def __init__(self, config: BertConfig, num_labels: int = 2):
+        super().__init__()
+        if not isinstance(num_labels, int) or isinstance(num_labels, bool) or num_labels < 1:
+            raise ValueError(f"num_labels={num_labels!r} must be an integer >= 1 "
+                             f"(1 means regression)")
+        self.config = config
+        self.num_labels = num_labels
+        self.bert = BertModel(config, add_pooler=True)
+        self.drop = nn.Dropout(config.hidden_dropout)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        init_weights(self.classifier, config)
+
+    @classmethod
+    def _init_kwargs(cls, hf_config: dict, overrides: dict) -> dict:
+        # num_labels: an explicit argument wins, else the checkpoint's label map, else 2.
+        num_labels = overrides.pop("num_labels", None) or len(hf_config.get("id2label") or {})
+        return {"num_labels": num_labels or 2}
+
+    def _hf_config_extras(self) -> dict:
+        # transformers derives num_labels from the label map.
+        id2label = {str(i): f"LABEL_{i}" for i in range(self.num_labels)}
+        return {"id2label": id2label, "label2id": {v: int(k) for k, v in id2label.items()}}
+
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
+                token_type_ids: Optional[Tensor] = None,
+                labels: Optional[Tensor] = None) -> SequenceClassifierOutput:
+        """labels: (B,) class ids (long), or floats when num_labels == 1. logits: (B, num_labels)."""
+        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output  # (B, H)
+        logits = self.classifier(self.drop(pooled))  # (B, num_labels)
+        if labels is None:
+            return SequenceClassifierOutput(None, logits)
+        if labels.shape != (input_ids.size(0),):
+            raise ValueError(f"labels has shape {tuple(labels.shape)}; expected "
+                             f"({input_ids.size(0)},), one label per sequence")
+        if self.num_labels == 1:
+            loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+        else:
+            if labels.is_floating_point():
+                raise TypeError("labels must be integer class ids for classification "
+                                f"(num_labels={self.num_labels}); got {labels.dtype}")
+            loss = F.cross_entropy(logits.float(), labels)
+        return SequenceClassifierOutput(loss, logits)
+
+
+def init_weights(module: nn.Module, config: BertConfig) -> None:
+    """BERT's initialisation: N(0, initializer_range) weights, zero biases, unit LayerNorms."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=config.initializer_range)
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=config.initializer_range)
+        if module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional[Tensor],
+                 token_type_ids: Optional[Tensor]) -> None:
+    """Turn the usual input mistakes into clear errors, once per forward (not per layer).
+
+    The only costly check is the token-id range, one fused min/max reduction over (B, T);
+    without it a bad id surfaces as an IndexError inside nn.Embedding (or, on CUDA, as a
+    device-side assert that poisons the whole process).
+    """
+    if not isinstance(input_ids, Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids)}")
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be 2-D (batch, tokens), got shape "
+                         f"{tuple(input_ids.shape)}; for one sequence use input_ids[None]")
+    B, T = input_ids.shape
+    if T > config.max_position_embeddings:
+        raise ValueError(f"sequence length {T} exceeds max_position_embeddings="
+                         f"{config.max_position_embeddings}; truncate the input or build the "
+                         f"model with a larger max_position_embeddings")
+    if input_ids.numel() > 0:
+        lo, hi = torch.aminmax(input_ids)
+        if lo < 0 or hi >= config.vocab_size:
+            raise ValueError(f"input_ids must lie in [0, vocab_size={config.vocab_size}), found "
+                             f"values from {int(lo)} to {int(hi)}; does the tokenizer match the "
+                             f"model?")
+    for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+        if t is not None and (not isinstance(t, Tensor) or t.shape != input_ids.shape):
+            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name} has shape {shape} but input_ids has {(B, T)}; they must "
+                             f"match")
+    if token_type_ids is not None and token_type_ids.numel() > 0:
+        lo, hi = torch.aminmax(token_type_ids)
+        if lo < 0 or hi >= config.type_vocab_size:
+            raise ValueError(f"token_type_ids must lie in [0, type_vocab_size="
+                             f"{config.type_vocab_size}), found values from {int(lo)} to "
+                             f"{int(hi)}")
