@@ -1,0 +1,34 @@
+"""Shared fixtures: small random-weight transformers checkpoints to compare against."""
+
+import pytest
+import torch
+
+import minibert
+
+
+def tiny_config(**overrides) -> minibert.BertConfig:
+    """A 2-layer model small enough that every test runs in well under a second."""
+    fields = dict(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4,
+                  intermediate_size=64, max_position_embeddings=64)
+    fields.update(overrides)
+    return minibert.BertConfig(**fields)
+
+
+def hf_config(config: minibert.BertConfig):
+    """The transformers BertConfig for a minibert config (fields both libraries know)."""
+    transformers = pytest.importorskip("transformers")
+    d = config.to_hf_dict()
+    for key in minibert.BertConfig._MINIBERT_ONLY:
+        d.pop(key)
+    return transformers.BertConfig(**d)
+
+
+def random_batch(B=3, T=37, vocab=99, pad_from=None, seed=0):
+    """input_ids (B, T) and an attention mask where sequence 1 is padded from `pad_from`."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.long)
+    if pad_from is not None:
+        mask[1, pad_from:] = 0
+        ids[1, pad_from:] = 0
+    return ids, mask

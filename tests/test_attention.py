@@ -1,0 +1,112 @@
+"""The three attention backends agree, and chunked attention really saves memory."""
+
+import math
+
+import pytest
+import torch
+
+from minibert.attention import (
+    _ChunkedAttention,
+    _tile_keep_mask,
+    attention,
+    key_padding_bias,
+    math_attention,
+)
+
+
+def _qkv(B=2, nh=3, T=45, hs=16, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, nh, T, hs, generator=g, dtype=dtype).requires_grad_() for _ in range(3)]
+
+
+def _keep(B, T, lengths):
+    return torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # (B, T) bool
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "chunked"])
+@pytest.mark.parametrize("T, chunk", [(45, 16), (64, 16), (7, 16), (33, 1)])
+def test_backends_agree_forward_and_backward(backend, T, chunk):
+    q, k, v = _qkv(T=T)
+    keep = _keep(2, T, [T, max(1, T - 12)])  # padding in the second sequence
+    grad_out = torch.randn(2, 3, T, 16, generator=torch.Generator().manual_seed(1))
+    ref = attention(q, k, v, keep, "math")
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad_out)
+    out = attention(q, k, v, keep, backend, chunk_size=chunk)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    real = keep[:, None, :, None].expand_as(out)
+    assert (out - ref)[real].abs().max() <= 1e-5
+    for g, r in zip(grads, ref_grads):
+        assert (g - r).norm() / r.norm() <= 1e-4
+
+
+def test_chunked_without_mask_and_in_float64_is_exact():
+    q, k, v = _qkv(T=50, dtype=torch.float64)
+    out = attention(q, k, v, None, "chunked", chunk_size=8)
+    assert (out - math_attention(q, k, v, None)).abs().max() <= 1e-12
+
+
+def test_chunked_dropout_equals_math_with_the_same_mask():
+    """Dropout in chunked attention: the tile masks, assembled, drive the reference formula."""
+    q, k, v = _qkv(B=1, nh=2, T=20, hs=8, dtype=torch.float64)
+    keep = _keep(1, 20, [17])
+    bias = key_padding_bias(keep, torch.float64)
+    p, chunk, seed = 0.3, 8, 1234
+    out = _ChunkedAttention.apply(q, k, v, bias, chunk, p, seed)
+    n = math.ceil(20 / chunk)
+    full = torch.zeros(1, 2, 20, 20, dtype=torch.float64)
+    for i in range(n):
+        for j in range(n):
+            rows, cols = slice(i * chunk, (i + 1) * chunk), slice(j * chunk, (j + 1) * chunk)
+            shape = full[:, :, rows, cols].shape
+            full[:, :, rows, cols] = _tile_keep_mask(seed, i * n + j, shape, p, q.device,
+                                                     torch.float64)
+    probs = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8) + bias, dim=-1)
+    ref = (probs * full) @ v
+    assert 0.2 < (full == 0).double().mean() < 0.4  # the mask really drops about p of links
+    assert (out - ref).abs().max() <= 1e-12
+    g, r = torch.autograd.grad(out.sum(), q)[0], torch.autograd.grad(ref.sum(), q)[0]
+    assert (g - r).abs().max() <= 1e-10
+
+
+def test_chunked_dropout_gradcheck():
+    q, k, v = _qkv(B=1, nh=2, T=10, hs=4, dtype=torch.float64)
+    bias = key_padding_bias(_keep(1, 10, [7]), torch.float64)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: _ChunkedAttention.apply(a, b, c, bias, 4, 0.3, 7), (q, k, v))
+
+
+def test_chunked_runs_in_bfloat16():
+    q, k, v = _qkv(T=40, dtype=torch.bfloat16)
+    out = attention(q, k, v, None, "chunked", chunk_size=16)
+    ref = attention(q.float(), k.float(), v.float(), None, "math")
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref).abs().max() < 3e-2
+    out.float().sum().backward()
+    assert q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad.float()).all()
+
+
+def _saved_bytes(fn):
+    """Bytes of all tensors autograd saves for the backward pass while running fn()."""
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total
+
+
+def test_chunked_saves_no_quadratic_tensor():
+    """Training memory: math keeps (T, T) probabilities for backward, chunked keeps O(T)."""
+    T, hs = 1024, 16
+    q, k, v = _qkv(B=1, nh=2, T=T, hs=hs)
+    math_bytes = _saved_bytes(lambda: attention(q, k, v, None, "math"))
+    chunk_bytes = _saved_bytes(lambda: attention(q, k, v, None, "chunked", chunk_size=64))
+    quadratic = 2 * T * T * 4  # one (nh, T, T) fp32 tensor
+    assert math_bytes >= quadratic
+    linear = 2 * T * hs * 4  # one (nh, T, hs) fp32 tensor
+    assert chunk_bytes <= 5 * linear  # q, k, v, out and the (nh, T) log-sum-exp
+    assert chunk_bytes < 0.1 * quadratic

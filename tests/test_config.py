@@ -1,0 +1,79 @@
+import pytest
+
+from minibert import BertConfig
+from minibert.config import PRESETS
+
+
+def test_defaults_are_bert_base():
+    c = BertConfig()
+    assert (c.num_layers, c.hidden_size, c.num_heads, c.intermediate_size) == (12, 768, 12, 3072)
+    assert c.head_size == 64
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_presets(name):
+    layers, hidden, heads = PRESETS[name]
+    c = BertConfig.preset(name, vocab_size=1000)
+    assert (c.num_layers, c.hidden_size, c.num_heads) == (layers, hidden, heads)
+    assert c.intermediate_size == 4 * hidden and c.vocab_size == 1000
+
+
+def test_preset_table_matches_compact_bert():
+    assert PRESETS["tiny"] == (2, 128, 2) and PRESETS["mini"] == (4, 256, 4)
+    assert PRESETS["small"] == (4, 512, 8) and PRESETS["medium"] == (8, 512, 8)
+    assert PRESETS["large"] == (24, 1024, 16)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(hidden_size=100, num_heads=3), ["hidden_size", "num_heads", "divisible"]),
+    (dict(attention="flash"), ["attention", "'flash'", "sdpa", "math", "chunked"]),
+    (dict(norm_position="middle"), ["norm_position", "post", "pre"]),
+    (dict(hidden_dropout=1.5), ["hidden_dropout"]),
+    (dict(num_layers=0), ["num_layers", ">= 1"]),
+    (dict(vocab_size=10, pad_token_id=10), ["pad_token_id", "vocab_size"]),
+    (dict(layer_norm_eps=0), ["layer_norm_eps"]),
+    (dict(attention_chunk_size=2.5), ["attention_chunk_size"]),
+])
+def test_bad_values_name_the_field(kwargs, words):
+    with pytest.raises(ValueError) as e:
+        BertConfig(**kwargs)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_unknown_preset_and_field():
+    with pytest.raises(ValueError, match="unknown preset 'huge'.*tiny"):
+        BertConfig.preset("huge")
+    with pytest.raises(ValueError, match="unknown field.*hiden_size"):
+        BertConfig.preset("mini", hiden_size=3)
+
+
+def test_hf_dict_round_trip():
+    c = BertConfig.preset("small", vocab_size=5000, norm_position="pre", attention="chunked")
+    d = c.to_hf_dict()
+    assert d["num_hidden_layers"] == 4 and d["num_attention_heads"] == 8
+    assert d["hidden_dropout_prob"] == 0.1 and d["norm_position"] == "pre"
+    assert BertConfig.from_hf_dict(d) == c
+    assert BertConfig.from_hf_dict(d, attention="math").attention == "math"
+
+
+def test_hf_dict_from_transformers():
+    transformers = pytest.importorskip("transformers")
+    hc = transformers.BertConfig(vocab_size=321, hidden_size=64, num_hidden_layers=3,
+                                 num_attention_heads=4, intermediate_size=128,
+                                 hidden_dropout_prob=0.0, layer_norm_eps=1e-7)
+    c = BertConfig.from_hf_dict(hc.to_dict())
+    assert (c.vocab_size, c.hidden_size, c.num_layers, c.num_heads) == (321, 64, 3, 4)
+    assert c.hidden_dropout == 0.0 and c.layer_norm_eps == 1e-7 and c.norm_position == "post"
+
+
+@pytest.mark.parametrize("key, value, word", [
+    ("hidden_act", "relu", "hidden_act"),
+    ("model_type", "roberta", "model_type"),
+    ("position_embedding_type", "relative_key", "position_embedding_type"),
+])
+def test_hf_dict_refuses_what_minibert_does_not_implement(key, value, word):
+    d = BertConfig().to_hf_dict()
+    d[key] = value
+    with pytest.raises(ValueError, match=word):
+        BertConfig.from_hf_dict(d)

@@ -1,0 +1,159 @@
+"""minibert against transformers on the same random weights, and checkpoints in both directions."""
+
+import json
+
+import pytest
+import torch
+
+import minibert
+from conftest import hf_config, random_batch, tiny_config
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+BACKENDS = ["math", "sdpa", "chunked"]
+TOL = 1e-5
+
+
+def _hf_model(cls_name, config, tmp_path, num_labels=None):
+    """A random transformers model saved to disk, and the directory."""
+    torch.manual_seed(0)
+    hc = hf_config(config)
+    if num_labels is not None:
+        hc.num_labels = num_labels
+    model = getattr(transformers, cls_name)(hc).eval()
+    # Random, non-trivial values everywhere, so a swapped or skipped tensor cannot hide.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    model.save_pretrained(tmp_path)
+    return model, tmp_path
+
+
+def _max_diff(a, b, mask=None):
+    if mask is not None:  # compare real tokens only: padding positions are never used
+        a, b = a[mask.bool()], b[mask.bool()]
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bert_model_hidden_states(backend, tmp_path):
+    config = tiny_config()
+    hf, path = _hf_model("BertModel", config, tmp_path)
+    ours = minibert.BertModel.from_pretrained(path, attention=backend,
+                                              attention_chunk_size=8).eval()
+    ids, mask = random_batch(pad_from=20)
+    types = (torch.arange(37) > 15).long().expand(3, 37)
+    with torch.no_grad():
+        a = ours(ids, mask, types)
+        b = hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    assert _max_diff(a.last_hidden_state, b.last_hidden_state, mask) <= TOL
+    assert _max_diff(a.pooler_output, b.pooler_output) <= TOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_masked_lm_logits_and_loss(backend, tmp_path):
+    config = tiny_config()
+    hf, path = _hf_model("BertForMaskedLM", config, tmp_path)
+    ours = minibert.BertForMaskedLM.from_pretrained(path, attention=backend,
+                                                    attention_chunk_size=8).eval()
+    ids, mask = random_batch(pad_from=25)
+    labels = torch.full_like(ids, -100)
+    labels[:, ::4] = ids[:, ::4]
+    labels[1, 25:] = -100
+    with torch.no_grad():
+        dense = ours(ids, mask)
+        sparse = ours(ids, mask, labels=labels)
+        ref = hf(input_ids=ids, attention_mask=mask, labels=labels)
+    assert dense.loss is None and dense.logits.shape == (3, 37, 99)
+    assert _max_diff(dense.logits, ref.logits, mask) <= TOL
+    assert abs(sparse.loss.item() - ref.loss.item()) <= TOL
+    # sparse logits are exactly the dense logits at the labelled positions
+    assert sparse.logits.shape == ((labels != -100).sum().item(), 99)
+    assert _max_diff(sparse.logits, ref.logits[labels != -100]) <= TOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("num_labels", [3, 1])
+def test_sequence_classification(backend, num_labels, tmp_path):
+    config = tiny_config()
+    hf, path = _hf_model("BertForSequenceClassification", config, tmp_path,
+                         num_labels=num_labels)
+    ours = minibert.BertForSequenceClassification.from_pretrained(
+        path, attention=backend, attention_chunk_size=8).eval()
+    assert ours.num_labels == num_labels  # read from the checkpoint's label map
+    ids, mask = random_batch(pad_from=10)
+    labels = torch.tensor([0, 2, 1]) if num_labels == 3 else torch.tensor([0.5, -1.0, 2.0])
+    with torch.no_grad():
+        a = ours(ids, mask, labels=labels)
+        b = hf(input_ids=ids, attention_mask=mask, labels=labels)
+    assert _max_diff(a.logits, b.logits) <= TOL
+    assert abs(a.loss.item() - b.loss.item()) <= TOL
+
+
+@pytest.mark.parametrize("cls_name", ["BertModel", "BertForMaskedLM",
+                                      "BertForSequenceClassification"])
+def test_save_pretrained_loads_in_transformers(cls_name, tmp_path):
+    torch.manual_seed(1)
+    ours = getattr(minibert, cls_name)(tiny_config()).eval()
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.normal_(0, 0.2)
+    ours.save_pretrained(tmp_path)
+    hf = getattr(transformers, cls_name).from_pretrained(tmp_path).eval()
+    ids, mask = random_batch(pad_from=30)
+    with torch.no_grad():
+        a, b = ours(ids, mask), hf(input_ids=ids, attention_mask=mask)
+    if cls_name == "BertModel":
+        assert _max_diff(a.last_hidden_state, b.last_hidden_state, mask) <= TOL
+        assert _max_diff(a.pooler_output, b.pooler_output) <= TOL
+    elif cls_name == "BertForMaskedLM":
+        assert _max_diff(a.logits, b.logits, mask) <= TOL
+    else:
+        assert _max_diff(a.logits, b.logits) <= TOL
+
+
+def test_load_across_classes(tmp_path):
+    """An MLM checkpoint into a classifier (fine-tuning) and a classifier's encoder alone."""
+    _, mlm_dir = _hf_model("BertForMaskedLM", tiny_config(), tmp_path / "mlm")
+    hf_cls, cls_dir = _hf_model("BertForSequenceClassification", tiny_config(),
+                                tmp_path / "cls", num_labels=4)
+    clf = minibert.BertForSequenceClassification.from_pretrained(mlm_dir, num_labels=5)
+    assert clf.classifier.out_features == 5
+    encoder = minibert.BertModel.from_pretrained(cls_dir).eval()
+    ids, mask = random_batch()
+    with torch.no_grad():
+        a = encoder(ids, mask).pooler_output
+        b = hf_cls.bert(input_ids=ids, attention_mask=mask).pooler_output
+    assert _max_diff(a, b) <= TOL
+
+
+def test_old_style_pickle_checkpoint(tmp_path):
+    """pytorch_model.bin, no `bert.` prefix, LayerNorm gamma/beta: the original BERT release."""
+    hf, _ = _hf_model("BertModel", tiny_config(), tmp_path / "src")
+    sd = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias",
+                                                                    "LayerNorm.beta"): v
+          for k, v in hf.state_dict().items()}
+    out = tmp_path / "old"
+    out.mkdir()
+    torch.save(sd, out / "pytorch_model.bin")
+    (out / "config.json").write_text(json.dumps(hf.config.to_dict()))
+    ours = minibert.BertModel.from_pretrained(out).eval()
+    ids, mask = random_batch()
+    with torch.no_grad():
+        a = ours(ids, mask).last_hidden_state
+        b = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert _max_diff(a, b) <= TOL
+
+
+def test_pre_ln_round_trip(tmp_path):
+    torch.manual_seed(2)
+    model = minibert.BertForMaskedLM(tiny_config(norm_position="pre")).eval()
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["norm_position"] == "pre"
+    again = minibert.BertForMaskedLM.from_pretrained(tmp_path).eval()
+    assert again.config == model.config and again.bert.final_norm is not None
+    ids, mask = random_batch()
+    with torch.no_grad():
+        assert torch.equal(model(ids, mask).logits, again(ids, mask).logits)

@@ -1,0 +1,212 @@
+"""Model behaviour that needs no reference library: invariances, training, and bad input."""
+
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minibert
+from conftest import random_batch, tiny_config
+
+BACKENDS = ["math", "sdpa", "chunked"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_padding_does_not_change_real_tokens(backend, norm):
+    torch.manual_seed(0)
+    model = minibert.BertModel(tiny_config(attention=backend, norm_position=norm,
+                                           attention_chunk_size=8)).eval()
+    ids, _ = random_batch(B=2, T=21)
+    padded = torch.cat([ids, torch.zeros(2, 14, dtype=torch.long)], dim=1)  # (2, 35)
+    mask = torch.cat([torch.ones(2, 21), torch.zeros(2, 14)], dim=1).long()
+    with torch.no_grad():
+        a = model(ids).last_hidden_state
+        b = model(padded, mask).last_hidden_state[:, :21]
+    assert (a - b).abs().max() <= 1e-5
+
+
+def test_sparse_mlm_head_matches_dense_loss_and_gradients():
+    torch.manual_seed(0)
+    model = minibert.BertForMaskedLM(tiny_config(hidden_dropout=0.0, attention_dropout=0.0))
+    ids, mask = random_batch(pad_from=30)
+    labels = torch.full_like(ids, -100)
+    labels[:, 3::5] = ids[:, 3::5]
+    labels[1, 30:] = -100
+    sparse = model(ids, mask, labels=labels)
+    g_sparse = torch.autograd.grad(sparse.loss, list(model.parameters()))
+    dense_logits = model(ids, mask).logits  # (B, T, V)
+    dense_loss = F.cross_entropy(dense_logits.view(-1, 99), labels.view(-1), ignore_index=-100)
+    g_dense = torch.autograd.grad(dense_loss, list(model.parameters()))
+    assert abs(sparse.loss.item() - dense_loss.item()) <= 1e-6
+    for a, b in zip(g_sparse, g_dense):
+        assert (a - b).abs().max() <= 1e-6
+    assert sparse.logits.shape == ((labels != -100).sum().item(), 99)
+
+
+def test_decoder_is_tied_to_word_embeddings():
+    model = minibert.BertForMaskedLM(tiny_config())
+    n_params = sum(p.numel() for p in model.parameters())
+    # 99 x 32 appears once; moving the embedding moves the decoder with it.
+    with torch.no_grad():
+        model.bert.embeddings.word.weight[5] += 1.0
+    ids = torch.tensor([[1, 5, 2]])
+    out = model.eval()(ids).logits
+    h = model.bert(ids).last_hidden_state
+    h = model.head.norm(F.gelu(model.head.dense(h)))
+    assert torch.allclose(out, h @ model.bert.embeddings.word.weight.T + model.head.bias)
+    assert not any(n.startswith("head") and "weight" in n and p.shape[0] == 99
+                   for n, p in model.named_parameters())
+    assert n_params == sum(p.numel() for p in set(model.parameters()))
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_both_norm_positions_overfit_a_tiny_batch(norm):
+    torch.manual_seed(0)
+    model = minibert.BertForMaskedLM(tiny_config(norm_position=norm, hidden_dropout=0.0,
+                                                 attention_dropout=0.0))
+    ids, mask = random_batch(B=4, T=16)
+    labels = torch.full_like(ids, -100)
+    labels[:, 2::3] = ids[:, 2::3]
+    masked = ids.masked_fill(labels != -100, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(60):
+        loss = model(masked, mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.2 * losses[0]
+
+
+def test_classification_trains_and_regression_uses_mse():
+    torch.manual_seed(0)
+    clf = minibert.BertForSequenceClassification(tiny_config(), num_labels=3)
+    ids, mask = random_batch()
+    out = clf(ids, mask, labels=torch.tensor([0, 1, 2]))
+    assert out.logits.shape == (3, 3) and out.loss.ndim == 0
+    reg = minibert.BertForSequenceClassification(tiny_config(), num_labels=1).eval()
+    y = torch.tensor([0.1, 0.2, 0.3])
+    out = reg(ids, mask, labels=y)
+    assert torch.allclose(out.loss, F.mse_loss(out.logits.squeeze(-1), y))
+
+
+def test_outputs_are_named_tuples():
+    model = minibert.BertForMaskedLM(tiny_config()).eval()
+    loss, logits = model(torch.tensor([[1, 2, 3]]))
+    assert loss is None and logits.shape == (1, 3, 99)
+    hidden, pooled = minibert.BertModel(tiny_config())(torch.tensor([[1, 2]]))
+    assert hidden.shape == (1, 2, 32) and pooled.shape == (1, 32)
+
+
+def test_attention_dropout_is_active_in_training_only():
+    torch.manual_seed(0)
+    for backend in BACKENDS:
+        model = minibert.BertModel(tiny_config(attention=backend, hidden_dropout=0.0,
+                                               attention_dropout=0.5))
+        ids, _ = random_batch()
+        a, b = model(ids).last_hidden_state, model(ids).last_hidden_state
+        assert not torch.allclose(a, b), backend  # two different dropout draws
+        model.eval()
+        assert torch.equal(model(ids).last_hidden_state, model(ids).last_hidden_state)
+
+
+# ---- bad input --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make, exc, words", [
+    (lambda: torch.rand(2, 5), TypeError, ["integer", "float"]),
+    (lambda: torch.ones(2, 5, dtype=torch.bool), TypeError, ["integer"]),
+    (lambda: [[1, 2, 3]], TypeError, ["torch.Tensor"]),
+    (lambda: torch.ones(5, dtype=torch.long), ValueError, ["2-D", "(5,)"]),
+    (lambda: torch.ones(1, 2, 5, dtype=torch.long), ValueError, ["2-D"]),
+    (lambda: torch.ones(1, 65, dtype=torch.long), ValueError, ["65", "max_position_embeddings"]),
+    (lambda: torch.tensor([[1, 99]]), ValueError, ["vocab_size=99", "99"]),
+    (lambda: torch.tensor([[-1, 2]]), ValueError, ["vocab_size", "-1"]),
+])
+def test_bad_input_ids(make, exc, words):
+    model = minibert.BertForMaskedLM(tiny_config())
+    with pytest.raises(exc) as e:
+        model(make())
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_bad_masks_and_labels():
+    model = minibert.BertForMaskedLM(tiny_config())
+    ids = torch.ones(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(2, 4\).*\(2, 5\)"):
+        model(ids, attention_mask=torch.ones(2, 4))
+    with pytest.raises(ValueError, match="token_type_ids has shape"):
+        model(ids, token_type_ids=torch.zeros(1, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="token_type_ids must lie in"):
+        model(ids, token_type_ids=torch.full((2, 5), 2))
+    with pytest.raises(ValueError, match="labels has shape"):
+        model(ids, labels=torch.ones(2, 4, dtype=torch.long))
+    clf = minibert.BertForSequenceClassification(tiny_config(), num_labels=3)
+    with pytest.raises(TypeError, match="integer class ids"):
+        clf(ids, labels=torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match="one label per sequence"):
+        clf(ids, labels=torch.tensor([[0], [1]]))
+    with pytest.raises(ValueError, match="num_labels"):
+        minibert.BertForSequenceClassification(tiny_config(), num_labels=0)
+
+
+def test_from_pretrained_missing_directory_names_it(tmp_path):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(FileNotFoundError, match="no-such-model"):
+        minibert.BertModel.from_pretrained(missing)
+    missing.mkdir()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        minibert.BertModel.from_pretrained(missing)
+
+
+def test_from_pretrained_corrupt_config_names_the_file(tmp_path):
+    (tmp_path / "config.json").write_text('{"hidden_size": 32, ')
+    with pytest.raises(ValueError, match=r"config\.json is not valid JSON"):
+        minibert.BertModel.from_pretrained(tmp_path)
+
+
+def test_from_pretrained_without_weights_lists_what_it_looked_for(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(tiny_config().to_hf_dict()))
+    with pytest.raises(FileNotFoundError, match="model.safetensors.*pytorch_model.bin"):
+        minibert.BertModel.from_pretrained(tmp_path)
+
+
+class _Exploit:
+    """Unpickling this would create a file: proof that code ran."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_pickled_object_in_checkpoint_is_refused_without_running_it(tmp_path):
+    model = minibert.BertModel(tiny_config())
+    (tmp_path / "config.json").write_text(json.dumps(model.config.to_hf_dict()))
+    marker = tmp_path / "pwned"
+    sd = dict(model.state_dict())
+    sd["evil"] = _Exploit(str(marker))
+    torch.save(sd, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="refusing to unpickle"):
+        minibert.BertModel.from_pretrained(tmp_path)
+    assert not marker.exists()
+
+
+def test_checkpoint_with_other_shapes_or_too_few_layers(tmp_path):
+    pytest.importorskip("safetensors")
+    minibert.BertModel(tiny_config()).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="shape.*does the config"):
+        minibert.BertModel.from_pretrained(tmp_path, vocab_size=50)
+    with pytest.raises(ValueError, match="encoder weight"):
+        minibert.BertModel.from_pretrained(tmp_path, num_layers=3)
+
+
+def test_save_pretrained_leaves_no_temporary_files(tmp_path):
+    pytest.importorskip("safetensors")
+    minibert.BertForMaskedLM(tiny_config()).save_pretrained(tmp_path / "m")
+    assert sorted(os.listdir(tmp_path / "m")) == ["config.json", "model.safetensors"]
