@@ -5,6 +5,8 @@
 """
 
 from .config import BertConfig
+from .runtime import set_seed
+from .tokenizer import Tokenizer
 from .model import (
     BertForMaskedLM,
     BertForSequenceClassification,
@@ -24,4 +26,6 @@ __all__ = [
     "BertOutput",
     "MaskedLMOutput",
     "SequenceClassifierOutput",
+    "Tokenizer",
+    "set_seed",
 ]

@@ -1,0 +1,27 @@
+"""The data pipeline: text -> Tokenizer -> TokenFile (memmap) -> packed examples -> batches.
+
+* :mod:`.wikitext`  download WikiText and read it as articles
+* :mod:`.tokens`    tokenize a corpus once into a memory-mapped token file
+* :mod:`.mlm`       pack it into ``[CLS] ... [SEP]`` blocks; pad and mask batches
+* :mod:`.sampler`   deterministic, shardable, resumable batch order
+* :mod:`.text`      UTF-8 reading that replaces bad bytes instead of crashing
+"""
+from .mlm import IGNORE_INDEX, MLMCollator, PackedMLMDataset, pad_batch
+from .sampler import LengthGroupedBatchSampler, ShardedSampler
+from .tokens import TokenFile, TokenFileError, tokenize_to_memmap
+from .wikitext import DownloadError, download_wikitext, load_wikitext
+
+__all__ = [
+    "IGNORE_INDEX",
+    "DownloadError",
+    "LengthGroupedBatchSampler",
+    "MLMCollator",
+    "PackedMLMDataset",
+    "ShardedSampler",
+    "TokenFile",
+    "TokenFileError",
+    "download_wikitext",
+    "load_wikitext",
+    "pad_batch",
+    "tokenize_to_memmap",
+]

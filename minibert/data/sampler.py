@@ -1,0 +1,192 @@
+"""Which examples go in which batch, on which rank: deterministic, shardable, resumable.
+
+* :class:`ShardedSampler` (pretraining): one shuffle of all examples per epoch,
+  drawn from (seed, epoch). The shuffled order is cut into *global* batches of
+  ``global_batch_size`` examples, and rank ``r`` of ``W`` receives the ``r``-th
+  contiguous slice of each. The union over ranks of one global batch is therefore
+  the same set of examples whatever ``W`` is; with :class:`~minibert.data.mlm.MLMCollator`
+  keying its masks on the example index, the global batch is identical too.
+  Resuming at global position ``k`` only slices the permutation: skipped
+  examples are never read.
+* :class:`LengthGroupedBatchSampler` (fine-tuning): batches of examples of
+  similar length, so dynamic padding has little to add. Examples are shuffled,
+  cut into groups of ``batch_size * group_batches``, sorted by length inside each
+  group and batched; the batch order is shuffled again so training does not go
+  from short to long.
+
+Kept apart from ``mlm.py`` because neither sampler knows anything about masking.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+
+def _epoch_rng(seed: int, epoch: int) -> np.random.Generator:
+    # SeedSequence mixes the pair; consecutive epochs give unrelated shuffles.
+    return np.random.default_rng([int(seed) % 2**63, int(epoch)])
+
+
+class ShardedSampler(torch.utils.data.Sampler):
+    """Per-epoch shuffled indices, this rank's slice of every global batch.
+
+    Args:
+        num_examples: size of the dataset.
+        global_batch_size: examples per optimizer step over all ranks
+            (``world_size * grad_accum * micro_batch``); a multiple of ``world_size``.
+        rank, world_size: this process and the number of processes.
+        seed: fixes the shuffle of every epoch.
+        shuffle: ``False`` keeps the dataset order (evaluation).
+        drop_last: drop the final partial global batch (default). If ``False`` it
+            is split as evenly as possible, and some ranks may get one example fewer.
+
+    Use it as a DataLoader ``sampler`` with ``batch_size`` = micro-batch size:
+    rank ``r`` yields ``global_batch_size // world_size`` indices per global batch.
+    Call :meth:`set_epoch` before each epoch, with ``start`` when resuming.
+    """
+
+    def __init__(self, num_examples: int, global_batch_size: int, *, rank: int = 0,
+                 world_size: int = 1, seed: int = 0, shuffle: bool = True,
+                 drop_last: bool = True) -> None:
+        if num_examples < 1:
+            raise ValueError(f"num_examples={num_examples} must be >= 1")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
+        if global_batch_size < 1 or global_batch_size % world_size:
+            raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple "
+                             f"of world_size={world_size}")
+        if drop_last and num_examples < global_batch_size:
+            raise ValueError(f"{num_examples} examples are fewer than one global batch of "
+                             f"{global_batch_size}; lower the batch size or pass drop_last=False")
+        self.num_examples, self.global_batch_size = num_examples, global_batch_size
+        self.rank, self.world_size = rank, world_size
+        self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Select the epoch, and the global position in it to start from (resume).
+
+        ``start`` counts examples consumed by all ranks together in this epoch. With
+        several ranks it must fall on a global-batch boundary, since the examples a
+        rank had already consumed inside a global batch are not known here.
+        """
+        stop = self._stop()
+        if not 0 <= start <= stop:
+            raise ValueError(f"start={start} must lie in [0, {stop}] for this epoch")
+        if self.world_size > 1 and start % self.global_batch_size:
+            raise ValueError(f"start={start} must be a multiple of global_batch_size="
+                             f"{self.global_batch_size} when world_size > 1")
+        self.epoch, self.start = int(epoch), int(start)
+
+    def _stop(self) -> int:
+        G = self.global_batch_size
+        return (self.num_examples // G) * G if self.drop_last else self.num_examples
+
+    def order(self) -> np.ndarray:
+        """The epoch's global order of example indices, ``(num_examples,)`` int64."""
+        if not self.shuffle:
+            return np.arange(self.num_examples, dtype=np.int64)
+        return _epoch_rng(self.seed, self.epoch).permutation(self.num_examples)
+
+    def __iter__(self) -> Iterator[int]:
+        order, G, W = self.order(), self.global_batch_size, self.world_size
+        stop = self._stop()
+        if W == 1:
+            yield from order[self.start:stop].tolist()
+            return
+        share = G // W
+        for b0 in range(self.start, stop, G):
+            batch = order[b0:min(b0 + G, stop)]
+            if len(batch) == G:
+                yield from batch[self.rank * share:(self.rank + 1) * share].tolist()
+            else:  # the final partial batch when drop_last=False
+                yield from np.array_split(batch, W)[self.rank].tolist()
+
+    def __len__(self) -> int:
+        remaining = self._stop() - self.start
+        if self.world_size == 1:
+            return remaining
+        full, rest = divmod(remaining, self.global_batch_size)
+        share = self.global_batch_size // self.world_size
+        last = len(np.array_split(np.arange(rest), self.world_size)[self.rank]) if rest else 0
+        return full * share + last
+
+
+class LengthGroupedBatchSampler(torch.utils.data.Sampler):
+    """Batches of indices whose examples have similar lengths (a DataLoader ``batch_sampler``).
+
+    Args:
+        lengths: token count of every example.
+        batch_size: examples per batch on each rank.
+        group_batches: how many batches are sorted together; larger groups pad
+            less but are less random.
+        seed, shuffle: as for :class:`ShardedSampler`.
+        drop_last: drop the short batches left at the end of each group.
+        rank, world_size: rank ``r`` takes batches ``r, r + W, ...``; every rank
+            gets the same number of batches (extra batches are dropped).
+
+    The batch holding the longest example is put first, so an out-of-memory
+    error shows up in the first step rather than hours in.
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, *, group_batches: int = 50,
+                 seed: int = 0, shuffle: bool = True, drop_last: bool = False, rank: int = 0,
+                 world_size: int = 1) -> None:
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if self.lengths.ndim != 1 or len(self.lengths) == 0:
+            raise ValueError("lengths must be a non-empty 1-D sequence of example lengths")
+        if batch_size < 1 or group_batches < 1:
+            raise ValueError(f"batch_size={batch_size} and group_batches={group_batches} "
+                             f"must be >= 1")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
+        self.batch_size, self.group_batches = batch_size, group_batches
+        self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Select the epoch; ``start`` skips that many of this rank's batches (resume)."""
+        self.epoch, self.start = int(epoch), int(start)
+
+    def batches(self) -> list[list[int]]:
+        """All batches of the epoch, over all ranks, in order."""
+        rng = _epoch_rng(self.seed, self.epoch)
+        n = len(self.lengths)
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        group = self.batch_size * self.group_batches
+        batches = []
+        for g0 in range(0, n, group):
+            chunk = order[g0:g0 + group]
+            # stable sort keeps the shuffled order among equal lengths
+            chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
+            for b0 in range(0, len(chunk), self.batch_size):
+                b = chunk[b0:b0 + self.batch_size]
+                if len(b) == self.batch_size or not self.drop_last:
+                    batches.append(b.tolist())
+        if self.shuffle and batches:
+            perm = rng.permutation(len(batches))
+            batches = [batches[i] for i in perm]
+            longest = max(range(len(batches)), key=lambda i: self.lengths[batches[i]].max())
+            batches.insert(0, batches.pop(longest))
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.batches()
+        per_rank = len(batches) // self.world_size
+        mine = batches[self.rank:per_rank * self.world_size:self.world_size]
+        yield from mine[self.start:]
+
+    def __len__(self) -> int:
+        # number of batches does not depend on the shuffle
+        n = len(self.lengths)
+        group = self.batch_size * self.group_batches
+        full, rest = divmod(n, group)
+        per_group = self.group_batches
+        count = full * per_group
+        if rest:
+            count += rest // self.batch_size + (0 if self.drop_last or rest % self.batch_size == 0
+                                                else 1)
+        return max(0, count // self.world_size - self.start)

@@ -1,0 +1,270 @@
+"""WikiText (Merity et al. 2016): download it once, read it as a list of articles.
+
+The four variants are zip archives served at ``https://wikitext.smerity.com``:
+``wikitext-{2,103}-raw-v1`` hold the original text (``wiki.train.raw``, ...),
+``wikitext-{2,103}-v1`` the word-level tokenized text with rare words replaced by
+``<unk>`` (``wiki.train.tokens``, ...). pytorch/examples ships the latter as
+``train.txt``, ``valid.txt``, ``test.txt``; all three layouts are read here.
+
+Downloads are written to ``<name>.zip.part``, resumed with an HTTP Range request
+when a previous attempt was cut off, renamed to ``<name>.zip`` only after the
+archive's CRCs verify, and extracted into a temporary folder that is renamed into
+place last, so an interrupted run never leaves something that looks complete.
+"""
+from __future__ import annotations
+
+import http.client
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+import zipfile
+from pathlib import Path
+from typing import Optional, Union
+
+from .text import iter_lines
+
+logger = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+BASE_URL = "https://wikitext.smerity.com"
+# name of the archive -> folder inside it, and the file suffix of its splits
+WIKITEXT_VARIANTS = {
+    "wikitext-2-raw-v1": ("wikitext-2-raw", ".raw"),
+    "wikitext-103-raw-v1": ("wikitext-103-raw", ".raw"),
+    "wikitext-2-v1": ("wikitext-2", ".tokens"),
+    "wikitext-103-v1": ("wikitext-103", ".tokens"),
+}
+SPLITS = ("train", "valid", "test")
+
+
+class DownloadError(RuntimeError):
+    """The archive could not be fetched or did not verify."""
+
+
+def _default_cache_dir() -> Path:
+    env = os.environ.get("MINIBERT_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "minibert"
+
+
+def download_wikitext(
+    name: str = "wikitext-2-raw-v1",
+    cache_dir: Optional[PathLike] = None,
+    url: Optional[str] = None,
+    *,
+    timeout: float = 30.0,
+) -> Path:
+    """Download and extract a WikiText variant; return the folder holding its splits.
+
+    Args:
+        name: one of ``wikitext-2-raw-v1`` (default), ``wikitext-103-raw-v1``,
+            ``wikitext-2-v1``, ``wikitext-103-v1``.
+        cache_dir: where to keep the zip and the extracted folder; default
+            ``$MINIBERT_CACHE`` or ``~/.cache/minibert``.
+        url: the zip's address; default ``https://wikitext.smerity.com/<name>.zip``.
+        timeout: seconds to wait for the server before giving up.
+
+    A no-op (no network access at all) when the extracted folder is already there.
+    """
+    if name not in WIKITEXT_VARIANTS:
+        raise ValueError(f"unknown WikiText variant {name!r}; choose one of "
+                         f"{sorted(WIKITEXT_VARIANTS)}")
+    folder, suffix = WIKITEXT_VARIANTS[name]
+    cache = Path(cache_dir).expanduser() if cache_dir else _default_cache_dir()
+    target = cache / folder
+    expected = [f"wiki.{s}{suffix}" for s in SPLITS]
+    if all((target / f).is_file() for f in expected):
+        logger.info("WikiText %s already at %s", name, target)
+        return target
+
+    url = url or f"{BASE_URL}/{name}.zip"
+    zip_path = cache / f"{name}.zip"
+    if not (zip_path.is_file() and _zip_ok(zip_path, folder, expected)):
+        part = cache / f"{name}.zip.part"
+        # A complete .part (killed between download and rename) needs no network.
+        resumed = False
+        if not (part.is_file() and _zip_ok(part, folder, expected)):
+            resumed = _fetch(url, part, timeout, name, expected)
+        if not _zip_ok(part, folder, expected):
+            part.unlink(missing_ok=True)
+            if not resumed:
+                raise DownloadError(
+                    f"the archive downloaded from {url} is not a valid {name} zip (bad CRC or "
+                    f"missing {folder}/{expected[0]}); it was deleted, run again to retry"
+                )
+            # A resumed file can be corrupt if the server's copy changed in
+            # between: start over once from byte 0.
+            logger.warning("resumed download of %s did not verify; restarting", name)
+            _fetch(url, part, timeout, name, expected)
+            if not _zip_ok(part, folder, expected):
+                part.unlink(missing_ok=True)
+                raise DownloadError(f"the archive downloaded from {url} does not verify")
+        os.replace(part, zip_path)
+
+    # Extract next to the target and rename: the target appears complete or not at all.
+    tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=cache))
+    try:
+        with zipfile.ZipFile(zip_path) as zf:
+            zf.extractall(tmp)
+        if target.exists():
+            shutil.rmtree(target)  # an incomplete folder left by hand; the zip is verified
+        os.replace(tmp / folder, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("WikiText %s extracted to %s", name, target)
+    return target
+
+
+def _zip_ok(path: Path, folder: str, expected: list[str]) -> bool:
+    """True when ``path`` is a zip whose CRCs check and that holds the expected splits."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+            if any(f"{folder}/{f}" not in names for f in expected):
+                return False
+            return zf.testzip() is None
+    except Exception:  # BadZipFile, zlib.error, EOFError, ...: any of them means "not ok"
+        return False
+
+
+def _fetch(url: str, part: Path, timeout: float, name: str, expected: list[str]) -> bool:
+    """Append the bytes of ``url`` to ``part`` (resuming if it exists); True if resumed."""
+    offset = part.stat().st_size if part.is_file() else 0
+    request = urllib.request.Request(url, headers={"User-Agent": "minibert"})
+    if offset:
+        request.add_header("Range", f"bytes={offset}-")
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and offset:  # "range not satisfiable": our partial file is bad
+            part.unlink()
+            return _fetch(url, part, timeout, name, expected)
+        raise DownloadError(_offline_message(url, name, expected, f"HTTP {e.code} {e.reason}")) from e
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise DownloadError(_offline_message(url, name, expected, str(reason))) from e
+
+    with response:
+        resumed = offset > 0 and response.status == 206
+        if offset and not resumed:
+            logger.info("server ignored the resume request; downloading %s from the start", name)
+            offset = 0
+        length = response.headers.get("Content-Length")
+        total = offset + int(length) if length is not None else None
+        part.parent.mkdir(parents=True, exist_ok=True)
+        progress = _Progress(name, total, offset)
+        try:
+            with open(part, "ab" if resumed else "wb") as f:
+                while block := response.read(1 << 16):
+                    f.write(block)
+                    progress.update(len(block))
+        except (OSError, http.client.HTTPException) as e:
+            raise DownloadError(
+                f"download of {url} was interrupted ({e}); the partial file {part} is kept "
+                f"and the next call resumes it"
+            ) from e
+        finally:
+            progress.close()
+    return resumed
+
+
+def _offline_message(url: str, name: str, expected: list[str], reason: str) -> str:
+    folder = WIKITEXT_VARIANTS[name][0]
+    return (
+        f"could not download {url} ({reason}). If this machine has no internet access, "
+        f"download {name}.zip by hand, unzip it, and pass the folder that holds "
+        f"{', '.join(expected)} (i.e. '{folder}/') as data_dir= or --data-dir."
+    )
+
+
+class _Progress:
+    """Download progress: a tqdm bar on a terminal when tqdm is installed, else log
+    lines every 10% (which also end up in log files, unlike a bar)."""
+
+    def __init__(self, name: str, total: Optional[int], initial: int) -> None:
+        self.name, self.total, self.done = name, total, initial
+        self.next_log = 0.1
+        self.bar = None
+        if sys.stderr is not None and sys.stderr.isatty():
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:
+                pass
+            else:
+                self.bar = tqdm(total=total, initial=initial, unit="B", unit_scale=True,
+                                desc=name)
+        if self.bar is None:
+            logger.info("downloading %s (%s bytes)", name, total if total else "unknown size")
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif self.total and self.done / self.total >= self.next_log:
+            logger.info("%s: %.0f%% of %d bytes", self.name, 100 * self.done / self.total,
+                        self.total)
+            self.next_log += 0.1
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ---------------------------------------------------------------------- reading
+def _is_title(line: str) -> bool:
+    """A top-level heading is " = Title = "; sections are " = = Section = = " and deeper."""
+    s = line.strip()
+    return len(s) > 4 and s.startswith("= ") and s.endswith(" =") and not s.startswith("= =")
+
+
+def load_wikitext(path: PathLike) -> dict[str, list[str]]:
+    """Read the splits found in ``path`` as ``{split: [article, ...]}``.
+
+    ``path`` is the folder holding ``wiki.{train,valid,test}.raw``,
+    ``wiki.{train,valid,test}.tokens`` or ``{train,valid,test}.txt`` (a parent
+    folder with exactly one such WikiText folder inside also works). Splits that
+    are absent are left out of the result; at least one must be present.
+
+    Each article starts at its top-level `` = Title = `` line and runs until the
+    next one; its lines are stripped and blank lines dropped.
+    """
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"WikiText folder not found: {root}")
+    layouts = [{s: f"wiki.{s}.raw" for s in SPLITS}, {s: f"wiki.{s}.tokens" for s in SPLITS},
+               {s: f"{s}.txt" for s in SPLITS}]
+    candidates = [root] + sorted(p for p in root.iterdir() if p.is_dir())
+    for folder in candidates:
+        for layout in layouts:
+            found = {s: folder / f for s, f in layout.items() if (folder / f).is_file()}
+            if found:
+                out = {s: split_articles(iter_lines(p)) for s, p in found.items()}
+                if not any(out.values()):
+                    raise ValueError(f"the WikiText files in {folder} hold no text: "
+                                     f"{', '.join(str(p) for p in found.values())}")
+                return out
+    looked = ", ".join(f for layout in layouts for f in layout.values())
+    raise FileNotFoundError(
+        f"no WikiText splits in {root} (nor its subfolders): looked for {looked}. Pass the "
+        f"folder that holds them, or call download_wikitext() to fetch them."
+    )
+
+
+def split_articles(lines) -> list[str]:
+    """Group WikiText lines into articles at top-level `` = Title = `` headings."""
+    articles: list[str] = []
+    current: list[str] = []
+    for line in lines:
+        if current and _is_title(line):
+            articles.append("\n".join(current))
+            current = []
+        line = line.strip()
+        if line:
+            current.append(line)
+    if current:
+        articles.append("\n".join(current))
+    return articles

@@ -1,0 +1,154 @@
+"""The memory-mapped token file: contents, atomic writes, and refusing bad files."""
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minibert.data import TokenFile, TokenFileError, tokenize_to_memmap
+from minibert.data.tokens import HEADER_BYTES, MAGIC
+from minibert.tokenizer import Tokenizer
+
+DOCS = [
+    "The first document has a few words.\nAnd a second line.",
+    "Second document: numbers 12 and 345, accents café.",
+    "Third one is short.",
+    "Fourth document talks about lobsters and the sea, at some length, " * 5,
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.train_from_iterator(DOCS * 5, vocab_size=300, min_frequency=1,
+                                         use_cache=False)
+
+
+@pytest.fixture(scope="module")
+def other_tok():
+    return Tokenizer.train_from_iterator(DOCS * 5, vocab_size=250, min_frequency=1,
+                                         use_cache=False)
+
+
+def test_roundtrip_ids_offsets_and_header(tok, tmp_path):
+    tf = tokenize_to_memmap(DOCS, tok, tmp_path / "c.tok")
+    expected = [tok.encode(d, add_special_tokens=False) for d in DOCS]
+    assert tf.ids.dtype == np.uint16 and isinstance(tf.ids, np.memmap)
+    assert len(tf) == len(DOCS) and tf.n_tokens == sum(map(len, expected))
+    assert [tf.doc(d).tolist() for d in range(len(tf))] == expected
+    assert tf.doc_lengths().tolist() == [len(e) for e in expected]
+    reopened = TokenFile.open(tmp_path / "c.tok", tok)
+    assert np.array_equal(reopened.ids, tf.ids)
+    h = reopened.header
+    assert h["format_version"] == 1 and h["dtype"] == "<u2" and h["n_tokens"] == tf.n_tokens
+    assert h["tokenizer_fingerprint"] == tok.fingerprint
+    assert h["special_ids"] == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
+    assert list(tmp_path.iterdir()) == [tmp_path / "c.tok"]  # no temporary left
+
+
+def test_files_are_split_into_documents_at_blank_lines(tok, tmp_path):
+    f = tmp_path / "corpus.txt"
+    f.write_text(f"{DOCS[0]}\n\n\n{DOCS[1]}\n  \n{DOCS[2]}\n", encoding="utf-8")
+    tf = tokenize_to_memmap(f, tok, tmp_path / "a.tok")  # a single path
+    assert [tf.doc(d).tolist() for d in range(len(tf))] == \
+        [tok.encode(d, add_special_tokens=False) for d in DOCS[:3]]
+    tf2 = tokenize_to_memmap([f, DOCS[3]], tok, tmp_path / "b.tok")  # Path + str mixed
+    assert len(tf2) == 4 and tf2.doc(3).tolist() == tok.encode(DOCS[3], add_special_tokens=False)
+
+
+def test_a_str_naming_a_file_is_text_with_a_warning(tok, tmp_path):
+    f = tmp_path / "corpus.txt"
+    f.write_text(DOCS[0])
+    with pytest.warns(UserWarning, match="pathlib.Path"):
+        tf = tokenize_to_memmap([str(f)], tok, tmp_path / "x.tok")
+    assert tf.doc(0).tolist() == tok.encode(str(f), add_special_tokens=False)
+
+
+def test_uint32_for_large_vocabularies(tok, tmp_path):
+    class BigVocab:
+        """Duck-typed tokenizer whose ids do not fit in uint16."""
+        vocab_size, fingerprint = 70_000, "big"
+        pad_id, unk_id, cls_id, sep_id, mask_id = 0, 1, 2, 3, 4
+
+        def encode_batch(self, texts, add_special_tokens=True):
+            return [[69_999, 65_536, len(t)] for t in texts]
+
+    tf = tokenize_to_memmap(["a", "bb"], BigVocab(), tmp_path / "big.tok")
+    assert tf.ids.dtype == np.uint32 and tf.ids.tolist() == [69_999, 65_536, 1, 69_999, 65_536, 2]
+
+
+def test_empty_corpus_fails_and_keeps_the_old_file(tok, tmp_path):
+    out = tmp_path / "c.tok"
+    tokenize_to_memmap(DOCS, tok, out)
+    before = out.read_bytes()
+    with pytest.raises(ValueError, match="empty"):
+        tokenize_to_memmap([], tok, out)
+    with pytest.raises(ValueError, match="empty"):
+        tokenize_to_memmap(["", "   ", "\x00"], tok, out)
+    assert out.read_bytes() == before and list(tmp_path.iterdir()) == [out]
+
+
+def test_failure_midway_leaves_previous_file_untouched(tok, tmp_path):
+    out = tmp_path / "c.tok"
+    tokenize_to_memmap(DOCS, tok, out)
+    before = out.read_bytes()
+
+    def docs():
+        yield from DOCS * 100
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        tokenize_to_memmap(docs(), tok, out, batch_docs=8)
+    assert out.read_bytes() == before and list(tmp_path.iterdir()) == [out]
+
+
+def test_file_from_another_tokenizer_is_refused(tok, other_tok, tmp_path):
+    tokenize_to_memmap(DOCS, tok, tmp_path / "c.tok")
+    with pytest.raises(TokenFileError, match="(?i)different tokenizer.*re-prepare"):
+        TokenFile.open(tmp_path / "c.tok", other_tok)
+    TokenFile.open(tmp_path / "c.tok")  # without a tokenizer there is nothing to compare
+
+
+def test_truncated_or_foreign_files_are_refused(tok, tmp_path):
+    path = tmp_path / "c.tok"
+    tokenize_to_memmap(DOCS, tok, path)
+    data = path.read_bytes()
+    cases = [
+        ("truncated", data[:-3]),
+        ("truncated", data[:HEADER_BYTES + 5]),
+        ("truncated", data[:100]),
+        ("not a minibert token file", b"hello world" * 1000),
+        ("corrupt header", MAGIC + b"{nonsense" + data[len(MAGIC) + 9:]),
+    ]
+    for match, content in cases:
+        path.write_bytes(content)
+        with pytest.raises(TokenFileError, match=match) as err:
+            TokenFile.open(path)
+        assert "re-prepare" in str(err.value)
+    header = json.loads(data[len(MAGIC):HEADER_BYTES].decode())
+    header["format_version"] = 99
+    body = json.dumps(header).encode()
+    path.write_bytes(MAGIC + body.ljust(HEADER_BYTES - len(MAGIC) - 1) + b"\n"
+                     + data[HEADER_BYTES:])
+    with pytest.raises(TokenFileError, match="format version 99"):
+        TokenFile.open(path)
+    with pytest.raises(FileNotFoundError, match="re-prepare"):
+        TokenFile.open(tmp_path / "absent.tok")
+
+
+def test_pickling_reopens_instead_of_copying(tok, tmp_path):
+    tf = tokenize_to_memmap(DOCS * 200, tok, tmp_path / "c.tok")
+    blob = pickle.dumps(tf)
+    assert len(blob) < 2000 < tf.ids.nbytes
+    again = pickle.loads(blob)
+    assert isinstance(again.ids, np.memmap) and np.array_equal(again.ids, tf.ids)
+    assert Path(again.path) == tf.path
+
+
+def test_bad_utf8_is_replaced_and_counted(tok, tmp_path):
+    f = tmp_path / "bad.txt"
+    f.write_bytes(b"the first document\n\nsecond \xff\xfe document\n")
+    with pytest.warns(UnicodeWarning, match="2 invalid UTF-8"):
+        tf = tokenize_to_memmap(f, tok, tmp_path / "c.tok")
+    assert tf.doc(1).tolist() == tok.encode("second \ufffd\ufffd document",
+                                            add_special_tokens=False)

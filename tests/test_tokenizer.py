@@ -1,0 +1,184 @@
+"""minibert.tokenizer.Tokenizer: training, caching, loading, and id parity with transformers."""
+import json
+import os
+
+import pytest
+
+from minibert.tokenizer import SPECIAL_TOKENS, Tokenizer
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Café, naïve, résumé, façade — accents everywhere: Ångström, São Paulo, Dvořák.",
+    "東京は日本の首都です。北京是中国的首都。서울은 한국의 수도입니다.",
+    "Punctuation!!! (parentheses) [brackets] {braces} \"quotes\" 'single' ... ; : ? - _",
+    "Emoji are tokens too 🙂🎉 and so are symbols like € £ ¥ © ®.",
+    "Internationalization and antidisestablishmentarianism are long words.",
+    "Numbers 3.14159, 2,718 and 1e-10; e-mail someone@example.com; http://x.org/a?b=c",
+] * 20
+
+PROBES = [
+    "Hello, World!",
+    "CAFÉ Naïve RÉSUMÉ façade Ångström",
+    "東京は日本の首都です。 北京是中国的首都 서울",
+    "Emoji 🙂🎉🦀 mixed with text",
+    "unbelievably internationalization antidisestablishmentarianism",
+    "x" * 99 + " " + "y" * 101 + " " + "z" * 150,
+    "tabs\tand\nnewlines\r\n  and   spaces",
+    "control\x00chars\x07here and zero\u200bwidth",
+    "a [MASK] in the middle, and [CLS] [SEP] [PAD] too",
+    "Punctuation!!! (parentheses) [brackets] {braces} ¿¡ … — – \"quotes\"",
+    "",
+    "   ",
+    "numbers 3.14159 2,718 1e-10 someone@example.com",
+]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    return Tokenizer.train_from_iterator(CORPUS, vocab_size=400, min_frequency=1,
+                                         cache_dir=cache)
+
+
+def test_special_token_ids_and_vocab_size(trained):
+    assert [trained.id_to_token(i) for i in range(5)] == list(SPECIAL_TOKENS)
+    assert (trained.pad_id, trained.unk_id, trained.cls_id, trained.sep_id, trained.mask_id) \
+        == (0, 1, 2, 3, 4)
+    assert trained.vocab_size <= 400
+    assert trained.vocab_size == len(trained)
+
+
+def test_encode_decode_and_batch(trained):
+    ids = trained.encode("The quick brown fox.")
+    assert ids[0] == trained.cls_id and ids[-1] == trained.sep_id
+    assert trained.encode("The quick brown fox.", add_special_tokens=False) == ids[1:-1]
+    assert trained.decode(ids) == "the quick brown fox."
+    assert "##" in "".join(trained.backend.encode("antidisestablishmentarian brownies").tokens)
+    assert trained.encode_batch(PROBES) == [trained.encode(p) for p in PROBES]
+    with pytest.raises(TypeError, match="list of strings"):
+        trained.encode_batch("one string")
+
+
+def test_save_and_reload_roundtrip(trained, tmp_path):
+    out = trained.save(tmp_path / "tok")
+    assert (out / "tokenizer.json").is_file() and (out / "vocab.txt").is_file()
+    lines = (out / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert lines[:5] == list(SPECIAL_TOKENS) and len(lines) == trained.vocab_size
+    for source in (out, out / "tokenizer.json", out / "vocab.txt"):
+        again = Tokenizer.from_pretrained(source)
+        assert [again.encode(p) for p in PROBES] == [trained.encode(p) for p in PROBES], source
+    assert Tokenizer.from_pretrained(out).fingerprint == trained.fingerprint
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_ids_match_transformers_bert_tokenizer(tmp_path, lowercase):
+    """Our vocab.txt loader must reproduce transformers' BertTokenizerFast id for id."""
+    transformers = pytest.importorskip("transformers")
+    tok = Tokenizer.train_from_iterator(CORPUS, vocab_size=600, min_frequency=1,
+                                        lowercase=lowercase, use_cache=False)
+    # A BERT-style vocabulary: specials where BERT keeps them, plus the trained pieces.
+    pieces = [t for t, _ in sorted(tok.backend.get_vocab().items(), key=lambda kv: kv[1])
+              if t not in SPECIAL_TOKENS]
+    vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(3)] + ["[UNK]", "[CLS]", "[SEP]",
+                                                              "[MASK]"] + pieces + ["🙂"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": lowercase}))
+
+    # Loaded the way a checkpoint is: a folder holding vocab.txt and the config.
+    ref = transformers.BertTokenizerFast.from_pretrained(str(tmp_path), do_lower_case=lowercase)
+    assert ref.convert_tokens_to_ids("[MASK]") == 7  # it really read our vocabulary
+    ours = Tokenizer.from_pretrained(tmp_path)
+    assert (ours.pad_id, ours.unk_id, ours.cls_id, ours.sep_id, ours.mask_id) == (0, 4, 5, 6, 7)
+    for text in PROBES + CORPUS[:7]:
+        assert ours.encode(text) == ref(text)["input_ids"], text
+        assert ours.encode(text, add_special_tokens=False) == \
+            ref(text, add_special_tokens=False)["input_ids"], text
+    assert ours.encode_batch(PROBES) == ref(PROBES)["input_ids"]
+    # a checkpoint's tokenizer.json (as transformers saves it) loads to the same ids
+    ref.save_pretrained(str(tmp_path / "hf"))
+    from_json = Tokenizer.from_pretrained(tmp_path / "hf" / "tokenizer.json")
+    assert [from_json.encode(t) for t in PROBES] == ref(PROBES)["input_ids"]
+    # the emoji we put in the vocabulary is found, others become [UNK]
+    assert vocab.index("🙂") in ours.encode("🙂") and ours.unk_id in ours.encode("🦀")
+
+
+def test_lowercase_argument_overrides_config(tmp_path, trained):
+    trained.save(tmp_path)
+    (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    cased = Tokenizer.from_pretrained(tmp_path)
+    lower = Tokenizer.from_pretrained(tmp_path, lowercase=True)
+    assert cased.encode("THE") != lower.encode("THE")
+    assert lower.encode("THE") == trained.encode("THE")
+
+
+def test_training_is_cached_by_content_and_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIBERT_CACHE", str(tmp_path / "env-cache"))
+    f = tmp_path / "corpus.txt"
+    f.write_text("\n".join(CORPUS), encoding="utf-8")
+    first = Tokenizer.train([f], vocab_size=300, min_frequency=1)
+    entries = list((tmp_path / "env-cache" / "tokenizers").iterdir())
+    assert len(entries) == 1 and (entries[0] / "tokenizer.json").is_file()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained again instead of using the cache")
+
+    with monkeypatch.context() as m:
+        m.setattr(Tokenizer, "_bert_pipeline", staticmethod(no_training))
+        second = Tokenizer.train(f, vocab_size=300, min_frequency=1)
+    assert second.fingerprint == first.fingerprint
+
+    Tokenizer.train([f], vocab_size=250, min_frequency=1)  # other settings: new entry
+    f.write_text("\n".join(CORPUS[:3]), encoding="utf-8")
+    Tokenizer.train([f], vocab_size=300, min_frequency=1)  # other content: new entry
+    assert len(list((tmp_path / "env-cache" / "tokenizers").iterdir())) == 3
+    assert not [p for p in (tmp_path / "env-cache" / "tokenizers").iterdir()
+                if p.name.startswith(".tmp")]
+
+
+def test_generators_train_without_cache(tmp_path):
+    tok = Tokenizer.train_from_iterator((t for t in CORPUS), vocab_size=300, min_frequency=1,
+                                        cache_dir=tmp_path)
+    assert tok.vocab_size <= 300
+    assert not (tmp_path / "tokenizers").exists()
+
+
+def test_non_utf8_training_file_warns_with_count(tmp_path):
+    f = tmp_path / "bad.txt"
+    f.write_bytes("\n".join(CORPUS).encode("utf-8") + b"\nbad \xff\xfe bytes \xc3\n")
+    with pytest.warns(UnicodeWarning, match="3 invalid UTF-8"):
+        tok = Tokenizer.train([f], vocab_size=400, min_frequency=1, use_cache=False)
+    assert tok.vocab_size > 5
+
+
+def test_empty_corpus_is_rejected(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n   \n", encoding="utf-8")
+    with pytest.raises(ValueError, match="empty corpus"):
+        Tokenizer.train([empty], vocab_size=100, use_cache=False)
+    with pytest.raises(ValueError, match="empty corpus"):
+        Tokenizer.train_from_iterator([], vocab_size=100)
+    with pytest.raises(ValueError, match="no files"):
+        Tokenizer.train([], vocab_size=100)
+
+
+def test_vocab_size_too_small(tmp_path):
+    with pytest.raises(ValueError, match="special tokens"):
+        Tokenizer.train_from_iterator(CORPUS, vocab_size=5)
+    with pytest.raises(ValueError, match=r"too small for this corpus.*at least \d+"):
+        Tokenizer.train_from_iterator(CORPUS, vocab_size=30, cache_dir=tmp_path)
+    assert not (tmp_path / "tokenizers").exists()  # a failed run caches nothing
+
+
+def test_missing_files_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        Tokenizer.train([tmp_path / "nope.txt"], vocab_size=100)
+    with pytest.raises(FileNotFoundError, match="tokenizer.json and vocab.txt"):
+        Tokenizer.from_pretrained(tmp_path)
+    (tmp_path / "vocab.txt").write_text("hello\nworld\n")
+    with pytest.raises(ValueError, match=r"lacks the special token"):
+        Tokenizer.from_pretrained(tmp_path)
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a valid tokenizers JSON"):
+        Tokenizer.from_pretrained(tmp_path / "broken.json")
+    assert os.listdir(tmp_path)  # nothing deleted
