@@ -1,0 +1,276 @@
+"""Checkpoint directories that are either complete and verified, or not there at all.
+
+A checkpoint is a directory `root/step_00001000/` holding
+
+    state.pt    torch.save of one dict: state_dicts, RNG states, data position, configs, ...
+    meta.json   {"format", "format_version", "step", "files": {"state.pt": {bytes, sha256}}}
+
+`save_checkpoint` writes both files into a temporary sibling directory, flushes them to disk
+(fsync), and only then renames the directory into place. A rename within one file system is
+atomic, so after a crash or a `kill -9` at any moment the final name holds either nothing or
+a complete checkpoint: never half of one. `meta.json` records the size and SHA-256 of
+`state.pt`, so a file damaged later (a full disk, a bad copy, a flipped bit) is detected
+before anything is loaded from it. `load_checkpoint` verifies, then reads with
+`torch.load(weights_only=True)`, which only rebuilds tensors and plain python values and
+never runs code from the file. Any problem is a `CheckpointError` that names the directory
+and what is wrong; `latest_checkpoint` skips damaged checkpoints, with a warning, in favour
+of the newest intact one.
+
+The module knows nothing about models or optimizers: `state` is any dict of tensors, plain
+python values (numbers, strings, None, lists, tuples) and nested dicts. Store configs as
+`dataclasses.asdict(config)`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "minibert-checkpoint"
+FORMAT_VERSION = 1
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
+_STEP_DIR = re.compile(r"^step_(\d{8,})$")
+_TMP_PREFIX = ".tmp-"  # a dot name never matches _STEP_DIR, so readers never see it
+
+PathLike = Union[str, os.PathLike]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, damaged or not a minibert checkpoint."""
+
+
+def step_dir(root: PathLike, step: int) -> Path:
+    """Where the checkpoint of `step` lives: `root/step_{step:08d}`."""
+    return Path(root) / f"step_{step:08d}"
+
+
+def save_checkpoint(root: PathLike, step: int, state: dict[str, Any],
+                    keep: Optional[int] = 3) -> Path:
+    """Atomically write `state` as the checkpoint of `step` under `root`; return its path.
+
+    Afterwards only the newest `keep` checkpoints (by step) remain, always including the
+    one just written; `keep=None` keeps all. A checkpoint of the same step that already
+    exists is replaced, and only once the new one is complete on disk.
+    """
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"step={step!r} must be an integer >= 0")
+    if keep is not None and (not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"keep={keep!r} must be an integer >= 1, or None to keep all")
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a dict, got {type(state).__name__}")
+    _check_loadable(state, "state")
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = step_dir(root, step)
+    tmp = root / f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    old = None
+    try:
+        state_path = tmp / STATE_FILE
+        with open(state_path, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step,
+                "torch": torch.__version__,
+                "files": {STATE_FILE: {"bytes": state_path.stat().st_size,
+                                       "sha256": _sha256(state_path)}}}
+        with open(tmp / META_FILE, "w") as f:
+            json.dump(meta, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)  # the directory entries of both files are durable too
+
+        if final.exists():
+            # A directory rename cannot replace a non-empty directory, so the old one steps
+            # aside first. A crash between these two renames leaves the new checkpoint
+            # complete under its temporary name and this step absent: latest_checkpoint
+            # then falls back to the previous step, which is still intact.
+            old = root / f"{_TMP_PREFIX}old-{final.name}-{uuid.uuid4().hex[:8]}"
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        if old is not None and not final.exists():
+            os.replace(old, final)  # put the previous checkpoint of this step back
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    logger.info("saved checkpoint %s (%.1f MiB)", final, meta["files"][STATE_FILE]["bytes"] / 2**20)
+
+    _remove_leftovers(root)
+    if keep is not None:
+        for path in [p for p in _step_dirs(root) if p != final][keep - 1:]:
+            shutil.rmtree(path, ignore_errors=True)
+            logger.info("removed old checkpoint %s (keeping the newest %d)", path, keep)
+    return final
+
+
+def verify_checkpoint(path: PathLike) -> dict[str, Any]:
+    """Check that `path` is a complete, undamaged checkpoint; return its meta.json dict.
+
+    Raises CheckpointError, naming the path and the problem, when it is not. Reads the
+    whole state file once to compute its SHA-256.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist or is not a directory")
+    meta_path = path / META_FILE
+    if not meta_path.is_file():
+        raise CheckpointError(f"checkpoint {path} has no {META_FILE}: it is incomplete or not "
+                              f"a minibert checkpoint; use an older checkpoint")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {path}: {META_FILE} is unreadable ({e}); "
+                              f"the checkpoint is damaged, use an older one") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path}: {META_FILE} does not describe a minibert "
+                              f"checkpoint (format {FORMAT!r} expected)")
+    version = meta.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has format version {version!r}; this minibert "
+                              f"reads versions up to {FORMAT_VERSION}, upgrade minibert")
+    try:
+        expected = meta["files"][STATE_FILE]
+        size, digest = int(expected["bytes"]), str(expected["sha256"])
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f"checkpoint {path}: {META_FILE} lacks the size and sha256 of "
+                              f"{STATE_FILE}; the checkpoint is damaged") from None
+    state_path = path / STATE_FILE
+    if not state_path.is_file():
+        raise CheckpointError(f"checkpoint {path} has no {STATE_FILE}; it is damaged")
+    actual_size = state_path.stat().st_size
+    if actual_size != size:
+        raise CheckpointError(f"checkpoint {path}: {STATE_FILE} has {actual_size} bytes, "
+                              f"{META_FILE} says {size}; the file is truncated or damaged")
+    if _sha256(state_path) != digest:
+        raise CheckpointError(f"checkpoint {path}: {STATE_FILE} does not match the sha256 in "
+                              f"{META_FILE}; its contents are damaged")
+    return meta
+
+
+def load_checkpoint(path: PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+    """Verify the checkpoint directory `path`, then load and return its state dict.
+
+    Tensors are placed by `map_location` (default CPU; `load_state_dict` then copies them
+    to wherever the model lives). Raises CheckpointError when the checkpoint is damaged.
+    """
+    path = Path(path)
+    verify_checkpoint(path)
+    try:
+        state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True)
+    except Exception as e:  # unpickling or zip errors: only the gist goes into the message
+        raise CheckpointError(f"checkpoint {path}: {STATE_FILE} could not be loaded with "
+                              f"weights_only=True ({_gist(e)})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path}: {STATE_FILE} holds a "
+                              f"{type(state).__name__}, not a dict")
+    return state
+
+
+def latest_checkpoint(root: PathLike) -> Optional[Path]:
+    """The newest checkpoint under `root` that verifies, or None when there is none.
+
+    A newer checkpoint that fails verification is skipped with a warning naming it and the
+    problem. Temporary directories of interrupted saves are ignored.
+    """
+    for path in _step_dirs(Path(root)):
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as e:
+            logger.warning("skipping damaged checkpoint: %s", e)
+            continue
+        return path
+    return None
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+def _step_dirs(root: Path) -> list[Path]:
+    """Checkpoint directories under `root` by their final name, newest step first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def _remove_leftovers(root: Path) -> None:
+    """Delete temporary directories that interrupted saves left behind."""
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith(_TMP_PREFIX):
+            shutil.rmtree(p, ignore_errors=True)
+            logger.info("removed %s, left over from an interrupted save", p)
+
+
+def _gist(error: Exception) -> str:
+    """The informative line of a torch.load error (its first lines advise weights_only=False,
+    which would run code from the file and is not an option for a damaged checkpoint)."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    for ln in lines:
+        if "Unsupported global" in ln or "Unsupported operand" in ln:
+            return ln + "; it holds objects other than tensors and plain python values"
+    return lines[0] if lines else type(error).__name__
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a directory's entries (new files, renames) durable. POSIX only; a no-op elsewhere."""
+    if os.name != "posix":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# What torch.load(weights_only=True) rebuilds, by exact type: subclasses such as numpy
+# scalars (a float subclass), IntEnum members or namedtuples are refused by the loader.
+# Checking at save time turns "this checkpoint can never be loaded" into an error now,
+# naming the offending entry.
+_LEAF_TYPES = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device)
+_SEQUENCE_TYPES = (list, tuple, set, frozenset, torch.Size)
+_DICT_TYPES = (dict, OrderedDict)
+
+
+def _check_loadable(value: Any, where: str) -> None:
+    if isinstance(value, torch.Tensor) or type(value) in _LEAF_TYPES:
+        return
+    if type(value) in _DICT_TYPES:
+        for k, v in value.items():
+            _check_loadable(k, f"a key of {where}")
+            _check_loadable(v, f"{where}[{k!r}]")
+    elif type(value) in _SEQUENCE_TYPES:
+        for i, v in enumerate(value):
+            _check_loadable(v, f"{where}[{i}]")
+    else:
+        hint = (" (store dataclasses.asdict(config))" if hasattr(value, "__dataclass_fields__")
+                else " (convert it with .tolist() or torch.as_tensor)"
+                if type(value).__module__ == "numpy" else "")
+        raise TypeError(f"{where} is a {type(value).__name__}, which torch.load(weights_only="
+                        f"True) cannot read back; checkpoints hold tensors, plain python "
+                        f"values, lists, tuples and dicts{hint}")

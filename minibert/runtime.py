@@ -1,0 +1,340 @@
+"""Everything about the process a run lives in: seeds, RNG state, memory, FLOPs, environment.
+
+* `set_seed`, `rng_state`, `set_rng_state`: reproducible runs and exact resume. The RNG state
+  is made of tensors and plain python values only, so it can be stored in a checkpoint that
+  is loaded with `torch.load(weights_only=True)`.
+* `reset_peak_memory`, `peak_memory_mb`: the peak memory of a logging window, on any device.
+* `flops_per_token`, `measure_peak_flops`, `mfu`: model FLOPs utilisation.
+* `environment_report`, `log_environment`: what the run is running on, with warnings for
+  the mismatches that silently cost speed.
+* `unwrap`: the one place that strips DDP and `torch.compile` wrappers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import statistics
+import sys
+import time
+from typing import Any, Optional, Union
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from .config import BertConfig
+
+logger = logging.getLogger(__name__)
+
+Device = Union[str, torch.device]
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+# ---- seeds and RNG state ------------------------------------------------------------------
+
+def set_seed(seed: int, deterministic: bool = False) -> None:
+    """Seed python's `random`, numpy's global generator and torch on every device.
+
+    `deterministic=True` also makes torch choose deterministic kernels (and raise on an
+    operation that has none), turns off cuDNN's benchmark autotuning (which may pick a
+    different algorithm on each run), and sets `CUBLAS_WORKSPACE_CONFIG`, without which
+    cuBLAS matmuls are not reproducible on CUDA >= 10.2. It costs speed; `False` leaves
+    those global switches as they are.
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed={seed!r} must be an integer in [0, 2**32) (numpy's range)")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # seeds the CPU and every CUDA device's default generator
+    if deterministic:
+        # Must be set before the first cuBLAS call to take effect; setdefault keeps a value
+        # the user chose (":16:8" uses less memory).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG state a training step draws from: python, numpy, torch CPU and CUDA.
+
+    numpy's state is converted from its array to a tensor, so the whole dict survives
+    `torch.save` then `torch.load(weights_only=True)`.
+    """
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": random.getstate(),  # (version, tuple of 625 ints, gauss_next)
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)),
+                  "pos": int(pos), "has_gauss": int(has_gauss),
+                  "cached_gaussian": float(cached_gaussian)},
+        "torch": torch.get_rng_state(),
+        "cuda": [],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()  # one ByteTensor per device
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state()` returned, so the next draws repeat exactly."""
+    missing = {"python", "numpy", "torch"} - set(state)
+    if missing:
+        raise ValueError(f"RNG state is missing {sorted(missing)}; pass a dict from rng_state()")
+    version, internal, gauss_next = state["python"]
+    # A checkpoint may hand back lists where tuples went in; random.setstate wants tuples.
+    random.setstate((version, tuple(internal), gauss_next))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"].cpu())
+    cuda = list(state.get("cuda") or [])
+    if cuda:
+        if not torch.cuda.is_available():
+            logger.warning("the RNG state has %d CUDA device state(s) but CUDA is not "
+                           "available; CUDA random draws will not repeat", len(cuda))
+            return
+        count = torch.cuda.device_count()
+        if count != len(cuda):
+            logger.warning("the RNG state has %d CUDA device state(s), this machine has %d; "
+                           "restoring the first %d", len(cuda), count, min(count, len(cuda)))
+        for i, s in enumerate(cuda[:count]):
+            torch.cuda.set_rng_state(s.cpu(), i)
+
+
+# ---- peak memory --------------------------------------------------------------------------
+
+def _device(device: Device) -> torch.device:
+    return device if isinstance(device, torch.device) else torch.device(device)
+
+
+def _accelerator(device: torch.device) -> Optional[Any]:
+    """torch.cuda, torch.xpu, ... for an accelerator with memory statistics, else None."""
+    module = getattr(torch, device.type, None) if device.type != "cpu" else None
+    return module if hasattr(module, "max_memory_allocated") else None
+
+
+def reset_peak_memory(device: Device) -> None:
+    """Start a new peak-memory window (see `peak_memory_mb`)."""
+    device = _device(device)
+    acc = _accelerator(device)
+    if acc is not None:
+        acc.reset_peak_memory_stats(device)
+        return
+    # Writing "5" to clear_refs resets the kernel's peak resident set size (VmHWM) to the
+    # current one (Linux >= 4.0). Elsewhere, or if refused, the peak covers the whole run.
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        logger.debug("cannot reset the peak RSS here; peak_memory_mb reports the process peak")
+
+
+def peak_memory_mb(device: Device) -> float:
+    """Peak memory in MiB since the last `reset_peak_memory(device)`.
+
+    On CUDA (and other accelerators with memory statistics) this is the peak of memory
+    allocated to tensors on `device`. On CPU it is the peak resident set size of the whole
+    process (VmHWM on Linux; `ru_maxrss`, which cannot be reset, where /proc is missing):
+    it includes the python interpreter and libraries, not only tensors.
+    """
+    device = _device(device)
+    acc = _accelerator(device)
+    if acc is not None:
+        return acc.max_memory_allocated(device) / 2**20
+    try:
+        with open("/proc/self/status") as f:
+            match = re.search(r"^VmHWM:\s+(\d+)\s+kB", f.read(), re.MULTILINE)
+        if match:
+            return int(match.group(1)) / 1024
+    except OSError:
+        pass
+    import resource  # POSIX only, hence not at the top
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, kB else
+
+
+# ---- FLOPs and MFU ------------------------------------------------------------------------
+
+def flops_per_token(config: BertConfig, seq_len: int,
+                    mlm_fraction: Optional[float] = None) -> float:
+    """Training FLOPs (forward + backward) per input token of BertForMaskedLM.
+
+        6 * N  +  12 * L * H * T
+
+    The first term is Kaplan et al. 2020 ("Scaling Laws for Neural Language Models", sec.
+    2.1): a matmul parameter costs 2 FLOPs per token forward (a multiply and an add) and 4
+    backward (gradients for the input and for the weight). The second term is attention
+    itself, which has no parameters (PaLM, Chowdhery et al. 2022, appendix B): per layer
+    and token, Q K^T and P V are each 2 * T * H FLOPs forward, 4 * T * H in all, times 3
+    with the backward. Embedding lookups, LayerNorm, GELU, softmax and biases are ignored,
+    as in both papers.
+
+    N counts matmul weights only: per layer Q, K, V and output projections (4 H^2) and the
+    feed-forward (2 H I). The MLM head (transform H^2, decoder V H, the tied embedding
+    matrix used as a matmul) runs on every token when `mlm_fraction` is None (dense head)
+    and on that fraction of tokens only with minibert's sparse head (pass the masking
+    probability, e.g. 0.15): counting it for every token would overstate the work done.
+    The pooler is not used in pretraining and is not counted.
+    """
+    if not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len={seq_len!r} must be a positive integer")
+    if mlm_fraction is not None and not 0.0 <= mlm_fraction <= 1.0:
+        raise ValueError(f"mlm_fraction={mlm_fraction!r} must be in [0, 1] (the fraction "
+                         f"of tokens the MLM head predicts), or None for a dense head")
+    L, H, I, V = (config.num_layers, config.hidden_size, config.intermediate_size,
+                  config.vocab_size)
+    n_encoder = L * (4 * H * H + 2 * H * I)
+    n_head = H * H + V * H
+    head_fraction = 1.0 if mlm_fraction is None else float(mlm_fraction)
+    return 6.0 * (n_encoder + head_fraction * n_head) + 12.0 * L * H * seq_len
+
+
+def _synchronize(device: torch.device) -> None:
+    module = getattr(torch, device.type, None) if device.type != "cpu" else None
+    if module is not None and hasattr(module, "synchronize"):
+        module.synchronize(device)
+
+
+def measure_peak_flops(device: Device, dtype: torch.dtype = torch.float32, n: int = 2048,
+                       repeats: int = 10) -> float:
+    """Achievable matmul FLOP/s on `device` in `dtype`: the MFU denominator, measured.
+
+    Times `repeats` (n x n) @ (n x n) products (2 n^3 FLOPs each) after one warm-up and
+    returns the median rate. This is what the hardware actually delivers on a large, well
+    shaped matmul, usually somewhat below the datasheet peak; pass a datasheet number to
+    `mfu` instead when comparing with published MFU figures. Takes about a second on a
+    laptop CPU at the default size; use a smaller `n` for a quicker, rougher number.
+    """
+    device = _device(device)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    torch.mm(a, b)  # warm-up: kernel selection, lazy initialisation, caches
+    _synchronize(device)
+    rates = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        _synchronize(device)
+        rates.append(2.0 * n**3 / max(time.perf_counter() - start, 1e-9))
+    return statistics.median(rates)
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation: the fraction of `peak_flops` that training turns into model
+    FLOPs (`tokens_per_s * flops_per_token / peak_flops`, in [0, 1] for a sound peak)."""
+    if not peak_flops > 0:
+        raise ValueError(f"peak_flops={peak_flops!r} must be > 0")
+    return tokens_per_s * flops_per_token / peak_flops
+
+
+# ---- environment --------------------------------------------------------------------------
+
+def _cpu_count() -> int:
+    """CPUs this process may run on (the affinity mask, which containers restrict)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            match = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.MULTILINE)
+        if match:
+            return match.group(1).strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def environment_report(device: Device) -> dict[str, Any]:
+    """What this run executes on: versions, device, bf16 support, threads, CPUs."""
+    device = _device(device)
+    report: dict[str, Any] = {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,  # None for a CPU-only build of torch
+        "python": sys.version.split()[0],
+        "device": str(device),
+        "device_name": None,
+        "device_available": True,
+        "bf16_supported": None,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": _cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+    if device.type == "cpu":
+        report["device_name"] = _cpu_name()
+        # Always runs on CPU; fast when the CPU has bf16 matrix units (AVX512-BF16, AMX).
+        report["bf16_supported"] = True
+    elif device.type == "cuda":
+        report["device_available"] = torch.cuda.is_available()
+        if report["device_available"]:
+            report["device_name"] = torch.cuda.get_device_name(device)
+            try:  # emulated bf16 (pre-Ampere GPUs) is far too slow to count as support
+                report["bf16_supported"] = torch.cuda.is_bf16_supported(including_emulation=False)
+            except TypeError:  # older torch without the argument
+                report["bf16_supported"] = torch.cuda.is_bf16_supported()
+    else:
+        module = getattr(torch, device.type, None)
+        report["device_available"] = bool(module and module.is_available())
+    return report
+
+
+def environment_warnings(report: dict[str, Any], precision: Optional[str] = None) -> list[str]:
+    """The mismatches in an `environment_report`, one sentence each (empty when all is well)."""
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not one of {PRECISIONS}")
+    warnings = []
+    if report["device"].startswith("cuda") and report["torch_cuda"] is None:
+        warnings.append(f"device {report['device']} was requested but torch "
+                        f"{report['torch']} is built without CUDA; install a CUDA build")
+    elif not report["device_available"]:
+        warnings.append(f"device {report['device']} was requested but is not available")
+    if report["torch_threads"] > report["cpu_count"]:
+        warnings.append(f"torch uses {report['torch_threads']} threads on "
+                        f"{report['cpu_count']} CPUs; oversubscription slows every op, "
+                        f"set torch.set_num_threads({report['cpu_count']}) or OMP_NUM_THREADS")
+    if precision == "bf16" and report["bf16_supported"] is False:
+        warnings.append(f"bf16 was requested but {report['device_name']} does not support "
+                        f"it; use fp16 or fp32")
+    return warnings
+
+
+def log_environment(device: Device, precision: Optional[str] = None) -> dict[str, Any]:
+    """Log the environment report and a warning for each mismatch; return the report.
+
+    The returned dict has the warnings under "warnings", ready to be stored with the run.
+    """
+    report = environment_report(device)
+    report["warnings"] = environment_warnings(report, precision)
+    logger.info("environment: %s", ", ".join(f"{k}={v}" for k, v in report.items()
+                                              if k != "warnings"))
+    for message in report["warnings"]:
+        logger.warning(message)
+    return report
+
+
+# ---- wrappers -----------------------------------------------------------------------------
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside DistributedDataParallel and `torch.compile` wrappers.
+
+    Save, export and inspect the unwrapped model: its `state_dict` keys are the model's own
+    (`bert.blocks.0...`), never `module.` (DDP) or `_orig_mod.` (compile) prefixed, so
+    checkpoints load into any of the three forms without renaming keys. Wrappers may nest
+    in either order (compile of DDP, DDP of compile); all are removed.
+    """
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # OptimizedModule
+            model = model._orig_mod
+        else:
+            return model

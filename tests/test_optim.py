@@ -1,0 +1,135 @@
+"""AdamW parameter groups and the learning-rate schedule."""
+
+import math
+
+import pytest
+import torch
+
+import minibert
+from minibert.optim import build_optimizer, lr_at, param_groups, resolve_warmup, set_lr
+from conftest import tiny_config
+
+
+def _names(model, params):
+    ids = {id(p) for p in params}
+    return {n for n, p in model.named_parameters() if id(p) in ids}
+
+
+def test_param_groups_decay_matrices_only():
+    model = minibert.BertForMaskedLM(tiny_config())
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    decayed, plain = _names(model, decay["params"]), _names(model, no_decay["params"])
+    # Matmul weights and embedding tables decay; every bias and LayerNorm parameter does not.
+    assert "bert.blocks.0.attn.qkv.weight" in decayed
+    assert "bert.blocks.1.ffn.down.weight" in decayed
+    assert "bert.embeddings.word.weight" in decayed
+    assert "bert.embeddings.position.weight" in decayed
+    assert "head.bias" in plain and "bert.blocks.0.attn.qkv.bias" in plain
+    for name in decayed:
+        assert "norm" not in name and not name.endswith("bias"), name
+    for name in plain:
+        assert "norm" in name or name.endswith("bias"), name
+    # Every trainable parameter is in exactly one group.
+    all_ids = [id(p) for g in (decay, no_decay) for p in g["params"]]
+    assert len(all_ids) == len(set(all_ids)) == len(list(model.parameters()))
+
+
+def test_param_groups_shared_and_frozen_parameters():
+    shared = torch.nn.Linear(4, 4)
+    model = torch.nn.Sequential(shared, torch.nn.ReLU(), shared, torch.nn.LayerNorm(4))
+    model[3].bias.requires_grad_(False)
+    groups = param_groups(model, 0.01)
+    params = [p for g in groups for p in g["params"]]
+    assert len(params) == len({id(p) for p in params}) == 3  # weight, bias, LN weight
+    assert all(p is not model[3].bias for p in params)
+    with pytest.raises(ValueError, match="weight_decay"):
+        param_groups(model, -0.1)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        param_groups(torch.nn.ReLU(), 0.01)
+
+
+def test_build_optimizer_applies_decoupled_decay_to_matrices_only():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+    opt = build_optimizer(model, lr=0.1, weight_decay=0.5)
+    assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-6
+    assert opt.defaults["foreach"] is True  # CPU parameters: the multi-tensor kernel
+    before = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)  # zero gradient: only the decay can move a weight
+    opt.step()
+    w, b, ln_w, ln_b = model.parameters()
+    # Decoupled decay: w <- w - lr * wd * w, independent of the (zero) gradient.
+    torch.testing.assert_close(w, before[0] * (1 - 0.1 * 0.5))
+    for p, p0 in zip((b, ln_w, ln_b), before[1:]):
+        torch.testing.assert_close(p, p0, rtol=0, atol=0)
+    set_lr(opt, 0.02)
+    assert all(g["lr"] == 0.02 for g in opt.param_groups)
+
+
+@pytest.mark.parametrize("bad", [dict(eps=0.0), dict(betas=(0.9, 1.0)), dict(lr=-1.0)])
+def test_build_optimizer_rejects_bad_hyperparameters(bad):
+    kwargs = dict(lr=1e-3) | bad
+    with pytest.raises(ValueError):
+        build_optimizer(torch.nn.Linear(2, 2), **kwargs)
+
+
+def test_linear_warmup_ramp_and_peak():
+    kw = dict(max_lr=1.0, min_lr=0.1, warmup_steps=4, total_steps=12)
+    assert [lr_at(s, **kw) for s in range(5)] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert max(lr_at(s, **kw) for s in range(20)) == lr_at(4, **kw) == 1.0
+
+
+def test_linear_decay_to_min_lr_then_flat():
+    kw = dict(max_lr=1.0, min_lr=0.2, warmup_steps=2, total_steps=10)
+    lrs = [lr_at(s, **kw) for s in range(2, 11)]
+    steps = [b - a for a, b in zip(lrs, lrs[1:])]
+    assert all(d == pytest.approx(-0.1) for d in steps)  # (1.0 - 0.2) / 8 per step
+    assert lr_at(6, **kw) == pytest.approx(0.6)  # halfway: (max + min) / 2
+    assert lr_at(10, **kw) == pytest.approx(0.2)
+    assert lr_at(11, **kw) == lr_at(1000, **kw) == 0.2
+
+
+def test_cosine_decay_midpoint_and_end():
+    kw = dict(max_lr=1e-3, min_lr=1e-4, warmup_steps=10, total_steps=110, schedule="cosine")
+    assert lr_at(10, **kw) == pytest.approx(1e-3)
+    assert lr_at(60, **kw) == pytest.approx(5.5e-4)  # cos(pi/2) = 0: the mean of max and min
+    assert lr_at(35, **kw) == pytest.approx(1e-4 + 9e-4 * (1 + math.cos(math.pi / 4)) / 2)
+    assert lr_at(110, **kw) == pytest.approx(1e-4)
+    lrs = [lr_at(s, **kw) for s in range(10, 111)]
+    assert all(b < a for a, b in zip(lrs, lrs[1:]))  # strictly decreasing
+    assert lr_at(500, **kw) == 1e-4
+
+
+def test_no_warmup_starts_at_max_lr():
+    kw = dict(max_lr=2.0, total_steps=4)
+    assert [lr_at(s, **kw) for s in range(5)] == [2.0, 1.5, 1.0, 0.5, 0.0]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(schedule="step"), "schedule"),
+    (dict(min_lr=2.0), "min_lr"),
+    (dict(warmup_steps=11), "warmup_steps"),
+    (dict(warmup_steps=-1), "warmup_steps"),
+    (dict(step=-1), "step"),
+    (dict(max_lr=-1.0, min_lr=-2.0), "max_lr"),
+    (dict(total_steps=0), "total_steps"),
+])
+def test_lr_at_rejects_bad_arguments(kwargs, match):
+    args = dict(step=1, max_lr=1.0, min_lr=0.0, warmup_steps=0, total_steps=10) | kwargs
+    step = args.pop("step")
+    with pytest.raises(ValueError, match=match):
+        lr_at(step, **args)
+
+
+def test_resolve_warmup():
+    assert resolve_warmup(100, 1000) == 100
+    assert resolve_warmup(0.06, 10_000) == 600
+    assert resolve_warmup(0.0, 50) == 0
+    assert resolve_warmup(0.25, 10) == 2  # 2.5 rounds to the nearest even step
+    for bad, match in [(1.0, r"\[0, 1\)"), (1.5, r"\[0, 1\)"), (-0.1, r"\[0, 1\)"),
+                       (-3, ">= 0"), (20, "longer than the run"), (True, "step count"),
+                       ("10", "step count")]:
+        with pytest.raises(ValueError, match=match):
+            resolve_warmup(bad, 10)
