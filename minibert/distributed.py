@@ -1,0 +1,91 @@
+"""Data-parallel training under torchrun: process group, device, and the few collectives we use.
+
+`torchrun --nproc_per_node N script.py` starts N processes and tells each one its place
+through environment variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+`init_distributed` reads them, joins the process group (NCCL on CUDA, gloo on CPU) and picks
+the device; without them it is a single process and nothing is initialised. Multi-node runs
+need nothing more here: torchrun sets the same variables on every node.
+
+Conventions the engine follows: every rank computes, only rank 0 logs and writes files,
+and barriers surround checkpoints so no rank reads a half-written one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(device: str = "auto", local_rank: int = 0) -> torch.device:
+    """"auto" -> this rank's CUDA device when there is one, else the CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda was asked for, but torch sees no CUDA device "
+                             f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
+        return torch.device("cuda", local_rank)
+    if device != "cpu":
+        raise ValueError(f"device={device!r}: choose auto, cpu or cuda")
+    return torch.device("cpu")
+
+
+def init_distributed(device: str = "auto") -> DistContext:
+    """Join the torchrun process group if there is one; return this process's context."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    dev = resolve_device(device, local_rank)
+    if world_size > 1 and not dist.is_initialized():
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+        logger.info("rank %d of %d on %s", rank, world_size, dev)
+    return DistContext(rank, local_rank, world_size, dev)
+
+
+def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """Sum a tensor over all ranks (in place; a no-op in a single process)."""
+    if ctx.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_gather_objects(obj, ctx: DistContext) -> list:
+    """Every rank's `obj`, in rank order (pickled over the process group)."""
+    if not ctx.distributed:
+        return [obj]
+    out = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
+def cleanup(ctx: DistContext) -> None:
+    if ctx.distributed and dist.is_initialized():
+        dist.destroy_process_group()

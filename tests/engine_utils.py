@@ -1,0 +1,39 @@
+"""A tiny corpus, tokenizer and model for training-loop tests (seconds on a CPU)."""
+
+import random
+from pathlib import Path
+
+import minibert
+from minibert.data import MLMCollator, PackedMLMDataset, tokenize_to_memmap
+from minibert.engine import TrainConfig
+
+WORDS = ("the cat sat on a mat while dogs ran far away from home and birds sang songs "
+         "of rain in spring under green trees near rivers").split()
+
+
+def tiny_corpus(tmp: Path, seq_len: int = 32):
+    """(tokenizer, packed dataset) over 300 random documents."""
+    rng = random.Random(0)
+    docs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 80))) for _ in range(300)]
+    tok = minibert.Tokenizer.train_from_iterator(docs, vocab_size=200, cache_dir=tmp / "cache")
+    tokens = tokenize_to_memmap(docs, tok, tmp / "corpus.tok")
+    return tok, PackedMLMDataset(tokens, seq_len=seq_len)
+
+
+def tiny_model(tok, seed: int = 0, dropout: float = 0.0, **overrides):
+    minibert.set_seed(seed)
+    config = minibert.BertConfig.preset("tiny", vocab_size=tok.vocab_size,
+                                        max_position_embeddings=64, hidden_dropout=dropout,
+                                        attention_dropout=dropout, **overrides)
+    return minibert.BertForMaskedLM(config)
+
+
+def train_config(**overrides) -> TrainConfig:
+    fields = dict(batch_size=16, max_steps=6, lr=2e-3, warmup=2, log_every=1,
+                  peak_flops=1e11, progress=False)
+    fields.update(overrides)
+    return TrainConfig(**fields)
+
+
+def collator(tok):
+    return MLMCollator(tok, mlm_probability=0.15, seed=0)

@@ -1,0 +1,41 @@
+"""One process against two: DDP under torchrun gives the single-process run's losses."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine_utils import collator, tiny_corpus, tiny_model, train_config
+from minibert.engine import train
+
+HERE = Path(__file__).parent
+
+
+def test_two_gloo_processes_match_one(tmp_path):
+    tok, ds = tiny_corpus(tmp_path)
+    tok.save(tmp_path / "tokenizer")
+    single = tiny_model(tok)
+    train(single, ds, collator(tok), train_config(), tmp_path / "one")
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(HERE / "ddp_worker.py"), str(tmp_path), str(tmp_path / "two")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def losses(d):
+        return [json.loads(line)["loss"] for line in open(d / "metrics.jsonl")]
+
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(one) == len(two) == 6
+    assert two == pytest.approx(one, rel=1e-5)
+    state = torch.load(tmp_path / "two" / "final.pt", weights_only=True)
+    for name, p in single.state_dict().items():
+        assert (state[name] - p).norm() <= 1e-5 * p.norm().clamp_min(1e-12), name
+    # only rank 0 wrote files
+    assert sorted(os.listdir(tmp_path / "two")) == ["checkpoints", "final.pt", "metrics.jsonl"]

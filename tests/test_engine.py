@@ -1,0 +1,193 @@
+"""The training loop against independent references: a full batch against accumulated
+micro-batches, an interrupted run against an uninterrupted one, and injected failures."""
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from engine_utils import collator, tiny_corpus, tiny_model, train_config
+from minibert.checkpoint import latest_checkpoint
+from minibert.engine import TrainConfig, TrainingError, _micro_step_weight, train
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return tiny_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def _losses(out_dir):
+    rows = [json.loads(line) for line in open(out_dir / "metrics.jsonl")]
+    return [r["loss"] for r in rows if "loss" in r]
+
+
+def _max_rel_diff(m1, m2):
+    """max over parameter tensors of ||p - q|| / ||q||."""
+    return max(((p - q).norm() / q.norm().clamp_min(1e-12)).item()
+               for p, q in zip(m1.parameters(), m2.parameters()))
+
+
+def test_accumulation_is_exact(corpus, tmp_path):
+    """Batch 16 in one micro-batch == 4 micro-batches of 4 (dropout 0, fp32)."""
+    tok, ds = corpus
+    full, accum = tiny_model(tok), tiny_model(tok)
+    train(full, ds, collator(tok), train_config(), tmp_path / "full")
+    train(accum, ds, collator(tok), train_config(micro_batch_size=4), tmp_path / "accum")
+    a, b = _losses(tmp_path / "full"), _losses(tmp_path / "accum")
+    assert len(a) == 6 and a[-1] < a[0]
+    assert all(abs(x - y) <= 1e-6 * abs(y) for x, y in zip(a, b))
+    assert _max_rel_diff(full, accum) <= 1e-6
+
+
+def test_mean_of_means_would_not_be_exact():
+    """The reference the weight guards against: micro-batches with unequal target counts."""
+    counts = [1, 7]
+    weights = [_micro_step_weight(n, sum(counts), 1) for n in counts]
+    assert weights == [1 / 8, 7 / 8]  # not [1/2, 1/2]
+
+
+def test_resume_after_sigterm_is_exact(corpus, tmp_path):
+    tok, ds = corpus
+    uninterrupted = tiny_model(tok, dropout=0.1)
+    train(uninterrupted, ds, collator(tok), train_config(), tmp_path / "ref")
+
+    collate = collator(tok)
+    calls = {"n": 0}
+
+    def collate_and_preempt(examples, epoch=None):
+        calls["n"] += 1
+        if calls["n"] == 3:  # during step 3: the step finishes, is saved, and the run stops
+            os.kill(os.getpid(), signal.SIGTERM)
+        return collate(examples, epoch=epoch)
+
+    first = tiny_model(tok, dropout=0.1)
+    result = train(first, ds, collate_and_preempt, train_config(), tmp_path / "run")
+    assert result["interrupted"] and result["steps"] == 3
+    assert latest_checkpoint(tmp_path / "run" / "checkpoints").name == "step_00000003"
+    resumed = tiny_model(tok, seed=123, dropout=0.1)  # different init: all of it is restored
+    result = train(resumed, ds, collate, train_config(), tmp_path / "run", resume=True)
+    assert result["steps"] == 6 and result["steps_this_run"] == 3
+    assert _losses(tmp_path / "run") == _losses(tmp_path / "ref")
+    assert all(torch.equal(p, q) for p, q in zip(resumed.parameters(),
+                                                 uninterrupted.parameters()))
+
+
+def test_resume_refuses_other_settings_and_missing_checkpoints(corpus, tmp_path):
+    tok, ds = corpus
+    with pytest.raises(FileNotFoundError, match="no intact checkpoint"):
+        train(tiny_model(tok), ds, collator(tok), train_config(), tmp_path, resume=True)
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path)
+    with pytest.raises(ValueError, match="batch_size: checkpoint 16, now 32"):
+        train(tiny_model(tok), ds, collator(tok), train_config(batch_size=32, max_steps=4),
+              tmp_path, resume=True)
+    with pytest.raises(ValueError, match="model num_layers"):
+        train(tiny_model(tok, num_layers=3), ds, collator(tok), train_config(max_steps=4),
+              tmp_path, resume=True)
+
+
+def test_out_of_memory_halves_the_micro_batch_and_stays_exact(corpus, tmp_path):
+    tok, ds = corpus
+    reference = tiny_model(tok)
+    train(reference, ds, collator(tok), train_config(max_steps=3), tmp_path / "ref")
+
+    model = tiny_model(tok)
+    forward = model.forward
+
+    def small_batches_only(input_ids, *args, **kwargs):
+        if input_ids.shape[0] > 4:
+            raise torch.OutOfMemoryError("fake: tried to allocate 2.00 GiB")
+        return forward(input_ids, *args, **kwargs)
+
+    model.forward = small_batches_only
+    cfg = train_config(max_steps=3, auto_micro_batch=True)
+    train(model, ds, collator(tok), cfg, tmp_path / "oom")
+    assert _losses(tmp_path / "oom") == pytest.approx(_losses(tmp_path / "ref"), rel=1e-6)
+    assert _max_rel_diff(model, reference) <= 1e-6
+
+    failing = tiny_model(tok)
+    failing.forward = small_batches_only
+    with pytest.raises(TrainingError, match=r"out of memory .* micro-batch \(16, 32\)"):
+        train(failing, ds, collator(tok), train_config(max_steps=3), tmp_path / "no-auto")
+
+
+def _nan_model(tok, bad_calls, snapshots=None):
+    """A model whose forward returns a NaN loss on the given call numbers."""
+    model = tiny_model(tok)
+    forward, calls = model.forward, {"n": 0}
+
+    def forward_with_nans(*args, **kwargs):
+        calls["n"] += 1
+        out = forward(*args, **kwargs)
+        if snapshots is not None:
+            snapshots.append([p.detach().clone() for p in model.parameters()])
+        return out._replace(loss=out.loss * float("nan")) if calls["n"] in bad_calls else out
+
+    model.forward = forward_with_nans
+    return model
+
+
+def test_non_finite_step_is_skipped_and_counted(corpus, tmp_path):
+    tok, ds = corpus
+    snapshots = []
+    model = _nan_model(tok, bad_calls={3}, snapshots=snapshots)
+    result = train(model, ds, collator(tok), train_config(max_steps=3), tmp_path)
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert result["skipped_steps"] == 1 and [r["skipped"] for r in rows[:3]] == [0, 0, 1]
+    # step 3 (the third forward) was skipped: the weights are those it started from
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), snapshots[2]))
+    assert not all(torch.equal(p, q) for p, q in zip(snapshots[1], snapshots[2]))
+
+
+def test_consecutive_non_finite_steps_stop_the_run(corpus, tmp_path):
+    tok, ds = corpus
+    model = _nan_model(tok, bad_calls=set(range(3, 100)))
+    with pytest.raises(TrainingError, match="3 consecutive steps"):
+        train(model, ds, collator(tok), train_config(max_steps=8, max_bad_steps=3,
+                                                     save_every=1), tmp_path)
+    # the last good checkpoint (step 2) is kept, no bad one was written after it
+    assert latest_checkpoint(tmp_path / "checkpoints").name == "step_00000002"
+
+
+def test_metrics_rows(corpus, tmp_path):
+    tok, ds = corpus
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=4, log_every=2,
+                                                           eval_every=2), tmp_path,
+          eval_set=ds)
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    train_rows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in train_rows] == [2, 4]
+    for key in ("lr", "grad_norm", "tokens_per_s", "mfu", "peak_mem_mb"):
+        assert all(r[key] >= 0 for r in train_rows), key
+    assert train_rows[0]["tokens_per_s"] > 0 and train_rows[0]["peak_mem_mb"] > 10
+    evals = [r for r in rows if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert 0 <= evals[-1]["eval_accuracy"] <= 1
+    assert evals[-1]["perplexity"] == pytest.approx(2.718281828 ** evals[-1]["eval_loss"])
+
+
+def test_bad_train_config():
+    with pytest.raises(ValueError, match="precision"):
+        TrainConfig(precision="fp8")
+    with pytest.raises(ValueError, match="batch_size"):
+        TrainConfig(batch_size=0)
+
+
+def test_micro_batch_must_divide_the_batch(corpus, tmp_path):
+    tok, ds = corpus
+    with pytest.raises(ValueError, match="whole micro-batches"):
+        train(tiny_model(tok), ds, collator(tok), train_config(micro_batch_size=5), tmp_path)
+
+
+def test_fp16_on_cpu_is_refused(corpus, tmp_path):
+    tok, ds = corpus
+    with pytest.raises(ValueError, match="fp16 needs a CUDA device"):
+        train(tiny_model(tok), ds, collator(tok), train_config(precision="fp16"), tmp_path)
+
+
+def test_bf16_trains_on_cpu(corpus, tmp_path):
+    tok, ds = corpus
+    result = train(tiny_model(tok), ds, collator(tok), train_config(precision="bf16"), tmp_path)
+    losses = _losses(tmp_path)
+    assert result["precision"] == "bf16" and losses[-1] < losses[0]
