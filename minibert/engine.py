@@ -338,8 +338,14 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                 dtype=torch.float64, device=device), ctx).tolist()
             loss, step_tokens, stopping = totals[0] / n_global, int(totals[1]), totals[2] > 0
             if math.isfinite(loss) and (math.isfinite(grad_norm) or precision == "fp16"):
-                scaler.step(optimizer)  # fp16: skips by itself on inf gradients and rescales
+                # fp16: an overflow in the *scaled* gradients is the scaler's business: it
+                # skips the step and halves the scale. That is calibration, not divergence,
+                # so it is counted as skipped but does not bring the run closer to a stop.
+                scale = scaler.get_scale() if scaler.is_enabled() else 0.0
+                scaler.step(optimizer)
                 scaler.update()
+                if scaler.is_enabled() and scaler.get_scale() < scale:
+                    skipped += 1
                 bad_steps = 0
             else:
                 bad_steps, skipped = bad_steps + 1, skipped + 1
