@@ -23,14 +23,14 @@ import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .data.sampler import ShardedSampler
+from .data.sampler import LengthGroupedBatchSampler, ShardedSampler
 from .distributed import DistContext, all_gather_objects, all_reduce_sum, barrier
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
 from .runtime import (flops_per_token, log_environment, measure_peak_flops, mfu,
@@ -202,14 +202,21 @@ def _progress_bar(enabled: bool, total: int, initial: int):
 def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainConfig,
           out_dir: Union[str, Path], ctx: DistContext = DistContext(),
           eval_set: Optional[Dataset] = None, resume: bool = False,
-          run_info: Optional[dict] = None) -> dict[str, Any]:
+          run_info: Optional[dict] = None, lengths: Optional[Sequence[int]] = None,
+          eval_fn: Optional[Callable[[nn.Module], dict[str, float]]] = None) -> dict[str, Any]:
     """Train `model` on `train_set` (examples that `collate` turns into batches).
 
     `collate(examples, epoch=e)` must return a dict of (B, T) tensors with `labels`
     (-100 where nothing is predicted), and be a pure function of its inputs: the masking of
     `MLMCollator` is keyed by (seed, epoch, example index), which is what makes gradient
     accumulation, DDP and resume exact. Writes `metrics.jsonl` and `checkpoints/` under
-    `out_dir` (rank 0 only). Returns the final evaluation (if `eval_set`) and run totals.
+    `out_dir` (rank 0 only). Returns the final evaluation and run totals.
+
+    Evaluation: with `eval_set`, the MLM metrics of `evaluate`; for other tasks pass
+    `eval_fn(model) -> dict of metrics` instead (e.g. accuracy and F1 of a classifier).
+    With `lengths` (tokens per example), each global batch holds examples of similar length,
+    so dynamic padding wastes little (fine-tuning); without, the order is a plain shuffle
+    (packed pretraining blocks all have the same length).
     """
     out_dir, device = Path(out_dir), ctx.device
     precision = resolve_precision(cfg.precision, device)
@@ -224,9 +231,11 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     optimizer = build_optimizer(raw, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     warmup = resolve_warmup(cfg.warmup, cfg.max_steps)
-    sampler = ShardedSampler(len(train_set), cfg.batch_size, rank=ctx.rank,
-                             world_size=ctx.world_size, seed=cfg.seed)
-    steps_per_epoch = len(train_set) // cfg.batch_size
+    if eval_fn is not None and eval_set is not None:
+        raise ValueError("pass eval_set (MLM metrics) or eval_fn (your own), not both")
+    if len(train_set) < cfg.batch_size:
+        raise ValueError(f"the training set has {len(train_set)} examples, fewer than one "
+                         f"batch of {cfg.batch_size}; lower the batch size")
     step, epoch, consumed, tokens_seen = 0, 0, 0, 0
     env = log_environment(device, precision) if ctx.is_main else {}
     # Measured before any RNG state is restored, so a resumed run draws what the original did.
@@ -255,16 +264,26 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     if cfg.compile:
         model = torch.compile(model)
 
+    def epoch_order(e: int) -> list:
+        """The global batches of epoch `e` (lists of example indices), a function of the seed."""
+        if lengths is None:
+            order = ShardedSampler(len(train_set), cfg.batch_size, seed=cfg.seed)
+            order.set_epoch(e)
+            idx = order.order()
+            return [idx[b:b + cfg.batch_size] for b in range(0, len(idx) - cfg.batch_size + 1,
+                                                            cfg.batch_size)]
+        order = LengthGroupedBatchSampler(lengths, cfg.batch_size, seed=cfg.seed, drop_last=True)
+        order.set_epoch(e)
+        return order.batches()
+
     def global_batches():
         """(epoch, this rank's examples) of each global batch, from the saved position on."""
         nonlocal epoch, consumed
         while True:
-            sampler.set_epoch(epoch, start=consumed)
-            indices = iter(sampler)
-            for _ in range(steps_per_epoch - consumed // cfg.batch_size):
-                mine = [next(indices) for _ in range(per_rank)]
+            for batch in epoch_order(epoch)[consumed // cfg.batch_size:]:
+                mine = batch[ctx.rank * per_rank:(ctx.rank + 1) * per_rank]  # this rank's slice
                 consumed += cfg.batch_size
-                yield epoch, [train_set[i] for i in mine]
+                yield epoch, [train_set[int(i)] for i in mine]
             epoch, consumed = epoch + 1, 0
 
     def checkpoint_state() -> dict[str, Any]:
@@ -281,6 +300,15 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             save_checkpoint(ckpt_root, step, state, keep=cfg.keep_checkpoints)
         barrier(ctx)
 
+    def run_eval() -> dict[str, float]:
+        if eval_fn is not None:  # called in eval mode, without gradients, then back to train
+            raw.eval()
+            with torch.no_grad():
+                metrics = eval_fn(raw)
+            raw.train()
+            return metrics
+        return evaluate(model, eval_batches(), precision, device, ctx)
+
     def eval_batches():
         # eval_batches global batches, whatever the micro-batch size or number of ranks.
         n = min(len(eval_set), cfg.eval_batches * cfg.batch_size)
@@ -292,6 +320,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     if ctx.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
     batches = global_batches()
+    has_mlm_head = hasattr(raw, "head")  # a classifier's FLOPs are the encoder's alone
     bar = _progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, step)
     bad_steps, skipped, start_step = 0, 0, step
     window_tokens, window_flops, window_start = 0, 0.0, time.perf_counter()
@@ -363,7 +392,8 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             window_tokens += step_tokens
             # Model FLOPs of this step: the sparse MLM head is counted for predicted tokens only.
             window_flops += step_tokens * flops_per_token(
-                config, micros[0]["input_ids"].shape[1], mlm_fraction=n_global / step_tokens)
+                config, micros[0]["input_ids"].shape[1],
+                mlm_fraction=n_global / step_tokens if has_mlm_head else 0.0)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.3f}")
@@ -378,9 +408,9 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                 _log_row(metrics_file, row, bar)
                 window_tokens, window_flops, window_start = 0, 0.0, time.perf_counter()
                 reset_peak_memory(device)
-            if eval_set is not None and cfg.eval_every and step % cfg.eval_every == 0 \
-                    and step < cfg.max_steps:
-                result = evaluate(model, eval_batches(), precision, device, ctx)
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps and \
+                    (eval_set is not None or eval_fn is not None):
+                result = run_eval()
                 if ctx.is_main:
                     _log_row(metrics_file, {"step": step, **result}, bar)
             periodic = cfg.save_every and step % cfg.save_every == 0 and bad_steps == 0
@@ -396,12 +426,11 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                               "wall_seconds": round(time.perf_counter() - run_start, 2),
                               "interrupted": step < cfg.max_steps, "precision": precision,
                               "environment": env, "steps_this_run": step - start_step}
-    if eval_set is not None and step == cfg.max_steps:
-        result.update(evaluate(model, eval_batches(), precision, device, ctx))
+    if (eval_set is not None or eval_fn is not None) and step == cfg.max_steps:
+        metrics = run_eval()
+        result.update(metrics)
         if ctx.is_main:
-            _log_row(metrics_file, {"step": step, **{k: result[k] for k in
-                                                     ("eval_loss", "eval_accuracy",
-                                                      "perplexity")}}, None)
+            _log_row(metrics_file, {"step": step, **metrics}, None)
     return result
 
 
