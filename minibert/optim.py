@@ -90,9 +90,10 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.01,
     about 50 steps instead of 1000. Those are the defaults here.
 
     `lr` is the starting rate; the training loop overrides it before every step with
-    `set_lr(optimizer, lr_at(step, ...))`. The fused kernel (one launch for the whole
-    update) is used when every parameter is on CUDA, the multi-tensor `foreach` kernel
-    otherwise; both compute the same update as the plain loop.
+    `set_lr(optimizer, lr_at(step, ...))`. The fused kernel (one pass over each tensor
+    for the whole update) is used wherever torch has it: CUDA, and the CPU since torch 2.4,
+    where it is several times faster than the multi-tensor `foreach` kernel (measured in
+    benchmarks/RESULTS.md); `foreach` is the fallback. All compute the same update.
     """
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr >= 0:
         raise ValueError(f"lr={lr!r} must be a number >= 0")
@@ -101,10 +102,13 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.01,
     if not eps > 0:
         raise ValueError(f"eps={eps!r} must be > 0 (1e-6 is a good default, see docstring)")
     groups = param_groups(model, weight_decay)
-    on_cuda = all(p.is_cuda for g in groups for p in g["params"])
-    kernel = {"fused": True} if on_cuda else {"foreach": True}
-    logger.debug("AdamW with %s kernel, %d parameter group(s)", next(iter(kernel)), len(groups))
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, **kernel)
+    try:
+        opt = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=True)
+    except (RuntimeError, TypeError, ValueError):  # no fused kernel for this device or torch
+        opt = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, foreach=True)
+    logger.debug("AdamW (%s), %d parameter group(s)",
+                 "fused" if opt.defaults.get("fused") else "foreach", len(groups))
+    return opt
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
