@@ -14,7 +14,7 @@ translates them to and from transformers' names, so checkpoints move both ways.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -219,15 +219,25 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
     """BERT with a classifier on the pooled [CLS] vector.
 
     `num_labels == 1` is regression (MSE on float labels); otherwise cross-entropy on class ids.
+    `id2label` names the classes (default LABEL_0, LABEL_1, ...); it is saved in config.json.
     """
 
-    def __init__(self, config: BertConfig, num_labels: int = 2):
+    def __init__(self, config: BertConfig, num_labels: int = 2,
+                 id2label: Optional[Sequence[str]] = None):
         super().__init__()
         if not isinstance(num_labels, int) or isinstance(num_labels, bool) or num_labels < 1:
             raise ValueError(f"num_labels={num_labels!r} must be an integer >= 1 "
                              f"(1 means regression)")
+        # The class names, saved as id2label / label2id in config.json so that predictions can
+        # be read back as names (by minibert and by transformers).
+        names = [f"LABEL_{i}" for i in range(num_labels)] if id2label is None else \
+            [str(n) for n in id2label]
+        if len(names) != num_labels or len(set(names)) != num_labels:
+            raise ValueError(f"id2label must hold num_labels={num_labels} distinct names, got "
+                             f"{names!r}")
         self.config = config
         self.num_labels = num_labels
+        self.id2label = names
         self.bert = BertModel(config, add_pooler=True)
         self.drop = nn.Dropout(config.hidden_dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
@@ -235,14 +245,20 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
 
     @classmethod
     def _init_kwargs(cls, hf_config: dict, overrides: dict) -> dict:
-        # num_labels: an explicit argument wins, else the checkpoint's label map, else 2.
-        num_labels = overrides.pop("num_labels", None) or len(hf_config.get("id2label") or {})
-        return {"num_labels": num_labels or 2}
+        # An explicit num_labels / id2label wins, else the checkpoint's label map, else 2
+        # classes. The stored names are kept only when their number matches.
+        stored = hf_config.get("id2label") or {}
+        stored = [str(stored[k]) for k in sorted(stored, key=int)]
+        id2label = overrides.pop("id2label", None)
+        num_labels = overrides.pop("num_labels", None) or len(id2label or stored) or 2
+        if id2label is None and len(stored) == num_labels:
+            id2label = stored
+        return {"num_labels": num_labels, "id2label": id2label}
 
     def _hf_config_extras(self) -> dict:
         # transformers derives num_labels from the label map.
-        id2label = {str(i): f"LABEL_{i}" for i in range(self.num_labels)}
-        return {"id2label": id2label, "label2id": {v: int(k) for k, v in id2label.items()}}
+        return {"id2label": {str(i): name for i, name in enumerate(self.id2label)},
+                "label2id": {name: i for i, name in enumerate(self.id2label)}}
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None,

@@ -1,0 +1,325 @@
+"""examples/finetune_classification.py end to end: a learnable task, --init-from, bad input."""
+
+import csv
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import minibert
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "finetune_classification.py"
+FILLER = ("the a movie film story plot actor scene was is and it this that very quite really "
+          "with of to in for on by at some").split()
+KEYWORDS = {"neg": ["awful", "boring", "terrible"], "neu": ["average", "okay", "fine"],
+            "pos": ["great", "lovely", "superb"]}
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("finetune_classification", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+finetune = _load_script()
+
+
+def sentences(n, seed, labels):
+    """(text, label): filler words around one keyword of the label; labels alternate."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = labels[i % len(labels)]
+        words = [rng.choice(FILLER) for _ in range(rng.randint(4, 14))]
+        words.insert(rng.randrange(len(words) + 1), rng.choice(KEYWORDS[label]))
+        rows.append((" ".join(words), label))
+    rng.shuffle(rows)
+    return rows
+
+
+def write_tsv(path, rows, header=("sentence", "label")):
+    path.write_text("\t".join(header) + "\n" + "".join("\t".join(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(autouse=True, scope="module")
+def quick_runs():
+    # The engine times large matmuls once per run for its MFU column: not what is tested here.
+    # One thread: these models are too small to gain from more, and spinning OpenMP threads
+    # slow down many times over when another process shares the cores.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(minibert.engine, "measure_peak_flops", lambda *a, **k: 1e12)
+        yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    d = tmp_path_factory.mktemp("task")
+    labels = ("neg", "neu", "pos")
+    return {"train": write_tsv(d / "train.tsv", sentences(256, 0, labels)),
+            "eval": write_tsv(d / "dev.tsv", sentences(60, 1, labels)),
+            "cache": d / "cache"}
+
+
+def _args(task, out, *extra):
+    return ["--train", str(task["train"]), "--eval", str(task["eval"]), "--text-column",
+            "sentence", "--label-column", "label", "--out", str(out), "--cache-dir",
+            str(task["cache"]), "--preset", "tiny", "--vocab-size", "200", "--seq-len", "32",
+            "--batch-size", "16", "--lr", "1e-3", "--log-every", "5", "--no-progress", *extra]
+
+
+@pytest.fixture(scope="module")
+def run(task, tmp_path_factory):
+    """One run from scratch: 4 epochs of 16 steps, two micro-batches of 8 per step."""
+    out = tmp_path_factory.mktemp("run") / "out"
+    assert finetune.main(_args(task, out, "--epochs", "4", "--micro-batch-size", "8")) == 0
+    return out
+
+
+def test_reports_every_epoch_and_learns_the_task(run):
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    evals = [r for r in rows if "accuracy" in r]
+    assert [r["step"] for r in evals] == [16, 32, 48, 64]  # 256 // 16 steps per epoch
+    assert all(0 <= r["accuracy"] <= 1 and 0 <= r["f1"] <= 1 for r in evals)
+    summary = json.loads((run / "eval.json").read_text())
+    assert summary["labels"] == ["neg", "neu", "pos"]
+    assert (summary["accuracy"], summary["f1"]) == (evals[-1]["accuracy"], evals[-1]["f1"])
+    assert summary["steps"] == 64 and summary["eval_examples"] == 60
+    # Three balanced classes: chance is 1/3. The keyword decides the label, so a working
+    # pipeline learns it; shuffled labels or a broken head would stay near chance.
+    assert summary["accuracy"] >= 0.8 and summary["f1"] >= 0.8
+    assert evals[0]["accuracy"] < summary["accuracy"]
+
+
+def test_reported_scores_match_a_hand_count_of_the_predictions(run, task):
+    with open(run / "predictions.tsv", newline="") as f:
+        preds = list(csv.DictReader(f, delimiter="\t"))
+    truth = task["eval"].read_text().splitlines()
+    assert len(preds) == 60
+    for p in preds:  # each prediction is aligned with its line of the eval file
+        assert truth[int(p["line"]) - 1].split("\t")[1] == p["label"]
+    f1s = []
+    for c in ("neg", "neu", "pos"):
+        tp = sum(p["label"] == c and p["prediction"] == c for p in preds)
+        fp = sum(p["label"] != c and p["prediction"] == c for p in preds)
+        fn = sum(p["label"] == c and p["prediction"] != c for p in preds)
+        f1s.append(2 * tp / (2 * tp + fp + fn))
+    summary = json.loads((run / "eval.json").read_text())
+    assert summary["f1"] == pytest.approx(sum(f1s) / 3)
+    assert summary["accuracy"] == pytest.approx(
+        sum(p["label"] == p["prediction"] for p in preds) / 60)
+
+
+def test_macro_f1_by_hand():
+    # class 0: TP 2, FP 0, FN 1 -> 4/5; class 1: TP 1, FP 1, FN 1 -> 1/2; class 2: TP 1,
+    # FP 1, FN 0 -> 2/3; class 3 is neither true nor predicted and does not count.
+    s = finetune.classification_scores([0, 0, 0, 1, 1, 2], [0, 0, 1, 1, 2, 2], num_labels=4)
+    assert s["f1"] == pytest.approx((4 / 5 + 1 / 2 + 2 / 3) / 3)
+    assert s["accuracy"] == pytest.approx(4 / 6)
+    assert s["per_class"][0] == {"precision": 1.0, "recall": 2 / 3, "f1": 0.8, "support": 3}
+    # A class that is predicted but never true counts, with F1 0.
+    assert finetune.classification_scores([0, 0], [0, 1], 2)["f1"] == pytest.approx(1 / 3)
+
+
+def test_final_model_loads_with_its_labels_and_reproduces_the_predictions(run, task):
+    model = minibert.BertForSequenceClassification.from_pretrained(run / "final").eval()
+    tok = minibert.Tokenizer.from_pretrained(run / "final")
+    assert model.id2label == ["neg", "neu", "pos"]
+    texts = [line.split("\t")[0] for line in task["eval"].read_text().splitlines()[1:]]
+    ids = [tok.encode(t) for t in texts]
+    T = max(map(len, ids))
+    input_ids = torch.tensor([x + [tok.pad_id] * (T - len(x)) for x in ids])
+    mask = (input_ids != tok.pad_id).long()
+    with torch.no_grad():
+        logits = model(input_ids, mask).logits
+    with open(run / "predictions.tsv", newline="") as f:
+        expected = [p["prediction"] for p in csv.DictReader(f, delimiter="\t")]
+    assert [model.id2label[i] for i in logits.argmax(-1).tolist()] == expected
+
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.BertForSequenceClassification.from_pretrained(run / "final").eval()
+    assert theirs.config.id2label == {0: "neg", 1: "neu", 2: "pos"}
+    assert theirs.config.label2id == {"neg": 0, "neu": 1, "pos": 2}
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(input_ids, attention_mask=mask).logits, logits,
+                                   atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def pair_task(tmp_path_factory):
+    """A CSV sentence-pair task with integer labels (2 and 10), quoted commas, and "02"."""
+    d = tmp_path_factory.mktemp("pairs")
+    names = {"neg": "2", "pos": "10"}
+
+    def write(path, rows):
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["premise", "hypothesis", "y"])
+            for i, (text, label) in enumerate(rows):
+                y = "02" if i == 0 and label == "neg" else names[label]  # "02" is class 2
+                w.writerow([text.replace(" ", ", ", 1), "some other words", y])
+        return path
+
+    rows = sentences(64, 2, ("neg", "pos"))
+    return {"train": write(d / "train.csv", rows), "eval": write(d / "dev.csv", rows[:16]),
+            "cache": d / "cache", "dir": d}
+
+
+def _pair_args(pair_task, out, init_from, *extra):
+    return ["--train", str(pair_task["train"]), "--eval", str(pair_task["eval"]),
+            "--text-column", "premise", "--text-pair-column", "hypothesis", "--label-column",
+            "y", "--out", str(out), "--init-from", str(init_from), "--seq-len", "24",
+            "--batch-size", "8", "--no-progress", *extra]
+
+
+def test_init_from_a_minibert_checkpoint(pair_task, tmp_path):
+    ckpt = tmp_path / "mlm"
+    texts = [t for t, _ in sentences(64, 2, ("neg", "pos"))]
+    tok = minibert.Tokenizer.train_from_iterator(texts, vocab_size=150, use_cache=False)
+    config = minibert.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=2,
+                                 num_heads=4, intermediate_size=64, max_position_embeddings=64)
+    torch.manual_seed(1)
+    mlm = minibert.BertForMaskedLM(config)
+    mlm.save_pretrained(ckpt)
+    tok.save(ckpt)
+    out = tmp_path / "run"
+    # A learning rate so small that two steps leave the encoder where the checkpoint put it.
+    assert finetune.main(_pair_args(pair_task, out, ckpt, "--max-steps", "2", "--lr", "1e-7",
+                                    "--precision", "bf16")) == 0
+    model = minibert.BertForSequenceClassification.from_pretrained(out / "final")
+    assert model.id2label == ["2", "10"]  # sorted as numbers; "02" in the file is class 2
+    assert model.config.hidden_size == 32  # the checkpoint's shape, not a preset's
+    assert minibert.Tokenizer.from_pretrained(out / "final").fingerprint == tok.fingerprint
+    torch.testing.assert_close(model.bert.blocks[1].ffn.up.weight, mlm.bert.blocks[1].ffn.up.weight,
+                               atol=1e-4, rtol=0)
+    summary = json.loads((out / "eval.json").read_text())
+    assert summary["labels"] == ["2", "10"] and summary["steps"] == 2
+
+    # A classifier for other labels as the starting point: its encoder is kept, its head
+    # (three classes, a 32 x 3 matrix) replaced by a new one for these two.
+    out2 = tmp_path / "again"
+    three = minibert.BertForSequenceClassification(config, 3, id2label=["a", "b", "c"])
+    three.save_pretrained(tmp_path / "three")
+    tok.save(tmp_path / "three")
+    assert finetune.main(_pair_args(pair_task, out2, tmp_path / "three", "--max-steps",
+                                    "1")) == 0
+    assert minibert.BertForSequenceClassification.from_pretrained(out2 / "final").num_labels == 2
+
+
+def test_init_from_a_transformers_checkpoint_with_vocab_txt(pair_task, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    ckpt = tmp_path / "hf"
+    texts = [t for t, _ in sentences(64, 2, ("neg", "pos"))]
+    tok = minibert.Tokenizer.train_from_iterator(texts, vocab_size=150, use_cache=False)
+    tok.save(ckpt)
+    (ckpt / "tokenizer.json").unlink()  # transformers' BERT checkpoints ship a vocab.txt
+    hf = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64))
+    hf.save_pretrained(ckpt)
+    out = tmp_path / "run"
+    assert finetune.main(_pair_args(pair_task, out, ckpt, "--epochs", "1",
+                                    "--max-train-examples", "40")) == 0
+    summary = json.loads((out / "eval.json").read_text())
+    assert summary["train_examples"] == 40 and summary["steps"] == 40 // 8
+
+
+def test_resume_continues_the_run_and_refuses_other_labels(task, tmp_path, capsys):
+    out = tmp_path / "run"
+    small = ("--max-train-examples", "64")
+    assert finetune.main(_args(task, out, *small, "--epochs", "1")) == 0
+    tokenizer = (out / "tokenizer" / "tokenizer.json").read_bytes()
+    assert finetune.main(_args(task, out, *small, "--epochs", "2", "--resume")) == 0
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in rows if "f1" in r] == [4, 8]  # epoch 1, then epoch 2
+    assert json.loads((out / "eval.json").read_text())["steps"] == 8
+    assert (out / "tokenizer" / "tokenizer.json").read_bytes() == tokenizer
+    two = write_tsv(tmp_path / "two.tsv", sentences(64, 3, ("neg", "pos")))
+    err = _error_line(capsys, _args({**task, "train": two, "eval": two}, out, "--resume"))
+    assert "cannot resume" in err and "['neg', 'pos']" in err
+
+
+def _error_line(capsys, argv):
+    code = finetune.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+BAD_FILES = [
+    # (file name, content, words the message must hold)
+    ("train.tsv", b"", ["train.tsv is empty"]),
+    ("train.tsv", b"sentence\tlabel\n\n", ["train.tsv has a header but no data rows"]),
+    ("train.tsv", b"text\tlabel\nthe great film\tpos\n",
+     ["train.tsv: no column 'sentence'", "columns found: 'text', 'label'"]),
+    ("train.tsv", b"sentence\tlabel\na great film\tpos\na fine film\tpos\n",
+     ["train.tsv: every row has the label 'pos'", "at least two classes"]),
+    ("train.tsv", b"sentence\tlabel\ngreat\tpos\nawful\tneg\tmore\n",
+     ["train.tsv, line 3: 3 field(s) but the header has 2"]),
+    ("train.tsv", b"sentence\tlabel\ngreat\tpos\n \tneg\n",
+     ["train.tsv, line 3: the 'sentence' field is empty"]),
+    ("train.tsv", b"sentence\tlabel\ngreat\tpos\nawful\t\n",
+     ["train.tsv, line 3: the 'label' field is empty"]),
+    ("train.tsv", b"sentence\tlabel\ngreat\tpos\nawf\xffl\tneg\n",
+     ["train.tsv, line 3: not valid UTF-8 (byte 0xff)"]),
+    ("train.csv", b'sentence,label\ngreat,pos\n"awful" film,neg\n',
+     ["train.csv, line 3: unreadable row"]),
+    ("train.csv", b"sentence,label\ngreat,pos\nawful, boring,neg\n",
+     ["train.csv, line 3: 3 field(s)", "quote a text"]),
+    ("train.txt", b"sentence\tlabel\ngreat\tpos\n", ["train.txt: cannot tell the format"]),
+    ("dev.tsv", b"sentence\tlabel\ngreat\tpos\n\nso so\tmixed\n",
+     ["dev.tsv, line 4: label 'mixed' does not occur in", "'neg', 'neu', 'pos'"]),
+]
+
+
+@pytest.mark.parametrize("name,content,words", BAD_FILES,
+                         ids=[f"{n}:{w[0].split(': ')[-1][:30]}" for n, _, w in BAD_FILES])
+def test_bad_files_get_one_line_naming_file_and_line(task, tmp_path, capsys, name, content,
+                                                     words):
+    bad = tmp_path / name
+    bad.write_bytes(content)
+    files = {"train": task["train"], "eval": task["eval"]}
+    files["eval" if name.startswith("dev") else "train"] = bad
+    out = tmp_path / "out"
+    err = _error_line(capsys, _args({**task, **files}, out))
+    for w in words:
+        assert w in err, err
+    assert not out.exists()  # nothing is written before the input is known to be good
+
+
+def test_bad_flags_and_existing_runs(task, run, tmp_path, capsys):
+    out = tmp_path / "out"
+    cases = [
+        (["--micro-batch-size", "5"], "--micro-batch-size 5 must divide"),
+        (["--preset", "huge"], "unknown --preset 'huge'"),
+        (["--precision", "fp16"], "fp16 needs a CUDA device"),
+        (["--batch-size", "300"], "fewer than one batch"),
+        (["--resume"], "no intact checkpoint"),
+        (["--init-from", str(tmp_path / "nowhere")], "nowhere"),
+        (["--warmup-ratio", "1.5"], "--warmup-ratio 1.5"),
+    ]
+    for extra, words in cases:
+        assert words in _error_line(capsys, _args(task, out, *extra))
+    before = (run / "eval.json").read_bytes()
+    assert "already holds a run" in _error_line(capsys, _args(task, run))
+    assert (run / "eval.json").read_bytes() == before
+
+
+def test_longest_first_truncation():
+    tok = minibert.Tokenizer.train_from_iterator(["a b c d e f g h"] * 3, vocab_size=40,
+                                                 use_cache=False)
+    part = {"texts": ["a b c d e f g h", "a b"], "pairs": ["a b c", "a b c d e f g h"],
+            "labels": [0, 1]}
+    long_short, short_long = finetune.encode(tok, part, seq_len=9)  # 6 tokens of text
+    assert len(long_short["input_ids"]) == 9 and len(short_long["input_ids"]) == 9
+    assert long_short["token_type_ids"].tolist() == [0] * 5 + [1] * 4  # 3 + 3 tokens
+    assert short_long["token_type_ids"].tolist() == [0] * 4 + [1] * 5  # 2 kept, 4 of 8
+    assert np.count_nonzero(long_short["input_ids"] == tok.sep_id) == 2
