@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -30,29 +29,13 @@ from pathlib import Path
 BACKENDS = ("math", "sdpa", "chunked")
 
 
-def _cpu_peak_kib() -> int:
-    """The process's peak resident memory (VmHWM) in KiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # non-Linux: KiB on most Unixes
-
-
-def _reset_cpu_peak() -> int:
-    """Reset the peak to the current resident size (Linux: clear_refs 5); return it in KiB."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass  # not resettable here: the warm-up's peak stays in the baseline
-    return _cpu_peak_kib()
-
-
 def measure(backend: str, T: int, mode: str, device: str, dtype: str, chunk: int,
             repeats: int) -> dict:
     """One backend at one length, in this process: peak MB (mode "memory") or median seconds."""
     import torch
 
     from minibert.attention import attention
+    from minibert.runtime import current_memory_mb, peak_memory_mb, reset_peak_memory
 
     torch.manual_seed(0)
     dt = getattr(torch, dtype)
@@ -69,14 +52,10 @@ def measure(backend: str, T: int, mode: str, device: str, dtype: str, chunk: int
 
     step()  # warm-up: torch's one-time allocations (thread pools, workspaces) are not the step's
     if mode == "memory":
-        if device == "cuda":
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            step()
-            return {"peak_mb": round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)}
-        base = _reset_cpu_peak()
+        reset_peak_memory(device)
+        base = current_memory_mb(device)
         step()
-        return {"peak_mb": round((_cpu_peak_kib() - base) / 1024, 1)}
+        return {"peak_mb": round(peak_memory_mb(device) - base, 1)}
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()

@@ -157,6 +157,26 @@ def peak_memory_mb(device: Device) -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, kB else
 
 
+def current_memory_mb(device: Device) -> float:
+    """Memory in use now, in MiB: tensors on an accelerator, the resident set on CPU.
+
+    With `reset_peak_memory` and `peak_memory_mb` it gives the extra memory one piece of work
+    needs: reset, note `current_memory_mb`, run it, subtract from `peak_memory_mb`.
+    """
+    device = _device(device)
+    acc = _accelerator(device)
+    if acc is not None:
+        return acc.memory_allocated(device) / 2**20
+    try:
+        with open("/proc/self/status") as f:
+            match = re.search(r"^VmRSS:\s+(\d+)\s+kB", f.read(), re.MULTILINE)
+        if match:
+            return int(match.group(1)) / 1024
+    except OSError:
+        pass
+    return 0.0  # unknown here: peaks are then absolute
+
+
 # ---- FLOPs and MFU ------------------------------------------------------------------------
 
 def flops_per_token(config: BertConfig, seq_len: int,
