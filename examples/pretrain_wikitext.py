@@ -51,7 +51,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     m.add_argument("--preset", default="mini", help=f"one of {', '.join(PRESETS)}")
     m.add_argument("--norm", choices=["pre", "post"], help="default post (original BERT)")
     m.add_argument("--attention", choices=["sdpa", "math", "chunked"])
-    m.add_argument("--dropout", type=float, help="overrides hidden and attention dropout")
+    m.add_argument("--dropout", type=float, help="hidden and attention dropout; default 0 from "
+                   "scratch (as in Cramming and ModernBERT: in a short pretraining run there "
+                   "is no overfitting to prevent, and dropout slows learning), the "
+                   "checkpoint's own with --init-from")
     m.add_argument("--init-from", type=Path, help="continue pretraining a minibert or "
                    "transformers checkpoint (a folder with config.json, weights and tokenizer)")
     m.add_argument("--compile", action="store_true", help="torch.compile the model")
@@ -134,8 +137,9 @@ def build_model(args, tok) -> minibert.BertForMaskedLM:
     overrides = {}
     if args.attention:
         overrides["attention"] = args.attention
-    if args.dropout is not None:
-        overrides.update(hidden_dropout=args.dropout, attention_dropout=args.dropout)
+    dropout = 0.0 if args.dropout is None and not args.init_from else args.dropout
+    if dropout is not None:
+        overrides.update(hidden_dropout=dropout, attention_dropout=dropout)
     if args.init_from:
         model = minibert.BertForMaskedLM.from_pretrained(args.init_from, **overrides)
         if args.norm and args.norm != model.config.norm_position:
