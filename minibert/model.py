@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import attention
+from .attention import attention, dropout
 from .config import BertConfig
 from .hf import PretrainedMixin
 
@@ -41,6 +41,13 @@ class SequenceClassifierOutput(NamedTuple):
     logits: Tensor  # (B, num_labels)
 
 
+class Dropout(nn.Dropout):
+    """nn.Dropout with the cheaper CPU mask of `attention.dropout`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout(x, self.p, self.training)
+
+
 class Embeddings(nn.Module):
     """Token + learned absolute position + segment (token type) embeddings, then LayerNorm."""
 
@@ -52,7 +59,7 @@ class Embeddings(nn.Module):
         self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.drop = nn.Dropout(config.hidden_dropout)
+        self.drop = Dropout(config.hidden_dropout)
 
     def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor]) -> Tensor:
         T = input_ids.size(1)
@@ -111,7 +118,7 @@ class Block(nn.Module):
         self.attn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.ffn = FeedForward(config)
         self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.drop = nn.Dropout(config.hidden_dropout)
+        self.drop = Dropout(config.hidden_dropout)
 
     def forward(self, x: Tensor, keep: Optional[Tensor]) -> Tensor:
         if self.pre_norm:
@@ -239,7 +246,7 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
         self.num_labels = num_labels
         self.id2label = names
         self.bert = BertModel(config, add_pooler=True)
-        self.drop = nn.Dropout(config.hidden_dropout)
+        self.drop = Dropout(config.hidden_dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         init_weights(self.classifier, config)
 

@@ -16,7 +16,6 @@ import logging
 import os
 import random
 import re
-import statistics
 import sys
 import time
 from typing import Any, Optional, Union
@@ -224,14 +223,17 @@ def measure_peak_flops(device: Device, dtype: torch.dtype = torch.float32, n: in
     """Achievable matmul FLOP/s on `device` in `dtype`: the MFU denominator, measured.
 
     Times `repeats` (n x n) @ (n x n) products (2 n^3 FLOPs each) after one warm-up and
-    returns the median rate. This is what the hardware actually delivers on a large, well
+    returns the best rate: a ceiling, and the rate least disturbed by whatever else runs on
+    the machine at the time. This is what the hardware actually delivers on a large, well
     shaped matmul, usually somewhat below the datasheet peak; pass a datasheet number to
     `mfu` instead when comparing with published MFU figures. Takes about a second on a
     laptop CPU at the default size; use a smaller `n` for a quicker, rougher number.
     """
     device = _device(device)
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    # A private generator: measuring must not move the global RNG that training draws from.
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, generator=gen).to(dtype)
+    b = torch.randn(n, n, device=device, generator=gen).to(dtype)
     torch.mm(a, b)  # warm-up: kernel selection, lazy initialisation, caches
     _synchronize(device)
     rates = []
@@ -240,7 +242,7 @@ def measure_peak_flops(device: Device, dtype: torch.dtype = torch.float32, n: in
         torch.mm(a, b)
         _synchronize(device)
         rates.append(2.0 * n**3 / max(time.perf_counter() - start, 1e-9))
-    return statistics.median(rates)
+    return max(rates)
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:

@@ -110,3 +110,24 @@ def test_chunked_saves_no_quadratic_tensor():
     linear = 2 * T * hs * 4  # one (nh, T, hs) fp32 tensor
     assert chunk_bytes <= 5 * linear  # q, k, v, out and the (nh, T) log-sum-exp
     assert chunk_bytes < 0.1 * quadratic
+
+
+def test_dropout_statistics_gradient_and_reproducibility():
+    from minibert.attention import dropout
+
+    x = torch.randn(64, 128, 96, requires_grad=True)
+    torch.manual_seed(3)
+    y = dropout(x, 0.1)
+    dropped = y == 0
+    assert abs(dropped.float().mean().item() - 0.1) < 0.003  # 786k draws: sd ~ 3e-4
+    assert torch.allclose(y[~dropped], x[~dropped] / 0.9)
+    (g,) = torch.autograd.grad(y.sum(), x)
+    assert torch.equal(g, (~dropped).float() / 0.9)  # gradient flows through kept elements
+    torch.manual_seed(3)
+    assert torch.equal(dropout(x, 0.1), y)  # the seed fixes the mask
+    assert dropout(x, 0.1, training=False) is x and dropout(x, 0.0) is x
+    # no structure across the four lanes of one 64-bit draw
+    lanes = dropped.flatten()[: dropped.numel() // 4 * 4].view(-1, 4).float().mean(0)
+    assert (lanes - 0.1).abs().max() < 0.006
+    yb = dropout(x.detach().bfloat16(), 0.5)
+    assert yb.dtype == torch.bfloat16 and abs((yb == 0).float().mean().item() - 0.5) < 0.005
