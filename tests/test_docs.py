@@ -34,3 +34,30 @@ def test_readme_snippets_run(tmp_path, monkeypatch):
         exec(compile(code, f"README.md python block {i + 1}", "exec"), namespace)
     assert Path("exported/model.safetensors").is_file()
     assert Path("runs/readme/metrics.jsonl").is_file()
+
+
+def test_walkthrough_snippets_run(tmp_path, monkeypatch):
+    """Every python block of docs/walkthrough.md runs, in order, in one namespace."""
+    import tempfile
+
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MINIBERT_CACHE", str(tmp_path / "cache"))
+    # The snippets write only under tempfile's directory: point it into tmp_path.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    # The snippets use tiny tensors, for which one thread is fastest; with more threads than
+    # free cores, their spin-waits make each step many times slower on a busy machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        blocks = python_blocks(ROOT / "docs" / "walkthrough.md")
+        assert len(blocks) >= 15
+        namespace: dict = {}
+        for i, code in enumerate(blocks):
+            exec(compile(code, f"docs/walkthrough.md python block {i + 1}", "exec"), namespace)
+    finally:
+        torch.set_num_threads(threads)
+    workdirs = list(tmp_path.glob("minibert-walkthrough-*"))
+    assert len(workdirs) == 1 and (workdirs[0] / "corpus.tok").is_file()
+    assert not (tmp_path / "cache").exists()  # no tokenizer cache written
