@@ -103,7 +103,8 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
 #     m'  = max(m, rowmax(S))                             running row maximum
 #     l   = l · exp(m - m') + rowsum(exp(S - m'))         running softmax denominator
 #     acc = acc · exp(m - m') + exp(S - m') Vj            running numerator
-# then Oi = acc / l, and we keep only lse_i = m + log l (B, nh, c) for the backward pass.
+# then Oi = acc / l, and we keep only lse_i = m + log l (B, nh, c) for the backward pass
+# (l is `row_sum` in the code).
 #
 # Backward, with P = exp(S - lse) recomputed block by block and D = rowsum(dO ∘ O):
 #     dV_j += Pᵀ dO_i          dP = dO_i V_jᵀ          dS = P ∘ (dP - D_i)
@@ -150,7 +151,7 @@ class _ChunkedAttention(torch.autograd.Function):
             rows = slice(i * chunk, (i + 1) * chunk)
             qi = q[:, :, rows]  # (B, nh, cq, hs)
             m = torch.full((B, nh, qi.size(2), 1), -math.inf, dtype=f32, device=q.device)
-            l = torch.zeros_like(m)
+            row_sum = torch.zeros_like(m)
             acc = torch.zeros(qi.shape, dtype=f32, device=q.device)
             for j in range(n_blocks):
                 cols = slice(j * chunk, (j + 1) * chunk)
@@ -158,13 +159,14 @@ class _ChunkedAttention(torch.autograd.Function):
                 m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
                 p = torch.exp(s - m_new)
                 correction = torch.exp(m - m_new)  # rescales what was summed under the old max
-                l = l * correction + p.sum(dim=-1, keepdim=True)
+                row_sum = row_sum * correction + p.sum(dim=-1, keepdim=True)
                 if dropout_p > 0:
-                    p = p * _tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p, q.device, p.dtype)
+                    p = p * _tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p,
+                                            q.device, p.dtype)
                 acc = acc * correction + (p.to(v.dtype) @ v[:, :, cols]).to(f32)
                 m = m_new
-            out[:, :, rows] = (acc / l).to(q.dtype)
-            lse[:, :, rows] = m + torch.log(l)
+            out[:, :, rows] = (acc / row_sum).to(q.dtype)
+            lse[:, :, rows] = m + torch.log(row_sum)
         ctx.save_for_backward(q, k, v, bias, out, lse)
         ctx.chunk, ctx.dropout_p, ctx.seed = chunk, dropout_p, seed
         return out
@@ -190,7 +192,8 @@ class _ChunkedAttention(torch.autograd.Function):
                 p = torch.exp(_scores(qi, kj, bias, cols, scale) - lse[:, :, rows])  # (B,nh,cq,ck)
                 dp = (d_oi @ vj.transpose(-2, -1)).to(f32)
                 if dropout_p > 0:
-                    keep = _tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p, q.device, p.dtype)
+                    keep = _tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p,
+                                           q.device, p.dtype)
                     dv[:, :, cols] += ((p * keep).transpose(-2, -1).to(q.dtype) @ d_oi).to(f32)
                     dp = dp * keep
                 else:

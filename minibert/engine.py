@@ -95,7 +95,8 @@ class TrainConfig:
 def resolve_precision(precision: str, device: torch.device) -> str:
     """"auto" -> bf16 on CUDA devices with bf16, else fp32; refuse what the device lacks."""
     if precision == "auto":
-        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+        cuda_bf16 = device.type == "cuda" and \
+            torch.cuda.is_bf16_supported(including_emulation=False)
         return "bf16" if cuda_bf16 else "fp32"
     if precision == "fp16" and device.type != "cuda":
         raise ValueError("--precision fp16 needs a CUDA device (fp16 autocast with loss "

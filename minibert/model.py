@@ -270,7 +270,10 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None,
                 labels: Optional[Tensor] = None) -> SequenceClassifierOutput:
-        """labels: (B,) class ids (long), or floats when num_labels == 1. logits: (B, num_labels)."""
+        """labels: (B,) class ids (long), or floats when num_labels == 1.
+
+        logits: (B, num_labels).
+        """
         pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output  # (B, H)
         logits = self.classifier(self.drop(pooled))  # (B, num_labels)
         if labels is None:
@@ -314,7 +317,8 @@ def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional
     if not isinstance(input_ids, Tensor):
         raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids)}")
     if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-        raise TypeError(f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}")
+        raise TypeError(f"input_ids must hold integer token ids (torch.long), got "
+                        f"{input_ids.dtype}")
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be 2-D (batch, tokens), got shape "
                          f"{tuple(input_ids.shape)}; for one sequence use input_ids[None]")

@@ -331,7 +331,8 @@ class Tokenizer:
         """Ids of ``text``, as ``[CLS] ... [SEP]`` unless ``add_special_tokens=False``."""
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+    def encode_batch(self, texts: Sequence[str],
+                     add_special_tokens: bool = True) -> list[list[int]]:
         """:meth:`encode` over many texts, in parallel threads on the Rust side."""
         if isinstance(texts, str):
             raise TypeError("encode_batch expects a list of strings; use encode() for one string")

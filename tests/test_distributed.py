@@ -21,8 +21,8 @@ def test_two_gloo_processes_match_one(tmp_path):
     single = tiny_model(tok)
     train(single, ds, collator(tok), train_config(), tmp_path / "one")
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1")
+    path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(HERE / "ddp_worker.py"), str(tmp_path), str(tmp_path / "two")]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)

@@ -3,7 +3,6 @@
 import hashlib
 import importlib.util
 import json
-import os
 import random
 import signal
 import subprocess

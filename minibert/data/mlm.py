@@ -73,7 +73,8 @@ class PackedMLMDataset(torch.utils.data.Dataset):
         self._n = stream_len // self.body
         if self._n == 0:
             raise ValueError(f"{tokens.path} holds {tokens.n_tokens} tokens, not enough for one "
-                             f"block of seq_len={seq_len}; use a larger corpus or a smaller seq_len")
+                             f"block of seq_len={seq_len}; use a larger corpus or a smaller "
+                             f"seq_len")
 
     def __len__(self) -> int:
         return self._n

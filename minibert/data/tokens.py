@@ -53,7 +53,8 @@ class TokenFile:
 
     Attributes:
         ids: ``(n_tokens,)`` uint16/uint32 memmap of all token ids, documents back to back.
-        doc_offsets: ``(n_docs + 1,)`` int64; document ``d`` is ``ids[doc_offsets[d]:doc_offsets[d+1]]``.
+        doc_offsets: ``(n_docs + 1,)`` int64; document ``d`` is
+            ``ids[doc_offsets[d]:doc_offsets[d+1]]``.
         header: the JSON header as a dict.
     """
 

@@ -143,7 +143,8 @@ def _fetch(url: str, part: Path, timeout: float, name: str, expected: list[str])
         if e.code == 416 and offset:  # "range not satisfiable": our partial file is bad
             part.unlink()
             return _fetch(url, part, timeout, name, expected)
-        raise DownloadError(_offline_message(url, name, expected, f"HTTP {e.code} {e.reason}")) from e
+        reason = f"HTTP {e.code} {e.reason}"
+        raise DownloadError(_offline_message(url, name, expected, reason)) from e
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise DownloadError(_offline_message(url, name, expected, str(reason))) from e
