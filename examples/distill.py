@@ -1,0 +1,369 @@
+"""Distil a pretrained BERT (the teacher) into a smaller one (the student) with masked-LM.
+
+    python examples/distill.py --teacher runs/mini/final --out runs/distill
+    python examples/distill.py --teacher bert-base-uncased-folder --student-preset mini \\
+        --alpha 0.5 --temperature 2 --data-dir DIR --out runs/distill
+    python examples/distill.py --teacher runs/mini/final --out runs/distill --resume
+
+Knowledge distillation (Hinton et al. 2015, "Distilling the Knowledge in a Neural Network";
+for BERT, Sanh et al. 2019, DistilBERT): the student learns from the teacher's whole output
+distribution, not only from the one correct token, on the masked positions of WikiText.
+The loss is  alpha * T^2 * KL(p_teacher^T || p_student^T) + (1 - alpha) * CE(student, labels).
+
+The teacher's data path is pretrain_wikitext.py's (same flags, same cached files), with the
+teacher's tokenizer: teacher and student share one vocabulary. The same student is then
+trained again without the teacher (plain MLM, same seed, same steps), and the three are
+evaluated on the same masked evaluation blocks. Outputs in --out: eval.json (teacher,
+distilled, baseline), metrics.jsonl and checkpoints/ of the distillation, baseline/ (the same
+for the run without the teacher) and final/ (the distilled student, loadable by
+transformers, with the tokenizer). Bad input ends with one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+import minibert
+from minibert.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from minibert.config import PRESETS
+from minibert.data import DownloadError, MLMCollator, TokenFileError
+from minibert.data.wikitext import WIKITEXT_VARIANTS
+from minibert.distributed import cleanup, init_distributed
+from minibert.engine import TrainingError, evaluate, resolve_precision, train
+from minibert.model import MaskedLMOutput
+
+# The data preparation and training settings are pretrain_wikitext.py's, imported rather
+# than copied. Run as a script, its folder is already on sys.path; imported by file path
+# (as the tests do), it is not, hence the insert.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pretrain_wikitext as pretrain  # noqa: E402
+
+log = logging.getLogger("distill")
+
+
+# ---- the loss and the module the engine trains ----------------------------------------------
+
+def distillation_loss(student_logits: Tensor, teacher_logits: Tensor, targets: Tensor,
+                      alpha: float, temperature: float) -> Tensor:
+    """alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + (1 - alpha) * CE.
+
+    student_logits, teacher_logits: (N, V), one row per predicted token; targets: (N,).
+    Both terms are means over the N tokens (the KL is summed over the vocabulary first), so
+    the engine's exact accumulation, which weights a micro-batch's mean by its share of the
+    global batch's tokens, applies unchanged.
+
+    Why T^2 (Hinton et al. 2015, section 2): the gradient of the softened KL with respect to
+    the student's logits is (p_student^T - p_teacher^T) / T, and those probabilities differ
+    by O(1/T) for large T, so the gradient shrinks as 1/T^2. Multiplying by T^2 keeps the
+    soft term's weight relative to the hard term the same whatever temperature is chosen.
+    Computed in fp32: under autocast the logits may be bf16, too coarse for a log-softmax
+    over the vocabulary.
+    """
+    student_logits, teacher_logits = student_logits.float(), teacher_logits.float()
+    hard = F.cross_entropy(student_logits, targets)
+    log_p_student = F.log_softmax(student_logits / temperature, dim=-1)  # (N, V)
+    log_p_teacher = F.log_softmax(teacher_logits / temperature, dim=-1)  # (N, V)
+    # kl_div(input, target) is KL(target || input); "batchmean" sums over V and divides by N.
+    soft = F.kl_div(log_p_student, log_p_teacher, log_target=True, reduction="batchmean")
+    return alpha * temperature ** 2 * soft + (1.0 - alpha) * hard
+
+
+class Distiller(nn.Module):
+    """The student plus a frozen teacher, as one model that `minibert.engine.train` drives.
+
+    Only the student is a registered submodule: `parameters()`, `state_dict()` (hence the
+    optimizer and every checkpoint) and `train()` see the student alone. The teacher is kept
+    as a plain attribute, frozen (`requires_grad=False`), in eval mode (no dropout: its
+    targets are deterministic) and run under `no_grad`; `to()` moves it along with the
+    student. `config` is the student's, which is what the engine reads (FLOPs, resume check).
+    """
+
+    def __init__(self, student: minibert.BertForMaskedLM, teacher: minibert.BertForMaskedLM,
+                 alpha: float = 0.5, temperature: float = 2.0):
+        super().__init__()
+        check_alpha_temperature(alpha, temperature)
+        if student.config.vocab_size != teacher.config.vocab_size:
+            raise ValueError(f"the student has {student.config.vocab_size} output tokens and "
+                             f"the teacher {teacher.config.vocab_size}: distillation compares "
+                             f"their distributions token by token, so they must share one "
+                             f"vocabulary")
+        self.student = student
+        self.config = student.config
+        self.alpha, self.temperature = float(alpha), float(temperature)
+        teacher.eval().requires_grad_(False)
+        # object.__setattr__ bypasses nn.Module's registration of submodules.
+        object.__setattr__(self, "teacher", teacher)
+
+    def to(self, *args, **kwargs) -> "Distiller":
+        self.teacher.to(*args, **kwargs)  # not a registered submodule, so moved by hand
+        return super().to(*args, **kwargs)
+
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
+                token_type_ids: Optional[Tensor] = None,
+                labels: Optional[Tensor] = None) -> MaskedLMOutput:
+        """Inputs (B, T) as for `BertForMaskedLM`. With labels: the distillation loss and the
+        student's (N, V) logits on the predicted positions; without: the student's output."""
+        student = self.student(input_ids, attention_mask, token_type_ids, labels)
+        if labels is None:
+            return student
+        with torch.no_grad():
+            # Same labels, so the same N positions in the same (row-major) order.
+            teacher_logits = self.teacher(input_ids, attention_mask, token_type_ids,
+                                          labels).logits  # (N, V)
+        targets = labels[labels != -100]  # (N,)
+        loss = distillation_loss(student.logits, teacher_logits, targets, self.alpha,
+                                 self.temperature)
+        return MaskedLMOutput(loss, student.logits)
+
+
+def check_alpha_temperature(alpha: float, temperature: float) -> None:
+    if not 0.0 <= alpha <= 1.0:  # also refuses NaN
+        raise ValueError(f"--alpha {alpha} must lie in [0, 1] (1 = the teacher's soft targets "
+                         f"only, 0 = the hard MLM labels only)")
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"--temperature {temperature} must be a finite number > 0 (1 = the "
+                         f"teacher's own distribution; Hinton et al. use 1 to 20)")
+
+
+# ---- command line -------------------------------------------------------------------------
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    k = p.add_argument_group("distillation")
+    k.add_argument("--teacher", type=Path, required=True, help="a minibert or transformers "
+                   "checkpoint folder (config.json, weights, tokenizer)")
+    k.add_argument("--student-preset", default="tiny", help=f"one of {', '.join(PRESETS)}")
+    k.add_argument("--alpha", type=float, default=0.5, help="weight of the soft (teacher) loss")
+    k.add_argument("--temperature", type=float, default=2.0, help="softmax temperature T")
+    # The flags below mean what they mean in pretrain_wikitext.py, with the same defaults.
+    d = p.add_argument_group("data (as in pretrain_wikitext.py)")
+    d.add_argument("--data-dir", type=Path, help="WikiText folder (raw or tokenized layout); "
+                   "default: download --dataset into --cache-dir")
+    d.add_argument("--dataset", default="wikitext-2-raw-v1", choices=sorted(WIKITEXT_VARIANTS))
+    d.add_argument("--cache-dir", type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert")
+    d.add_argument("--train-split", default="train")
+    d.add_argument("--eval-split", default="valid")
+    d.add_argument("--seq-len", type=int, default=128)
+    d.add_argument("--mask-prob", type=float, default=0.15)
+    m = p.add_argument_group("student")
+    m.add_argument("--norm", choices=["pre", "post"], help="default post (original BERT)")
+    m.add_argument("--attention", choices=["sdpa", "math", "chunked"])
+    m.add_argument("--dropout", type=float, help="overrides hidden and attention dropout")
+    m.add_argument("--compile", action="store_true", help="torch.compile the student + teacher")
+    t = p.add_argument_group("training (each of the two student runs)")
+    t.add_argument("--batch-size", type=int, default=32, help="global: sequences per step")
+    t.add_argument("--micro-batch-size", type=int, help="per rank; default batch / world size")
+    t.add_argument("--max-steps", type=int, default=1000)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--min-lr", type=float, default=1e-5)
+    t.add_argument("--warmup-steps", type=int, help="default 10%% of --max-steps")
+    t.add_argument("--schedule", choices=["linear", "cosine"], default="linear")
+    t.add_argument("--weight-decay", type=float, default=0.01)
+    t.add_argument("--adam-eps", type=float, default=1e-6)
+    t.add_argument("--max-grad-norm", type=float, default=1.0)
+    t.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
+                   help="auto: bf16 on a CUDA GPU that has it, fp32 on CPU")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--deterministic", action="store_true")
+    t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    r = p.add_argument_group("logging and checkpoints")
+    r.add_argument("--out", type=Path, default=Path("runs/distill"))
+    r.add_argument("--log-every", type=int, default=10)
+    r.add_argument("--eval-every", type=int, default=0, help="0 = only at the end")
+    r.add_argument("--eval-batches", type=int, default=20)
+    r.add_argument("--save-every", type=int, default=100)
+    r.add_argument("--resume", action="store_true", help="continue from the last checkpoints")
+    r.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    args = p.parse_args(argv)
+    # What pretrain_wikitext's helpers read: the teacher's folder supplies the tokenizer
+    # (`init_from`), and the student preset is their `preset`.
+    args.init_from, args.preset, args.vocab_size = args.teacher, args.student_preset, None
+    return args
+
+
+def check_args(args, world_size: int) -> None:
+    """The mistakes worth one clear line, before any work is done."""
+    check_alpha_temperature(args.alpha, args.temperature)
+    if not args.teacher.is_dir():
+        raise FileNotFoundError(f"--teacher {args.teacher}: no such checkpoint folder")
+    if args.student_preset not in PRESETS:
+        raise ValueError(f"unknown --student-preset {args.student_preset!r}; choose one of "
+                         f"{', '.join(PRESETS)}")
+    pretrain.check_args(args, world_size)  # seq-len, batch split, --resume vs existing run
+    base = args.out / "baseline" / "checkpoints"
+    if not args.resume and base.is_dir() and any(base.iterdir()):
+        raise FileExistsError(f"{args.out} already holds a run's checkpoints; pass --resume "
+                              f"to continue it, or choose another --out")
+
+
+def load_teacher(args) -> tuple[minibert.BertForMaskedLM, minibert.Tokenizer]:
+    """The teacher and its tokenizer, refused when they cannot serve this run's data."""
+    teacher = minibert.BertForMaskedLM.from_pretrained(args.teacher)
+    tok = minibert.Tokenizer.from_pretrained(args.teacher)
+    if tok.vocab_size > teacher.config.vocab_size:
+        raise ValueError(f"vocabulary mismatch: the tokenizer in {args.teacher} has "
+                         f"{tok.vocab_size} tokens but the teacher only "
+                         f"{teacher.config.vocab_size} embeddings; they do not belong together")
+    cached = args.out / "tokenizer" / "tokenizer.json"
+    if cached.is_file() and minibert.Tokenizer.from_pretrained(cached).fingerprint \
+            != tok.fingerprint:
+        raise ValueError(f"vocabulary mismatch: {cached.parent} holds another tokenizer than "
+                         f"the teacher's ({args.teacher}); teacher and student must share one "
+                         f"vocabulary, so choose another --out")
+    if args.seq_len > teacher.config.max_position_embeddings:
+        raise ValueError(f"--seq-len {args.seq_len} exceeds the teacher's "
+                         f"max_position_embeddings={teacher.config.max_position_embeddings}")
+    return teacher, tok
+
+
+def build_student(args, teacher: minibert.BertForMaskedLM,
+                  tok: minibert.Tokenizer) -> minibert.BertForMaskedLM:
+    """A fresh student of --student-preset with exactly the teacher's output vocabulary."""
+    overrides = {}
+    if args.attention:
+        overrides["attention"] = args.attention
+    if args.dropout is not None:
+        overrides.update(hidden_dropout=args.dropout, attention_dropout=args.dropout)
+    return minibert.BertForMaskedLM(minibert.BertConfig.preset(
+        args.student_preset, vocab_size=teacher.config.vocab_size, pad_token_id=tok.pad_id,
+        norm_position=args.norm or "post", **overrides))
+
+
+def teacher_digest(teacher: nn.Module) -> str:
+    """A hash of the teacher's weights: a resumed run must distil from the same teacher."""
+    h = hashlib.blake2b(digest_size=8)
+    for name, t in sorted(teacher.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def check_resume_settings(args, settings: dict) -> None:
+    """The engine checks the student's and the training's settings; these are ours."""
+    state = load_checkpoint(latest_checkpoint(args.out / "checkpoints"))
+    saved = state.get("run_info", {}).get("distill", {})
+    diffs = [f"{k}: checkpoint {saved.get(k)!r}, now {v!r}" for k, v in settings.items()
+             if saved.get(k) != v]
+    if diffs:
+        raise ValueError(f"cannot resume from {args.out}: the distillation settings differ "
+                         f"from the checkpoint's ({'; '.join(diffs)})")
+
+
+def eval_batches(eval_set, collate, cfg, ctx):
+    """The engine's evaluation batches: the first eval_batches global batches, this rank's
+    share. Masks depend on (seed, example index) only, so every model sees the same ones."""
+    n = min(len(eval_set), cfg.eval_batches * cfg.batch_size)
+    mine = list(range(ctx.rank, n, ctx.world_size))
+    micro = cfg.micro_batch_size or cfg.batch_size // ctx.world_size
+    for b0 in range(0, len(mine), micro):
+        yield collate([eval_set[i] for i in mine[b0:b0 + micro]], epoch=0)
+
+
+def report(rows: dict[str, dict]) -> str:
+    lines = ["| model | parameters | eval loss | accuracy | perplexity |",
+             "|---|---|---|---|---|"]
+    for r in rows.values():
+        lines.append(f"| {r['model']} | {r['parameters'] / 1e6:.2f}M | {r['eval_loss']:.4f} | "
+                     f"{r['eval_accuracy']:.4f} | {r['perplexity']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    ctx = init_distributed(args.device)
+    logging.basicConfig(level=logging.INFO if ctx.is_main else logging.WARNING,
+                        format="%(message)s", stream=sys.stdout)
+    try:
+        check_args(args, ctx.world_size)
+        teacher, _ = load_teacher(args)
+        precision = resolve_precision(args.precision, ctx.device)
+        tok, train_set, eval_set = pretrain.prepare_data(args, ctx)  # the teacher's tokenizer
+        collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed)
+        cfg = pretrain.train_config(args)
+        settings = {"alpha": args.alpha, "temperature": args.temperature,
+                    "teacher": teacher_digest(teacher)}
+        if args.resume:
+            check_resume_settings(args, settings)
+        run_info = {"args": {k: str(v) for k, v in vars(args).items()}, "distill": settings}
+
+        def mlm_metrics(model: nn.Module) -> dict[str, float]:
+            return evaluate(model, eval_batches(eval_set, collate, cfg, ctx), precision,
+                            ctx.device, ctx)
+
+        teacher.to(ctx.device)
+        rows = {"teacher": {"model": f"teacher ({args.teacher})",
+                            "parameters": sum(p.numel() for p in teacher.parameters()),
+                            **mlm_metrics(teacher)}}
+        # 1. The student, distilled. The seed is set right before each student is built, so
+        #    both students start from the same weights and draw the same dropout masks (the
+        #    teacher, in eval mode, draws no random numbers).
+        minibert.set_seed(args.seed, deterministic=args.deterministic)
+        distiller = Distiller(build_student(args, teacher, tok), teacher, args.alpha,
+                              args.temperature)
+        n_student = sum(p.numel() for p in distiller.parameters())
+        log.info("teacher: %s, %.1fM parameters; student: %s, %.1fM; alpha %g, T %g",
+                 args.teacher, rows["teacher"]["parameters"] / 1e6, args.student_preset,
+                 n_student / 1e6, args.alpha, args.temperature)
+        distilled = train(distiller, train_set, collate, cfg, args.out, ctx=ctx,
+                          resume=args.resume, run_info=run_info,
+                          eval_fn=lambda m: mlm_metrics(m.student))
+        if distilled["interrupted"]:
+            log.info("interrupted at step %d; continue with the same command plus --resume",
+                     distilled["steps"])
+            cleanup(ctx)
+            return 0
+        # 2. The same student, same seed and steps, without the teacher: plain MLM.
+        minibert.set_seed(args.seed, deterministic=args.deterministic)
+        plain = build_student(args, teacher, tok)
+        base_out = args.out / "baseline"
+        baseline = train(plain, train_set, collate, cfg, base_out, ctx=ctx,
+                         resume=args.resume and latest_checkpoint(base_out / "checkpoints")
+                         is not None, run_info={"args": run_info["args"]}, eval_fn=mlm_metrics)
+        if baseline["interrupted"]:
+            log.info("interrupted at step %d of the run without the teacher; continue with "
+                     "the same command plus --resume", baseline["steps"])
+            cleanup(ctx)
+            return 0
+    except (ValueError, FileNotFoundError, FileExistsError, DownloadError, TokenFileError,
+            CheckpointError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        cleanup(ctx)
+        return 2
+    except TrainingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        cleanup(ctx)
+        return 1
+    if ctx.is_main:
+        keys = ("eval_loss", "eval_accuracy", "perplexity", "steps", "tokens_seen",
+                "wall_seconds")
+        rows["distilled"] = {"model": f"student {args.student_preset}, distilled (alpha "
+                                      f"{args.alpha:g}, T {args.temperature:g})",
+                             "parameters": n_student, "alpha": args.alpha,
+                             "temperature": args.temperature,
+                             **{k: distilled[k] for k in keys}}
+        rows["baseline"] = {"model": f"student {args.student_preset}, without teacher",
+                            "parameters": n_student, **{k: baseline[k] for k in keys}}
+        (args.out / "eval.json").write_text(json.dumps(rows, indent=2) + "\n")
+        distiller.student.save_pretrained(args.out / "final")
+        tok.save(args.out / "final")
+        print(report(rows))
+        print(f"\ndistilled student in {args.out / 'final'}; numbers in {args.out / 'eval.json'}")
+    cleanup(ctx)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""examples/distill.py: the loss against a hand computation, the frozen teacher, and the CLI."""
+
+import copy
+import importlib.util
+import json
+import math
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import minibert
+import minibert.engine
+from minibert.checkpoint import latest_checkpoint, load_checkpoint
+from minibert.data import MLMCollator
+from minibert.engine import TrainConfig, train
+from minibert.optim import build_optimizer
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "distill.py"
+WORDS = ("the cat sat on a mat while dogs ran far away from home and birds sang songs "
+         "of rain in spring under green trees near rivers").split()
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("distill", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+distill = _load_script()
+
+
+@pytest.fixture(autouse=True)
+def _no_flops_measurement(monkeypatch):
+    # The engine times a 2048^3 matmul per run for MFU; a constant keeps the tests fast.
+    monkeypatch.setattr(minibert.engine, "measure_peak_flops", lambda *a, **k: 1e11)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A WikiText-shaped folder (train.txt, valid.txt) of random articles."""
+    d = tmp_path_factory.mktemp("wikitext")
+    rng = random.Random(0)
+    for split, n in (("train", 60), ("valid", 10)):
+        lines = []
+        for a in range(n):
+            lines += ["", f" = Article {a} = ", ""]
+            lines += [" ".join(rng.choice(WORDS) for _ in range(rng.randint(30, 90)))
+                      for _ in range(3)]
+        (d / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    return d
+
+
+@pytest.fixture(scope="module")
+def tok(data_dir, tmp_path_factory):
+    texts = (data_dir / "train.txt").read_text().split("\n")
+    return minibert.Tokenizer.train_from_iterator(
+        texts, vocab_size=120, cache_dir=tmp_path_factory.mktemp("tokcache"))
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tok, tmp_path_factory):
+    """A random-weight 'mini' teacher saved as a checkpoint folder with its tokenizer."""
+    d = tmp_path_factory.mktemp("teacher")
+    torch.manual_seed(1)
+    config = minibert.BertConfig.preset("mini", vocab_size=tok.vocab_size, pad_token_id=tok.pad_id,
+                                        max_position_embeddings=64)
+    minibert.BertForMaskedLM(config).save_pretrained(d)
+    tok.save(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")  # token files, shared by the runs below
+
+
+# ---- the loss --------------------------------------------------------------------------------
+
+def _softmax(row, T):
+    m = max(row)
+    e = [math.exp((x - m) / T) for x in row]
+    return [x / sum(e) for x in e]
+
+
+def test_loss_matches_a_hand_computation():
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(3, 5, generator=g, dtype=torch.float64) * 2  # (N, V)
+    t = torch.randn(3, 5, generator=g, dtype=torch.float64) * 2
+    y = torch.tensor([4, 0, 2])
+    for alpha, T in ((0.5, 2.0), (1.0, 1.0), (0.0, 3.0), (0.3, 0.5)):
+        kl = ce = 0.0
+        for i in range(3):
+            ps, pt = _softmax(s[i].tolist(), T), _softmax(t[i].tolist(), T)
+            kl += sum(b * (math.log(b) - math.log(a)) for a, b in zip(ps, pt))
+            ce -= math.log(_softmax(s[i].tolist(), 1.0)[int(y[i])])
+        expected = alpha * T * T * kl / 3 + (1 - alpha) * ce / 3
+        got = distill.distillation_loss(s, t, y, alpha, T)
+        assert got.item() == pytest.approx(expected, rel=1e-6, abs=1e-7), (alpha, T)
+
+
+def test_soft_gradient_is_t_times_the_probability_gap():
+    # Hinton et al. 2015, eq. 2: d(T^2 KL)/dz_student = T (q_student - p_teacher), per token.
+    g = torch.Generator().manual_seed(1)
+    s = torch.randn(4, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.randn(4, 7, generator=g, dtype=torch.float64)
+    T = 3.0
+    distill.distillation_loss(s, t, torch.zeros(4, dtype=torch.long), 1.0, T).backward()
+    gap = torch.softmax(s.detach() / T, -1) - torch.softmax(t / T, -1)
+    torch.testing.assert_close(s.grad, T * gap / 4)
+
+
+def _models(vocab=50, seed=0):
+    torch.manual_seed(seed)
+    student = minibert.BertForMaskedLM(minibert.BertConfig.preset("tiny", vocab_size=vocab))
+    teacher = minibert.BertForMaskedLM(minibert.BertConfig.preset("mini", vocab_size=vocab))
+    return student, teacher
+
+
+def _batch(vocab=50, B=3, T=12):
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(5, vocab, (B, T), generator=g)
+    labels = torch.full_like(ids, -100)
+    labels[:, 2::4] = ids[:, 2::4]
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+            "token_type_ids": torch.zeros_like(ids), "labels": labels}
+
+
+def test_alpha_zero_is_the_plain_mlm_loss_and_a_copied_teacher_costs_nothing():
+    student, teacher = _models()
+    student.eval()
+    batch = _batch()
+    plain = student(**batch)
+    out = distill.Distiller(student, teacher, alpha=0.0, temperature=2.0)(**batch)
+    assert torch.equal(out.loss, plain.loss) and torch.equal(out.logits, plain.logits)
+    assert out.logits.shape == (int((batch["labels"] != -100).sum()), 50)
+    mixed = distill.Distiller(student, teacher, alpha=0.5, temperature=2.0)(**batch).loss
+    assert not torch.isclose(mixed, plain.loss)
+    # A teacher identical to the student: KL is 0, so alpha=1 gives 0 and alpha=0.5 half CE.
+    twin = copy.deepcopy(student)
+    assert distill.Distiller(student, twin, alpha=1.0, temperature=4.0)(**batch).loss.abs() < 1e-6
+    half = distill.Distiller(student, twin, alpha=0.5, temperature=4.0)(**batch).loss
+    torch.testing.assert_close(half, plain.loss / 2)
+    # Without labels: the student's own (B, T, V) logits.
+    no_labels = {k: v for k, v in batch.items() if k != "labels"}
+    assert distill.Distiller(student, teacher)(**no_labels).logits.shape == (3, 12, 50)
+
+
+def test_bf16_autocast_keeps_the_loss_in_fp32():
+    student, teacher = _models()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = distill.Distiller(student, teacher)(**_batch())
+    assert out.logits.dtype == torch.bfloat16
+    assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
+
+
+def test_bad_settings_are_refused_by_the_module():
+    student, teacher = _models()
+    with pytest.raises(ValueError, match="share one vocabulary"):
+        distill.Distiller(student, _models(vocab=60)[1])
+    for alpha, T, words in ((1.5, 2.0, "--alpha"), (-0.1, 2.0, "--alpha"),
+                            (float("nan"), 2.0, "--alpha"), (0.5, 0.0, "--temperature"),
+                            (0.5, float("inf"), "--temperature")):
+        with pytest.raises(ValueError, match=words):
+            distill.Distiller(student, teacher, alpha, T)
+
+
+def test_gradients_reach_the_student_only(tok, tmp_path):
+    rng = np.random.default_rng(0)
+    ordinary = [i for i in range(tok.vocab_size) if i not in tok.special_ids]
+    examples = [{"input_ids": np.array([tok.cls_id, *rng.choice(ordinary, 14), tok.sep_id]),
+                 "index": i} for i in range(16)]
+    student, teacher = _models(vocab=tok.vocab_size)
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    student_before = {k: v.clone() for k, v in student.state_dict().items()}
+    model = distill.Distiller(student, teacher, alpha=0.7, temperature=2.0)
+    trainable = {id(p) for p in student.parameters()}
+    grouped = [p for g in build_optimizer(model, 1e-3).param_groups for p in g["params"]]
+    assert {id(p) for p in grouped} == trainable  # every student parameter, nothing else
+
+    cfg = TrainConfig(batch_size=8, micro_batch_size=4, max_steps=3, lr=1e-2, warmup=0,
+                      precision="fp32", progress=False)
+    train(model, examples, MLMCollator(tok, seed=0), cfg, tmp_path, eval_set=examples)
+    assert not teacher.training and all(not p.requires_grad and p.grad is None
+                                        for p in teacher.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in teacher.state_dict().items())
+    assert any(not torch.equal(v, student_before[k]) for k, v in student.state_dict().items())
+    state = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
+    assert set(state["model"]) == {f"student.{k}" for k in student.state_dict()}
+    n_saved = sum(len(g["params"]) for g in state["optimizer"]["param_groups"])
+    assert n_saved == len(trainable)
+    assert state["model_config"]["hidden_size"] == student.config.hidden_size
+
+
+# ---- the script ------------------------------------------------------------------------------
+
+def _args(data_dir, teacher_dir, out, cache, *extra):
+    return ["--teacher", str(teacher_dir), "--data-dir", str(data_dir), "--out", str(out),
+            "--cache-dir", str(cache), "--seq-len", "32", "--batch-size", "8",
+            "--max-steps", "4", "--eval-batches", "2", "--log-every", "2", "--no-progress",
+            *extra]
+
+
+def _timeless(rows):
+    return {k: {f: v for f, v in r.items() if f != "wall_seconds"} for k, r in rows.items()}
+
+
+def test_end_to_end_three_rows_and_exact_resume(data_dir, teacher_dir, cache, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert distill.main(_args(data_dir, teacher_dir, out, cache, "--save-every", "2")) == 0
+    rows = json.loads((out / "eval.json").read_text())
+    assert set(rows) == {"teacher", "distilled", "baseline"}
+    for r in rows.values():
+        assert {"model", "parameters", "eval_loss", "eval_accuracy", "perplexity"} <= set(r)
+        assert math.isfinite(r["eval_loss"]) and 0 <= r["eval_accuracy"] <= 1
+    assert rows["distilled"]["steps"] == rows["baseline"]["steps"] == 4
+    assert rows["distilled"]["parameters"] < rows["teacher"]["parameters"]
+    assert rows["distilled"]["eval_loss"] != rows["baseline"]["eval_loss"]
+    assert "| teacher (" in capsys.readouterr().out
+    student = minibert.BertForMaskedLM.from_pretrained(out / "final")
+    teacher_tok = minibert.Tokenizer.from_pretrained(teacher_dir)
+    assert minibert.Tokenizer.from_pretrained(out / "final").fingerprint == teacher_tok.fingerprint
+    assert student.config.hidden_size == 128  # the tiny preset
+    assert (out / "baseline" / "checkpoints" / "step_00000004").is_dir()
+    assert not (out / "checkpoints" / "step_00000004" / "teacher").exists()
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertForMaskedLM.from_pretrained(out / "final")
+    assert hf.config.vocab_size == teacher_tok.vocab_size
+    capsys.readouterr()  # transformers' loading progress bar, on stderr
+
+    # Lose the last checkpoint of the distillation; --resume recomputes the same numbers.
+    shutil.rmtree(out / "checkpoints" / "step_00000004")
+    assert distill.main(_args(data_dir, teacher_dir, out, cache, "--resume")) == 0
+    assert _timeless(json.loads((out / "eval.json").read_text())) == _timeless(rows)
+    err = _error_line(capsys, _args(data_dir, teacher_dir, out, cache, "--resume",
+                                    "--alpha", "0.3"))
+    assert "alpha: checkpoint 0.5, now 0.3" in err
+
+
+def test_alpha_zero_run_is_the_run_without_teacher(data_dir, teacher_dir, cache, tmp_path):
+    out = tmp_path / "run"
+    assert distill.main(_args(data_dir, teacher_dir, out, cache, "--alpha", "0",
+                              "--max-steps", "3")) == 0
+    rows = json.loads((out / "eval.json").read_text())
+    assert rows["distilled"]["eval_loss"] == rows["baseline"]["eval_loss"]
+    assert rows["distilled"]["eval_accuracy"] == rows["baseline"]["eval_accuracy"]
+
+
+def _error_line(capsys, argv):
+    code = distill.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+def test_bad_input_gets_one_line(data_dir, teacher_dir, cache, tmp_path, capsys):
+    out = tmp_path / "run"
+
+    def args(*extra, teacher=teacher_dir, out=out):
+        return _args(data_dir, teacher, out, cache, *extra)
+
+    cases = [
+        (args(teacher=tmp_path / "nowhere"), "no such checkpoint folder"),
+        (args("--alpha", "1.5"), "--alpha 1.5 must lie in [0, 1]"),
+        (args("--alpha", "-0.2"), "--alpha -0.2 must lie in [0, 1]"),
+        (args("--temperature", "0"), "--temperature 0.0 must be a finite number > 0"),
+        (args("--temperature", "-1"), "--temperature -1.0 must be"),
+        (args("--student-preset", "huge"), "unknown --student-preset 'huge'"),
+        (args("--seq-len", "100"), "exceeds the teacher's max_position_embeddings=64"),
+        (args("--micro-batch-size", "3"), "--micro-batch-size 3 must divide"),
+        (args("--resume"), "no intact checkpoint"),
+        (args("--precision", "fp16"), "fp16 needs a CUDA device"),
+    ]
+    for argv, words in cases:
+        assert words in _error_line(capsys, argv)
+
+    # A teacher folder whose tokenizer is not the teacher's (more tokens than embeddings).
+    odd = tmp_path / "odd_teacher"
+    shutil.copytree(teacher_dir, odd)
+    texts = (data_dir / "train.txt").read_text().split("\n")
+    other = minibert.Tokenizer.train_from_iterator(texts, vocab_size=160, use_cache=False)
+    other.save(odd)
+    assert "vocabulary mismatch" in _error_line(capsys, args(teacher=odd))
+    # An --out whose cached tokenizer is another vocabulary than the teacher's.
+    other.save(out / "tokenizer")
+    assert "holds another tokenizer" in _error_line(capsys, args())
+    # A teacher folder without weights.
+    empty = tmp_path / "empty_teacher"
+    empty.mkdir()
+    assert "config.json" in _error_line(capsys, args(teacher=empty))
