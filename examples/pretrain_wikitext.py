@@ -25,7 +25,8 @@ import minibert
 from minibert.checkpoint import CheckpointError, latest_checkpoint
 from minibert.config import PRESETS
 from minibert.data import (DownloadError, MLMCollator, PackedMLMDataset, TokenFile,
-                           TokenFileError, download_wikitext, load_wikitext, tokenize_to_memmap)
+                           TokenFileError, download_wikitext, load_text_folder, load_wikitext,
+                           tokenize_to_memmap)
 from minibert.data.wikitext import WIKITEXT_VARIANTS
 from minibert.distributed import barrier, cleanup, init_distributed
 from minibert.engine import TrainConfig, TrainingError, train
@@ -38,8 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = p.add_argument_group("data")
-    d.add_argument("--data-dir", type=Path, help="WikiText folder (raw or tokenized layout); "
-                   "default: download --dataset into --cache-dir")
+    d.add_argument("--data-dir", type=Path, help="WikiText folder (raw or tokenized layout), "
+                   "or any folder of .txt files (documents separated by blank lines; every "
+                   "20th held out as the valid split); default: download --dataset")
     d.add_argument("--dataset", default="wikitext-2-raw-v1", choices=sorted(WIKITEXT_VARIANTS))
     d.add_argument("--cache-dir", type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert")
     d.add_argument("--train-split", default="train")
@@ -98,7 +100,7 @@ def prepare_data(args, ctx):
 
 def _prepare_files(args) -> None:
     data_dir = args.data_dir or download_wikitext(args.dataset, cache_dir=args.cache_dir)
-    splits = load_wikitext(data_dir)
+    splits = load_corpus(data_dir)
     for s in (args.train_split, args.eval_split):
         if s not in splits:
             raise FileNotFoundError(f"split {s!r} not found in {data_dir} (found: "
@@ -119,6 +121,16 @@ def _prepare_files(args) -> None:
         if not path.is_file():
             log.info("tokenizing the %s split into %s", s, path)
             tokenize_to_memmap(splits[s], tok, path)
+
+
+def load_corpus(data_dir: Path) -> dict:
+    """WikiText in either layout, or else any folder of .txt files (continued pretraining)."""
+    try:
+        return load_wikitext(data_dir)
+    except FileNotFoundError:
+        if not (Path(data_dir).is_dir() and any(Path(data_dir).glob("*.txt"))):
+            raise
+    return load_text_folder(data_dir)  # splits "train" and "valid" (every 20th document)
 
 
 def _token_file(args, tok, split: str, texts=None) -> Path:

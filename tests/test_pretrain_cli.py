@@ -171,3 +171,41 @@ def test_existing_run_is_never_overwritten_and_damage_is_detected(data_dir, tmp_
         (d / "state.pt").write_bytes(b"garbage")
     assert "no intact checkpoint" in _error_line(
         capsys, _args(data_dir, out, cache, "--max-steps", "8", "--resume"))
+
+
+def test_continued_pretraining_on_a_folder_of_text_files(data_dir, tmp_path):
+    """--init-from a checkpoint, --data-dir any folder of .txt files (domain adaptation)."""
+    cache = tmp_path / "cache"
+    assert pretrain.main(_args(data_dir, tmp_path / "base", cache, "--max-steps", "2")) == 0
+    domain = tmp_path / "domain"
+    domain.mkdir()
+    rng = random.Random(1)
+    for name in ("notes.txt", "reports.txt"):
+        docs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 90)))
+                for _ in range(30)]
+        (domain / name).write_text("\n\n".join(docs) + "\n")
+    out = tmp_path / "adapted"
+    args = _args(domain, out, cache, "--init-from", str(tmp_path / "base" / "final"),
+                 "--max-steps", "3")
+    assert pretrain.main(args) == 0
+    base_tok = minibert.Tokenizer.from_pretrained(tmp_path / "base" / "final")
+    assert minibert.Tokenizer.from_pretrained(out / "final").fingerprint == base_tok.fingerprint
+    assert json.loads((out / "eval.json").read_text())["steps"] == 3
+
+
+def test_load_text_folder(tmp_path):
+    from minibert.data import load_text_folder
+
+    (tmp_path / "b.txt").write_text("\n\n".join(f"doc b{i}" for i in range(25)))
+    (tmp_path / "a.txt").write_text("doc a0 line one\ndoc a0 line two\n\n\ndoc a1\n")
+    splits = load_text_folder(tmp_path, holdout_every=10)
+    assert splits["train"][0] == "doc a0 line one\ndoc a0 line two"
+    assert len(splits["train"]) + len(splits["valid"]) == 27 and len(splits["valid"]) == 2
+    assert splits["valid"] == ["doc b7", "doc b17"]  # documents 10 and 20 in name order
+    with pytest.raises(FileNotFoundError, match="text folder not found"):
+        load_text_folder(tmp_path / "x")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no .txt files"):
+        load_text_folder(tmp_path / "empty")
+    with pytest.raises(ValueError, match="at least 100"):
+        load_text_folder(tmp_path, holdout_every=100)

@@ -4,10 +4,12 @@
 * :mod:`.tokens`    tokenize a corpus once into a memory-mapped token file
 * :mod:`.mlm`       pack it into ``[CLS] ... [SEP]`` blocks; pad and mask batches
 * :mod:`.sampler`   deterministic, shardable, resumable batch order
-* :mod:`.text`      UTF-8 reading that replaces bad bytes instead of crashing
+* :mod:`.text`      UTF-8 reading that replaces bad bytes instead of crashing; your own
+                    folder of ``.txt`` files as a corpus
 """
 from .mlm import IGNORE_INDEX, MLMCollator, PackedMLMDataset, pad_batch
 from .sampler import LengthGroupedBatchSampler, ShardedSampler
+from .text import iter_documents, load_text_folder
 from .tokens import TokenFile, TokenFileError, tokenize_to_memmap
 from .wikitext import DownloadError, download_wikitext, load_wikitext
 
@@ -21,6 +23,8 @@ __all__ = [
     "TokenFile",
     "TokenFileError",
     "download_wikitext",
+    "iter_documents",
+    "load_text_folder",
     "load_wikitext",
     "pad_batch",
     "tokenize_to_memmap",

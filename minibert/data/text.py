@@ -81,3 +81,45 @@ def iter_lines(path: PathLike) -> Iterator[str]:
 def read_text(path: PathLike) -> str:
     """Return the whole decoded text of ``path`` (see :func:`iter_text_chunks`)."""
     return "".join(iter_text_chunks(path))
+
+
+def iter_documents(path: PathLike) -> Iterator[str]:
+    """Documents of a text file: runs of non-blank lines separated by blank lines.
+
+    This is the input format of BERT's own pretraining data: one document after another,
+    an empty line between two documents.
+    """
+    current: list[str] = []
+    for line in iter_lines(path):
+        if line.strip():
+            current.append(line)
+        elif current:
+            yield "\n".join(current)
+            current = []
+    if current:
+        yield "\n".join(current)
+
+
+def load_text_folder(path: PathLike, holdout_every: int = 20) -> dict[str, list[str]]:
+    """Your own corpus: every ``*.txt`` file in a folder, as ``{"train": [...], "valid": [...]}``.
+
+    Documents are separated by blank lines (see :func:`iter_documents`); files are read in
+    name order. Every ``holdout_every``-th document goes to ``valid``, so the held-out set
+    is spread over the whole corpus and the same on every run. This is what continued
+    pretraining on domain text (``pretrain_wikitext.py --data-dir my_texts/``) reads.
+    """
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"text folder not found: {root}")
+    files = sorted(root.glob("*.txt"))
+    if not files:
+        raise FileNotFoundError(f"no .txt files in {root}")
+    if not isinstance(holdout_every, int) or holdout_every < 2:
+        raise ValueError(f"holdout_every={holdout_every!r} must be an integer >= 2")
+    docs = [d for f in files for d in iter_documents(f)]
+    if len(docs) < holdout_every:
+        raise ValueError(f"{root} holds {len(docs)} documents (blank-line separated) in "
+                         f"{len(files)} .txt file(s); at least {holdout_every} are needed to "
+                         f"hold one out for evaluation")
+    return {"train": [d for i, d in enumerate(docs) if (i + 1) % holdout_every],
+            "valid": [d for i, d in enumerate(docs) if (i + 1) % holdout_every == 0]}

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
-from .text import iter_lines
+from .text import iter_documents
 
 if TYPE_CHECKING:  # imported lazily: minibert.tokenizer itself imports minibert.data
     from ..tokenizer import Tokenizer
@@ -224,7 +224,7 @@ def _documents(source) -> Iterator[str]:
     for item in source:
         n += 1
         if isinstance(item, os.PathLike):
-            yield from _file_documents(Path(item))
+            yield from iter_documents(Path(item))
         elif isinstance(item, str):
             if "\n" not in item and len(item) < 4096 and os.path.isfile(item):
                 warnings.warn(f"tokenize_to_memmap: {item!r} is tokenized as text, although a "
@@ -236,16 +236,3 @@ def _documents(source) -> Iterator[str]:
                             f"pathlib.Path (a text file), got {type(item).__name__}")
     if n == 0:
         raise ValueError("the corpus given to tokenize_to_memmap is empty (no files or texts)")
-
-
-def _file_documents(path: Path) -> Iterator[str]:
-    """Documents of a text file: runs of non-blank lines separated by blank lines."""
-    current: list[str] = []
-    for line in iter_lines(path):
-        if line.strip():
-            current.append(line)
-        elif current:
-            yield "\n".join(current)
-            current = []
-    if current:
-        yield "\n".join(current)
