@@ -148,7 +148,6 @@ def child(label: str, mode: str, args) -> dict:
         base = current_memory_mb(args.device)
         step()
         return {"peak_mb": peak_memory_mb(args.device) - base}
-    step()
     times, tokens = [], 0
     for _ in range(args.steps):
         t0 = time.perf_counter()

@@ -1,0 +1,110 @@
+"""CUDA-only paths: skipped on machines without a GPU, run by benchmarks/gpu_check.sh."""
+
+import pytest
+import torch
+
+import minibert
+from conftest import random_batch, tiny_config
+from minibert.attention import attention
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_fp16_training_with_grad_scaler(tmp_path):
+    from engine_utils import collator, tiny_corpus, tiny_model, train_config
+    from minibert.engine import train
+
+    tok, ds = tiny_corpus(tmp_path)
+    result = train(tiny_model(tok), ds, collator(tok), train_config(precision="fp16"),
+                   tmp_path / "run", ctx=_cuda_ctx())
+    assert result["precision"] == "fp16"
+    losses = [r["loss"] for r in _rows(tmp_path / "run")]
+    assert losses[-1] < losses[0]
+
+
+def test_bf16_is_the_default_on_cuda(tmp_path):
+    from engine_utils import collator, tiny_corpus, tiny_model, train_config
+    from minibert.engine import train
+
+    tok, ds = tiny_corpus(tmp_path)
+    result = train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2),
+                   tmp_path / "run", ctx=_cuda_ctx())
+    assert result["precision"] == ("bf16" if torch.cuda.is_bf16_supported() else "fp32")
+
+
+def test_peak_memory_tracks_cuda_allocations():
+    from minibert.runtime import current_memory_mb, peak_memory_mb, reset_peak_memory
+
+    reset_peak_memory("cuda")
+    base = current_memory_mb("cuda")
+    x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # 256 MiB
+    assert peak_memory_mb("cuda") - base >= 255
+    del x
+    reset_peak_memory("cuda")
+    assert peak_memory_mb("cuda") - base < 1
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "chunked"])
+def test_backends_agree_on_cuda(backend):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 300, 64, generator=g).cuda().requires_grad_() for _ in range(3))
+    keep = torch.ones(2, 300, dtype=torch.bool, device="cuda")
+    keep[1, 200:] = False
+    ref = attention(q, k, v, keep, "math")
+    out = attention(q, k, v, keep, backend, chunk_size=64)
+    real = keep[:, None, :, None].expand_as(out)
+    assert (out - ref)[real].abs().max() <= 1e-4  # TF32 may be on for matmuls
+    gq = torch.autograd.grad(out.sum(), q)[0]
+    gr = torch.autograd.grad(ref.sum(), q)[0]
+    assert (gq - gr).norm() / gr.norm() <= 1e-3
+
+
+def test_sdpa_uses_the_flash_kernel_without_padding():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # raises if flash cannot be used
+        out = attention(q, k, v, None, "sdpa")
+    assert out.shape == q.shape
+
+
+def test_model_parity_on_cuda():
+    torch.manual_seed(0)
+    model = minibert.BertModel(tiny_config()).eval()
+    ids, mask = random_batch(pad_from=20)
+    with torch.no_grad():
+        cpu = model(ids, mask).last_hidden_state
+        gpu = model.cuda()(ids.cuda(), mask.cuda()).last_hidden_state.cpu()
+    assert (cpu - gpu)[mask.bool()].abs().max() <= 1e-4
+
+
+def test_real_out_of_memory_is_reported_with_the_micro_batch(tmp_path):
+    from engine_utils import collator, tiny_corpus, train_config
+    from minibert.engine import TrainingError, train
+
+    tok, ds = tiny_corpus(tmp_path, seq_len=64)
+    free, _ = torch.cuda.mem_get_info()
+    # A vocabulary so large that one micro-batch's logits cannot fit in the free memory.
+    vocab = int(free / (16 * 64 * 4) * 2)
+    config = minibert.BertConfig.preset("tiny", vocab_size=max(vocab, tok.vocab_size),
+                                        max_position_embeddings=64)
+    try:
+        model = minibert.BertForMaskedLM(config)
+    except RuntimeError:
+        pytest.skip("cannot build a model large enough to exhaust this device")
+    with pytest.raises((TrainingError, torch.OutOfMemoryError)):
+        train(model, ds, collator(tok), train_config(max_steps=1), tmp_path / "run",
+              ctx=_cuda_ctx())
+
+
+def _cuda_ctx():
+    from minibert.distributed import DistContext
+
+    return DistContext(device=torch.device("cuda", 0))
+
+
+def _rows(path):
+    import json
+
+    return [json.loads(line) for line in open(path / "metrics.jsonl") if '"loss"' in line]
