@@ -38,6 +38,7 @@ def run(norm: str, warmup: int, lr: float, args) -> dict:
                "--preset", args.preset, "--norm", norm, "--lr", str(lr),
                "--warmup-steps", str(warmup), "--max-steps", str(args.steps),
                "--batch-size", str(args.batch_size), "--precision", args.precision,
+               "--attention", args.attention,
                "--eval-every", str(args.eval_every), "--eval-batches", "10",
                "--log-every", "10", "--save-every", "0", "--seed", str(args.seed),
                "--out", str(out), "--no-progress"]
@@ -94,8 +95,10 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lrs", type=float, nargs="+", default=[5e-4, 2e-3])
     p.add_argument("--warmup", type=int, default=30, help="warmup steps of the warmup runs")
-    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--precision", default="bf16")
+    p.add_argument("--attention", default="math", help="math is the fastest on a CPU in bf16 "
+                   "at 128 tokens (see RESULTS.md)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=HERE / "out" / "prenorm")
     args = p.parse_args()

@@ -1,0 +1,112 @@
+"""What does the training engine cost on top of the bare model step?
+
+The engine adds collation and masking, the global target count, the loss all-reduce,
+gradient clipping, the learning-rate schedule, logging and the progress bar. This script
+trains the same model on the same batches twice, in one process, alternating:
+
+* bare: a loop of forward (with labels), backward, fused AdamW step on pre-collated batches;
+* engine: `minibert.engine.train` on the packed dataset, its tokens/s read from
+  metrics.jsonl (the number the engine logs), first logging window dropped as warm-up.
+
+    python benchmarks/bench_engine_overhead.py                 # mini, 32 x 128, fp32
+    python benchmarks/bench_engine_overhead.py --precision bf16 --steps 60
+
+Target: the engine costs < 5% of the bare step's throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import minibert
+from minibert.data import MLMCollator, PackedMLMDataset, load_wikitext, tokenize_to_memmap
+from minibert.engine import TrainConfig, autocast_context, train
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2"
+
+
+def corpus(tmp: Path, seq_len: int):
+    if (DATA / "valid.txt").is_file():
+        texts = load_wikitext(DATA)["valid"]
+    else:  # anywhere else: random words, the step costs the same
+        g = torch.Generator().manual_seed(0)
+        words = [f"w{i}" for i in range(3000)]
+        texts = [" ".join(words[int(i)] for i in torch.randint(0, 3000, (400,), generator=g))
+                 for _ in range(400)]
+    tok = minibert.Tokenizer.train_from_iterator(texts, vocab_size=8192)
+    return tok, PackedMLMDataset(tokenize_to_memmap(texts, tok, tmp / "c.tok"), seq_len)
+
+
+def model_for(tok, preset: str) -> minibert.BertForMaskedLM:
+    torch.manual_seed(0)
+    return minibert.BertForMaskedLM(minibert.BertConfig.preset(
+        preset, vocab_size=tok.vocab_size, hidden_dropout=0.0, attention_dropout=0.0))
+
+
+def bare_tokens_per_s(model, batches, precision: str, steps: int) -> float:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
+                            fused=True)
+    cpu = torch.device("cpu")
+    times = []
+    for i in range(steps + 2):
+        batch = batches[i % len(batches)]
+        t0 = time.perf_counter()
+        with autocast_context(precision, cpu):
+            loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    tokens = batches[0]["input_ids"].numel()
+    return tokens / statistics.median(times[2:])
+
+
+def engine_tokens_per_s(model, tok, ds, args, out: Path) -> float:
+    cfg = TrainConfig(batch_size=args.batch_size, max_steps=args.steps, lr=1e-4, warmup=0,
+                      precision=args.precision, log_every=10, progress=False,
+                      peak_flops=1e12, save_every=0, keep_checkpoints=1)
+    train(model, ds, MLMCollator(tok, seed=0), cfg, out)
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl") if '"loss"' in line]
+    return statistics.median(r["tokens_per_s"] for r in rows[1:])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="mini")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--precision", default="fp32")
+    p.add_argument("--rounds", type=int, default=2, help="alternations of bare and engine")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        tok, ds = corpus(tmp, args.seq_len)
+        collate = MLMCollator(tok, seed=0)
+        batches = [collate([ds[i * args.batch_size + j] for j in range(args.batch_size)],
+                           epoch=0) for i in range(8)]
+        bare, engine = [], []
+        for r in range(args.rounds):
+            bare.append(bare_tokens_per_s(model_for(tok, args.preset), batches,
+                                          args.precision, args.steps))
+            engine.append(engine_tokens_per_s(model_for(tok, args.preset), tok, ds, args,
+                                              tmp / f"run{r}"))
+            print(f"round {r}: bare {bare[-1]:,.0f} tok/s, engine {engine[-1]:,.0f} tok/s",
+                  file=sys.stderr)
+    b, e = statistics.median(bare), statistics.median(engine)
+    print(f"\n{args.preset}, batch {args.batch_size} x {args.seq_len}, {args.precision}, CPU\n")
+    print("| bare model step tok/s | engine (logged) tok/s | engine overhead |")
+    print("|---|---|---|")
+    print(f"| {b:,.0f} | {e:,.0f} | {1 - e / b:.1%} |")
+
+
+if __name__ == "__main__":
+    main()
