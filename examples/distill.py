@@ -39,7 +39,6 @@ import minibert
 from minibert.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from minibert.config import PRESETS
 from minibert.data import DownloadError, MLMCollator, TokenFileError
-from minibert.data.wikitext import WIKITEXT_VARIANTS
 from minibert.distributed import cleanup, init_distributed
 from minibert.engine import TrainingError, evaluate, resolve_precision, train
 from minibert.model import MaskedLMOutput
@@ -148,45 +147,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     k.add_argument("--student-preset", default="tiny", help=f"one of {', '.join(PRESETS)}")
     k.add_argument("--alpha", type=float, default=0.5, help="weight of the soft (teacher) loss")
     k.add_argument("--temperature", type=float, default=2.0, help="softmax temperature T")
-    # The flags below mean what they mean in pretrain_wikitext.py, with the same defaults.
-    d = p.add_argument_group("data (as in pretrain_wikitext.py)")
-    d.add_argument("--data-dir", type=Path, help="WikiText folder (raw or tokenized layout); "
-                   "default: download --dataset into --cache-dir")
-    d.add_argument("--dataset", default="wikitext-2-raw-v1", choices=sorted(WIKITEXT_VARIANTS))
-    d.add_argument("--cache-dir", type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert")
-    d.add_argument("--train-split", default="train")
-    d.add_argument("--eval-split", default="valid")
-    d.add_argument("--seq-len", type=int, default=128)
-    d.add_argument("--mask-prob", type=float, default=0.15)
+    # The data, training and run flags are pretrain_wikitext.py's, with the same defaults;
+    # the training flags apply to each of the two student runs.
+    pretrain.add_data_args(p)
     m = p.add_argument_group("student")
     m.add_argument("--norm", choices=["pre", "post"], help="default post (original BERT)")
     m.add_argument("--attention", choices=["sdpa", "math", "chunked"])
     m.add_argument("--dropout", type=float, help="overrides hidden and attention dropout")
     m.add_argument("--compile", action="store_true", help="torch.compile the student + teacher")
-    t = p.add_argument_group("training (each of the two student runs)")
-    t.add_argument("--batch-size", type=int, default=32, help="global: sequences per step")
-    t.add_argument("--micro-batch-size", type=int, help="per rank; default batch / world size")
-    t.add_argument("--max-steps", type=int, default=1000)
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--min-lr", type=float, default=1e-5)
-    t.add_argument("--warmup-steps", type=int, help="default 10%% of --max-steps")
-    t.add_argument("--schedule", choices=["linear", "cosine"], default="linear")
-    t.add_argument("--weight-decay", type=float, default=0.01)
-    t.add_argument("--adam-eps", type=float, default=1e-6)
-    t.add_argument("--max-grad-norm", type=float, default=1.0)
-    t.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
-                   help="auto: bf16 on a CUDA GPU that has it, fp32 on CPU")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--deterministic", action="store_true")
-    t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    r = p.add_argument_group("logging and checkpoints")
-    r.add_argument("--out", type=Path, default=Path("runs/distill"))
-    r.add_argument("--log-every", type=int, default=10)
-    r.add_argument("--eval-every", type=int, default=0, help="0 = only at the end")
-    r.add_argument("--eval-batches", type=int, default=20)
-    r.add_argument("--save-every", type=int, default=100)
-    r.add_argument("--resume", action="store_true", help="continue from the last checkpoints")
-    r.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    pretrain.add_training_args(p)
+    pretrain.add_run_args(p, default_out=Path("runs/distill"))
     args = p.parse_args(argv)
     # What pretrain_wikitext's helpers read: the teacher's folder supplies the tokenizer
     # (`init_from`), and the student preset is their `preset`.

@@ -38,17 +38,8 @@ log = logging.getLogger("pretrain")
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    d = p.add_argument_group("data")
-    d.add_argument("--data-dir", type=Path, help="WikiText folder (raw or tokenized layout), "
-                   "or any folder of .txt files (documents separated by blank lines; every "
-                   "20th held out as the valid split); default: download --dataset")
-    d.add_argument("--dataset", default="wikitext-2-raw-v1", choices=sorted(WIKITEXT_VARIANTS))
-    d.add_argument("--cache-dir", type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert")
-    d.add_argument("--train-split", default="train")
-    d.add_argument("--eval-split", default="valid")
+    d = add_data_args(p)
     d.add_argument("--vocab-size", type=int, default=8192)
-    d.add_argument("--seq-len", type=int, default=128)
-    d.add_argument("--mask-prob", type=float, default=0.15)
     m = p.add_argument_group("model")
     m.add_argument("--preset", default="mini", help=f"one of {', '.join(PRESETS)}")
     m.add_argument("--norm", choices=["pre", "post"], help="default post (original BERT)")
@@ -60,6 +51,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     m.add_argument("--init-from", type=Path, help="continue pretraining a minibert or "
                    "transformers checkpoint (a folder with config.json, weights and tokenizer)")
     m.add_argument("--compile", action="store_true", help="torch.compile the model")
+    add_training_args(p)
+    add_run_args(p, default_out=Path("runs/pretrain"))
+    return p.parse_args(argv)
+
+
+# The flag groups below are shared with examples/distill.py, which reads the same data and
+# trains with the same engine.
+
+def add_data_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    d = p.add_argument_group("data")
+    d.add_argument("--data-dir", type=Path, help="WikiText folder (raw or tokenized layout), "
+                   "or any folder of .txt files (documents separated by blank lines; every "
+                   "20th held out as the valid split); default: download --dataset")
+    d.add_argument("--dataset", default="wikitext-2-raw-v1", choices=sorted(WIKITEXT_VARIANTS))
+    d.add_argument("--cache-dir", type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert")
+    d.add_argument("--train-split", default="train")
+    d.add_argument("--eval-split", default="valid")
+    d.add_argument("--seq-len", type=int, default=128)
+    d.add_argument("--mask-prob", type=float, default=0.15)
+    return d
+
+
+def add_training_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     t = p.add_argument_group("training")
     t.add_argument("--batch-size", type=int, default=32, help="global: sequences per step")
     t.add_argument("--micro-batch-size", type=int, help="per rank; default batch / world size")
@@ -76,15 +90,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--deterministic", action="store_true")
     t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    return t
+
+
+def add_run_args(p: argparse.ArgumentParser, default_out: Path) -> argparse._ArgumentGroup:
     r = p.add_argument_group("logging and checkpoints")
-    r.add_argument("--out", type=Path, default=Path("runs/pretrain"))
+    r.add_argument("--out", type=Path, default=default_out)
     r.add_argument("--log-every", type=int, default=10)
     r.add_argument("--eval-every", type=int, default=0, help="0 = only at the end")
     r.add_argument("--eval-batches", type=int, default=20)
     r.add_argument("--save-every", type=int, default=100)
     r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     r.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
-    return p.parse_args(argv)
+    return r
 
 
 def prepare_data(args, ctx):
