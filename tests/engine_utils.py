@@ -37,3 +37,27 @@ def train_config(**overrides) -> TrainConfig:
 
 def collator(tok):
     return MLMCollator(tok, mlm_probability=0.15, seed=0)
+
+
+def wikitext_folder(folder: Path, sizes=(("train", 120), ("valid", 20))) -> Path:
+    """A WikiText-shaped folder ({split}.txt with ' = Title = ' headings) of random articles."""
+    rng = random.Random(0)
+    for split, n in sizes:
+        lines = []
+        for a in range(n):
+            lines += ["", f" = Article {a} = ", ""]
+            lines += [" ".join(rng.choice(WORDS) for _ in range(rng.randint(30, 90)))
+                      for _ in range(3)]
+        (folder / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def load_example(name: str):
+    """Import examples/<name>.py as a module (the examples folder is not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,12 +1,9 @@
 """examples/distill.py: the loss against a hand computation, the frozen teacher, and the CLI."""
 
 import copy
-import importlib.util
 import json
 import math
-import random
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,19 +16,9 @@ from minibert.data import MLMCollator
 from minibert.engine import TrainConfig, train
 from minibert.optim import build_optimizer
 
-SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "distill.py"
-WORDS = ("the cat sat on a mat while dogs ran far away from home and birds sang songs "
-         "of rain in spring under green trees near rivers").split()
+from engine_utils import load_example, wikitext_folder
 
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("distill", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-distill = _load_script()
+distill = load_example("distill")
 
 
 @pytest.fixture(autouse=True)
@@ -42,17 +29,7 @@ def _no_flops_measurement(monkeypatch):
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    """A WikiText-shaped folder (train.txt, valid.txt) of random articles."""
-    d = tmp_path_factory.mktemp("wikitext")
-    rng = random.Random(0)
-    for split, n in (("train", 60), ("valid", 10)):
-        lines = []
-        for a in range(n):
-            lines += ["", f" = Article {a} = ", ""]
-            lines += [" ".join(rng.choice(WORDS) for _ in range(rng.randint(30, 90)))
-                      for _ in range(3)]
-        (d / f"{split}.txt").write_text("\n".join(lines) + "\n")
-    return d
+    return wikitext_folder(tmp_path_factory.mktemp("wikitext"), (("train", 60), ("valid", 10)))
 
 
 @pytest.fixture(scope="module")

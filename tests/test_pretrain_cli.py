@@ -1,7 +1,6 @@
 """examples/pretrain_wikitext.py end to end: outputs, preemption, kill -9, and bad input."""
 
 import hashlib
-import importlib.util
 import json
 import random
 import signal
@@ -14,34 +13,15 @@ import pytest
 
 import minibert
 
+from engine_utils import WORDS, load_example, wikitext_folder
+
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "pretrain_wikitext.py"
-WORDS = ("the cat sat on a mat while dogs ran far away from home and birds sang songs "
-         "of rain in spring under green trees near rivers").split()
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("pretrain_wikitext", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-pretrain = _load_script()
+pretrain = load_example("pretrain_wikitext")
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    """A WikiText-shaped folder (train.txt, valid.txt) of random articles."""
-    d = tmp_path_factory.mktemp("wikitext")
-    rng = random.Random(0)
-    for split, n in (("train", 120), ("valid", 20)):
-        lines = []
-        for a in range(n):
-            lines += ["", f" = Article {a} = ", ""]
-            lines += [" ".join(rng.choice(WORDS) for _ in range(rng.randint(30, 90)))
-                      for _ in range(3)]
-        (d / f"{split}.txt").write_text("\n".join(lines) + "\n")
-    return d
+    return wikitext_folder(tmp_path_factory.mktemp("wikitext"))
 
 
 def _args(data_dir, out, cache, *extra):
