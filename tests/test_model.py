@@ -24,8 +24,9 @@ def test_padding_does_not_change_real_tokens(backend, norm):
     mask = torch.cat([torch.ones(2, 21), torch.zeros(2, 14)], dim=1).long()
     with torch.no_grad():
         a = model(ids).last_hidden_state
-        b = model(padded, mask).last_hidden_state[:, :21]
-    assert (a - b).abs().max() <= 1e-5
+        full = model(padded, mask).last_hidden_state
+    assert (a - full[:, :21]).abs().max() <= 1e-5
+    assert (full[:, 21:] == 0).all()  # padding positions are not computed (unpadding)
 
 
 def test_sparse_mlm_head_matches_dense_loss_and_gradients():

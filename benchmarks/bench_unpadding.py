@@ -1,0 +1,81 @@
+"""What does unpadding buy on a padded fine-tuning batch?
+
+`BertModel` runs every layer except attention on the real tokens only when a batch has
+padding (MosaicBERT, ModernBERT). This script times a classification training step on a
+batch with random lengths against the same model run the padded way, every layer on all
+B x T positions, which is the reference forward defined below; the two are interleaved.
+
+    python benchmarks/bench_unpadding.py                     # base, 16 x 128, fp32 and bf16
+    python benchmarks/bench_unpadding.py --preset mini --batch-size 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import minibert
+from minibert import model as M
+from minibert.engine import autocast_context
+
+
+def padded_forward(self, input_ids, attention_mask=None, token_type_ids=None):
+    """BertModel.forward without unpadding: every layer on all B x T positions."""
+    keep = None if attention_mask is None else attention_mask.bool()
+    x = self.embeddings(input_ids, token_type_ids)
+    for block in self.blocks:
+        x = block(x, keep)
+    if self.final_norm is not None:
+        x = self.final_norm(x)
+    pooled = None if self.pooler is None else torch.tanh(self.pooler(x[:, 0]))
+    return M.BertOutput(x, pooled)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="base")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--min-len", type=int, default=16)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    args = p.parse_args()
+
+    g = torch.Generator().manual_seed(0)
+    B, T = args.batch_size, args.seq_len
+    lengths = torch.randint(args.min_len, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None] < lengths[:, None]).long()
+    ids = torch.randint(5, 30000, (B, T), generator=g) * mask
+    labels = torch.arange(B) % 3
+    unpadded_forward = M.BertModel.forward
+    print(f"{args.preset}, {B} x {T}, lengths uniform in [{args.min_len}, {T}]: "
+          f"{1 - mask.float().mean():.0%} padding; classification step, `math` attention\n")
+    print("| precision | padded s/step | unpadded s/step | speed-up |")
+    print("|---|---|---|---|")
+    for precision in args.precisions:
+        runs = []
+        for forward in (padded_forward, unpadded_forward):
+            torch.manual_seed(0)
+            model = minibert.BertForSequenceClassification(
+                minibert.BertConfig.preset(args.preset, attention="math"), 3).train()
+            runs.append((forward, model, torch.optim.AdamW(model.parameters(), fused=True), []))
+        for _ in range(args.steps + 1):
+            for forward, model, opt, times in runs:
+                M.BertModel.forward = forward
+                t0 = time.perf_counter()
+                with autocast_context(precision, torch.device("cpu")):
+                    loss = model(ids, mask, labels=labels).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                times.append(time.perf_counter() - t0)
+        M.BertModel.forward = unpadded_forward
+        padded, unpadded = (statistics.median(r[3][1:]) for r in runs)
+        print(f"| {precision} | {padded:.3f} | {unpadded:.3f} | {padded / unpadded:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
