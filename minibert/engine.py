@@ -366,7 +366,8 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             totals = all_reduce_sum(torch.tensor(
                 [float(loss_sum), float(local_tokens), float(stop.signal is not None)],
                 dtype=torch.float64, device=device), ctx).tolist()
-            loss, step_tokens, stopping = totals[0] / n_global, int(totals[1]), totals[2] > 0
+            loss = totals[0] / max(n_global, 1)  # a batch with no targets has loss 0
+            step_tokens, stopping = int(totals[1]), totals[2] > 0
             if math.isfinite(loss) and (math.isfinite(grad_norm) or precision == "fp16"):
                 # fp16: an overflow in the *scaled* gradients is the scaler's business: it
                 # skips the step and halves the scale. That is calibration, not divergence,
