@@ -80,22 +80,23 @@ def test_model_parity_on_cuda():
 
 
 def test_real_out_of_memory_is_reported_with_the_micro_batch(tmp_path):
-    from engine_utils import collator, tiny_corpus, train_config
+    """A real allocation failure inside a step becomes one clear TrainingError."""
+    from engine_utils import collator, tiny_corpus, tiny_model, train_config
     from minibert.engine import TrainingError, train
 
     tok, ds = tiny_corpus(tmp_path, seq_len=64)
+    model = tiny_model(tok).cuda()  # weights in place before the memory is taken away
+    torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info()
-    # A vocabulary so large that one micro-batch's logits cannot fit in the free memory.
-    vocab = int(free / (16 * 64 * 4) * 2)
-    config = minibert.BertConfig.preset("tiny", vocab_size=max(vocab, tok.vocab_size),
-                                        max_position_embeddings=64)
+    hog = torch.empty(max(free - 16 * 2**20, 0), dtype=torch.uint8, device="cuda")
     try:
-        model = minibert.BertForMaskedLM(config)
-    except RuntimeError:
-        pytest.skip("cannot build a model large enough to exhaust this device")
-    with pytest.raises((TrainingError, torch.OutOfMemoryError)):
-        train(model, ds, collator(tok), train_config(max_steps=1), tmp_path / "run",
-              ctx=_cuda_ctx())
+        # 64 sequences of 64 tokens in one micro-batch need far more than the 16 MiB left.
+        with pytest.raises(TrainingError, match=r"out of memory .* micro-batch \(64, 64\)"):
+            train(model, ds, collator(tok), train_config(batch_size=64, max_steps=1),
+                  tmp_path / "run", ctx=_cuda_ctx())
+    finally:
+        del hog
+        torch.cuda.empty_cache()
 
 
 def _cuda_ctx():
