@@ -405,7 +405,9 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                 tps = window_tokens / max(seconds, 1e-9)
                 row = {"step": step, "loss": round(loss, 5), "lr": optimizer.param_groups[0]["lr"],
                        "grad_norm": round(grad_norm, 4), "tokens_per_s": round(tps, 1),
-                       "mfu": round(mfu(tps, window_flops / max(window_tokens, 1), peak), 4),
+                       # tokens/s counts every rank; so does the ceiling (one per process)
+                       "mfu": round(mfu(tps, window_flops / max(window_tokens, 1),
+                                        peak * ctx.world_size), 4),
                        "peak_mem_mb": round(peak_memory_mb(device), 1), "skipped": skipped}
                 _log_row(metrics_file, row, bar)
                 window_tokens, window_flops, window_start = 0, 0.0, time.perf_counter()
