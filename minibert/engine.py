@@ -33,12 +33,12 @@ from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .data.sampler import LengthGroupedBatchSampler, ShardedSampler
 from .distributed import DistContext, all_gather_objects, all_reduce_sum, barrier
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
-from .runtime import (flops_per_token, log_environment, measure_peak_flops, mfu,
-                      peak_memory_mb, reset_peak_memory, rng_state, set_rng_state, unwrap)
+from .runtime import (PRECISIONS, autocast_context, flops_per_token, log_environment,
+                      measure_peak_flops, mfu, peak_memory_mb, reset_peak_memory,
+                      resolve_precision, rng_state, set_rng_state, unwrap)
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 class TrainingError(RuntimeError):
@@ -83,36 +83,13 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be an integer >= 0 (0 = at the end)")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"TrainConfig.micro_batch_size={self.micro_batch_size} must be >= 1")
-        if self.precision not in PRECISIONS:
+        if self.precision not in ("auto",) + PRECISIONS:
             raise ValueError(f"TrainConfig.precision={self.precision!r} is not one of "
-                             f"{PRECISIONS}")
+                             f"{('auto',) + PRECISIONS}")
         if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, "
                              f"min_lr={self.min_lr}")
         resolve_warmup(self.warmup, self.max_steps)  # raises on a bad warmup
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """"auto" -> bf16 on CUDA devices with bf16, else fp32; refuse what the device lacks."""
-    if precision == "auto":
-        cuda_bf16 = device.type == "cuda" and \
-            torch.cuda.is_bf16_supported(including_emulation=False)
-        return "bf16" if cuda_bf16 else "fp32"
-    if precision == "fp16" and device.type != "cuda":
-        raise ValueError("--precision fp16 needs a CUDA device (fp16 autocast with loss "
-                         "scaling); on CPU use bf16, which needs no scaler")
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"--precision bf16: {torch.cuda.get_device_name(device)} does not "
-                         f"support bfloat16; use fp16")
-    return precision
-
-
-def autocast_context(precision: str, device: torch.device):
-    """The one precision context of a run: autocast for bf16/fp16, nothing for fp32."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
 
 
 def count_targets(batch: dict[str, torch.Tensor]) -> int:

@@ -8,10 +8,13 @@
 * `environment_report`, `log_environment`: what the run is running on, with warnings for
   the mismatches that silently cost speed.
 * `unwrap`: the one place that strips DDP and `torch.compile` wrappers.
+* `resolve_precision`, `autocast_context`: the run's precision, checked against the device,
+  and the one autocast context built from it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -30,6 +33,31 @@ logger = logging.getLogger(__name__)
 
 Device = Union[str, torch.device]
 PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+# ---- precision ----------------------------------------------------------------------------
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """"auto" -> bf16 on CUDA devices with bf16, else fp32; refuse what the device lacks."""
+    if precision == "auto":
+        cuda_bf16 = device.type == "cuda" and \
+            torch.cuda.is_bf16_supported(including_emulation=False)
+        return "bf16" if cuda_bf16 else "fp32"
+    if precision == "fp16" and device.type != "cuda":
+        raise ValueError("--precision fp16 needs a CUDA device (fp16 autocast with loss "
+                         "scaling); on CPU use bf16, which needs no scaler")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"--precision bf16: {torch.cuda.get_device_name(device)} does not "
+                         f"support bfloat16; use fp16")
+    return precision
+
+
+def autocast_context(precision: str, device: torch.device):
+    """The one precision context of a run: autocast for bf16/fp16, nothing for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
 
 
 # ---- seeds and RNG state ------------------------------------------------------------------
