@@ -32,6 +32,12 @@ def test_two_gloo_processes_match_one(tmp_path):
         return [json.loads(line)["loss"] for line in open(d / "metrics.jsonl")]
 
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    # MFU counts every rank's tokens against every rank's ceiling: the FLOPs per token it
+    # implies (mfu x ceiling x world / tokens_per_s) are those of the single process.
+    rows = {n: [json.loads(line) for line in open(tmp_path / d / "metrics.jsonl")]
+            for n, d in ((1, "one"), (2, "two"))}
+    implied = {n: [r["mfu"] * 1e11 * n / r["tokens_per_s"] for r in rows[n]] for n in rows}
+    assert implied[2] == pytest.approx(implied[1], rel=0.01)
     assert len(one) == len(two) == 6
     assert two == pytest.approx(one, rel=1e-5)
     state = torch.load(tmp_path / "two" / "final.pt", weights_only=True)
