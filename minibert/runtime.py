@@ -171,13 +171,9 @@ def peak_memory_mb(device: Device) -> float:
     acc = _accelerator(device)
     if acc is not None:
         return acc.max_memory_allocated(device) / 2**20
-    try:
-        with open("/proc/self/status") as f:
-            match = re.search(r"^VmHWM:\s+(\d+)\s+kB", f.read(), re.MULTILINE)
-        if match:
-            return int(match.group(1)) / 1024
-    except OSError:
-        pass
+    peak = _proc_status_mb("VmHWM")
+    if peak is not None:
+        return peak
     import resource  # POSIX only, hence not at the top
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -194,14 +190,18 @@ def current_memory_mb(device: Device) -> float:
     acc = _accelerator(device)
     if acc is not None:
         return acc.memory_allocated(device) / 2**20
+    current = _proc_status_mb("VmRSS")
+    return 0.0 if current is None else current  # unknown here: peaks are then absolute
+
+
+def _proc_status_mb(field: str) -> Optional[float]:
+    """A memory field of /proc/self/status (Linux) in MiB, or None where there is none."""
     try:
         with open("/proc/self/status") as f:
-            match = re.search(r"^VmRSS:\s+(\d+)\s+kB", f.read(), re.MULTILINE)
-        if match:
-            return int(match.group(1)) / 1024
+            match = re.search(rf"^{field}:\s+(\d+)\s+kB", f.read(), re.MULTILINE)
     except OSError:
-        pass
-    return 0.0  # unknown here: peaks are then absolute
+        return None
+    return int(match.group(1)) / 1024 if match else None
 
 
 # ---- FLOPs and MFU ------------------------------------------------------------------------
