@@ -36,11 +36,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import minibert
-from minibert.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from minibert.checkpoint import latest_checkpoint, load_checkpoint
 from minibert.config import PRESETS
-from minibert.data import DownloadError, MLMCollator, TokenFileError
+from minibert.data import MLMCollator
 from minibert.distributed import cleanup, init_distributed
-from minibert.engine import TrainingError, evaluate, resolve_precision, train
+from minibert.engine import evaluate, resolve_precision, train
 from minibert.model import MaskedLMOutput
 
 # The data preparation and training settings are pretrain_wikitext.py's, imported rather
@@ -307,15 +307,8 @@ def main(argv=None) -> int:
                      "the same command plus --resume", baseline["steps"])
             cleanup(ctx)
             return 0
-    except (ValueError, FileNotFoundError, FileExistsError, DownloadError, TokenFileError,
-            CheckpointError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        cleanup(ctx)
-        return 2
-    except TrainingError as e:
-        print(f"error: {e}", file=sys.stderr)
-        cleanup(ctx)
-        return 1
+    except pretrain.RUN_ERRORS as e:
+        return pretrain.report_error(e, ctx)
     if ctx.is_main:
         keys = ("eval_loss", "eval_accuracy", "perplexity", "steps", "tokens_seen",
                 "wall_seconds")

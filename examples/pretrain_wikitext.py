@@ -241,6 +241,20 @@ def plot_loss(out: Path) -> None:
     plt.close()
 
 
+# What a run can fail with and how it ends: one line on stderr, no traceback. Bad input
+# (a flag, a folder, a damaged checkpoint, a missing package) exits with status 2; a run that
+# started and could not go on (TrainingError) with status 1.
+RUN_ERRORS = (ValueError, OSError, DownloadError, TokenFileError, CheckpointError, ImportError,
+              TrainingError)
+
+
+def report_error(error: Exception, ctx) -> int:
+    """Print `error` as one line, leave the process group, return the exit status."""
+    print(f"error: {error}", file=sys.stderr)
+    cleanup(ctx)
+    return 1 if isinstance(error, TrainingError) else 2
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     ctx = init_distributed(args.device)
@@ -259,15 +273,8 @@ def main(argv=None) -> int:
         result = train(model, train_set, collate, train_config(args), args.out, ctx=ctx,
                        eval_set=eval_set, resume=args.resume,
                        run_info={"args": {k: str(v) for k, v in vars(args).items()}})
-    except (ValueError, FileNotFoundError, FileExistsError, DownloadError, TokenFileError,
-            CheckpointError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        cleanup(ctx)
-        return 2
-    except TrainingError as e:
-        print(f"error: {e}", file=sys.stderr)
-        cleanup(ctx)
-        return 1
+    except RUN_ERRORS as e:
+        return report_error(e, ctx)
     if ctx.is_main and result["interrupted"]:
         log.info("interrupted at step %d; continue with the same command plus --resume",
                  result["steps"])
