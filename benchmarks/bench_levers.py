@@ -1,10 +1,16 @@
 """What each kept speed lever buys on a CPU: BERT-base, 8 x 128 tokens, bf16 autocast.
 
-Four variants of the same training step (forward with 15% labels, backward, AdamW step),
-each adding one lever to the previous one, built side by side and timed interleaved, so that
-machine noise falls on all of them alike. Dropout is 0.1 as in a transformers checkpoint.
+Three measurements, each printed as a markdown table:
 
-    python benchmarks/bench_levers.py          # about 2 minutes on 2 cores
+1. the step: four variants of the same training step (forward with 15% labels, backward,
+   AdamW step), each adding one lever to the previous one, built side by side and timed
+   interleaved so that machine noise falls on all of them alike (dropout 0.1, as in a
+   transformers checkpoint);
+2. the single calls behind two levers: dropout (`F.dropout` against minibert's CPU mask)
+   and attention (`sdpa` against `math`), forward + backward, best of 30;
+3. where the final variant's step goes: `torch.profiler`'s self time, grouped.
+
+    python benchmarks/bench_levers.py          # about 3 minutes on 2 cores
 
 The "before" of the dropout lever swaps minibert's CPU mask for `F.dropout` by patching the
 module attribute the model calls; nothing else differs between the variants.
@@ -21,50 +27,118 @@ import minibert.attention as A
 import minibert.model as M
 from minibert.engine import autocast_context
 
-ours = A.dropout
+OURS = A.dropout
+CPU = torch.device("cpu")
 
 
 def plain(x, p, training=True):
     return F.dropout(x, p, True) if training and p > 0 else x
 
-variants = [  # label, attention, fused, dropout function
-    ("foreach AdamW, F.dropout, sdpa", "sdpa", False, plain),
-    ("+ fused AdamW", "sdpa", True, plain),
-    ("+ cheaper CPU dropout mask", "sdpa", True, ours),
-    ("+ math attention instead of sdpa", "math", True, ours),
-]
-g = torch.Generator().manual_seed(0)
-ids = torch.randint(5, 30522, (8, 128), generator=g)
-labels = torch.full_like(ids, -100)
-pick = torch.rand(8, 128, generator=g) < 0.15
-labels[pick] = ids[pick]
-runs = []
-for label, attention, fused, drop in variants:
+
+def batch():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 30522, (8, 128), generator=g)
+    labels = torch.full_like(ids, -100)
+    pick = torch.rand(8, 128, generator=g) < 0.15
+    labels[pick] = ids[pick]
+    return ids, labels
+
+
+def build(attention: str, fused: bool):
     torch.manual_seed(0)
     model = minibert.BertForMaskedLM(minibert.BertConfig.preset("base", attention=attention))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused,
                             foreach=None if fused else True)
-    runs.append((label, model, opt, drop, []))
+    return model, opt
 
 
-def step(model, opt, drop):
+def step(model, opt, drop, ids, labels) -> None:
     A.dropout = M.dropout = drop
-    with autocast_context("bf16", torch.device("cpu")):
+    with autocast_context("bf16", CPU):
         loss = model(ids, labels=labels).loss
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
 
 
-for r in range(8):  # the first round is warm-up
-    for label, model, opt, drop, ts in runs:
+def step_table() -> None:
+    variants = [  # label, attention, fused AdamW, dropout function
+        ("foreach AdamW, F.dropout, sdpa", "sdpa", False, plain),
+        ("+ fused AdamW", "sdpa", True, plain),
+        ("+ math attention instead of sdpa", "math", True, plain),
+        ("+ cheaper CPU dropout mask", "math", True, OURS),
+    ]
+    ids, labels = batch()
+    runs = [(label, *build(attention, fused), drop, []) for label, attention, fused, drop
+            in variants]
+    for _ in range(8):  # the first round is warm-up
+        for _, model, opt, drop, times in runs:
+            t0 = time.perf_counter()
+            step(model, opt, drop, ids, labels)
+            times.append(time.perf_counter() - t0)
+    A.dropout = M.dropout = OURS
+    print("| variant (base, 8x128, bf16 autocast, dropout 0.1) | s/step (median of 7) | "
+          "tokens/s |")
+    print("|---|---|---|")
+    for label, _, _, _, times in runs:
+        m = statistics.median(times[1:])
+        print(f"| {label} | {m:.3f} | {1024 / m:,.0f} |")
+
+
+def best_ms(fn, n: int = 30) -> float:
+    fn()
+    times = []
+    for _ in range(n):
         t0 = time.perf_counter()
-        step(model, opt, drop)
-        ts.append(time.perf_counter() - t0)
-A.dropout = M.dropout = ours
-print("| variant (base, 8x128, bf16 autocast, dropout 0.1) | s/step (median of 7) | tokens/s |")
-print("|---|---|---|")
-for label, _, _, _, ts in runs:
-    m = statistics.median(ts[1:])
-    print(f"| {label} | {m:.3f} | {1024 / m:,.0f} |")
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times) * 1000
+
+
+def call_table() -> None:
+    print("\n| call (forward + backward) | shape, dtype | before (ms) | after (ms) |")
+    print("|---|---|---|---|")
+    for shape, dtype in (((8, 128, 768), torch.float32), ((8, 12, 128, 128), torch.bfloat16)):
+        x = torch.randn(*shape, dtype=dtype, requires_grad=True)
+        before = best_ms(lambda: F.dropout(x, 0.1).sum().backward())
+        after = best_ms(lambda: OURS(x, 0.1).sum().backward())
+        print(f"| dropout: F.dropout → minibert's CPU mask | {shape}, {dtype} | {before:.2f} | "
+              f"{after:.2f} |")
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = (torch.randn(8, 12, 128, 64, dtype=dtype, requires_grad=True)
+                   for _ in range(3))
+        for p in (0.0, 0.1):
+            before = best_ms(lambda: A.sdpa_attention(q, k, v, None, p).sum().backward())
+            after = best_ms(lambda: A.math_attention(q, k, v, None, p).sum().backward())
+            print(f"| attention, dropout {p}: sdpa → math | (8, 12, 128, 64), {dtype} | "
+                  f"{before:.2f} | {after:.2f} |")
+
+
+def profile_table() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    model, opt = build("math", fused=True)
+    ids, labels = batch()
+    step(model, opt, OURS, ids, labels)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step(model, opt, OURS, ids, labels)
+    self_ms = {e.key: e.self_cpu_time_total / 1000 for e in prof.key_averages()}
+    total = sum(self_ms.values())
+    groups = {
+        "matmuls (aten::mm, addmm, bmm)": ("aten::mm", "aten::addmm", "aten::bmm"),
+        "autocast casts (aten::copy_)": ("aten::copy_",),
+        "dropout (random_, where, bitwise_and, ge)": ("aten::random_", "aten::where",
+                                                      "aten::bitwise_and", "aten::ge"),
+        "fused AdamW": ("aten::_fused_adamw_",),
+    }
+    print("\n| where the last variant's step goes (torch.profiler self time) | share |")
+    print("|---|---|")
+    for name, ops in groups.items():
+        print(f"| {name} | {sum(self_ms.get(o, 0.0) for o in ops) / total:.0%} |")
+
+
+if __name__ == "__main__":
+    step_table()
+    call_table()
+    profile_table()
