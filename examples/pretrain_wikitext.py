@@ -30,6 +30,7 @@ from minibert.data import (DownloadError, MLMCollator, PackedMLMDataset, TokenFi
 from minibert.data.wikitext import WIKITEXT_VARIANTS
 from minibert.distributed import barrier, cleanup, init_distributed
 from minibert.engine import TrainConfig, TrainingError, train
+from minibert.runtime import keep_freed_memory
 from minibert.tokenizer import default_cache_dir
 
 log = logging.getLogger("pretrain")
@@ -258,6 +259,8 @@ def report_error(error: Exception, ctx) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     ctx = init_distributed(args.device)
+    if ctx.device.type == "cpu":  # reuse freed buffers: no page faults on each step
+        keep_freed_memory()
     logging.basicConfig(level=logging.INFO if ctx.is_main else logging.WARNING,
                         format="%(message)s", stream=sys.stdout)
     try:

@@ -1,7 +1,6 @@
 """examples/finetune_classification.py end to end: a learnable task, --init-from, bad input."""
 
 import csv
-import importlib.util
 import json
 import random
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 import torch
 
 import minibert
+from engine_utils import load_example
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "finetune_classification.py"
 FILLER = ("the a movie film story plot actor scene was is and it this that very quite really "
@@ -19,14 +19,7 @@ KEYWORDS = {"neg": ["awful", "boring", "terrible"], "neu": ["average", "okay", "
             "pos": ["great", "lovely", "superb"]}
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("finetune_classification", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-finetune = _load_script()
+finetune = load_example("finetune_classification")
 
 
 def sentences(n, seed, labels):
