@@ -10,13 +10,19 @@ Three measurements, each printed as a markdown table:
    and attention (`sdpa` against `math`), forward + backward, best of 30;
 3. where the final variant's step goes: `torch.profiler`'s self time, grouped.
 
-    python benchmarks/bench_levers.py          # about 3 minutes on 2 cores
+    python benchmarks/bench_levers.py                       # about 3 minutes on 2 cores
+    python benchmarks/bench_levers.py --keep-freed-memory   # see bench_process.py
+
+`--keep-freed-memory` first calls `minibert.runtime.keep_freed_memory()`, so that freed
+buffers are reused instead of faulted in again on every step (`bench_process.py`).
 
 The "before" of the dropout lever swaps minibert's CPU mask for `F.dropout` by patching the
 module attribute the model calls; nothing else differs between the variants.
 """
 
+import argparse
 import statistics
+import sys
 import time
 
 import torch
@@ -26,6 +32,7 @@ import minibert
 import minibert.attention as A
 import minibert.model as M
 from minibert.engine import autocast_context
+from minibert.runtime import keep_freed_memory
 
 OURS = A.dropout
 CPU = torch.device("cpu")
@@ -131,6 +138,7 @@ def profile_table() -> None:
         "dropout (random_, where, bitwise_and, ge)": ("aten::random_", "aten::where",
                                                       "aten::bitwise_and", "aten::ge"),
         "fused AdamW": ("aten::_fused_adamw_",),
+        "zero-filled gradients (aten::fill_)": ("aten::fill_",),
     }
     print("\n| where the last variant's step goes (torch.profiler self time) | share |")
     print("|---|---|")
@@ -139,6 +147,11 @@ def profile_table() -> None:
 
 
 if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--keep-freed-memory", action="store_true",
+                   help="reuse freed memory instead of returning it to the kernel")
+    if p.parse_args().keep_freed_memory and not keep_freed_memory():
+        sys.exit("--keep-freed-memory needs glibc's malloc")
     step_table()
     call_table()
     profile_table()

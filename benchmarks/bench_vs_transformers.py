@@ -10,6 +10,14 @@ is measured in a separate fresh process per library (see `bench_attention.py` fo
     python benchmarks/bench_vs_transformers.py                  # mini fp32/bf16, base fp32/bf16
     python benchmarks/bench_vs_transformers.py --configs mini --steps 5
     python benchmarks/bench_vs_transformers.py --device cuda --configs base --precisions bf16
+    python benchmarks/bench_vs_transformers.py --keep-freed-memory   # both, see below
+
+On a CPU the step time of both libraries depends on the C allocator: by default glibc hands
+large freed blocks back to the kernel, and each step then pays page faults to get them
+again. `--keep-freed-memory` calls `minibert.runtime.keep_freed_memory()` (the example
+scripts' `--keep-freed-memory`) before any step, for both libraries alike, since they share the
+process. Peak memory is measured the same way with or without it (freed blocks returned at
+once, so the peak is the step's own).
 
 Prints the ratio table, MFU against a measured matmul ceiling, and writes JSON. Skips
 cleanly (exit 0) when transformers is not installed.
@@ -164,6 +172,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--no-memory", action="store_true", help="skip the memory processes")
+    p.add_argument("--keep-freed-memory", action="store_true",
+                   help="keep freed memory in the process for reuse (both libraries)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
     p.add_argument("--tmp", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-memory", nargs=3, help=argparse.SUPPRESS)
@@ -180,7 +190,10 @@ def main() -> None:
 
     import torch
 
-    from minibert.runtime import measure_peak_flops
+    from minibert.runtime import keep_freed_memory, measure_peak_flops
+
+    if args.keep_freed_memory and not keep_freed_memory():
+        raise SystemExit("--keep-freed-memory needs glibc's malloc")
 
     with tempfile.TemporaryDirectory() as tmp:
         args.tmp = tmp
@@ -193,6 +206,7 @@ def main() -> None:
             for prec in args.precisions:
                 row = time_variants(name, prec, args)
                 row["ceiling_flops"] = ceilings[prec]
+                row["keep_freed_memory"] = args.keep_freed_memory
                 for v in VARIANTS:
                     row[f"{v}_mfu"] = row[f"{v}_tokens_per_s"] * row["flops_per_token"] \
                         / ceilings[prec]
@@ -204,7 +218,9 @@ def main() -> None:
                     file=sys.stderr)
 
     print(f"\none training step (forward, backward, fused AdamW), 15% of tokens labelled, "
-          f"median of {args.steps} interleaved steps, on {args.device}; matmul ceilings: "
+          f"median of {args.steps} interleaved steps, on {args.device}, C allocator "
+          f"{'keeping freed memory' if args.keep_freed_memory else 'as it comes'}; "
+          f"matmul ceilings: "
           + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in ceilings.items()) + "\n")
     print("| config | precision | transformers tok/s | minibert sdpa tok/s | minibert math "
           "tok/s | speedup (sdpa / math) | MFU transformers / minibert best | peak MB "

@@ -42,7 +42,6 @@ from minibert.data import MLMCollator
 from minibert.distributed import cleanup, init_distributed
 from minibert.engine import evaluate, resolve_precision, train
 from minibert.model import MaskedLMOutput
-from minibert.runtime import keep_freed_memory
 
 # The data preparation and training settings are pretrain_wikitext.py's, imported rather
 # than copied. Run as a script, its folder is already on sys.path; imported by file path
@@ -255,10 +254,10 @@ def report(rows: dict[str, dict]) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     ctx = init_distributed(args.device)
-    if ctx.device.type == "cpu":  # reuse freed buffers: no page faults on each step
-        keep_freed_memory()
     logging.basicConfig(level=logging.INFO if ctx.is_main else logging.WARNING,
                         format="%(message)s", stream=sys.stdout)
+    if args.keep_freed_memory:
+        pretrain.use_kept_memory()
     try:
         check_args(args, ctx.world_size)
         teacher, _ = load_teacher(args)

@@ -219,15 +219,19 @@ def keep_freed_memory() -> bool:
     32 MiB) with a fresh `mmap` and returns it with `munmap` when freed, and the kernel must
     then map and zero every 4 KiB page again on first touch. A training step allocates the
     same large buffers every time (weight casts, gradients, the vocabulary-sized embedding
-    gradient), so it pays those page faults every step: about 117,000 per step for BERT-base
-    in bf16 on a CPU, a fifth or more of the step (`benchmarks/bench_process.py`). With mmap
+    gradient), so it pays those page faults every step: about 90,000 per step for BERT-base
+    in bf16 on a CPU, which then runs 1.13x faster without them (`benchmarks/bench_process.py`;
+    transformers' BERT: 230,000 faults, 1.32x). With mmap
     off (`M_MMAP_MAX = 0`) and trimming of the heap's top off (`M_TRIM_THRESHOLD`), freed
     blocks stay in malloc's heap and the next step reuses them, already mapped.
 
-    The cost: the resident set no longer shrinks after a peak; it stays at the run's
-    high-water mark until the process exits. The setting is process-wide and cannot be
-    undone, so call this once, at the start of a CPU training script, not from a library.
-    Accelerator memory is not affected.
+    glibc's threshold rises as a program runs, up to 32 MiB, so only steps with blocks above
+    that gain (a 30,522 x 768 gradient is 94 MB); the default mini pretraining job, whose
+    largest block is 8 MB, ran no faster (8 min 49 s against 8 min 54 s). The cost: the
+    resident set no longer shrinks after a peak, and fragmentation makes that peak higher
+    (that job: 1.7 GB against 1.3 GB). The setting is process-wide and cannot be undone, so
+    the engine never makes it; call this once, at the start of a CPU training script (the
+    example scripts' `--keep-freed-memory`). Accelerator memory is not affected.
 
     Returns True when the setting is in force (now or from an earlier call), False where the
     C library is not glibc (macOS, Windows, musl), which is then left as it is.

@@ -1,0 +1,194 @@
+"""Settings of the process a CPU run lives in: the C allocator and the threads.
+
+Neither is part of the model, yet on a CPU each can move a training step by tens of percent,
+so each is measured here on the same steps:
+
+* the allocator: glibc's malloc as it comes, `minibert.runtime.keep_freed_memory()` (the
+  example scripts' `--keep-freed-memory`), and jemalloc / tcmalloc loaded with LD_PRELOAD, when
+  they are installed (Debian: `apt install libjemalloc2 libtcmalloc-minimal4`);
+* the threads: torch's default (one per core), one thread, and threads pinned to cores
+  (`OMP_PROC_BIND=close OMP_PLACES=cores`).
+
+Workloads, one training step each (forward with 15% of tokens labelled, backward, fused
+AdamW): minibert BERT-base in bf16 autocast (8 x 128, `math` attention, dropout 0.1, as the
+transformers-compatible default), transformers' BERT-base in the same setting (when
+transformers is installed) and minibert mini in fp32 (32 x 128).
+
+Allocator and OpenMP settings are fixed when a process starts, so every (workload, setting)
+pair runs in a fresh process; the pairs are run in rounds, so that slow spells of a shared
+machine fall on all settings alike. Reported per pair: median seconds per step over all
+rounds, minor page faults per step and the process's peak resident memory.
+
+    python benchmarks/bench_process.py                 # about 8 minutes on 2 cores
+    python benchmarks/bench_process.py --rounds 1 --workloads mini-fp32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+LIBDIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
+PRELOADS = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
+
+# name: (keep_freed_memory, torch threads or None for the default, extra environment)
+SETTINGS = {
+    "glibc default": (False, None, {}),
+    "keep_freed_memory": (True, None, {}),
+    "keep_freed_memory, 1 thread": (True, 1, {}),
+    "keep_freed_memory, threads pinned": (True, None, {"OMP_PROC_BIND": "close",
+                                                       "OMP_PLACES": "cores"}),
+}
+WORKLOADS = ("minibert-base-bf16", "transformers-base-bf16", "mini-fp32")
+
+
+def find_library(name: str) -> str | None:
+    for folder in LIBDIRS:
+        path = Path(folder) / name
+        if path.exists():
+            return str(path)
+    return None
+
+
+def settings() -> dict:
+    found = dict(SETTINGS)
+    for name, lib in PRELOADS.items():
+        path = find_library(lib)
+        if path:
+            found[f"{name} (LD_PRELOAD)"] = (False, None, {"LD_PRELOAD": path})
+    return found
+
+
+# ---- the child: one workload under one setting -----------------------------------------------
+
+def build(workload: str):
+    import torch
+
+    import minibert
+
+    preset, batch = ("mini", 32) if workload == "mini-fp32" else ("base", 8)
+    torch.manual_seed(0)
+    config = minibert.BertConfig.preset(preset, attention="math" if "bf16" in workload
+                                        else "sdpa")
+    if workload.startswith("transformers"):
+        import transformers
+
+        model = transformers.BertForMaskedLM(transformers.BertConfig(
+            vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+            num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+            intermediate_size=config.intermediate_size, attn_implementation="sdpa"))
+    else:
+        model = minibert.BertForMaskedLM(config)
+    model.train()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, config.vocab_size, (batch, 128), generator=g)
+    labels = torch.full_like(ids, -100)
+    pick = torch.rand(batch, 128, generator=g) < 0.15
+    labels[pick] = ids[pick]
+    return model, ids, labels
+
+
+def child(workload: str, keep: bool, threads: int | None, steps: int, warmup: int) -> dict:
+    import resource
+    import time
+
+    import torch
+
+    from minibert.runtime import autocast_context, keep_freed_memory, peak_memory_mb
+
+    if keep:
+        assert keep_freed_memory(), "keep_freed_memory() needs glibc"
+    if threads:
+        torch.set_num_threads(threads)
+    model, ids, labels = build(workload)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    precision = "bf16" if "bf16" in workload else "fp32"
+    times = []
+    for i in range(warmup + steps):
+        if i == warmup:
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        t0 = time.perf_counter()
+        with autocast_context(precision, torch.device("cpu")):
+            loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
+    return {"times": times[warmup:], "faults": faults, "peak_mb": peak_memory_mb("cpu"),
+            "tokens": ids.numel(), "threads": torch.get_num_threads()}
+
+
+# ---- the parent ------------------------------------------------------------------------------
+
+def run_child(workload: str, setting: tuple, args) -> dict:
+    keep, threads, extra_env = setting
+    env = {**os.environ, **extra_env}
+    cmd = [sys.executable, __file__, "--child", workload, str(int(keep)), str(threads or 0),
+           "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{workload} under {setting} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
+    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        workload, keep, threads = args.child
+        print(json.dumps(child(workload, keep == "1", int(threads) or None, args.steps,
+                               args.warmup)))
+        return
+
+    workloads = list(args.workloads)
+    if "transformers-base-bf16" in workloads:
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            print("transformers is not installed: skipping its workload")
+            workloads.remove("transformers-base-bf16")
+    table = settings()
+    results: dict = {(w, s): [] for w in workloads for s in table}
+    for r in range(args.rounds):
+        for w in workloads:
+            for s, setting in table.items():
+                results[w, s].append(run_child(w, setting, args))
+                print(f"round {r + 1}/{args.rounds}: {w}, {s}: "
+                      f"{statistics.median(results[w, s][-1]['times']):.3f} s/step",
+                      file=sys.stderr)
+
+    rows = []
+    print("| workload | process setting | s/step | tokens/s | vs glibc default | "
+          "page faults / step | peak RSS (MB) |")
+    print("|---|---|---|---|---|---|---|")
+    for w in workloads:
+        base = None
+        for s in table:
+            runs = results[w, s]
+            t = statistics.median([x for run in runs for x in run["times"]])
+            base = base or t
+            faults = statistics.median(run["faults"] for run in runs)
+            peak = max(run["peak_mb"] for run in runs)
+            tokens = runs[0]["tokens"]
+            rows.append({"workload": w, "setting": s, "s_per_step": t, "faults": faults,
+                         "peak_mb": peak, "threads": runs[0]["threads"]})
+            print(f"| {w} | {s} | {t:.3f} | {tokens / t:,.0f} | {base / t:.2f}x | "
+                  f"{faults:,.0f} | {peak:.0f} |")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "process.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
