@@ -15,9 +15,10 @@ is measured in a separate fresh process per library (see `bench_attention.py` fo
 On a CPU the step time of both libraries depends on the C allocator: by default glibc hands
 large freed blocks back to the kernel, and each step then pays page faults to get them
 again. `--keep-freed-memory` calls `minibert.runtime.keep_freed_memory()` (the example
-scripts' `--keep-freed-memory`) before any step, for both libraries alike, since they share the
-process. Peak memory is measured the same way with or without it (freed blocks returned at
-once, so the peak is the step's own).
+scripts' `--keep-freed-memory`) before any step, for both libraries alike, since they share
+the process. Peak memory is measured the same way with or without it: in processes that run
+with `MALLOC_MMAP_THRESHOLD_=65536` and never keep freed memory, so that what a step frees
+leaves the resident set at once and the peak is the step's own.
 
 Prints the ratio table, MFU against a measured matmul ceiling, and writes JSON. Skips
 cleanly (exit 0) when transformers is not installed.

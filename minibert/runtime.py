@@ -215,26 +215,28 @@ def keep_freed_memory() -> bool:
     """Make the C allocator reuse freed memory instead of handing it back to the kernel.
 
     Why: torch's CPU allocator has no cache of its own, so every tensor is one `malloc` and
-    one `free`. glibc serves each block above its mmap threshold (128 KiB, rising to at most
-    32 MiB) with a fresh `mmap` and returns it with `munmap` when freed, and the kernel must
-    then map and zero every 4 KiB page again on first touch. A training step allocates the
-    same large buffers every time (weight casts, gradients, the vocabulary-sized embedding
-    gradient), so it pays those page faults every step: about 90,000 per step for BERT-base
-    in bf16 on a CPU, which then runs 1.13x faster without them (`benchmarks/bench_process.py`;
-    transformers' BERT: 230,000 faults, 1.32x). With mmap
-    off (`M_MMAP_MAX = 0`) and trimming of the heap's top off (`M_TRIM_THRESHOLD`), freed
-    blocks stay in malloc's heap and the next step reuses them, already mapped.
+    one `free`. glibc serves each block above its mmap threshold (128 KiB, rising with use to
+    at most 32 MiB) with a fresh `mmap` and returns it with `munmap` when freed, and it trims
+    free space off the top of its heap; the kernel must then map and zero every page again
+    on first touch. A training step allocates the same large buffers every time, so it pays
+    those page faults every step: about 90,000 per step for BERT-base in bf16 on a CPU,
+    which runs 1.13x faster without them (`benchmarks/bench_process.py`; transformers'
+    BERT-base: 230,000 faults, 1.32x). With mmap off (`M_MMAP_MAX = 0`) and trimming off
+    (`M_TRIM_THRESHOLD`), freed blocks stay in malloc's heap and the next step reuses them,
+    already mapped.
 
-    glibc's threshold rises as a program runs, up to 32 MiB, so only steps with blocks above
-    that gain (a 30,522 x 768 gradient is 94 MB); the default mini pretraining job, whose
-    largest block is 8 MB, ran no faster (8 min 49 s against 8 min 54 s). The cost: the
-    resident set no longer shrinks after a peak, and fragmentation makes that peak higher
-    (that job: 1.7 GB against 1.3 GB). The setting is process-wide and cannot be undone, so
-    the engine never makes it; call this once, at the start of a CPU training script (the
-    example scripts' `--keep-freed-memory`). Accelerator memory is not affected.
+    It pays when a step has blocks above 32 MiB, such as the gradient of a 30,522 x 768
+    embedding (94 MB) or the sparse head's logits over a 30k vocabulary; a step whose blocks
+    all stay below gains little (the bench_process.py rows for a vocabulary of 8,192). The
+    cost: the resident set no longer shrinks after a peak, and fragmentation makes that peak
+    higher. The setting is process-wide and cannot be undone, so the engine never makes it;
+    call this once, at the start of a CPU training script (the example scripts'
+    `--keep-freed-memory`). Accelerator memory is not affected.
 
-    Returns True when the setting is in force (now or from an earlier call), False where the
-    C library is not glibc (macOS, Windows, musl), which is then left as it is.
+    Returns True when the setting is in force (now or from an earlier call). Returns False,
+    changing nothing, where the C library is not glibc (macOS, Windows, musl) or another
+    allocator is preloaded (LD_PRELOAD of tcmalloc, jemalloc, ...: its own `mallopt`, if
+    any, does something else).
     """
     global _freed_memory_kept
     if _freed_memory_kept:
@@ -242,7 +244,7 @@ def keep_freed_memory() -> bool:
     import ctypes
     import platform
 
-    if platform.libc_ver()[0] != "glibc":
+    if platform.libc_ver()[0] != "glibc" or "malloc" in os.environ.get("LD_PRELOAD", ""):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the symbols of the running process
@@ -251,11 +253,14 @@ def keep_freed_memory() -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # mallopt returns 1 on success. Trimming stops only for free space below the threshold,
     # so it is set to the largest value an int holds (2 GiB).
-    _freed_memory_kept = (mallopt(_M_MMAP_MAX, 0) == 1
-                          and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1)
-    if _freed_memory_kept:
-        logger.info("CPU allocator: freed memory is kept for reuse (glibc mallopt)")
-    return _freed_memory_kept
+    if mallopt(_M_MMAP_MAX, 0) != 1:
+        return False
+    if mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) != 1:
+        mallopt(_M_MMAP_MAX, 65536)  # glibc's default: leave the allocator as it was
+        return False
+    _freed_memory_kept = True
+    logger.info("CPU allocator: freed memory is kept for reuse (glibc mallopt)")
+    return True
 
 
 # ---- FLOPs and MFU ------------------------------------------------------------------------

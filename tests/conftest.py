@@ -6,6 +6,22 @@ import torch
 import minibert
 
 
+@pytest.fixture(autouse=True)
+def allocator_calls(monkeypatch):
+    """Records `keep_freed_memory()` calls instead of making them.
+
+    The setting is process-wide and permanent, and the tests share one process whose
+    peak-memory tests need glibc's default behaviour; test_runtime.py tests the real
+    setting in processes of its own, and scripts run as subprocesses make the real call.
+    """
+    import minibert.runtime
+
+    calls = []
+    monkeypatch.setattr(minibert.runtime, "keep_freed_memory",
+                        lambda: calls.append(True) or True)
+    return calls
+
+
 def tiny_config(**overrides) -> minibert.BertConfig:
     """A 2-layer model small enough that every test runs in well under a second."""
     fields = dict(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4,

@@ -60,11 +60,4 @@ def load_example(name: str):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    # With --keep-freed-memory the scripts make the C allocator keep freed memory, for the
-    # rest of the process. The test process is shared and its peak-memory tests need the
-    # default, so the call is recorded instead of made (test_runtime.py tests the setting in
-    # a process of its own).
-    if hasattr(module, "keep_freed_memory"):
-        module.allocator_calls = []
-        module.keep_freed_memory = lambda: module.allocator_calls.append(True) or False
     return module

@@ -218,10 +218,12 @@ def test_end_to_end_three_rows_and_exact_resume(data_dir, teacher_dir, cache, tm
     assert "alpha: checkpoint 0.5, now 0.3" in err
 
 
-def test_alpha_zero_run_is_the_run_without_teacher(data_dir, teacher_dir, cache, tmp_path):
+def test_alpha_zero_run_is_the_run_without_teacher(data_dir, teacher_dir, cache, tmp_path,
+                                                   allocator_calls):
     out = tmp_path / "run"
     assert distill.main(_args(data_dir, teacher_dir, out, cache, "--alpha", "0",
-                              "--max-steps", "3")) == 0
+                              "--max-steps", "3", "--keep-freed-memory")) == 0
+    assert allocator_calls == [True]
     rows = json.loads((out / "eval.json").read_text())
     assert rows["distilled"]["eval_loss"] == rows["baseline"]["eval_loss"]
     assert rows["distilled"]["eval_accuracy"] == rows["baseline"]["eval_accuracy"]

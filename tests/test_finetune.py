@@ -173,7 +173,7 @@ def _pair_args(pair_task, out, init_from, *extra):
             "--batch-size", "8", "--no-progress", *extra]
 
 
-def test_init_from_a_minibert_checkpoint(pair_task, tmp_path):
+def test_init_from_a_minibert_checkpoint(pair_task, tmp_path, allocator_calls):
     ckpt = tmp_path / "mlm"
     texts = [t for t, _ in sentences(64, 2, ("neg", "pos"))]
     tok = minibert.Tokenizer.train_from_iterator(texts, vocab_size=150, use_cache=False)
@@ -186,7 +186,8 @@ def test_init_from_a_minibert_checkpoint(pair_task, tmp_path):
     out = tmp_path / "run"
     # A learning rate so small that two steps leave the encoder where the checkpoint put it.
     assert finetune.main(_pair_args(pair_task, out, ckpt, "--max-steps", "2", "--lr", "1e-7",
-                                    "--precision", "bf16")) == 0
+                                    "--precision", "bf16", "--keep-freed-memory")) == 0
+    assert allocator_calls == [True]
     model = minibert.BertForSequenceClassification.from_pretrained(out / "final")
     assert model.id2label == ["2", "10"]  # sorted as numbers; "02" in the file is class 2
     assert model.config.hidden_size == 32  # the checkpoint's shape, not a preset's

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import platform
 import random
 import signal
 import subprocess
@@ -31,7 +32,7 @@ def _args(data_dir, out, cache, *extra):
             *extra]
 
 
-def test_end_to_end_outputs(data_dir, tmp_path):
+def test_end_to_end_outputs(data_dir, tmp_path, allocator_calls):
     out = tmp_path / "run"
     assert pretrain.main(_args(data_dir, out, tmp_path / "cache", "--eval-every", "3")) == 0
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
@@ -41,7 +42,7 @@ def test_end_to_end_outputs(data_dir, tmp_path):
     assert set(summary) == {"eval_loss", "eval_accuracy", "perplexity", "steps", "tokens_seen",
                             "wall_seconds"}
     assert summary["steps"] == 6 and summary["tokens_seen"] == 6 * 8 * 32
-    assert not pretrain.allocator_calls  # the allocator is left alone unless asked
+    assert not allocator_calls  # the allocator is left alone unless asked
     assert (out / "checkpoints" / "step_00000006").is_dir()
     model = minibert.BertForMaskedLM.from_pretrained(out / "final")
     tok = minibert.Tokenizer.from_pretrained(out / "final")
@@ -94,7 +95,9 @@ def test_sigterm_and_sigkill_then_resume_match_an_uninterrupted_run(data_dir, tm
     # nothing that is computed
     done = _run(data_dir, out, cache, *steps, "--resume", "--keep-freed-memory")
     stdout, _ = done.communicate(timeout=300)
-    assert done.returncode == 0 and "freed memory is kept" in stdout
+    assert done.returncode == 0, stdout
+    if platform.libc_ver()[0] == "glibc":
+        assert "freed memory is kept" in stdout
     resumed = json.loads((out / "eval.json").read_text())
     assert resumed["eval_loss"] == expected["eval_loss"]
     assert resumed["tokens_seen"] == expected["tokens_seen"]
@@ -157,7 +160,7 @@ def test_existing_run_is_never_overwritten_and_damage_is_detected(data_dir, tmp_
         capsys, _args(data_dir, out, cache, "--max-steps", "8", "--resume"))
 
 
-def test_continued_pretraining_on_a_folder_of_text_files(data_dir, tmp_path):
+def test_continued_pretraining_on_a_folder_of_text_files(data_dir, tmp_path, allocator_calls):
     """--init-from a checkpoint, --data-dir any folder of .txt files (domain adaptation)."""
     cache = tmp_path / "cache"
     assert pretrain.main(_args(data_dir, tmp_path / "base", cache, "--max-steps", "2")) == 0
@@ -172,7 +175,7 @@ def test_continued_pretraining_on_a_folder_of_text_files(data_dir, tmp_path):
     args = _args(domain, out, cache, "--init-from", str(tmp_path / "base" / "final"),
                  "--max-steps", "3", "--keep-freed-memory")
     assert pretrain.main(args) == 0
-    assert pretrain.allocator_calls
+    assert allocator_calls == [True]
     base_tok = minibert.Tokenizer.from_pretrained(tmp_path / "base" / "final")
     assert minibert.Tokenizer.from_pretrained(out / "final").fingerprint == base_tok.fingerprint
     assert json.loads((out / "eval.json").read_text())["steps"] == 3

@@ -125,10 +125,11 @@ def test_keep_freed_memory_removes_the_page_faults_of_reallocation():
     kept, faults_kept = run("keep")
     default, faults_default = run("default")
     assert kept and not default
-    # By default every cycle is a fresh mmap: 16,384 pages to fault in, each time.
-    assert min(faults_default) > 8000, faults_default
+    # By default every cycle is a fresh mmap whose pages all fault in again: 16,384 of 4 KiB
+    # (32 where transparent huge pages are always on).
+    assert min(faults_default) >= 16, faults_default
     # Kept, the block is reused already mapped; the heap may take a cycle or two to settle.
-    assert sum(f < 100 for f in faults_kept) >= 5, faults_kept
+    assert sum(f == 0 for f in faults_kept) >= 5, faults_kept
 
 
 def test_flops_per_token_against_hand_count():
