@@ -1,14 +1,18 @@
 """What each kept speed lever buys on a CPU: BERT-base, 8 x 128 tokens, bf16 autocast.
 
-Three measurements, each printed as a markdown table:
+Four measurements, each printed as a markdown table:
 
-1. the step: four variants of the same training step (forward with 15% labels, backward,
+1. the step: five variants of the same training step (forward with 15% labels, backward,
    AdamW step), each adding one lever to the previous one, built side by side and timed
    interleaved so that machine noise falls on all of them alike (dropout 0.1, as in a
-   transformers checkpoint);
-2. the single calls behind two levers: dropout (`F.dropout` against minibert's CPU mask)
-   and attention (`sdpa` against `math`), forward + backward, best of 30;
-3. where the final variant's step goes: `torch.profiler`'s self time, grouped.
+   transformers checkpoint, until the last variant turns it off as pretraining does);
+2. the single calls behind three levers: dropout (`F.dropout` against minibert's CPU
+   mask), attention (`sdpa` against `math`) and the Q/K/V projection (three matmuls
+   against one fused one), forward + backward, best of 30;
+3. where the `math` variant with dropout spends its step: `torch.profiler`'s self time;
+4. bf16 autocast and fp32 statistics: how far softmax and LayerNorm on bf16 inputs are
+   from the same op computed in fp32 and rounded to bf16, and what computing them in fp32
+   explicitly would cost.
 
     python benchmarks/bench_levers.py                       # about 3 minutes on 2 cores
     python benchmarks/bench_levers.py --keep-freed-memory   # see bench_process.py
@@ -51,9 +55,10 @@ def batch():
     return ids, labels
 
 
-def build(attention: str, fused: bool):
+def build(attention: str, fused: bool, dropout: float = 0.1):
     torch.manual_seed(0)
-    model = minibert.BertForMaskedLM(minibert.BertConfig.preset("base", attention=attention))
+    model = minibert.BertForMaskedLM(minibert.BertConfig.preset(
+        "base", attention=attention, hidden_dropout=dropout, attention_dropout=dropout))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused,
                             foreach=None if fused else True)
@@ -70,14 +75,15 @@ def step(model, opt, drop, ids, labels) -> None:
 
 
 def step_table() -> None:
-    variants = [  # label, attention, fused AdamW, dropout function
-        ("foreach AdamW, F.dropout, sdpa", "sdpa", False, plain),
-        ("+ fused AdamW", "sdpa", True, plain),
-        ("+ math attention instead of sdpa", "math", True, plain),
-        ("+ cheaper CPU dropout mask", "math", True, OURS),
+    variants = [  # label, attention, fused AdamW, dropout function, dropout probability
+        ("foreach AdamW, F.dropout, sdpa", "sdpa", False, plain, 0.1),
+        ("+ fused AdamW", "sdpa", True, plain, 0.1),
+        ("+ math attention instead of sdpa", "math", True, plain, 0.1),
+        ("+ cheaper CPU dropout mask", "math", True, OURS, 0.1),
+        ("+ no dropout (the pretraining default)", "math", True, OURS, 0.0),
     ]
     ids, labels = batch()
-    runs = [(label, *build(attention, fused), drop, []) for label, attention, fused, drop
+    runs = [(label, *build(attention, fused, p), drop, []) for label, attention, fused, drop, p
             in variants]
     for _ in range(8):  # the first round is warm-up
         for _, model, opt, drop, times in runs:
@@ -120,6 +126,21 @@ def call_table() -> None:
             after = best_ms(lambda: A.math_attention(q, k, v, None, p).sum().backward())
             print(f"| attention, dropout {p}: sdpa → math | (8, 12, 128, 64), {dtype} | "
                   f"{before:.2f} | {after:.2f} |")
+    x = torch.randn(8, 128, 768, requires_grad=True)
+    torch.manual_seed(0)
+    fused = torch.nn.Linear(768, 3 * 768)
+    split = [torch.nn.Linear(768, 768) for _ in range(3)]
+
+    def projections(layers, precision):
+        with autocast_context(precision, CPU):
+            outputs = [layer(x) for layer in layers]  # q, k, v: used apart from here on
+        sum(y.float().sum() for y in outputs).backward()
+
+    for precision in ("fp32", "bf16"):
+        before = best_ms(lambda: projections(split, precision))
+        after = best_ms(lambda: projections([fused], precision))
+        print(f"| Q/K/V projection: three matmuls → one fused | (8, 128, 768), {precision} | "
+              f"{before:.2f} | {after:.2f} |")
 
 
 def profile_table() -> None:
@@ -140,10 +161,34 @@ def profile_table() -> None:
         "fused AdamW": ("aten::_fused_adamw_",),
         "zero-filled gradients (aten::fill_)": ("aten::fill_",),
     }
-    print("\n| where the last variant's step goes (torch.profiler self time) | share |")
+    print("\n| where the math variant with dropout spends its step (torch.profiler self "
+          "time) | share |")
     print("|---|---|")
     for name, ops in groups.items():
         print(f"| {name} | {sum(self_ms.get(o, 0.0) for o in ops) / total:.0%} |")
+
+
+def statistics_table() -> None:
+    """Softmax and LayerNorm on bf16 inputs against fp32 computation rounded to bf16."""
+    g = torch.Generator().manual_seed(0)
+    scores = (torch.randn(8, 12, 128, 128, generator=g) * 4).to(torch.bfloat16)
+    hidden = (torch.randn(8, 128, 768, generator=g) * 3 + 1).to(torch.bfloat16)
+    ops = {
+        "softmax over keys": (scores, lambda t: torch.softmax(t, dim=-1)),
+        "LayerNorm": (hidden, lambda t: F.layer_norm(t, (768,))),
+    }
+    print("\n| op on a bf16 input | elements differing from fp32-then-rounded | max difference | "
+          "bf16 op fwd+bwd (ms) | explicit fp32 op fwd+bwd (ms) |")
+    print("|---|---|---|---|---|")
+    for name, (t, op) in ops.items():
+        ours, reference = op(t), op(t.float()).to(torch.bfloat16)
+        differ = (ours != reference).float().mean().item()
+        max_diff = (ours.float() - reference.float()).abs().max().item()
+        x = t.clone().requires_grad_()
+        in_bf16 = best_ms(lambda: op(x).float().sum().backward())
+        in_fp32 = best_ms(lambda: op(x.float()).to(torch.bfloat16).float().sum().backward())
+        print(f"| {name} {tuple(t.shape)} | {differ:.4%} | {max_diff:.4f} | {in_bf16:.2f} | "
+              f"{in_fp32:.2f} |")
 
 
 if __name__ == "__main__":
@@ -155,3 +200,4 @@ if __name__ == "__main__":
     step_table()
     call_table()
     profile_table()
+    statistics_table()
