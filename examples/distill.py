@@ -39,7 +39,7 @@ import minibert
 from minibert.checkpoint import latest_checkpoint, load_checkpoint
 from minibert.config import PRESETS
 from minibert.data import MLMCollator
-from minibert.distributed import cleanup, init_distributed
+from minibert.distributed import cleanup
 from minibert.engine import evaluate, resolve_precision, train
 from minibert.model import MaskedLMOutput
 
@@ -253,11 +253,7 @@ def report(rows: dict[str, dict]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    ctx = init_distributed(args.device)
-    logging.basicConfig(level=logging.INFO if ctx.is_main else logging.WARNING,
-                        format="%(message)s", stream=sys.stdout)
-    if args.keep_freed_memory:
-        pretrain.use_kept_memory()
+    ctx = pretrain.start_run(args)
     try:
         check_args(args, ctx.world_size)
         teacher, _ = load_teacher(args)

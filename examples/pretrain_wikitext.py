@@ -260,19 +260,19 @@ def report_error(error: Exception, ctx) -> int:
     return 1 if isinstance(error, TrainingError) else 2
 
 
-def use_kept_memory() -> None:
-    """--keep-freed-memory: switch the allocator, or say why it stays as it is."""
-    if not minibert.runtime.keep_freed_memory():
+def start_run(args):
+    """Join the process group (under torchrun), set up logging, apply --keep-freed-memory."""
+    ctx = init_distributed(args.device)
+    logging.basicConfig(level=logging.INFO if ctx.is_main else logging.WARNING,
+                        format="%(message)s", stream=sys.stdout)
+    if args.keep_freed_memory and not minibert.runtime.keep_freed_memory():
         log.warning("--keep-freed-memory has no effect here: it needs glibc's malloc")
+    return ctx
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    ctx = init_distributed(args.device)
-    logging.basicConfig(level=logging.INFO if ctx.is_main else logging.WARNING,
-                        format="%(message)s", stream=sys.stdout)
-    if args.keep_freed_memory:
-        use_kept_memory()
+    ctx = start_run(args)
     try:
         check_args(args, ctx.world_size)
         minibert.set_seed(args.seed, deterministic=args.deterministic)
