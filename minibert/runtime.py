@@ -256,7 +256,7 @@ def keep_freed_memory() -> bool:
     if mallopt(_M_MMAP_MAX, 0) != 1:
         return False
     if mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) != 1:
-        mallopt(_M_MMAP_MAX, 65536)  # glibc's default: leave the allocator as it was
+        mallopt(_M_MMAP_MAX, 65536)  # mmap back on, with glibc's default count
         return False
     _freed_memory_kept = True
     logger.info("CPU allocator: freed memory is kept for reuse (glibc mallopt)")
