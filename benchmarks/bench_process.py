@@ -37,6 +37,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench_vs_transformers import make_batch  # the same labelled batch as that comparison
+
 LIBDIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
 PRELOADS = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
 
@@ -48,7 +50,13 @@ SETTINGS = {
     "keep_freed_memory, threads pinned": (True, None, {"OMP_PROC_BIND": "close",
                                                        "OMP_PLACES": "cores"}),
 }
-WORKLOADS = ("minibert-base-bf16", "transformers-base-bf16", "mini-fp32", "mini-v8192-fp32")
+# name: (library, preset, batch of 128-token sequences, precision, vocabulary)
+WORKLOADS = {
+    "minibert-base-bf16": ("minibert", "base", 8, "bf16", 30522),
+    "transformers-base-bf16": ("transformers", "base", 8, "bf16", 30522),
+    "mini-fp32": ("minibert", "mini", 32, "fp32", 30522),
+    "mini-v8192-fp32": ("minibert", "mini", 32, "fp32", 8192),
+}
 
 
 def find_library(name: str) -> str | None:
@@ -75,12 +83,11 @@ def build(workload: str):
 
     import minibert
 
-    preset, batch = ("mini", 32) if workload.startswith("mini") else ("base", 8)
+    library, preset, batch, precision, vocab = WORKLOADS[workload]
     torch.manual_seed(0)
-    config = minibert.BertConfig.preset(preset, attention="math" if "bf16" in workload
-                                        else "sdpa",
-                                        vocab_size=8192 if "v8192" in workload else 30522)
-    if workload.startswith("transformers"):
+    config = minibert.BertConfig.preset(preset, vocab_size=vocab,
+                                        attention="math" if precision == "bf16" else "sdpa")
+    if library == "transformers":
         import transformers
 
         model = transformers.BertForMaskedLM(transformers.BertConfig(
@@ -90,12 +97,7 @@ def build(workload: str):
     else:
         model = minibert.BertForMaskedLM(config)
     model.train()
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, config.vocab_size, (batch, 128), generator=g)
-    labels = torch.full_like(ids, -100)
-    pick = torch.rand(batch, 128, generator=g) < 0.15
-    labels[pick] = ids[pick]
-    return model, ids, labels
+    return model, make_batch(batch, 128, config.vocab_size, "cpu")
 
 
 def child(workload: str, keep: bool, threads: int | None, steps: int, warmup: int) -> dict:
@@ -110,23 +112,23 @@ def child(workload: str, keep: bool, threads: int | None, steps: int, warmup: in
         assert keep_freed_memory(), "keep_freed_memory() needs glibc"
     if threads:
         torch.set_num_threads(threads)
-    model, ids, labels = build(workload)
+    model, batch = build(workload)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    precision = "bf16" if "bf16" in workload else "fp32"
+    precision = WORKLOADS[workload][3]
     times = []
     for i in range(warmup + steps):
         if i == warmup:
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         with autocast_context(precision, torch.device("cpu")):
-            loss = model(input_ids=ids, labels=labels).loss
+            loss = model(**batch).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
     return {"times": times[warmup:], "faults": faults, "peak_mb": peak_memory_mb("cpu"),
-            "tokens": ids.numel(), "threads": torch.get_num_threads()}
+            "tokens": batch["input_ids"].numel(), "threads": torch.get_num_threads()}
 
 
 # ---- the parent ------------------------------------------------------------------------------
@@ -144,7 +146,7 @@ def run_child(workload: str, setting: tuple, args) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=3)
