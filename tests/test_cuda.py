@@ -69,6 +69,27 @@ def test_sdpa_uses_the_flash_kernel_without_padding():
     assert out.shape == q.shape
 
 
+def test_masked_lm_uses_the_flash_kernel_with_an_all_ones_mask():
+    """The whole model, not just attention(): MLMCollator's all-ones mask must not keep SDPA
+    from the FlashAttention kernel. A padded batch still needs a mask, so flash alone must
+    refuse it, which shows this test can fail."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    model = minibert.BertForMaskedLM(tiny_config(attention="sdpa")).cuda().train()
+    ids, mask = random_batch(B=2, T=32)
+    ids, mask = ids.cuda(), mask.cuda()  # all ones
+    labels = torch.where(torch.arange(32, device="cuda") % 5 == 0, ids, -100)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), \
+            torch.autocast("cuda", dtype=torch.bfloat16):  # raises if flash cannot be used
+        loss = model(ids, mask, labels=labels).loss
+        loss.backward()
+        assert torch.isfinite(loss)
+        mask[1, 20:] = 0
+        with pytest.raises(RuntimeError):
+            model(ids, mask, labels=labels)
+
+
 def test_model_parity_on_cuda():
     torch.manual_seed(0)
     model = minibert.BertModel(tiny_config()).eval()

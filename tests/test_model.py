@@ -211,3 +211,36 @@ def test_save_pretrained_leaves_no_temporary_files(tmp_path):
     pytest.importorskip("safetensors")
     minibert.BertForMaskedLM(tiny_config()).save_pretrained(tmp_path / "m")
     assert sorted(os.listdir(tmp_path / "m")) == ["config.json", "model.safetensors"]
+
+
+# ---- what reaches the attention kernel --------------------------------------------------------
+
+def _spy_sdpa(monkeypatch) -> list:
+    """Record the attn_mask of every F.scaled_dot_product_attention call made by minibert."""
+    import minibert.attention
+
+    masks, real = [], F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        masks.append(attn_mask)
+        return real(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(minibert.attention.F, "scaled_dot_product_attention", spy)
+    return masks
+
+
+def test_sdpa_gets_no_mask_when_nothing_is_padding(monkeypatch):
+    """An all-ones attention_mask must reach SDPA as attn_mask=None: on CUDA any mask rules
+    out the FlashAttention kernel, and MLMCollator always returns a mask."""
+    torch.manual_seed(0)
+    model = minibert.BertForMaskedLM(tiny_config(attention="sdpa")).eval()
+    ids, mask = random_batch(B=2, T=21, pad_from=15)
+    masks = _spy_sdpa(monkeypatch)
+    with torch.no_grad():
+        alone = model(ids[:1], mask[:1]).logits  # all ones: no mask needed
+        assert len(masks) == 2 and all(m is None for m in masks)
+        masks.clear()
+        batch = model(ids, mask).logits  # sequence 1 is padded: the mask must stay
+        assert len(masks) == 2 and all(m is not None for m in masks)
+    # The unmasked path gives what the masked path gives for the same sequence.
+    assert (alone[0] - batch[0]).abs().max() <= 1e-5
