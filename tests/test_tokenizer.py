@@ -182,3 +182,27 @@ def test_missing_files_are_named(tmp_path):
     with pytest.raises(ValueError, match="not a valid tokenizers JSON"):
         Tokenizer.from_pretrained(tmp_path / "broken.json")
     assert os.listdir(tmp_path)  # nothing deleted
+
+
+def test_save_replaces_files_atomically(trained, tmp_path, monkeypatch):
+    """A save that fails while writing leaves the previous tokenizer files whole."""
+    out = tmp_path / "tok"
+    other = Tokenizer.train_from_iterator(CORPUS[:7], vocab_size=200, min_frequency=1,
+                                          use_cache=False)
+    other.save(out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def disk_full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        trained.save(out)
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no temporaries either
+    assert Tokenizer.from_pretrained(out).fingerprint == other.fingerprint
+    trained.save(out)  # an ordinary save then replaces both files
+    assert Tokenizer.from_pretrained(out).fingerprint == trained.fingerprint
+    assert Tokenizer.from_pretrained(out / "vocab.txt").encode(PROBES[0]) == \
+        trained.encode(PROBES[0])
+    assert sorted(p.name for p in out.iterdir()) == ["tokenizer.json", "vocab.txt"]
