@@ -267,10 +267,7 @@ class Tokenizer:
                 raise ValueError(f"{path} is not a valid tokenizers JSON file: {e}") from e
             return cls(backend)
 
-        # A BERT vocab.txt: one token per line, the id is the line number.
-        vocab: dict = {}
-        for i, line in enumerate(iter_lines(path)):
-            vocab.setdefault(line.strip(), i)
+        vocab = _read_vocab_txt(path)
         strip_accents = None
         config = path.parent / "tokenizer_config.json"
         if lowercase is None and config.is_file():
@@ -374,6 +371,35 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, fingerprint={self.fingerprint})"
+
+
+def _read_vocab_txt(path: Path) -> dict[str, int]:
+    """A BERT ``vocab.txt``: one token per line, the id is the line number (from 0).
+
+    A token listed twice has no single id: transformers keeps the last line, the Rust
+    library the first, and either way the vocabulary size no longer matches the
+    highest id, so a re-saved ``vocab.txt`` would shift every id after it. Such a
+    file is refused rather than guessed at. A UTF-8 byte order mark (added by some
+    Windows editors) is not part of the first token.
+    """
+    lines: dict[str, list[int]] = {}
+    for i, line in enumerate(iter_lines(path)):
+        token = (line.removeprefix("\ufeff") if i == 0 else line).strip()
+        lines.setdefault(token, []).append(i)
+    repeated = [(t, ids) for t, ids in lines.items() if len(ids) > 1]
+    if repeated:
+        shown = "; ".join(
+            f"{t!r} on lines {', '.join(str(i + 1) for i in ids[:-1])} and {ids[-1] + 1}"
+            for t, ids in repeated[:5])
+        more = f" (and {len(repeated) - 5} more)" if len(repeated) > 5 else ""
+        raise ValueError(
+            f"{path} lists a token more than once: {shown}{more}. A token's id is its line "
+            f"number, so a repeated token has no single id. If the file belongs to a trained "
+            f"model, replace the earlier line(s) with an unused placeholder such as "
+            f"[unused99] so that no other id moves (transformers maps the token to its last "
+            f"line); otherwise delete the extra line(s)."
+        )
+    return {t: ids[0] for t, ids in lines.items()}
 
 
 def _write_synced_temp(directory: Path, name: str, text: str) -> Path:

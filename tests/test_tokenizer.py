@@ -80,7 +80,8 @@ def test_ids_match_transformers_bert_tokenizer(tmp_path, lowercase):
     pieces = [t for t, _ in sorted(tok.backend.get_vocab().items(), key=lambda kv: kv[1])
               if t not in SPECIAL_TOKENS]
     vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(3)] + ["[UNK]", "[CLS]", "[SEP]",
-                                                              "[MASK]"] + pieces + ["🙂"]
+                                                              "[MASK]"] + pieces + ["🐙"]
+    assert len(set(vocab)) == len(vocab)  # a repeated line would make ids ambiguous
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": lowercase}))
 
@@ -99,7 +100,8 @@ def test_ids_match_transformers_bert_tokenizer(tmp_path, lowercase):
     from_json = Tokenizer.from_pretrained(tmp_path / "hf" / "tokenizer.json")
     assert [from_json.encode(t) for t in PROBES] == ref(PROBES)["input_ids"]
     # the emoji we put in the vocabulary is found, others become [UNK]
-    assert vocab.index("🙂") in ours.encode("🙂") and ours.unk_id in ours.encode("🦀")
+    assert vocab.index("🐙") in ours.encode("🐙") and ours.unk_id in ours.encode("🦀")
+    assert ours.encode("🐙 🦀") == ref("🐙 🦀")["input_ids"]
 
 
 def test_lowercase_argument_overrides_config(tmp_path, trained):
@@ -206,3 +208,26 @@ def test_save_replaces_files_atomically(trained, tmp_path, monkeypatch):
     assert Tokenizer.from_pretrained(out / "vocab.txt").encode(PROBES[0]) == \
         trained.encode(PROBES[0])
     assert sorted(p.name for p in out.iterdir()) == ["tokenizer.json", "vocab.txt"]
+
+
+def test_vocab_txt_with_a_duplicated_line_is_refused(tmp_path):
+    """transformers keeps the last id of a duplicated token, which would shift every id
+    after it on save; minibert refuses and says which lines to fix."""
+    vocab = list(SPECIAL_TOKENS) + ["the", "cat", "##s", "dog", "cat", "sat"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"'cat'.*lines 7 and 10") as err:
+        Tokenizer.from_pretrained(tmp_path)
+    assert str(tmp_path / "vocab.txt") in str(err.value)
+
+
+def test_vocab_txt_byte_order_mark_is_ignored(tmp_path):
+    vocab = list(SPECIAL_TOKENS) + ["the", "cat", "##s", "sat"]
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    (tmp_path / "bom").mkdir()
+    (tmp_path / "bom" / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8-sig")
+    assert (tmp_path / "bom" / "vocab.txt").read_bytes().startswith(b"\xef\xbb\xbf")
+    with_bom = Tokenizer.from_pretrained(tmp_path / "bom")
+    plain = Tokenizer.from_pretrained(tmp_path / "plain")
+    assert with_bom.pad_id == 0 and with_bom.fingerprint == plain.fingerprint
+    assert with_bom.encode("the cats sat") == plain.encode("the cats sat")
