@@ -104,14 +104,23 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
 #     m'  = max(m, rowmax(S))                             running row maximum
 #     l   = l · exp(m - m') + rowsum(exp(S - m'))         running softmax denominator
 #     acc = acc · exp(m - m') + exp(S - m') Vj            running numerator
-# then Oi = acc / l, and we keep only lse_i = m + log l (B, nh, c) for the backward pass
-# (l is `row_sum` in the code).
+# then Oi = acc / l, and we keep only m and log l, each (B, nh, c), for the backward pass
+# (l is `row_sum` in the code). FlashAttention keeps their sum, lse = m + log l, instead; we
+# keep them apart because of a sequence that is all padding: every score of its rows is the
+# bias minimum, m is that minimum too, and m + log l rounds back to m (log l ≤ log T is far
+# below the spacing of floats that large), so exp(S - lse) would rebuild P = 1, not 1/T.
+# exp((S - m) - log l) is exact there, and equal to exp(S - lse) elsewhere up to rounding.
 #
-# Backward, with P = exp(S - lse) recomputed block by block and D = rowsum(dO ∘ O):
+# Backward, with P = exp((S - m) - log l) recomputed block by block and D = rowsum(dO ∘ O):
 #     dV_j += Pᵀ dO_i          dP = dO_i V_jᵀ          dS = P ∘ (dP - D_i)
 #     dQ_i += dS K_j · scale   dK_j += dSᵀ Q_i · scale
 # (D_i = Σ_j P_ij dP_ij is the softmax Jacobian's correction term; rowsum(dO ∘ O) is the
-# cheap way to get it.) Saved tensors: q, k, v, out and lse, all O(T), none O(T²).
+# cheap way to get it.) Saved tensors: q, k, v, out, m and log l, all O(T), none O(T²).
+#
+# That all-padding case, defined by `math_attention`: the bias is finite (see
+# `key_padding_bias`), so the row's softmax is uniform and its output the mean of V; the
+# gradients are the softmax Jacobian at that uniform P. Chunked matches both (tested). torch's
+# fused CPU kernel behind `sdpa` has the lse rounding above and differs in the backward there.
 #
 # Attention dropout is supported: each (query block, key block) tile draws its keep-mask
 # from its own generator seeded with (seed, tile index), so the backward pass regenerates
@@ -147,7 +156,8 @@ class _ChunkedAttention(torch.autograd.Function):
         n_blocks = (T + chunk - 1) // chunk
         out = torch.empty_like(q)
         f32 = _stats_dtype(q)
-        lse = torch.empty(B, nh, T, 1, dtype=f32, device=q.device)
+        row_max = torch.empty(B, nh, T, 1, dtype=f32, device=q.device)  # m of each query row
+        log_sum = torch.empty_like(row_max)  # log l of each query row
         for i in range(n_blocks):
             rows = slice(i * chunk, (i + 1) * chunk)
             qi = q[:, :, rows]  # (B, nh, cq, hs)
@@ -167,14 +177,15 @@ class _ChunkedAttention(torch.autograd.Function):
                 acc = acc * correction + (p.to(v.dtype) @ v[:, :, cols]).to(f32)
                 m = m_new
             out[:, :, rows] = (acc / row_sum).to(q.dtype)
-            lse[:, :, rows] = m + torch.log(row_sum)
-        ctx.save_for_backward(q, k, v, bias, out, lse)
+            row_max[:, :, rows] = m
+            log_sum[:, :, rows] = torch.log(row_sum)
+        ctx.save_for_backward(q, k, v, bias, out, row_max, log_sum)
         ctx.chunk, ctx.dropout_p, ctx.seed = chunk, dropout_p, seed
         return out
 
     @staticmethod
     def backward(ctx, d_out: Tensor):
-        q, k, v, bias, out, lse = ctx.saved_tensors
+        q, k, v, bias, out, row_max, log_sum = ctx.saved_tensors
         chunk, dropout_p, seed = ctx.chunk, ctx.dropout_p, ctx.seed
         B, nh, T, hs = q.shape
         scale = 1.0 / math.sqrt(hs)
@@ -187,10 +198,12 @@ class _ChunkedAttention(torch.autograd.Function):
         for i in range(n_blocks):
             rows = slice(i * chunk, (i + 1) * chunk)
             qi, d_oi = q[:, :, rows], d_out[:, :, rows]
+            m_i, log_l_i = row_max[:, :, rows], log_sum[:, :, rows]  # (B, nh, cq, 1)
             for j in range(n_blocks):
                 cols = slice(j * chunk, (j + 1) * chunk)
                 kj, vj = k[:, :, cols], v[:, :, cols]
-                p = torch.exp(_scores(qi, kj, bias, cols, scale) - lse[:, :, rows])  # (B,nh,cq,ck)
+                # (S - m) first: exact even where S and m are both the bias minimum
+                p = torch.exp((_scores(qi, kj, bias, cols, scale) - m_i) - log_l_i)  # (B,nh,cq,ck)
                 dp = (d_oi @ vj.transpose(-2, -1)).to(f32)
                 if dropout_p > 0:
                     keep = _tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p,

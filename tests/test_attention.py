@@ -39,6 +39,26 @@ def test_backends_agree_forward_and_backward(backend, T, chunk):
         assert (g - r).norm() / r.norm() <= 1e-4
 
 
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("chunk", [8, 32])
+def test_chunked_matches_math_on_a_sequence_of_padding_only(dtype, tol, chunk):
+    """A batch row whose keys are all padding: every score is the bias minimum, so math's
+    softmax gives the uniform distribution (the output is the mean of v), and its gradients
+    are the softmax Jacobian at that uniform point. Chunked must give the same, forward and
+    backward (it once rebuilt P = 1 instead of 1/T there, gradients off by ~19)."""
+    q, k, v = _qkv(B=2, nh=3, T=20, hs=8, dtype=dtype)
+    keep = _keep(2, 20, [13, 0])  # row 1: no real token at all
+    grad_out = torch.randn(2, 3, 20, 8, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    ref = attention(q, k, v, keep, "math")
+    assert (ref[1] - v[1].mean(dim=-2, keepdim=True)).abs().max() <= tol  # uniform
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad_out)
+    out = attention(q, k, v, keep, "chunked", chunk_size=chunk)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    assert (out - ref).abs().max() <= tol
+    for name, g, r in zip("qkv", grads, ref_grads):
+        assert (g - r).abs().max() <= tol * r.abs().max(), name
+
+
 def test_chunked_without_mask_and_in_float64_is_exact():
     q, k, v = _qkv(T=50, dtype=torch.float64)
     out = attention(q, k, v, None, "chunked", chunk_size=8)
@@ -108,7 +128,7 @@ def test_chunked_saves_no_quadratic_tensor():
     quadratic = 2 * T * T * 4  # one (nh, T, T) fp32 tensor
     assert math_bytes >= quadratic
     linear = 2 * T * hs * 4  # one (nh, T, hs) fp32 tensor
-    assert chunk_bytes <= 5 * linear  # q, k, v, out and the (nh, T) log-sum-exp
+    assert chunk_bytes <= 5 * linear  # q, k, v, out and two (nh, T) softmax statistics
     assert chunk_bytes < 0.1 * quadratic
 
 
