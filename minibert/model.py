@@ -352,16 +352,18 @@ def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional
         raise ValueError(f"input_ids must be 2-D (batch, tokens), got shape "
                          f"{tuple(input_ids.shape)}; for one sequence use input_ids[None]")
     B, T = input_ids.shape
+    if B == 0 or T == 0:  # would otherwise fail deep inside attention, in a reshape
+        raise ValueError(f"input_ids is empty, shape {(B, T)}; the model needs at least one "
+                         f"sequence of at least one token")
     if T > config.max_position_embeddings:
         raise ValueError(f"sequence length {T} exceeds max_position_embeddings="
                          f"{config.max_position_embeddings}; truncate the input or build the "
                          f"model with a larger max_position_embeddings")
-    if input_ids.numel() > 0:
-        lo, hi = torch.aminmax(input_ids)
-        if lo < 0 or hi >= config.vocab_size:
-            raise ValueError(f"input_ids must lie in [0, vocab_size={config.vocab_size}), found "
-                             f"values from {int(lo)} to {int(hi)}; does the tokenizer match the "
-                             f"model?")
+    lo, hi = torch.aminmax(input_ids)
+    if lo < 0 or hi >= config.vocab_size:
+        raise ValueError(f"input_ids must lie in [0, vocab_size={config.vocab_size}), found "
+                         f"values from {int(lo)} to {int(hi)}; does the tokenizer match the "
+                         f"model?")
     for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
         if t is not None and (not isinstance(t, Tensor) or t.shape != input_ids.shape):
             shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__

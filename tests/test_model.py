@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -133,6 +134,15 @@ def test_bad_input_ids(make, exc, words):
         model(make())
     for w in words:
         assert w in str(e.value)
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (2, 0), (0, 0)])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_input_is_a_clear_error(shape, backend):
+    model = minibert.BertForMaskedLM(tiny_config(attention=backend))
+    ids = torch.ones(shape, dtype=torch.long)
+    with pytest.raises(ValueError, match=rf"empty.*{re.escape(str(shape))}"):
+        model(ids, torch.ones(shape, dtype=torch.long))
 
 
 def test_bad_masks_and_labels():
