@@ -1,0 +1,114 @@
+"""RunLock keeps two runs out of one directory; run_exists says whether a run lives there."""
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import minibert.rundir
+from minibert.rundir import RunLock, RunLockedError, run_exists
+
+RUNDIR_PY = Path(minibert.rundir.__file__)
+
+# A child process that takes the lock, says so, and holds it until its stdin closes. It loads
+# rundir.py by path: the module needs only the standard library, and importing the minibert
+# package (and torch) would make each child take seconds to start.
+HOLDER = textwrap.dedent("""
+    import importlib.util, sys
+    spec = importlib.util.spec_from_file_location("rundir", sys.argv[1])
+    rundir = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rundir)
+    with rundir.RunLock(sys.argv[2]):
+        print("locked", flush=True)
+        sys.stdin.read()
+""")
+
+
+def _holder(out_dir: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(RUNDIR_PY), str(out_dir)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_lock_creates_the_directory_records_the_holder_and_releases_on_exit(tmp_path):
+    out = tmp_path / "runs" / "x"
+    with RunLock(out) as lock:
+        holder = json.loads((out / ".lock").read_text())
+        assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
+        assert holder["started"] and lock.previous is None
+    with RunLock(out) as again:  # released: the next run takes it at once
+        assert again.previous is None  # a clean release leaves nothing that looks stale
+
+
+def test_second_lock_in_the_same_process_is_refused(tmp_path):
+    """flock belongs to an open file description, so a second open + flock in one process
+    conflicts too (a script that starts two runs in one process is caught as well)."""
+    with RunLock(tmp_path):
+        with pytest.raises(RunLockedError) as e:
+            RunLock(tmp_path).acquire()
+        assert f"process {os.getpid()} on host {socket.gethostname()}" in str(e.value)
+    with RunLock(tmp_path):
+        pass
+
+
+def test_lock_held_by_another_process_is_refused_with_its_pid(tmp_path):
+    proc = _holder(tmp_path)
+    try:
+        with pytest.raises(OSError) as e:  # what the scripts catch, to print one line
+            with RunLock(tmp_path):
+                pytest.fail("two runs got the same directory")
+        assert isinstance(e.value, RunLockedError)
+        message = str(e.value)
+        assert f"another run (process {proc.pid} on host {socket.gethostname()}, started " \
+               in message
+        assert f"is using {tmp_path}; wait for it to finish or choose another --out" in message
+        assert e.value.holder["pid"] == proc.pid
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+    with RunLock(tmp_path) as lock:  # the holder finished: free again
+        assert lock.previous is None
+
+
+def test_lock_of_a_killed_run_is_taken_over(tmp_path, caplog):
+    proc = _holder(tmp_path)
+    proc.send_signal(signal.SIGKILL)  # no chance to clean up; the kernel drops the flock
+    proc.wait(timeout=30)
+    proc.stdin.close()
+    with caplog.at_level(logging.INFO, logger="minibert.rundir"):
+        with RunLock(tmp_path) as lock:
+            assert lock.previous["pid"] == proc.pid
+            assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
+    assert f"process {proc.pid}" in caplog.text and "gone" in caplog.text
+
+
+def test_without_fcntl_the_lock_does_nothing_and_says_so(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(minibert.rundir, "fcntl", None)
+    with caplog.at_level(logging.WARNING, logger="minibert.rundir"):
+        with RunLock(tmp_path), RunLock(tmp_path):  # not exclusive, but the run goes on
+            pass
+    assert "cannot lock" in caplog.text
+
+
+def test_run_exists_lists_what_a_run_leaves(tmp_path):
+    assert run_exists(tmp_path / "missing") == []
+    assert run_exists(tmp_path) == []
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "final").mkdir()
+    with RunLock(tmp_path):
+        pass
+    assert run_exists(tmp_path) == []  # empty folders and a released lock are no run
+    (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / "checkpoints" / "step_00000010").mkdir()
+    assert run_exists(tmp_path) == ["metrics.jsonl", "checkpoints/"]
+    (tmp_path / "final" / "config.json").write_text("{}")
+    (tmp_path / "eval.json").write_text("{}")
+    assert run_exists(tmp_path) == ["final/", "eval.json", "metrics.jsonl", "checkpoints/"]
