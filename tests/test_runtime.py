@@ -1,5 +1,5 @@
 """Seeds and RNG state, peak memory, the CPU allocator setting, FLOPs and MFU, the
-environment report, unwrap."""
+environment report, bf16 on the CPU, the precision choice, unwrap."""
 
 import io
 import logging
@@ -8,6 +8,7 @@ import platform
 import random
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -15,7 +16,10 @@ import torch
 
 import minibert
 from conftest import tiny_config
+import minibert.runtime as runtime
 from minibert.runtime import (
+    cpu_bf16_native,
+    cpu_bf16_speedup,
     environment_report,
     flops_per_token,
     log_environment,
@@ -23,6 +27,7 @@ from minibert.runtime import (
     mfu,
     peak_memory_mb,
     reset_peak_memory,
+    resolve_precision,
     rng_state,
     set_rng_state,
     set_seed,
@@ -166,8 +171,116 @@ def test_mfu_arithmetic_and_measured_peak():
     assert mfu(1000.0, 6e6, 1e10) == pytest.approx(0.6)
     with pytest.raises(ValueError, match="peak_flops"):
         mfu(1.0, 1.0, 0.0)
-    peak = measure_peak_flops("cpu", torch.float32, n=256, repeats=3)
-    assert 1e8 < peak < 1e14  # a real CPU: between 0.1 GFLOP/s and 100 TFLOP/s
+    for dtype in (torch.float32, torch.bfloat16):  # bf16 too: emulated, it must still be quick
+        peak = measure_peak_flops("cpu", dtype, max_n=256)
+        assert 1e8 < peak < 1e14  # a real CPU: between 0.1 GFLOP/s and 100 TFLOP/s
+
+
+def _simulated_matmuls(monkeypatch, flops_per_s: float) -> list:
+    """Replace torch.mm and the clock of runtime.py by a simulated device of a given speed.
+
+    Each (m, k) @ (k, n) product is recorded and advances the clock by 2 m k n / flops_per_s
+    instead of running, so what `measure_peak_flops` would cost on that device is counted
+    exactly, whatever else runs on this machine meanwhile.
+    """
+    now, calls = [0.0], []
+
+    def mm(a, b):
+        calls.append((a.shape[0], a.shape[1], b.shape[1]))
+        now[0] += 2.0 * a.shape[0] * a.shape[1] * b.shape[1] / flops_per_s
+        return a
+
+    monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(runtime, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    return calls
+
+
+@pytest.mark.parametrize("flops_per_s", [1.3e9, 86e9, 1e12, 1e15])  # emulated bf16 ... a GPU
+def test_measure_peak_flops_costs_under_a_second_at_any_speed(monkeypatch, flops_per_s):
+    calls = _simulated_matmuls(monkeypatch, flops_per_s)
+    peak = measure_peak_flops("cpu", torch.bfloat16)
+    issued = sum(2.0 * m * k * n for m, k, n in calls)
+    # 1.3 GFLOP/s is an emulated bf16 matmul on an AVX2 CPU; 2048^3 products, as before,
+    # took 13 s each there.
+    assert issued / flops_per_s <= 1.0, (len(calls), max(calls))
+    assert peak == pytest.approx(flops_per_s)
+    # On a fast device the matrices still grow to a well-shaped size (up to 4096).
+    if flops_per_s >= 1e12:
+        assert max(calls)[0] >= 2048
+
+
+def _cpuinfo(flags: str) -> str:
+    return (f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 {flags}\n\n"
+            f"processor\t: 1\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 {flags}\n")
+
+
+@pytest.fixture
+def fresh_bf16_caches():
+    """cpu_bf16_native and cpu_bf16_speedup are cached per process: measure anew."""
+    cpu_bf16_native.cache_clear()
+    cpu_bf16_speedup.cache_clear()
+    yield
+    cpu_bf16_native.cache_clear()
+    cpu_bf16_speedup.cache_clear()
+
+
+def test_cpu_bf16_native_from_the_cpu_flags(monkeypatch, fresh_bf16_caches):
+    for flags, native in (("avx2 fma", False), ("avx512f avx512bw", False),
+                          ("avx512f avx512_bf16", True), ("amx_bf16 amx_tile", True)):
+        monkeypatch.setattr(runtime, "_read_cpuinfo", lambda flags=flags: _cpuinfo(flags))
+        monkeypatch.setattr(runtime, "cpu_bf16_speedup", lambda: pytest.fail("no probe needed"))
+        cpu_bf16_native.cache_clear()
+        assert cpu_bf16_native() is native, flags
+    # Arm lists its features under "Features"; bf16 is FEAT_BF16 (BFMMLA).
+    monkeypatch.setattr(runtime, "_read_cpuinfo", lambda: "Features\t: fp asimd bf16 i8mm\n")
+    cpu_bf16_native.cache_clear()
+    assert cpu_bf16_native() is True
+    # Without /proc/cpuinfo (macOS, Windows) a timed probe decides: emulated bf16 matmuls are
+    # tens of times slower than fp32.
+    monkeypatch.setattr(runtime, "_read_cpuinfo", lambda: None)
+    for speedup, native in ((0.02, False), (3.0, True)):
+        monkeypatch.setattr(runtime, "cpu_bf16_speedup", lambda s=speedup: s)
+        cpu_bf16_native.cache_clear()
+        assert cpu_bf16_native() is native
+
+
+def test_cpu_bf16_native_agrees_with_a_measurement_on_this_machine(fresh_bf16_caches):
+    """The flags against the clock: an emulating CPU runs bf16 matmuls far slower than fp32
+    (65x on an AVX2 EPYC), a native one at least as fast; the 4x margin absorbs noise."""
+    speedup = cpu_bf16_speedup()
+    if cpu_bf16_native():
+        assert speedup > 0.25, speedup
+    else:
+        assert speedup < 0.25, speedup
+    assert cpu_bf16_speedup() == speedup  # cached: measured once per process
+
+
+def test_resolve_precision_auto_on_cpu(monkeypatch, fresh_bf16_caches):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: False)
+    monkeypatch.setattr(runtime, "cpu_bf16_speedup", lambda: pytest.fail("no probe needed"))
+    assert resolve_precision("auto", cpu) == "fp32"
+    assert resolve_precision("bf16", cpu) == "bf16"  # asked for: allowed, with a warning
+    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: True)
+    for speedup, expected in ((4.0, "bf16"), (1.1, "fp32"), (0.5, "fp32")):
+        monkeypatch.setattr(runtime, "cpu_bf16_speedup", lambda s=speedup: s)
+        assert resolve_precision("auto", cpu) == expected, speedup
+    assert resolve_precision("fp32", cpu) == "fp32"
+    with pytest.raises(ValueError, match="fp16"):
+        resolve_precision("fp16", cpu)
+
+
+def test_cpu_bf16_speedup_is_measured_once(monkeypatch, fresh_bf16_caches):
+    measured = []
+
+    def fake_peak(device, dtype=torch.float32, **kwargs):
+        measured.append(dtype)
+        return 3e11 if dtype == torch.bfloat16 else 1e11
+
+    monkeypatch.setattr(runtime, "measure_peak_flops", fake_peak)
+    assert cpu_bf16_speedup() == pytest.approx(3.0)
+    assert cpu_bf16_speedup() == pytest.approx(3.0)
+    assert sorted(map(str, measured)) == ["torch.bfloat16", "torch.float32"]
 
 
 def test_environment_report_and_warnings(caplog):
@@ -192,6 +305,26 @@ def test_environment_report_and_warnings(caplog):
 
     with pytest.raises(ValueError, match="precision"):
         log_environment("cpu", "int8")
+
+
+def test_environment_says_whether_bf16_is_native_and_warns_when_emulated(monkeypatch, caplog):
+    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: False)
+    monkeypatch.setattr(runtime, "cpu_bf16_speedup", lambda: 1 / 65)
+    report = environment_report("cpu")
+    assert report["bf16_native"] is False
+    assert report["bf16_supported"] is True  # autocast runs; it is slow, not refused
+    with caplog.at_level(logging.WARNING, logger="minibert.runtime"):
+        assert log_environment("cpu", "fp32")["warnings"] == []
+        report = log_environment("cpu", "bf16")
+    warnings = report["warnings"]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert "emulated" in warnings[0] and "a bf16 matmul runs 65x slower than fp32" in warnings[0]
+    assert report["bf16_matmul_speedup"] == pytest.approx(1 / 65)
+    assert caplog.text.count("emulated") == 1
+
+    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: True)
+    report = log_environment("cpu", "bf16")
+    assert report["bf16_native"] is True and report["warnings"] == []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
