@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -43,7 +44,7 @@ PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 
 # Bumped whenever training changes in a way that makes old cached vocabularies stale.
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # 2: words over the WordPiece length limit are not trained on
 
 
 def default_cache_dir() -> Path:
@@ -206,23 +207,25 @@ class Tokenizer:
                 logger.info("reusing cached tokenizer %s", cache_path)
                 return cls.from_pretrained(cache_path)
 
-        def non_empty(texts: Iterable[str]) -> Iterator[str]:
-            # Track whether anything but whitespace was seen, to reject empty corpora.
-            for t in texts:
-                if t and not t.isspace():
-                    seen[0] = True
-                yield t
-
-        seen = [False]
         backend = cls._bert_pipeline(None, lowercase, None)
         trainer = trainers.WordPieceTrainer(
             vocab_size=vocab_size, min_frequency=min_frequency, limit_alphabet=limit_alphabet,
             special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##",
             show_progress=False,
         )
-        backend.train_from_iterator(non_empty(make_texts()), trainer)
-        if not seen[0]:
-            raise ValueError("cannot train a tokenizer on an empty corpus (no non-blank text)")
+        stats = _TrainingInput()
+        # A second, identical pipeline decides what a word is: the one being trained is
+        # locked by the Rust trainer while it pulls texts, so calling into it deadlocks.
+        words_like = cls._bert_pipeline(None, lowercase, None)
+        backend.train_from_iterator(stats.texts(make_texts(), words_like), trainer)
+        if stats.n_skipped:
+            logger.warning("skipped %d words longer than %d characters (the longest had %d): "
+                           "they would only ever encode as [UNK]", stats.n_skipped,
+                           backend.model.max_input_chars_per_word, stats.longest)
+        if not stats.any_text:
+            raise ValueError("cannot train a tokenizer on an empty corpus (no non-blank text"
+                             + (f" once {stats.n_skipped} over-long words were skipped)"
+                                if stats.n_skipped else ")"))
         got = backend.get_vocab_size()
         if got > vocab_size:
             # The trainer never drops alphabet characters, so it overshoots instead.
@@ -371,6 +374,55 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, fingerprint={self.fingerprint})"
+
+
+# Characters the BERT normalizer turns into spaces (ASCII whitespace and Unicode's
+# space separators, category Zs). Every word the trainer sees lies inside a run of
+# other characters, so only runs long enough to hold an over-long word need a look.
+_SPACES = " \t\n\r\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"
+
+
+class _TrainingInput:
+    """The texts handed to the WordPiece trainer, minus words it would waste time on.
+
+    The trainer's cost grows with the square of the longest word, so one 400,000
+    character line (a base64 blob, a table flattened without spaces) takes minutes
+    and ignores Ctrl-C meanwhile. Yet the WordPiece model maps every word over
+    ``max_input_chars_per_word`` characters (100) to ``[UNK]``, so such words add
+    nothing to the vocabulary that encoding could ever use: they are dropped here.
+    """
+
+    def __init__(self) -> None:
+        self.any_text = False  # to refuse a corpus of blank lines
+        self.n_skipped = 0
+        self.longest = 0
+
+    def texts(self, texts: Iterable[str], backend: tokenizers.Tokenizer) -> Iterator[str]:
+        """``texts`` without over-long words; ``backend``: a pipeline not being trained."""
+        max_chars = backend.model.max_input_chars_per_word
+        # Normalization can lengthen a word (NFD splits a Hangul syllable into up to
+        # three letters), so runs from a quarter of the limit on are checked, with the
+        # pipeline's own normalizer and pre-tokenizer deciding what a word is.
+        runs = re.compile(f"[^{_SPACES}]{{{max_chars // 4 + 1},}}")
+        normalize = backend.normalizer.normalize_str
+        pre_tokenize = backend.pre_tokenizer.pre_tokenize_str
+
+        def without_long_words(run: re.Match) -> str:
+            words = [w for w, _ in pre_tokenize(normalize(run.group()))]
+            kept = [w for w in words if len(w) <= max_chars]
+            if len(kept) == len(words):
+                return run.group()
+            self.n_skipped += len(words) - len(kept)
+            self.longest = max(self.longest, *map(len, words))
+            # The kept words are already normalized; normalizing them again in the
+            # trainer changes nothing, and the trainer only counts words, not order.
+            return " " + " ".join(kept) + " "
+
+        for text in texts:
+            text = runs.sub(without_long_words, text)
+            if text and not text.isspace():
+                self.any_text = True
+            yield text
 
 
 def _read_vocab_txt(path: Path) -> dict[str, int]:

@@ -1,6 +1,7 @@
 """minibert.tokenizer.Tokenizer: training, caching, loading, and id parity with transformers."""
 import json
 import os
+from collections import Counter
 
 import pytest
 
@@ -231,3 +232,69 @@ def test_vocab_txt_byte_order_mark_is_ignored(tmp_path):
     plain = Tokenizer.from_pretrained(tmp_path / "plain")
     assert with_bom.pad_id == 0 and with_bom.fingerprint == plain.fingerprint
     assert with_bom.encode("the cats sat") == plain.encode("the cats sat")
+
+
+def _long_word(n, seed=0):
+    import random
+    rng = random.Random(seed)
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(n))
+
+
+LONG = _long_word(300_000)
+# Words over 100 characters: alone, glued to punctuation, and one at exactly the limit.
+WITH_LONG = [f"before {LONG} after", "x" * 101 + "-tail", "y" * 100 + " end"]
+WITHOUT_LONG = ["before after", "-tail", "y" * 100 + " end"]
+
+
+def _trainer_words(texts, monkeypatch):
+    """The words (normalized, pre-tokenized) that training on ``texts`` feeds the trainer."""
+    real_pipeline = Tokenizer._bert_pipeline
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    class Recording:
+        """The real pipeline, except that training records its input and stops."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def train_from_iterator(self, iterator, trainer):
+            seen.extend(iterator)
+            raise Stop
+
+    with monkeypatch.context() as m:
+        m.setattr(Tokenizer, "_bert_pipeline",
+                  staticmethod(lambda *a: Recording(real_pipeline(*a))))
+        with pytest.raises(Stop):
+            Tokenizer.train_from_iterator(texts, vocab_size=400, use_cache=False)
+    pipeline = real_pipeline(None, True, None)
+    return Counter(w for text in seen for w, _ in
+                   pipeline.pre_tokenizer.pre_tokenize_str(pipeline.normalizer.normalize_str(text)))
+
+
+def test_words_over_the_wordpiece_limit_never_reach_the_trainer(monkeypatch):
+    """The trainer's cost grows with the square of a word's length, and the model maps
+    words over max_input_chars_per_word to [UNK] anyway: such words are dropped first.
+    The trainer then gets the same word counts as for the text without them, which is
+    what its vocabulary depends on (its ties break in hash order, so two trainings on
+    the same text can differ in a few entries: comparing two vocabularies proves less)."""
+    words = _trainer_words(CORPUS + WITH_LONG, monkeypatch)
+    assert max(map(len, words)) == 100 and "y" * 100 in words
+    assert words == _trainer_words(CORPUS + WITHOUT_LONG, monkeypatch)
+
+
+def test_training_on_an_overlong_word_logs_what_it_skipped(tmp_path, caplog):
+    f = tmp_path / "with.txt"
+    f.write_text("\n".join(CORPUS + WITH_LONG), encoding="utf-8")
+    with caplog.at_level("INFO", logger="minibert.tokenizer"):
+        tok = Tokenizer.train([f], vocab_size=400, min_frequency=1, use_cache=False)
+    assert caplog.text.count("skipped 2 words longer than 100 characters "
+                             "(the longest had 300000)") == 1
+    assert tok.encode(f"before {LONG} after", add_special_tokens=False)[1] == tok.unk_id
+    with pytest.raises(ValueError, match="empty corpus.*1 over-long words were skipped"):
+        Tokenizer.train_from_iterator([" ", LONG], vocab_size=100, use_cache=False)
