@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Iterable, Iterator, Optional, Sequence, Union
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from .data.text import iter_lines
+from .data.text import iter_lines, write_files_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -297,20 +296,11 @@ class Tokenizer:
         prefers, so until that rename the directory still loads as the old tokenizer.
         """
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         vocab = sorted(self.backend.get_vocab().items(), key=lambda kv: kv[1])
-        contents = {"vocab.txt": "".join(t + "\n" for t, _ in vocab),
-                    "tokenizer.json": self.backend.to_str(pretty=True)}
-        written: dict[str, Path] = {}
-        try:
-            for name, text in contents.items():
-                written[name] = _write_synced_temp(directory, name, text)
-            for name, tmp in written.items():  # dicts keep order: tokenizer.json last
-                os.replace(tmp, directory / name)
-        finally:
-            for tmp in written.values():
-                tmp.unlink(missing_ok=True)  # only left over when something failed
-        _fsync_directory(directory)  # make the renames themselves durable
+        write_files_atomically(directory, {  # in this order: tokenizer.json last
+            "vocab.txt": "".join(t + "\n" for t, _ in vocab),
+            "tokenizer.json": self.backend.to_str(pretty=True),
+        })
         return directory
 
     def _save_atomically(self, directory: Path) -> None:
@@ -453,35 +443,3 @@ def _read_vocab_txt(path: Path) -> dict[str, int]:
         )
     return {t: ids[0] for t, ids in lines.items()}
 
-
-def _write_synced_temp(directory: Path, name: str, text: str) -> Path:
-    """Write ``text`` to a new uniquely named file in ``directory``, fsync it, return its path.
-
-    A unique name (not ``name + ".tmp"``) keeps two processes saving into the same
-    directory from writing into each other's temporary file. ``os.open`` with mode
-    0o666 lets the umask decide the permissions, as for any other new file
-    (``tempfile.mkstemp`` would make a tokenizer readable by its owner only).
-    """
-    tmp = directory / f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Flush a directory's entries, so a rename survives a power cut (a no-op on Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # Windows cannot open a directory; its renames need no such flush
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
