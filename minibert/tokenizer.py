@@ -31,7 +31,7 @@ from typing import Iterable, Iterator, Optional, Sequence, Union
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from .data.text import iter_lines, write_files_atomically
+from .data.text import iter_lines, text_file_named, write_files_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +125,10 @@ class Tokenizer:
     ) -> "Tokenizer":
         """Train a WordPiece vocabulary on text files (UTF-8; bad bytes are replaced).
 
+        ``files`` is one path or a sequence of them (``str`` or ``Path``), each an
+        existing file; ``tokenize_to_memmap`` reads the same list as the same files.
+        To train on texts in memory, use :meth:`train_from_iterator`.
+
         The result is cached under a key made of the files' bytes and the settings
         (in ``cache_dir``, default :func:`default_cache_dir`), so a second call on
         the same corpus loads it instead of training again. This also makes reruns
@@ -136,9 +140,13 @@ class Tokenizer:
         paths = [Path(f) for f in files]
         if not paths:
             raise ValueError("Tokenizer.train got no files; pass at least one text file")
-        for p in paths:
+        for f, p in zip(files, paths):
             if not p.is_file():
-                raise FileNotFoundError(f"Tokenizer.train: training file not found: {p}")
+                texts = isinstance(f, str) and text_file_named(f) is None  # raises if path-like
+                raise FileNotFoundError(
+                    f"Tokenizer.train: training file not found: {p}" + (
+                        "; Tokenizer.train reads files, to train on texts in memory use "
+                        "Tokenizer.train_from_iterator(texts)" if texts else ""))
 
         def chunks() -> Iterator[bytes]:
             for p in paths:

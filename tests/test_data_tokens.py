@@ -1,6 +1,7 @@
 """The memory-mapped token file: contents, atomic writes, and refusing bad files."""
 import json
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
@@ -56,12 +57,42 @@ def test_files_are_split_into_documents_at_blank_lines(tok, tmp_path):
     assert len(tf2) == 4 and tf2.doc(3).tolist() == tok.encode(DOCS[3], add_special_tokens=False)
 
 
-def test_a_str_naming_a_file_is_text_with_a_warning(tok, tmp_path):
-    f = tmp_path / "corpus.txt"
-    f.write_text(DOCS[0])
-    with pytest.warns(UserWarning, match="pathlib.Path"):
-        tf = tokenize_to_memmap([str(f)], tok, tmp_path / "x.tok")
-    assert tf.doc(0).tolist() == tok.encode(str(f), add_special_tokens=False)
+def test_file_names_are_read_as_files_like_tokenizer_train(tok, tmp_path, monkeypatch):
+    """The same list means the same thing to Tokenizer.train and tokenize_to_memmap:
+    a str that names an existing file is that file, never the text of its name."""
+    monkeypatch.chdir(tmp_path)
+    Path("a.txt").write_text(f"{DOCS[0]}\n\n{DOCS[1]}\n", encoding="utf-8")
+    Path("b.txt").write_text(DOCS[2], encoding="utf-8")
+    expected = [tok.encode(d, add_special_tokens=False) for d in DOCS[:3]]
+    for source in (["a.txt", "b.txt"], [str(tmp_path / "a.txt"), Path("b.txt")]):
+        tf = tokenize_to_memmap(source, tok, tmp_path / "x.tok")
+        assert [tf.doc(d).tolist() for d in range(len(tf))] == expected, source
+    Tokenizer.train(["a.txt", "b.txt"], vocab_size=200, use_cache=False)  # the same files
+
+
+def test_a_path_like_str_naming_no_file_is_refused(tok, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data dir").mkdir()
+    for missing in ["corpus_b.txt", "data/corpus_b", str(tmp_path / "data" / "x.tokens"),
+                    "data dir/corpus.raw", "CORPUS.TXT"]:
+        with pytest.raises(FileNotFoundError, match=f"(?i){re.escape(missing)}.*no such file"):
+            tokenize_to_memmap(["a document", missing], tok, tmp_path / "x.tok")
+    with pytest.raises(IsADirectoryError, match="load_corpus"):
+        tokenize_to_memmap(["data/"], tok, tmp_path / "x.tok")
+    with pytest.raises(FileNotFoundError, match=r"pass \[text\]"):
+        tokenize_to_memmap("one text, not a file name", tok, tmp_path / "x.tok")
+    assert not (tmp_path / "x.tok").exists()
+
+
+def test_short_texts_that_are_not_file_names_stay_texts(tok, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    texts = ["and/or", "http://example.com/a/b.txt", "1/2", "See notes.txt for details",
+             "README", "data", "a b.txt", " notes.txt", "", "x" * 5000 + ".txt"]
+    tf = tokenize_to_memmap(texts, tok, tmp_path / "x.tok")
+    expected = [tok.encode(t, add_special_tokens=False) for t in texts]
+    assert [tf.doc(d).tolist() for d in range(len(tf))] == [e for e in expected if e]
 
 
 def test_uint32_for_large_vocabularies(tok, tmp_path):

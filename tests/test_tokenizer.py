@@ -176,6 +176,10 @@ def test_vocab_size_too_small(tmp_path):
 def test_missing_files_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.txt"):
         Tokenizer.train([tmp_path / "nope.txt"], vocab_size=100)
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        Tokenizer.train([str(tmp_path / "nope.txt")], vocab_size=100)
+    with pytest.raises(FileNotFoundError, match="(?i)reads files.*train_from_iterator"):
+        Tokenizer.train(["The quick brown fox.", "Jumps over."], vocab_size=100)
     with pytest.raises(FileNotFoundError, match="tokenizer.json and vocab.txt"):
         Tokenizer.from_pretrained(tmp_path)
     (tmp_path / "vocab.txt").write_text("hello\nworld\n")

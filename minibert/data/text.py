@@ -12,13 +12,55 @@ import os
 import secrets
 import warnings
 from pathlib import Path
-from typing import Iterator, Mapping, Union
+from typing import Iterator, Mapping, Optional, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 # 4 MiB chunks keep memory flat on 500 MB files while amortising Python overhead.
 _CHUNK_BYTES = 1 << 22
 _REPLACEMENT_UTF8 = "\ufffd".encode("utf-8")
+
+
+# Suffixes of the text files minibert reads: plain text and WikiText's two variants.
+TEXT_SUFFIXES = (".txt", ".raw", ".tokens")
+_MAX_PATH_CHARS = 4096  # PATH_MAX on Linux: a longer string names no file
+
+
+def text_file_named(text: str) -> Optional[Path]:
+    """The file that ``text`` names, or ``None`` when ``text`` is a document.
+
+    Where one list may hold documents and file names alike (``tokenize_to_memmap``),
+    a ``str`` that names an existing file is that file, as every item is for
+    ``Tokenizer.train``; a file name is never tokenized as if it were text. A ``str``
+    that looks like a path but names no file is a typo or a wrong working directory,
+    so it raises ``FileNotFoundError`` instead of being tokenized. It looks like a path
+    when it is one line without surrounding whitespace and either has no whitespace
+    and ends in ``.txt``, ``.raw`` or ``.tokens`` (any case), or holds a ``/`` after
+    an existing folder (``data/corpus``). Every other string is a document: ``and/or``,
+    ``1/2``, a URL, ``See notes.txt for details``.
+    """
+    if (not text or len(text) >= _MAX_PATH_CHARS or "\n" in text or "\r" in text
+            or "\0" in text or text != text.strip()):
+        return None
+    if os.path.isfile(text):
+        return Path(text)
+    if not _looks_like_path(text):
+        return None
+    if os.path.isdir(text):
+        raise IsADirectoryError(f"{text!r} is a folder, not a text file: list its files, or "
+                                f"read the folder with minibert.data.load_corpus({text!r})")
+    raise FileNotFoundError(f"{text!r} looks like a file name, but there is no such file "
+                            f"(relative paths start at {os.getcwd()}); correct the path")
+
+
+def _looks_like_path(text: str) -> bool:
+    """See :func:`text_file_named`."""
+    if "://" in text:  # a URL
+        return False
+    folder = os.path.dirname(text)
+    if folder and os.path.isdir(folder):
+        return True
+    return not any(c.isspace() for c in text) and text.lower().endswith(TEXT_SUFFIXES)
 
 
 def iter_text_chunks(path: PathLike, chunk_bytes: int = _CHUNK_BYTES) -> Iterator[str]:

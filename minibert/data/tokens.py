@@ -24,13 +24,12 @@ import itertools
 import json
 import logging
 import os
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
-from .text import iter_documents
+from .text import iter_documents, text_file_named
 
 if TYPE_CHECKING:  # imported lazily: minibert.tokenizer itself imports minibert.data
     from ..tokenizer import Tokenizer
@@ -142,9 +141,13 @@ def tokenize_to_memmap(
     """Tokenize a corpus once into a token file at ``out_path`` and open it.
 
     Args:
-        source: a path (``str`` or ``Path``) to one text file; or an iterable whose
-            ``pathlib.Path`` items are text files and whose ``str`` items are
-            documents. Text files hold documents separated by blank lines (BERT's
+        source: a path (``str`` or ``Path``) to one text file, or an iterable of
+            documents and text files. A ``pathlib.Path`` item is a text file; so is a
+            ``str`` item that names an existing file, as in ``Tokenizer.train``, so
+            ``["a.txt", "b.txt"]`` reads two files in both. A ``str`` that looks like a
+            path but names no file raises ``FileNotFoundError``; any other ``str`` is a
+            document (see :func:`minibert.data.text.text_file_named` for the exact
+            rule). Text files hold documents separated by blank lines (BERT's
             pretraining format); bad UTF-8 bytes are replaced, with a warning.
         tokenizer: a :class:`minibert.Tokenizer`; its fingerprint goes in the header.
         out_path: where to write. The file is written under a temporary name and
@@ -219,20 +222,25 @@ def _encode_header(header: dict) -> bytes:
 def _documents(source) -> Iterator[str]:
     """Yield the documents of ``source`` (see :func:`tokenize_to_memmap`)."""
     if isinstance(source, (str, os.PathLike)):
+        if not os.path.isfile(source):
+            hint = (" (a single str is read as a file name; to tokenize one text, pass [text])"
+                    if isinstance(source, str) else "")
+            raise FileNotFoundError(f"tokenize_to_memmap: no such file: {str(source)!r}{hint}")
         source = [Path(source)]
     n = 0
     for item in source:
         n += 1
         if isinstance(item, os.PathLike):
-            yield from iter_documents(Path(item))
+            path = Path(item)
         elif isinstance(item, str):
-            if "\n" not in item and len(item) < 4096 and os.path.isfile(item):
-                warnings.warn(f"tokenize_to_memmap: {item!r} is tokenized as text, although a "
-                              f"file of that name exists; pass pathlib.Path({item!r}) to read "
-                              f"the file", stacklevel=3)
-            yield item
+            path = text_file_named(item)  # raises on a path-like str that names no file
+            if path is None:
+                yield item
+                continue
         else:
-            raise TypeError(f"tokenize_to_memmap: items must be str (a document) or "
-                            f"pathlib.Path (a text file), got {type(item).__name__}")
+            raise TypeError(f"tokenize_to_memmap: items must be str (a document or a file "
+                            f"name) or pathlib.Path (a text file), got {type(item).__name__}")
+        logger.info("tokenize_to_memmap: reading the documents of %s", path)
+        yield from iter_documents(path)
     if n == 0:
         raise ValueError("the corpus given to tokenize_to_memmap is empty (no files or texts)")
