@@ -6,7 +6,10 @@
 * :mod:`.sampler`   deterministic, shardable, resumable batch order
 * :mod:`.text`      UTF-8 reading that replaces bad bytes instead of crashing; your own
                     folder of ``.txt`` files as a corpus
+* :mod:`.corpus`    ``load_corpus``: a folder read as WikiText or as text files by its
+                    layout, refusing mixed folders, with a report of what was read
 """
+from .corpus import Corpus, CorpusFile, load_corpus
 from .mlm import IGNORE_INDEX, MLMCollator, PackedMLMDataset, pad_batch
 from .sampler import LengthGroupedBatchSampler, ShardedSampler
 from .text import iter_documents, load_text_folder
@@ -14,6 +17,8 @@ from .tokens import TokenFile, TokenFileError, tokenize_to_memmap
 from .wikitext import DownloadError, download_wikitext, load_wikitext
 
 __all__ = [
+    "Corpus",
+    "CorpusFile",
     "IGNORE_INDEX",
     "DownloadError",
     "LengthGroupedBatchSampler",
@@ -24,6 +29,7 @@ __all__ = [
     "TokenFileError",
     "download_wikitext",
     "iter_documents",
+    "load_corpus",
     "load_text_folder",
     "load_wikitext",
     "pad_batch",

@@ -148,22 +148,38 @@ def load_text_folder(path: PathLike, holdout_every: int = 20) -> dict[str, list[
     """Your own corpus: every ``*.txt`` file in a folder, as ``{"train": [...], "valid": [...]}``.
 
     Documents are separated by blank lines (see :func:`iter_documents`); files are read in
-    name order. Every ``holdout_every``-th document goes to ``valid``, so the held-out set
-    is spread over the whole corpus and the same on every run. This is what continued
-    pretraining on domain text (``pretrain_wikitext.py --data-dir my_texts/``) reads.
+    name order (``.txt`` in any case; subfolders are not read). Every ``holdout_every``-th
+    document goes to ``valid``, so the held-out set is spread over the whole corpus and the
+    same on every run. :func:`minibert.data.load_corpus` reads a folder this way when it is
+    not WikiText, and says which files it read.
     """
     root = Path(path).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"text folder not found: {root}")
-    files = sorted(root.glob("*.txt"))
+    files = text_folder_files(root)
     if not files:
         raise FileNotFoundError(f"no .txt files in {root}")
+    check_holdout_every(holdout_every)
+    return hold_out([d for f in files for d in iter_documents(f)], holdout_every, root,
+                    len(files))
+
+
+def text_folder_files(root: Path) -> list[Path]:
+    """The files :func:`load_text_folder` reads: ``*.txt`` (any case) in ``root``, by name."""
+    return sorted(p for p in root.iterdir() if p.suffix.lower() == ".txt" and p.is_file())
+
+
+def check_holdout_every(holdout_every: int) -> None:
     if not isinstance(holdout_every, int) or holdout_every < 2:
         raise ValueError(f"holdout_every={holdout_every!r} must be an integer >= 2")
-    docs = [d for f in files for d in iter_documents(f)]
+
+
+def hold_out(docs: list[str], holdout_every: int, root: Path,
+             n_files: int) -> dict[str, list[str]]:
+    """``{"train", "valid"}``: every ``holdout_every``-th document of ``docs`` is held out."""
     if len(docs) < holdout_every:
         raise ValueError(f"{root} holds {len(docs)} documents (blank-line separated) in "
-                         f"{len(files)} .txt file(s); at least {holdout_every} are needed to "
+                         f"{n_files} .txt file(s); at least {holdout_every} are needed to "
                          f"hold one out for evaluation")
     return {"train": [d for i, d in enumerate(docs) if (i + 1) % holdout_every],
             "valid": [d for i, d in enumerate(docs) if (i + 1) % holdout_every == 0]}

@@ -40,6 +40,9 @@ WIKITEXT_VARIANTS = {
     "wikitext-103-v1": ("wikitext-103", ".tokens"),
 }
 SPLITS = ("train", "valid", "test")
+# The three ways a WikiText folder names its splits (see the module docstring).
+WIKITEXT_LAYOUTS = ({s: f"wiki.{s}.raw" for s in SPLITS}, {s: f"wiki.{s}.tokens" for s in SPLITS},
+                    {s: f"{s}.txt" for s in SPLITS})
 
 
 class DownloadError(RuntimeError):
@@ -232,12 +235,14 @@ def load_wikitext(path: PathLike) -> dict[str, list[str]]:
 
     Each article starts at its top-level `` = Title = `` line and runs until the
     next one; its lines are stripped and blank lines dropped.
+
+    Other files beside the splits are not read; :func:`minibert.data.load_corpus`
+    refuses such a mixed folder instead, and reports what it read.
     """
     root = Path(path).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"WikiText folder not found: {root}")
-    layouts = [{s: f"wiki.{s}.raw" for s in SPLITS}, {s: f"wiki.{s}.tokens" for s in SPLITS},
-               {s: f"{s}.txt" for s in SPLITS}]
+    layouts = WIKITEXT_LAYOUTS
     candidates = [root] + sorted(p for p in root.iterdir() if p.is_dir())
     for folder in candidates:
         for layout in layouts:

@@ -1,0 +1,182 @@
+"""A corpus folder, read the way its layout means, with a report of what was read.
+
+Two layouts exist (see :mod:`.wikitext` and :mod:`.text`):
+
+* WikiText: the split files ``wiki.{train,valid,test}.raw``, ``wiki.{...}.tokens`` or
+  ``{train,valid,test}.txt``, read as articles split at `` = Title = `` headings;
+* a text folder: any other ``*.txt`` files, read as documents separated by blank
+  lines, every ``holdout_every``-th document held out as ``valid``.
+
+Guessing the layout from one file name is how a 964 KB ``corpus_a.txt`` once went
+unread: a ``valid.txt`` beside it made the folder "WikiText", and training ran on
+8,104 tokens without a word. So :func:`load_corpus` reads a folder as WikiText only
+when its text files are exactly WikiText splits, refuses any folder whose text files
+it would not all read, and returns per file what it read, for the log.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple, Union
+
+from .text import (TEXT_SUFFIXES, check_holdout_every, hold_out, iter_documents, iter_lines,
+                   text_folder_files)
+from .wikitext import SPLITS, WIKITEXT_LAYOUTS, split_articles
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+WIKITEXT, TEXT_FOLDER = "wikitext", "text folder"
+
+
+class CorpusFile(NamedTuple):
+    """One file that was read: its split (``train+valid`` for a text folder, whose
+    documents are dealt to both), how many documents it gave and their characters."""
+
+    path: Path
+    split: str
+    n_documents: int
+    n_chars: int
+
+
+class Corpus(NamedTuple):
+    """What :func:`load_corpus` read: ``splits`` maps a split name to its documents."""
+
+    path: Path  # the folder the files are in
+    layout: str  # "wikitext" or "text folder"
+    splits: dict[str, list[str]]
+    files: list[CorpusFile]
+
+    def report(self) -> list[str]:
+        """Lines for a log: the folder, one line per file read, then one per split."""
+        lines = [f"{self.layout} corpus in {self.path}: {len(self.files)} files"]
+        lines += [f"  {f.path} -> {f.split}: {f.n_documents:,} documents, "
+                  f"{f.n_chars:,} characters" for f in self.files]
+        lines += [f"  split {name}: {len(docs):,} documents, "
+                  f"{sum(map(len, docs)):,} characters" for name, docs in self.splits.items()]
+        return lines
+
+
+def load_corpus(path: PathLike, *, holdout_every: int = 20) -> Corpus:
+    """Read the corpus in folder ``path``, as WikiText or as a text folder.
+
+    The folder's text files (``.txt``, ``.raw``, ``.tokens``) decide:
+
+    * exactly the splits of one WikiText layout (some splits may be missing):
+      WikiText, with the splits found;
+    * only other ``.txt`` files: a text folder, split into ``train`` and ``valid``
+      (every ``holdout_every``-th document) as by :func:`load_text_folder`;
+    * anything else (WikiText splits beside other text files, two WikiText layouts,
+      a ``.raw`` file among ``.txt`` files, text files in subfolders as well): a
+      ``ValueError`` that lists what was found, since some files would go unread.
+
+    A folder with no text files of its own but exactly one subfolder holding some
+    (the cache folder ``download_wikitext`` extracts into) is read as that subfolder.
+    Hidden subfolders and other files (``README``, ``.zip``) are ignored.
+
+    Example::
+
+        corpus = load_corpus("data/")
+        for line in corpus.report():
+            logger.info(line)
+        train_docs = corpus.splits["train"]
+    """
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise FileNotFoundError(f"corpus folder not found: {root}")
+    if not root.is_dir():
+        raise NotADirectoryError(
+            f"load_corpus reads a folder, and {root} is a file: pass the folder it is in, or "
+            f"put it in a folder of its own to read it alone")
+    check_holdout_every(holdout_every)
+    files, subfolders = _text_files(root), _subfolders_with_text(root)
+    if not files:
+        if not subfolders:
+            raise FileNotFoundError(
+                f"no text files in {root} nor in its subfolders: looked for "
+                f"{', '.join('*' + s for s in TEXT_SUFFIXES)} (WikiText's "
+                f"{', '.join(WIKITEXT_LAYOUTS[0].values())}, ... or any .txt files)")
+        if len(subfolders) > 1:
+            raise ValueError(
+                f"{root} holds no text files itself, but several of its subfolders do: "
+                f"{_names(subfolders, root, suffix='/')}; pass one of them")
+        root, files = subfolders[0], _text_files(subfolders[0])
+    elif subfolders:
+        raise ValueError(
+            f"{root} holds text files both itself ({_names(files, root)}) and in subfolders "
+            f"({'; '.join(f'{d.name}/: ' + _names(_text_files(d), d) for d in subfolders)}); "
+            f"load_corpus reads one folder, not its subfolders: move the files so that one "
+            f"folder holds the whole corpus, or pass the folder to read")
+    layout = _wikitext_layout(root, files)
+    if layout is not None:
+        return _read_wikitext(root, layout)
+    return _read_text_folder(root, files, holdout_every)
+
+
+def _text_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir()
+                  if p.suffix.lower() in TEXT_SUFFIXES and p.is_file())
+
+
+def _subfolders_with_text(folder: Path) -> list[Path]:
+    return sorted(d for d in folder.iterdir()
+                  if d.is_dir() and not d.name.startswith(".") and _text_files(d))
+
+
+def _names(paths: list[Path], root: Path, limit: int = 8, suffix: str = "") -> str:
+    shown = [str(p.relative_to(root)) + suffix for p in paths[:limit]]
+    more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
+    return ", ".join(shown) + more
+
+
+def _wikitext_layout(root: Path, files: list[Path]) -> dict[str, Path] | None:
+    """``{split: file}`` when ``files`` are exactly WikiText splits, None when none are;
+    a ValueError when they mix with each other or with other text files."""
+    names = {p.name for p in files}
+    found = [{s: root / n for s, n in layout.items() if n in names} for layout in WIKITEXT_LAYOUTS]
+    found = [f for f in found if f]
+    if not found:
+        stray = [p for p in files if p not in text_folder_files(root)]
+        if stray:
+            raise ValueError(
+                f"{root} looks like a text folder (.txt files), but also holds "
+                f"{_names(stray, root)}, which is neither .txt nor a WikiText split and would "
+                f"not be read: rename it to .txt, or move it out")
+        return None
+    wiki = [p for f in found for p in f.values()]
+    others = [p for p in files if p not in wiki]
+    if len(found) > 1:
+        layouts = " and ".join(_names(list(f.values()), root) for f in found)
+        raise ValueError(
+            f"{root} mixes WikiText layouts ({layouts}), so some files would go unread: "
+            f"keep one layout per folder")
+    if others:
+        splits = _names(list(found[0].values()), root)
+        first = next(iter(found[0].values())).name
+        raise ValueError(
+            f"{root} mixes corpus layouts, so some files would go unread: the WikiText "
+            f"split file(s) {splits} beside the other text file(s) {_names(others, root)}. "
+            f"Move the WikiText splits into a folder of their own, or rename them (e.g. "
+            f"{first} to my_{first}) to read every .txt file as one text folder")
+    return found[0]
+
+
+def _read_wikitext(root: Path, layout: dict[str, Path]) -> Corpus:
+    splits, files = {}, []
+    for split in SPLITS:  # train, valid, test, whatever the order of the files
+        if split in layout:
+            splits[split] = split_articles(iter_lines(layout[split]))
+            files.append(CorpusFile(layout[split], split, len(splits[split]),
+                                    sum(map(len, splits[split]))))
+    if not any(splits.values()):
+        raise ValueError(f"the WikiText files in {root} hold no text: "
+                         f"{_names(list(layout.values()), root)}")
+    return Corpus(root, WIKITEXT, splits, files)
+
+
+def _read_text_folder(root: Path, paths: list[Path], holdout_every: int) -> Corpus:
+    docs, files = [], []
+    for p in paths:
+        mine = list(iter_documents(p))
+        docs += mine
+        files.append(CorpusFile(p, "train+valid", len(mine), sum(map(len, mine))))
+    return Corpus(root, TEXT_FOLDER, hold_out(docs, holdout_every, root, len(paths)), files)

@@ -1,0 +1,140 @@
+"""Reading a corpus folder: which layout it has, refusing mixed folders, and the report."""
+from pathlib import Path
+
+import pytest
+
+from minibert.data import Corpus, CorpusFile, load_corpus, load_text_folder, load_wikitext
+
+WIKI = " = Alpha = \n Alpha is a letter . \n = = History = = \n Old . \n = Beta = \n Beta too . \n"
+
+
+def text_docs(prefix: str, n: int) -> str:
+    return "\n\n".join(f"{prefix} document {i}\nits second line" for i in range(n)) + "\n"
+
+
+def write(folder: Path, files: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize("names", [
+    {s: f"wiki.{s}.raw" for s in ("train", "valid", "test")},
+    {s: f"wiki.{s}.tokens" for s in ("train", "valid", "test")},
+    {s: f"{s}.txt" for s in ("train", "valid", "test")},
+    {s: f"{s}.txt" for s in ("valid", "test")},  # splits may be missing
+])
+def test_an_exact_wikitext_layout_is_wikitext(tmp_path, names):
+    folder = write(tmp_path, {name: WIKI for name in names.values()})
+    write(folder, {"README": "not text", "wikitext.zip": "", "notes.json": "{}"})  # not read
+    corpus = load_corpus(folder)
+    assert isinstance(corpus, Corpus) and corpus.layout == "wikitext" and corpus.path == folder
+    assert corpus.splits == load_wikitext(folder)
+    assert corpus.files == [CorpusFile(folder / names[s], s, 2, len("= Alpha =\nAlpha is a "
+                                       "letter .\n= = History = =\nOld .") + len("= Beta =\n"
+                                       "Beta too ."))
+                            for s in ("train", "valid", "test") if s in names]
+
+
+def test_a_folder_of_other_txt_files_is_a_text_folder(tmp_path):
+    folder = write(tmp_path, {"b.txt": text_docs("b", 25), "a.txt": text_docs("a", 5),
+                              "README.md": "# about"})
+    corpus = load_corpus(folder, holdout_every=10)
+    assert corpus.layout == "text folder"
+    assert corpus.splits == load_text_folder(folder, holdout_every=10)
+    assert len(corpus.splits["valid"]) == 3 and len(corpus.splits["train"]) == 27
+    chars = {p: len(text_docs(p, n).strip()) - 2 * (n - 1) for p, n in (("a", 5), ("b", 25))}
+    assert corpus.files == [CorpusFile(folder / "a.txt", "train+valid", 5, chars["a"]),
+                            CorpusFile(folder / "b.txt", "train+valid", 25, chars["b"])]
+
+
+def test_report_has_one_line_per_file_then_per_split(tmp_path):
+    folder = write(tmp_path, {"train.txt": WIKI * 3, "valid.txt": WIKI})
+    lines = load_corpus(folder).report()
+    assert lines[0] == f"wikitext corpus in {folder}: 2 files"
+    assert lines[1] == f"  {folder / 'train.txt'} -> train: 6 documents, 210 characters"
+    assert lines[2] == f"  {folder / 'valid.txt'} -> valid: 2 documents, 70 characters"
+    assert lines[3:] == ["  split train: 6 documents, 210 characters",
+                         "  split valid: 2 documents, 70 characters"]
+
+
+def test_wikitext_names_beside_other_text_files_are_refused(tmp_path):
+    """The folder that once trained on 8,104 tokens: valid.txt made it 'WikiText', and the
+    964 KB corpus_a.txt beside it was dropped without a word."""
+    folder = write(tmp_path, {"valid.txt": WIKI, "test.txt": WIKI,
+                              "corpus_a.txt": text_docs("a", 50)})
+    with pytest.raises(ValueError) as err:
+        load_corpus(folder)
+    msg = str(err.value)
+    for words in ("mixes", "WikiText", "test.txt", "valid.txt", "corpus_a.txt", "rename"):
+        assert words in msg, words
+
+
+def test_two_wikitext_layouts_in_one_folder_are_refused(tmp_path):
+    folder = write(tmp_path, {"wiki.train.raw": WIKI, "wiki.train.tokens": WIKI})
+    with pytest.raises(ValueError, match=r"wiki\.train\.raw.*wiki\.train\.tokens"):
+        load_corpus(folder)
+
+
+def test_a_text_file_the_text_layout_would_not_read_is_refused(tmp_path):
+    folder = write(tmp_path, {"a.txt": text_docs("a", 30), "extra.raw": text_docs("x", 3)})
+    with pytest.raises(ValueError, match=r"extra\.raw.*\.txt"):
+        load_corpus(folder)
+
+
+def test_text_files_in_subfolders_are_never_silently_ignored(tmp_path):
+    folder = write(tmp_path / "mine", {"corpus_a.txt": text_docs("a", 50)})
+    write(folder / "wikitext-2", {"train.txt": WIKI, "valid.txt": WIKI})
+    with pytest.raises(ValueError) as err:
+        load_corpus(folder)
+    msg = str(err.value)
+    for words in ("corpus_a.txt", "wikitext-2", "train.txt", "valid.txt", "subfolder"):
+        assert words in msg, words
+    # Hidden folders (editor or notebook leftovers) are not part of the corpus.
+    write(tmp_path / "plain" / ".ipynb_checkpoints", {"a-checkpoint.txt": "old"})
+    write(tmp_path / "plain", {"a.txt": text_docs("a", 30)})
+    assert load_corpus(tmp_path / "plain").layout == "text folder"
+
+
+def test_a_parent_of_exactly_one_corpus_folder_reads_that_folder(tmp_path):
+    inner = write(tmp_path / "cache" / "wikitext-2-raw", {"wiki.valid.raw": WIKI})
+    (tmp_path / "cache" / "tokens").mkdir()  # no text files: not a candidate
+    corpus = load_corpus(tmp_path / "cache")
+    assert corpus.layout == "wikitext" and corpus.path == inner
+    assert corpus.files[0].path == inner / "wiki.valid.raw"
+    write(tmp_path / "cache" / "wikitext-103-raw", {"wiki.valid.raw": WIKI})
+    with pytest.raises(ValueError, match="wikitext-103-raw/, wikitext-2-raw/; pass one"):
+        load_corpus(tmp_path / "cache")
+
+
+def test_missing_empty_or_file_paths_say_what_to_pass(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        load_corpus(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"looked for .*\.txt"):
+        load_corpus(tmp_path / "empty")
+    write(tmp_path, {"one.txt": text_docs("a", 30)})
+    with pytest.raises(NotADirectoryError, match="folder of its own"):
+        load_corpus(tmp_path / "one.txt")
+    with pytest.raises(ValueError, match="hold no text"):
+        load_corpus(write(tmp_path / "blank", {"valid.txt": " \n \n"}))
+    with pytest.raises(ValueError, match="at least 20"):
+        load_corpus(write(tmp_path / "small", {"a.txt": text_docs("a", 3)}))
+
+
+def test_upper_case_txt_files_are_read_too(tmp_path):
+    folder = write(tmp_path, {"A.TXT": text_docs("a", 10), "b.txt": text_docs("b", 10)})
+    assert len(load_text_folder(folder, holdout_every=5)["train"]) == 16
+    assert [f.path.name for f in load_corpus(folder, holdout_every=5).files] == ["A.TXT",
+                                                                                  "b.txt"]
+
+
+SHARED_WIKITEXT = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "wikitext-2"
+
+
+@pytest.mark.skipif(not SHARED_WIKITEXT.is_dir(), reason="WikiText-2 sample not present")
+def test_the_wikitext2_sample_folder(tmp_path):
+    corpus = load_corpus(SHARED_WIKITEXT)
+    assert corpus.layout == "wikitext" and [f.split for f in corpus.files] == ["valid", "test"]
+    assert corpus.files[0].n_documents == 60
