@@ -104,10 +104,17 @@ def save_checkpoint(root: PathLike, step: int, state: dict[str, Any],
             os.rename(final, old)
         os.rename(tmp, final)
         _fsync_dir(root)
-    except BaseException:
+    except BaseException as e:
         if old is not None and not final.exists():
             os.replace(old, final)  # put the previous checkpoint of this step back
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, (OSError, RuntimeError)):
+            # torch.save reports a full disk as "[enforce fail at inline_container.cc] unexpected
+            # pos", which never mentions space: say what was being written and what is left.
+            raise OSError(f"could not write checkpoint {final} ({_gist(e)}); "
+                          f"{_free_mb(root):.0f} MB are free on its disk. Free some space (or "
+                          f"keep fewer checkpoints) and resume; the earlier checkpoints are "
+                          f"intact") from None
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
@@ -227,6 +234,13 @@ def _gist(error: Exception) -> str:
         if "Unsupported global" in ln or "Unsupported operand" in ln:
             return ln + "; it holds objects other than tensors and plain python values"
     return lines[0] if lines else type(error).__name__
+
+
+def _free_mb(path: Path) -> float:
+    try:
+        return shutil.disk_usage(path).free / 2**20
+    except OSError:
+        return float("nan")
 
 
 def _sha256(path: Path) -> str:

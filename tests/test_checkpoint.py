@@ -200,3 +200,22 @@ def test_unloadable_values_are_refused_at_save_time(tmp_path):
         with pytest.raises(TypeError, match=hint):
             save_checkpoint(tmp_path, 1, bad)
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_a_full_disk_is_one_clear_error_and_keeps_older_checkpoints(tmp_path, monkeypatch):
+    """torch.save on a full disk raises an 'unexpected pos' RuntimeError that never says
+    'space'; the error names the checkpoint and the free space, and nothing is lost."""
+    import minibert.checkpoint as checkpoint
+
+    save_checkpoint(tmp_path, 1, {"w": torch.ones(3)})
+
+    def full_disk(obj, f):
+        f.write(b"x" * 10)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    with pytest.raises(OSError, match=r"could not write checkpoint .*step_00000002.* MB are free"):
+        save_checkpoint(tmp_path, 2, {"w": torch.zeros(3)})
+    monkeypatch.undo()
+    assert latest_checkpoint(tmp_path).name == "step_00000001"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001"]
