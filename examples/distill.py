@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import math
 import sys
@@ -36,11 +35,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import minibert
-from minibert.checkpoint import latest_checkpoint, load_checkpoint
+from minibert.checkpoint import latest_checkpoint
 from minibert.config import PRESETS
-from minibert.data import MLMCollator
+from minibert.data import IGNORE_INDEX, MLMCollator
 from minibert.distributed import cleanup
-from minibert.engine import evaluate, resolve_precision, train
+from minibert.engine import eval_batches, evaluate, resolve_precision, train
+from minibert.hf import read_config
+from minibert.rundir import open_run
 from minibert.model import MaskedLMOutput
 
 # The data preparation and training settings are pretrain_wikitext.py's, imported rather
@@ -121,7 +122,7 @@ class Distiller(nn.Module):
             # Same labels, so the same N positions in the same (row-major) order.
             teacher_logits = self.teacher(input_ids, attention_mask, token_type_ids,
                                           labels).logits  # (N, V)
-        targets = labels[labels != -100]  # (N,)
+        targets = labels[labels != IGNORE_INDEX]  # (N,)
         loss = distillation_loss(student.logits, teacher_logits, targets, self.alpha,
                                  self.temperature)
         return MaskedLMOutput(loss, student.logits)
@@ -172,27 +173,23 @@ def check_args(args, world_size: int) -> None:
     if args.student_preset not in PRESETS:
         raise ValueError(f"unknown --student-preset {args.student_preset!r}; choose one of "
                          f"{', '.join(PRESETS)}")
-    pretrain.check_args(args, world_size)  # seq-len, batch split, --resume vs existing run
-    base = args.out / "baseline" / "checkpoints"
-    if not args.resume and base.is_dir() and any(base.iterdir()):
-        raise FileExistsError(f"{args.out} already holds a run's checkpoints; pass --resume "
-                              f"to continue it, or choose another --out")
+    pretrain.check_args(args, world_size)  # every numeric flag, the batch split
 
 
 def load_teacher(args) -> tuple[minibert.BertForMaskedLM, minibert.Tokenizer]:
     """The teacher and its tokenizer, refused when they cannot serve this run's data."""
+    architectures = read_config(args.teacher).get("architectures") or []
+    if architectures and not any(a.endswith(("ForMaskedLM", "ForPreTraining"))
+                                 for a in architectures):
+        raise ValueError(f"--teacher {args.teacher} is a {', '.join(architectures)}, not a "
+                         f"masked-language model: it has no MLM head to distil from (one "
+                         f"would be initialised at random); pass a *ForMaskedLM checkpoint")
     teacher = minibert.BertForMaskedLM.from_pretrained(args.teacher)
     tok = minibert.Tokenizer.from_pretrained(args.teacher)
     if tok.vocab_size > teacher.config.vocab_size:
         raise ValueError(f"vocabulary mismatch: the tokenizer in {args.teacher} has "
                          f"{tok.vocab_size} tokens but the teacher only "
                          f"{teacher.config.vocab_size} embeddings; they do not belong together")
-    cached = args.out / "tokenizer" / "tokenizer.json"
-    if cached.is_file() and minibert.Tokenizer.from_pretrained(cached).fingerprint \
-            != tok.fingerprint:
-        raise ValueError(f"vocabulary mismatch: {cached.parent} holds another tokenizer than "
-                         f"the teacher's ({args.teacher}); teacher and student must share one "
-                         f"vocabulary, so choose another --out")
     if args.seq_len > teacher.config.max_position_embeddings:
         raise ValueError(f"--seq-len {args.seq_len} exceeds the teacher's "
                          f"max_position_embeddings={teacher.config.max_position_embeddings}")
@@ -221,27 +218,6 @@ def teacher_digest(teacher: nn.Module) -> str:
     return h.hexdigest()
 
 
-def check_resume_settings(args, settings: dict) -> None:
-    """The engine checks the student's and the training's settings; these are ours."""
-    state = load_checkpoint(latest_checkpoint(args.out / "checkpoints"))
-    saved = state.get("run_info", {}).get("distill", {})
-    diffs = [f"{k}: checkpoint {saved.get(k)!r}, now {v!r}" for k, v in settings.items()
-             if saved.get(k) != v]
-    if diffs:
-        raise ValueError(f"cannot resume from {args.out}: the distillation settings differ "
-                         f"from the checkpoint's ({'; '.join(diffs)})")
-
-
-def eval_batches(eval_set, collate, cfg, ctx):
-    """The engine's evaluation batches: the first eval_batches global batches, this rank's
-    share. Masks depend on (seed, example index) only, so every model sees the same ones."""
-    n = min(len(eval_set), cfg.eval_batches * cfg.batch_size)
-    mine = list(range(ctx.rank, n, ctx.world_size))
-    micro = cfg.micro_batch_size or cfg.batch_size // ctx.world_size
-    for b0 in range(0, len(mine), micro):
-        yield collate([eval_set[i] for i in mine[b0:b0 + micro]], epoch=0)
-
-
 def report(rows: dict[str, dict]) -> str:
     lines = ["| model | parameters | eval loss | accuracy | perplexity |",
              "|---|---|---|---|---|"]
@@ -253,63 +229,68 @@ def report(rows: dict[str, dict]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    ctx = pretrain.start_run(args)
+    ctx = None
     try:
+        ctx = pretrain.start_run(args)
         check_args(args, ctx.world_size)
-        teacher, _ = load_teacher(args)
-        precision = resolve_precision(args.precision, ctx.device)
-        tok, train_set, eval_set = pretrain.prepare_data(args, ctx)  # the teacher's tokenizer
-        collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed)
-        cfg = pretrain.train_config(args)
-        settings = {"alpha": args.alpha, "temperature": args.temperature,
-                    "teacher": teacher_digest(teacher)}
-        if args.resume:
-            check_resume_settings(args, settings)
-        run_info = {"args": {k: str(v) for k, v in vars(args).items()}, "distill": settings}
-
-        def mlm_metrics(model: nn.Module) -> dict[str, float]:
-            return evaluate(model, eval_batches(eval_set, collate, cfg, ctx), precision,
-                            ctx.device, ctx)
-
-        teacher.to(ctx.device)
-        rows = {"teacher": {"model": f"teacher ({args.teacher})",
-                            "parameters": sum(p.numel() for p in teacher.parameters()),
-                            **mlm_metrics(teacher)}}
-        # 1. The student, distilled. The seed is set right before each student is built, so
-        #    both students start from the same weights and draw the same dropout masks (the
-        #    teacher, in eval mode, draws no random numbers).
-        minibert.set_seed(args.seed, deterministic=args.deterministic)
-        distiller = Distiller(build_student(args, teacher, tok), teacher, args.alpha,
-                              args.temperature)
-        n_student = sum(p.numel() for p in distiller.parameters())
-        log.info("teacher: %s, %.1fM parameters; student: %s, %.1fM; alpha %g, T %g",
-                 args.teacher, rows["teacher"]["parameters"] / 1e6, args.student_preset,
-                 n_student / 1e6, args.alpha, args.temperature)
-        distilled = train(distiller, train_set, collate, cfg, args.out, ctx=ctx,
-                          resume=args.resume, run_info=run_info,
-                          eval_fn=lambda m: mlm_metrics(m.student))
-        if distilled["interrupted"]:
-            log.info("interrupted at step %d; continue with the same command plus --resume",
-                     distilled["steps"])
-            cleanup(ctx)
-            return 0
-        # 2. The same student, same seed and steps, without the teacher: plain MLM.
-        minibert.set_seed(args.seed, deterministic=args.deterministic)
-        plain = build_student(args, teacher, tok)
-        base_out = args.out / "baseline"
-        baseline = train(plain, train_set, collate, cfg, base_out, ctx=ctx,
-                         resume=args.resume and latest_checkpoint(base_out / "checkpoints")
-                         is not None, run_info={"args": run_info["args"]}, eval_fn=mlm_metrics)
-        if baseline["interrupted"]:
-            log.info("interrupted at step %d of the run without the teacher; continue with "
-                     "the same command plus --resume", baseline["steps"])
-            cleanup(ctx)
-            return 0
+        with open_run(args.out, args.resume, main=ctx.is_main):
+            run(args, ctx)
     except pretrain.RUN_ERRORS as e:
         return pretrain.report_error(e, ctx)
+    cleanup(ctx)
+    return 0
+
+
+def run(args, ctx) -> None:
+    teacher, _ = load_teacher(args)
+    precision = resolve_precision(args.precision, ctx.device)
+    # The teacher's tokenizer (--init-from is the teacher), read after rank 0 has written it.
+    tok, train_set, eval_set, identity = pretrain.prepare_data(args, ctx)
+    collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed)
+    cfg = pretrain.train_config(args)
+    # The distillation's own settings join the run identity that --resume compares.
+    distill_identity = {**identity, "--alpha": args.alpha, "--temperature": args.temperature,
+                        "teacher": teacher_digest(teacher)}
+
+    def mlm_metrics(model: nn.Module) -> dict[str, float]:
+        return evaluate(model, eval_batches(eval_set, collate, cfg, ctx), precision,
+                        ctx.device, ctx)
+
+    teacher.to(ctx.device)
+    rows = {"teacher": {"model": f"teacher ({args.teacher})",
+                        "parameters": sum(p.numel() for p in teacher.parameters()),
+                        **mlm_metrics(teacher)}}
+    # 1. The student, distilled. The seed is set right before each student is built, so
+    #    both students start from the same weights and draw the same dropout masks (the
+    #    teacher, in eval mode, draws no random numbers).
+    minibert.set_seed(args.seed, deterministic=args.deterministic)
+    distiller = Distiller(build_student(args, teacher, tok), teacher, args.alpha,
+                          args.temperature)
+    n_student = sum(p.numel() for p in distiller.parameters())
+    log.info("teacher: %s, %.1fM parameters; student: %s, %.1fM; alpha %g, T %g",
+             args.teacher, rows["teacher"]["parameters"] / 1e6, args.student_preset,
+             n_student / 1e6, args.alpha, args.temperature)
+    distilled = train(distiller, train_set, collate, cfg, args.out, ctx=ctx,
+                      resume=args.resume, data_identity=distill_identity,
+                      eval_fn=lambda m: mlm_metrics(m.student))
+    if distilled["interrupted"]:
+        log.info("interrupted at step %d; continue with the same command plus --resume",
+                 distilled["steps"])
+        return
+    # 2. The same student, same seed and steps, without the teacher: plain MLM.
+    minibert.set_seed(args.seed, deterministic=args.deterministic)
+    plain = build_student(args, teacher, tok)
+    base_out = args.out / "baseline"
+    baseline = train(plain, train_set, collate, cfg, base_out, ctx=ctx,
+                     resume=args.resume and latest_checkpoint(base_out / "checkpoints")
+                     is not None, data_identity=identity, eval_fn=mlm_metrics)
+    if baseline["interrupted"]:
+        log.info("interrupted at step %d of the run without the teacher; continue with "
+                 "the same command plus --resume", baseline["steps"])
+        return
     if ctx.is_main:
         keys = ("eval_loss", "eval_accuracy", "perplexity", "steps", "tokens_seen",
-                "wall_seconds")
+                "wall_seconds", "precision")
         rows["distilled"] = {"model": f"student {args.student_preset}, distilled (alpha "
                                       f"{args.alpha:g}, T {args.temperature:g})",
                              "parameters": n_student, "alpha": args.alpha,
@@ -317,13 +298,11 @@ def main(argv=None) -> int:
                              **{k: distilled[k] for k in keys}}
         rows["baseline"] = {"model": f"student {args.student_preset}, without teacher",
                             "parameters": n_student, **{k: baseline[k] for k in keys}}
-        (args.out / "eval.json").write_text(json.dumps(rows, indent=2) + "\n")
+        pretrain.write_json(args.out / "eval.json", rows)
         distiller.student.save_pretrained(args.out / "final")
         tok.save(args.out / "final")
         print(report(rows))
         print(f"\ndistilled student in {args.out / 'final'}; numbers in {args.out / 'eval.json'}")
-    cleanup(ctx)
-    return 0
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ import argparse
 import csv
 import io
 import json
+import hashlib
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -33,12 +35,13 @@ import numpy as np
 import torch
 
 import minibert
-from minibert.checkpoint import CheckpointError, latest_checkpoint
+from minibert.checkpoint import CheckpointError
 from minibert.config import PRESETS
 from minibert.data.mlm import pad_batch
 from minibert.distributed import barrier, cleanup, init_distributed
 from minibert.engine import TrainConfig, TrainingError, autocast_context, resolve_precision, train
 from minibert.hf import read_config
+from minibert.rundir import open_run
 
 log = logging.getLogger("finetune")
 
@@ -62,11 +65,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     m.add_argument("--preset", default="mini", help=f"without --init-from: {', '.join(PRESETS)}")
     t = p.add_argument_group("training")
     t.add_argument("--epochs", type=int, default=3)
-    t.add_argument("--max-steps", type=int, help="stop after this many steps (overrides --epochs)")
+    t.add_argument("--max-steps", type=int, help="stop after this many steps (overrides --epochs); "
+                   "may change on --resume to stop earlier or go further")
+    t.add_argument("--decay-steps", type=int, help="the learning-rate schedule's horizon, fixed "
+                   "for the whole run; steps past it run at --min-lr (default: the steps of the "
+                   "run's first start)")
     t.add_argument("--batch-size", type=int, default=32, help="global: examples per step")
     t.add_argument("--micro-batch-size", type=int, help="per rank; default batch / world size")
     t.add_argument("--lr", type=float, help="default 5e-5 with --init-from, 5e-4 without")
-    t.add_argument("--warmup-ratio", type=float, default=0.1, help="fraction of the steps")
+    t.add_argument("--min-lr", type=float, default=0.0, help="the rate at the horizon and after")
+    t.add_argument("--warmup-ratio", type=float, default=0.1, help="fraction of --decay-steps")
     t.add_argument("--weight-decay", type=float, default=0.01)
     t.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
                    help="auto: bf16 on a CUDA GPU that has it, fp32 on CPU")
@@ -321,7 +329,8 @@ def check_args(args, ctx) -> None:
     """The mistakes worth one clear line, before any work is done."""
     if not args.init_from and args.preset not in PRESETS:
         raise ValueError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
-    for flag in ("epochs", "max_steps", "max_train_examples", "batch_size", "log_every"):
+    for flag in ("epochs", "max_steps", "decay_steps", "max_train_examples", "batch_size",
+                 "micro_batch_size", "log_every"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
@@ -333,20 +342,17 @@ def check_args(args, ctx) -> None:
         raise ValueError(f"--warmup-ratio {args.warmup_ratio} must lie in [0, 1)")
     if args.lr is not None and not args.lr > 0:
         raise ValueError(f"--lr {args.lr} must be positive")
+    if not 0 <= args.min_lr <= (args.lr or 5e-5):
+        raise ValueError(f"--min-lr {args.min_lr} must lie between 0 and --lr "
+                         f"({args.lr or 'its default 5e-5 with --init-from, 5e-4 without'})")
+    if not args.weight_decay >= 0:
+        raise ValueError(f"--weight-decay {args.weight_decay} must be 0 or more")
     per_rank, rest = divmod(args.batch_size, ctx.world_size)
     micro = args.micro_batch_size or per_rank
-    if rest or per_rank == 0 or micro < 1 or per_rank % micro:
-        raise ValueError(f"--micro-batch-size {micro} must divide the per-rank batch "
-                         f"(--batch-size {args.batch_size} / {ctx.world_size} processes)")
+    if rest or per_rank == 0 or per_rank % micro:
+        raise ValueError(f"--batch-size {args.batch_size} must split into {ctx.world_size} "
+                         f"process(es) x whole micro-batches of --micro-batch-size {micro}")
     resolve_precision(args.precision, ctx.device)  # e.g. fp16 on a CPU
-    ckpts = args.out / "checkpoints"
-    if args.resume and latest_checkpoint(ckpts) is None:
-        raise FileNotFoundError(f"--resume: no intact checkpoint in {ckpts}")
-    done = [p for p in (ckpts, args.out / "final", args.out / "eval.json")
-            if p.exists() and not (p.is_dir() and not any(p.iterdir()))]
-    if not args.resume and done:
-        raise FileExistsError(f"{args.out} already holds a run ({done[0].name}); pass --resume "
-                              f"to continue it, or choose another --out")
 
 
 def save_labels(args, names: list[str]) -> None:
@@ -371,8 +377,10 @@ def write_results(args, model, tok, task, result, scores, preds) -> dict:
                "per_class": dict(zip(names, scores["per_class"])),
                "train_examples": len(task["train"]["labels"]),
                "eval_examples": len(task["eval"]["labels"]),
-               **{k: result[k] for k in ("steps", "tokens_seen", "wall_seconds")}}
-    (args.out / "eval.json").write_text(json.dumps(summary, indent=2) + "\n")
+               **{k: result[k] for k in ("steps", "tokens_seen", "wall_seconds", "precision")}}
+    tmp = args.out / ".eval.json.tmp"  # through a rename: a crash keeps the previous file
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, args.out / "eval.json")
     with open(args.out / "predictions.tsv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, delimiter="\t", lineterminator="\n")
         w.writerow(["line", "label", "prediction"])
@@ -391,46 +399,9 @@ def main(argv=None) -> int:
         if args.keep_freed_memory and not minibert.runtime.keep_freed_memory():
             log.warning("--keep-freed-memory has no effect here: it needs glibc's malloc")
         check_args(args, ctx)
-        minibert.set_seed(args.seed)
-        task = load_task(args)
-        names, n_train = task["names"], len(task["train"]["labels"])
-        if n_train < args.batch_size:
-            raise ValueError(f"{args.train} gives {n_train} training examples, fewer than one "
-                             f"batch; lower --batch-size below {n_train}")
-        if ctx.is_main:
-            save_labels(args, names)
-        tok = prepare_tokenizer(args, ctx, task)
-        model = build_model(args, tok, names)
-        train_set, eval_set = (encode(tok, task[s], args.seq_len) for s in ("train", "eval"))
-        truncated = sum(len(e["input_ids"]) == args.seq_len for e in train_set)
-        steps_per_epoch = n_train // args.batch_size  # full, length-grouped batches
-        max_steps = args.max_steps or args.epochs * steps_per_epoch
-        log.info("%d training and %d evaluation examples, %d classes (%s); %d steps of %d "
-                 "(%d per epoch); %d training texts reach --seq-len %d", n_train, len(eval_set),
-                 len(names), ", ".join(names[:10]), max_steps, args.batch_size, steps_per_epoch,
-                 truncated, args.seq_len)
-        collate = ClassificationCollator(tok.pad_id)
-        precision = resolve_precision(args.precision, ctx.device)
-        eval_batch = args.micro_batch_size or args.batch_size // ctx.world_size
-        last = {}
-
-        def eval_fn(raw_model) -> dict:  # every epoch, and at the end
-            preds, loss = predict(raw_model, eval_set, collate, eval_batch, precision, ctx.device)
-            last["preds"] = preds
-            last["scores"] = classification_scores(task["eval"]["labels"], preds, len(names))
-            return {"accuracy": last["scores"]["accuracy"], "f1": last["scores"]["f1"],
-                    "eval_loss": loss}
-
-        cfg = TrainConfig(
-            batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
-            max_steps=max_steps, lr=args.lr or (5e-5 if args.init_from else 5e-4),
-            warmup=args.warmup_ratio, weight_decay=args.weight_decay, precision=args.precision,
-            seed=args.seed, log_every=args.log_every, eval_every=steps_per_epoch,
-            save_every=steps_per_epoch, progress=not args.no_progress)
-        result = train(model, train_set, collate, cfg, args.out, ctx=ctx, resume=args.resume,
-                       lengths=[len(e["input_ids"]) for e in train_set], eval_fn=eval_fn,
-                       run_info={"args": {k: str(v) for k, v in vars(args).items()},
-                                 "labels": names})
+        task = load_task(args)  # the files are read and checked before --out is touched
+        with open_run(args.out, args.resume, main=ctx.is_main):
+            run(args, ctx, task)
     except (ValueError, OSError, CheckpointError, ImportError) as e:
         print("error: " + " ".join(str(e).split()), file=sys.stderr)
         if ctx is not None:
@@ -440,6 +411,57 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         cleanup(ctx)
         return 1
+    cleanup(ctx)
+    return 0
+
+
+def run(args, ctx, task: dict) -> None:
+    minibert.set_seed(args.seed)
+    names, n_train = task["names"], len(task["train"]["labels"])
+    if n_train < args.batch_size:
+        raise ValueError(f"{args.train} gives {n_train} training examples, fewer than one "
+                         f"batch; lower --batch-size below {n_train}")
+    if ctx.is_main:
+        save_labels(args, names)
+    tok = prepare_tokenizer(args, ctx, task)
+    model = build_model(args, tok, names)
+    train_set, eval_set = (encode(tok, task[s], args.seq_len) for s in ("train", "eval"))
+    truncated = sum(len(e["input_ids"]) == args.seq_len for e in train_set)
+    steps_per_epoch = n_train // args.batch_size  # full, length-grouped batches
+    max_steps = args.max_steps or args.epochs * steps_per_epoch
+    log.info("%d training and %d evaluation examples, %d classes (%s); %d steps of %d "
+             "(%d per epoch); %d training texts reach --seq-len %d", n_train, len(eval_set),
+             len(names), ", ".join(names[:10]), max_steps, args.batch_size, steps_per_epoch,
+             truncated, args.seq_len)
+    collate = ClassificationCollator(tok.pad_id)
+    precision = resolve_precision(args.precision, ctx.device)
+    eval_batch = args.micro_batch_size or args.batch_size // ctx.world_size
+    last = {}
+
+    def eval_fn(raw_model) -> dict:  # every epoch, and at the end
+        preds, loss = predict(raw_model, eval_set, collate, eval_batch, precision, ctx.device)
+        last["preds"] = preds
+        last["scores"] = classification_scores(task["eval"]["labels"], preds, len(names))
+        return {"accuracy": last["scores"]["accuracy"], "f1": last["scores"]["f1"],
+                "eval_loss": loss}
+
+    cfg = TrainConfig(
+        batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
+        max_steps=max_steps, decay_steps=args.decay_steps,
+        lr=args.lr or (5e-5 if args.init_from else 5e-4), min_lr=args.min_lr,
+        warmup=args.warmup_ratio, weight_decay=args.weight_decay, precision=args.precision,
+        seed=args.seed, log_every=args.log_every, eval_every=steps_per_epoch,
+        save_every=steps_per_epoch, progress=not args.no_progress)
+    # What --resume compares besides the model and training settings: the same examples,
+    # read from the same columns, encoded by the same tokenizer, for the same classes.
+    identity = {"train file": file_digest(args.train),
+                "--max-train-examples": args.max_train_examples,
+                "--text-column": args.text_column, "--text-pair-column": args.text_pair_column,
+                "--label-column": args.label_column, "--seq-len": args.seq_len,
+                "tokenizer": tok.fingerprint, "labels": names}
+    result = train(model, train_set, collate, cfg, args.out, ctx=ctx, resume=args.resume,
+                   lengths=[len(e["input_ids"]) for e in train_set], eval_fn=eval_fn,
+                   data_identity=identity)
     if ctx.is_main and result["interrupted"]:
         log.info("interrupted at step %d; continue with the same command plus --resume",
                  result["steps"])
@@ -448,8 +470,15 @@ def main(argv=None) -> int:
         log.info("eval accuracy %.4f, macro-F1 %.4f over %d examples; model in %s",
                  summary["accuracy"], summary["f1"], summary["eval_examples"],
                  args.out / "final")
-    cleanup(ctx)
-    return 0
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 if __name__ == "__main__":

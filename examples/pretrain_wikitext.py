@@ -10,6 +10,9 @@ token file (written once, cached) -> packed [CLS] ... [SEP] blocks -> dynamicall
 batches -> `minibert.engine.train`. Outputs in --out: metrics.jsonl, eval.json,
 checkpoints/, final/ (loadable by transformers, with the tokenizer) and loss.png.
 Bad input ends with one line on stderr and exit status 2; nothing already in --out is lost.
+One run at a time uses an --out folder (a lock held for the run's life), a finished or
+started run there is never overwritten without --resume, and --resume continues only the
+same run: the data, tokenizer and settings are compared with the checkpoint's.
 """
 
 from __future__ import annotations
@@ -18,15 +21,18 @@ import argparse
 import hashlib
 import json
 import logging
+import math
+import os
 import sys
 from pathlib import Path
 
 import minibert
-from minibert.checkpoint import CheckpointError, latest_checkpoint
+from minibert.checkpoint import CheckpointError
 from minibert.config import PRESETS
 from minibert.data import (DownloadError, MLMCollator, PackedMLMDataset, TokenFile,
                            TokenFileError, download_wikitext, load_text_folder, load_wikitext,
                            tokenize_to_memmap)
+from minibert.rundir import open_run
 from minibert.data.wikitext import WIKITEXT_VARIANTS
 from minibert.distributed import barrier, cleanup, init_distributed
 from minibert.engine import TrainConfig, TrainingError, train
@@ -77,10 +83,14 @@ def add_training_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     t = p.add_argument_group("training")
     t.add_argument("--batch-size", type=int, default=32, help="global: sequences per step")
     t.add_argument("--micro-batch-size", type=int, help="per rank; default batch / world size")
-    t.add_argument("--max-steps", type=int, default=1000)
+    t.add_argument("--max-steps", type=int, default=1000, help="where this run stops; may "
+                   "change on --resume to stop earlier or go further")
+    t.add_argument("--decay-steps", type=int, help="the learning-rate schedule's horizon, fixed "
+                   "for the whole run; steps past it run at --min-lr (default: --max-steps of "
+                   "the run's first start)")
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--min-lr", type=float, default=1e-5)
-    t.add_argument("--warmup-steps", type=int, help="default 10%% of --max-steps")
+    t.add_argument("--warmup-steps", type=int, help="default 10%% of --decay-steps")
     t.add_argument("--schedule", choices=["linear", "cosine"], default="linear")
     t.add_argument("--weight-decay", type=float, default=0.01)
     t.add_argument("--adam-eps", type=float, default=1e-6)
@@ -111,14 +121,20 @@ def add_run_args(p: argparse.ArgumentParser, default_out: Path) -> argparse._Arg
 
 
 def prepare_data(args, ctx):
-    """(tokenizer, train set, eval set). Rank 0 prepares; the other ranks read its files."""
+    """(tokenizer, train set, eval set, data identity). Rank 0 prepares; the other ranks
+    read its files. The identity is what the engine compares on --resume."""
     if ctx.is_main:
         _prepare_files(args)
     barrier(ctx)
     tok = minibert.Tokenizer.from_pretrained(args.out / "tokenizer")
+    splits = (args.train_split, args.eval_split)
     sets = [PackedMLMDataset(TokenFile.open(_token_file(args, tok, s), tok), args.seq_len)
-            for s in (args.train_split, args.eval_split)]
-    return tok, sets[0], sets[1]
+            for s in splits]
+    identity = {"corpus": {s: _corpus_key(args, s) for s in splits},
+                "--train-split": args.train_split, "--eval-split": args.eval_split,
+                "--seq-len": args.seq_len, "--mask-prob": args.mask_prob,
+                "tokenizer": tok.fingerprint}
+    return tok, sets[0], sets[1], identity
 
 
 def _prepare_files(args) -> None:
@@ -129,21 +145,49 @@ def _prepare_files(args) -> None:
             raise FileNotFoundError(f"split {s!r} not found in {data_dir} (found: "
                                     f"{', '.join(sorted(splits))}); choose --train-split / "
                                     f"--eval-split among those")
-    tok_dir = args.out / "tokenizer"
-    if (tok_dir / "tokenizer.json").is_file():  # a resumed or repeated run keeps its vocabulary
-        tok = minibert.Tokenizer.from_pretrained(tok_dir)
-    elif args.init_from:
-        tok = minibert.Tokenizer.from_pretrained(args.init_from)
-    else:
-        tok = minibert.Tokenizer.train_from_iterator(splits[args.train_split],
-                                                     vocab_size=args.vocab_size,
-                                                     cache_dir=args.cache_dir)
-    tok.save(tok_dir)
+    tok = run_tokenizer(args, splits[args.train_split])
     for s in (args.train_split, args.eval_split):
         path = _token_file(args, tok, s, splits[s])
+        if path.is_file():
+            try:
+                TokenFile.open(path, tok)
+            except TokenFileError as e:  # a cache entry is only a copy: make it again
+                log.warning("rebuilding the damaged cache file %s (%s)", path, e)
+                path.unlink()
         if not path.is_file():
             log.info("tokenizing the %s split into %s", s, path)
             tokenize_to_memmap(splits[s], tok, path)
+
+
+def run_tokenizer(args, train_texts) -> minibert.Tokenizer:
+    """The run's tokenizer, kept in --out/tokenizer: the one a resumed run was started with,
+    else --init-from's, else a new one trained on the training split.
+
+    A tokenizer left in --out by a start that failed before training is used only if it is
+    the one this start would produce; otherwise the start is refused, so that a stale
+    vocabulary never silently replaces --init-from's or a new --vocab-size.
+    """
+    tok_dir = args.out / "tokenizer"
+    kept = tok_dir / "tokenizer.json"
+    if args.resume and kept.is_file():  # compared with the checkpoint's by the engine
+        return minibert.Tokenizer.from_pretrained(tok_dir)
+    if args.init_from:
+        tok, source = minibert.Tokenizer.from_pretrained(args.init_from), str(args.init_from)
+    else:
+        tok = minibert.Tokenizer.train_from_iterator(train_texts, vocab_size=args.vocab_size,
+                                                     cache_dir=args.cache_dir)
+        source = f"trained with --vocab-size {args.vocab_size}"
+    if kept.is_file():
+        old = minibert.Tokenizer.from_pretrained(tok_dir)
+        if old.fingerprint != tok.fingerprint:
+            raise FileExistsError(
+                f"{tok_dir} holds a tokenizer (fingerprint {old.fingerprint[:16]}, "
+                f"{old.vocab_size} tokens) that is not this run's ({tok.fingerprint[:16]}, "
+                f"{tok.vocab_size} tokens, {source}); it was left by an earlier start: "
+                f"delete {tok_dir} or choose another --out")
+    else:
+        tok.save(tok_dir)
+    return tok
 
 
 def load_corpus(data_dir: Path) -> dict:
@@ -158,14 +202,17 @@ def load_corpus(data_dir: Path) -> dict:
 
 def _token_file(args, tok, split: str, texts=None) -> Path:
     """Token files are cached by tokenizer and text, so each corpus is tokenized once."""
-    key_file = args.out / "tokenizer" / f"{split}.key"
-    if texts is not None:
+    if texts is not None:  # rank 0, preparing: the split's text fingerprint, for every rank
         h = hashlib.blake2b(digest_size=8)
         for t in texts:
             h.update(t.encode("utf-8", "surrogatepass"))
-        key_file.write_text(h.hexdigest())
+        (args.out / "tokenizer" / f"{split}.key").write_text(h.hexdigest())
     cache = args.cache_dir or default_cache_dir()
-    return Path(cache) / "tokens" / f"{tok.fingerprint[:16]}-{key_file.read_text()}.tok"
+    return Path(cache) / "tokens" / f"{tok.fingerprint[:16]}-{_corpus_key(args, split)}.tok"
+
+
+def _corpus_key(args, split: str) -> str:
+    return (args.out / "tokenizer" / f"{split}.key").read_text()
 
 
 def build_model(args, tok) -> minibert.BertForMaskedLM:
@@ -193,29 +240,62 @@ def build_model(args, tok) -> minibert.BertForMaskedLM:
     return model
 
 
+# Every numeric flag, checked before any tokenizing or model building, in the flag's name.
+NUMBER_RULES = [
+    ("seq_len", lambda v: v >= 3, "at least 3 ([CLS], one token, [SEP])"),
+    ("vocab_size", lambda v: v >= 16, "at least 16 (the special tokens and some words)"),
+    ("mask_prob", lambda v: 0 < v < 1, "between 0 and 1, e.g. 0.15"),
+    ("batch_size", lambda v: v >= 1, "at least 1"),
+    ("micro_batch_size", lambda v: v >= 1, "at least 1"),
+    ("max_steps", lambda v: v >= 1, "at least 1"),
+    ("decay_steps", lambda v: v >= 1, "at least 1"),
+    ("warmup_steps", lambda v: v >= 0, "0 or more"),
+    ("lr", lambda v: v > 0, "above 0"),
+    ("min_lr", lambda v: v >= 0, "0 or more"),
+    ("weight_decay", lambda v: v >= 0, "0 or more"),
+    ("adam_eps", lambda v: v > 0, "above 0, e.g. 1e-6"),
+    ("max_grad_norm", lambda v: v > 0, "above 0 (0 would train nothing, a negative value "
+     "would climb the loss)"),
+    ("dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("seed", lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
+    ("log_every", lambda v: v >= 1, "at least 1"),
+    ("eval_every", lambda v: v >= 0, "0 (only at the end) or more"),
+    ("eval_batches", lambda v: v >= 1, "at least 1"),
+    ("save_every", lambda v: v >= 0, "0 (only at the end) or more"),
+]
+
+
+def check_numbers(args, rules) -> None:
+    """Refuse the first numeric flag outside its range, in the flag's own name."""
+    for name, ok, allowed in rules:
+        value = getattr(args, name, None)
+        if value is not None and not (math.isfinite(value) and ok(value)):
+            raise ValueError(f"--{name.replace('_', '-')} {value} must be {allowed}")
+
+
 def check_args(args, world_size: int) -> None:
     """The mistakes worth one clear line, before any work is done."""
     if args.preset not in PRESETS:
         raise ValueError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
-    if args.seq_len < 3:
-        raise ValueError("--seq-len must be at least 3 ([CLS], one token, [SEP])")
+    check_numbers(args, NUMBER_RULES)
+    if args.min_lr > args.lr:
+        raise ValueError(f"--lr {args.lr} is below --min-lr {args.min_lr}, the rate the "
+                         f"schedule decays to; lower --min-lr as well")
     per_rank, rest = divmod(args.batch_size, world_size)
     micro = args.micro_batch_size or per_rank
-    if rest or per_rank == 0 or micro < 1 or per_rank % micro:
-        raise ValueError(f"--micro-batch-size {micro} must divide the per-rank batch "
-                         f"(--batch-size {args.batch_size} / {world_size} processes)")
-    ckpts = args.out / "checkpoints"
-    if args.resume and latest_checkpoint(ckpts) is None:
-        raise FileNotFoundError(f"--resume: no intact checkpoint in {ckpts}")
-    if not args.resume and ckpts.is_dir() and any(ckpts.iterdir()):
-        raise FileExistsError(f"{args.out} already holds a run's checkpoints; pass --resume "
-                              f"to continue it, or choose another --out")
+    if rest or per_rank == 0 or per_rank % micro:
+        raise ValueError(f"--batch-size {args.batch_size} must split into {world_size} "
+                         f"process(es) x whole micro-batches of --micro-batch-size {micro}")
+    horizon = args.decay_steps or args.max_steps
+    if args.warmup_steps is not None and args.warmup_steps > horizon and not args.resume:
+        raise ValueError(f"--warmup-steps {args.warmup_steps} is longer than the schedule "
+                         f"({horizon} steps, --decay-steps or else --max-steps)")
 
 
 def train_config(args) -> TrainConfig:
     return TrainConfig(
         batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
-        max_steps=args.max_steps, lr=args.lr, min_lr=args.min_lr,
+        max_steps=args.max_steps, decay_steps=args.decay_steps, lr=args.lr, min_lr=args.min_lr,
         warmup=args.warmup_steps if args.warmup_steps is not None else 0.1,
         schedule=args.schedule, weight_decay=args.weight_decay, adam_eps=args.adam_eps,
         max_grad_norm=args.max_grad_norm, precision=args.precision, seed=args.seed,
@@ -255,8 +335,9 @@ RUN_ERRORS = (ValueError, OSError, DownloadError, TokenFileError, CheckpointErro
 
 def report_error(error: Exception, ctx) -> int:
     """Print `error` as one line, leave the process group, return the exit status."""
-    print(f"error: {error}", file=sys.stderr)
-    cleanup(ctx)
+    print("error: " + " ".join(str(error).split()), file=sys.stderr)
+    if ctx is not None:
+        cleanup(ctx)
     return 1 if isinstance(error, TrainingError) else 2
 
 
@@ -272,22 +353,29 @@ def start_run(args):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    ctx = start_run(args)
+    ctx = None
     try:
+        ctx = start_run(args)
         check_args(args, ctx.world_size)
-        minibert.set_seed(args.seed, deterministic=args.deterministic)
-        tok, train_set, eval_set = prepare_data(args, ctx)
-        model = build_model(args, tok)
-        n_params = sum(p.numel() for p in model.parameters())
-        log.info("model: %s, %.1fM parameters; %d training blocks of %d tokens", args.preset
-                 if not args.init_from else args.init_from, n_params / 1e6, len(train_set),
-                 args.seq_len)
-        collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed)
-        result = train(model, train_set, collate, train_config(args), args.out, ctx=ctx,
-                       eval_set=eval_set, resume=args.resume,
-                       run_info={"args": {k: str(v) for k, v in vars(args).items()}})
+        with open_run(args.out, args.resume, main=ctx.is_main):
+            run(args, ctx)
     except RUN_ERRORS as e:
         return report_error(e, ctx)
+    cleanup(ctx)
+    return 0
+
+
+def run(args, ctx) -> None:
+    minibert.set_seed(args.seed, deterministic=args.deterministic)
+    tok, train_set, eval_set, identity = prepare_data(args, ctx)
+    model = build_model(args, tok)
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("model: %s, %.1fM parameters; %d training blocks of %d tokens", args.preset
+             if not args.init_from else args.init_from, n_params / 1e6, len(train_set),
+             args.seq_len)
+    collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed)
+    result = train(model, train_set, collate, train_config(args), args.out, ctx=ctx,
+                   eval_set=eval_set, resume=args.resume, data_identity=identity)
     if ctx.is_main and result["interrupted"]:
         log.info("interrupted at step %d; continue with the same command plus --resume",
                  result["steps"])
@@ -295,14 +383,19 @@ def main(argv=None) -> int:
         model.save_pretrained(args.out / "final")
         tok.save(args.out / "final")
         summary = {k: result[k] for k in ("eval_loss", "eval_accuracy", "perplexity", "steps",
-                                          "tokens_seen", "wall_seconds")}
-        (args.out / "eval.json").write_text(json.dumps(summary, indent=2) + "\n")
+                                          "tokens_seen", "wall_seconds", "precision")}
+        write_json(args.out / "eval.json", summary)
         plot_loss(args.out)
         log.info("eval loss %.4f, accuracy %.4f, perplexity %.1f; model in %s",
                  result["eval_loss"], result["eval_accuracy"], result["perplexity"],
                  args.out / "final")
-    cleanup(ctx)
-    return 0
+
+
+def write_json(path: Path, obj) -> None:
+    """Write through a temporary file and a rename, so a crash keeps the previous file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

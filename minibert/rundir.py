@@ -31,6 +31,7 @@ The module needs only the standard library.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import json
@@ -39,7 +40,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 try:
     import fcntl
@@ -145,6 +146,31 @@ def run_exists(out_dir: Union[str, os.PathLike]) -> list[str]:
         if present:
             found.append(name)
     return found
+
+
+@contextlib.contextmanager
+def open_run(out_dir: Union[str, os.PathLike], resume: bool, main: bool = True) -> Iterator[None]:
+    """Hold `out_dir` for one run (the main rank locks it) and refuse to mix runs there.
+
+    Without `resume`, the folder must hold no run (`run_exists`); with it, an intact
+    checkpoint under `checkpoints/`. The lock is taken before looking, so the check and
+    every write after it belong to this run alone. Other ranks (`main=False`) check nothing.
+    """
+    if not main:
+        yield
+        return
+    from .checkpoint import latest_checkpoint  # here, so the module alone stays stdlib-only
+
+    out_dir = Path(out_dir)
+    with RunLock(out_dir):
+        ckpts = out_dir / "checkpoints"
+        if resume and latest_checkpoint(ckpts) is None:
+            raise FileNotFoundError(f"--resume: no intact checkpoint in {ckpts}")
+        found = run_exists(out_dir)
+        if not resume and found:
+            raise FileExistsError(f"{out_dir} already holds a run ({', '.join(found)}); pass "
+                                  f"--resume to continue it, or choose another --out")
+        yield
 
 
 def _read_holder(fd: int, wait: bool = False) -> dict:

@@ -180,3 +180,37 @@ def test_length_grouping_ranks_drop_last_and_resume():
         LengthGroupedBatchSampler([], 8)
     with pytest.raises(ValueError, match="batch_size"):
         LengthGroupedBatchSampler([3, 4], 0)
+
+
+def test_global_batches_ranks_partition_the_batch_and_resume_exactly():
+    from minibert.data.sampler import GlobalBatches
+
+    one = GlobalBatches(50, 8, seed=3)
+    ranks = [GlobalBatches(50, 8, seed=3, rank=r, world_size=2) for r in range(2)]
+    for _ in range(14):  # 6 batches per epoch (2 examples dropped): crosses two epochs
+        epoch, whole = one.next()
+        parts = [b.next() for b in ranks]
+        assert [e for e, _ in parts] == [epoch, epoch]
+        assert parts[0][1] + parts[1][1] == whole
+    assert one.position() == {"epoch": 2, "consumed": 16}
+
+    # An interrupted reader continues from its saved position with the same batches.
+    ref = GlobalBatches(50, 8, seed=3)
+    first = [ref.next() for _ in range(9)]
+    resumed = GlobalBatches(50, 8, seed=3)
+    interrupted = GlobalBatches(50, 8, seed=3)
+    head = [interrupted.next() for _ in range(4)]
+    resumed.seek(**interrupted.position())
+    assert head + [resumed.next() for _ in range(5)] == first
+    # Every example of an epoch appears at most once.
+    epoch0 = [i for e, b in first if e == 0 for i in b]
+    assert len(epoch0) == len(set(epoch0)) == 48
+
+
+def test_global_batches_refuse_bad_positions_and_small_sets():
+    from minibert.data.sampler import GlobalBatches
+
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        GlobalBatches(5, 8)
+    with pytest.raises(ValueError, match="whole number of batches"):
+        GlobalBatches(50, 8).seek(0, 3)

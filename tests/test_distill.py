@@ -250,7 +250,8 @@ def test_bad_input_gets_one_line(data_dir, teacher_dir, cache, tmp_path, capsys)
         (args("--temperature", "-1"), "--temperature -1.0 must be"),
         (args("--student-preset", "huge"), "unknown --student-preset 'huge'"),
         (args("--seq-len", "100"), "exceeds the teacher's max_position_embeddings=64"),
-        (args("--micro-batch-size", "3"), "--micro-batch-size 3 must divide"),
+        (args("--micro-batch-size", "3"), "whole micro-batches of --micro-batch-size 3"),
+        (args("--max-grad-norm", "-1"), "--max-grad-norm -1.0 must be above 0"),
         (args("--resume"), "no intact checkpoint"),
         (args("--precision", "fp16"), "fp16 needs a CUDA device"),
     ]
@@ -266,7 +267,14 @@ def test_bad_input_gets_one_line(data_dir, teacher_dir, cache, tmp_path, capsys)
     assert "vocabulary mismatch" in _error_line(capsys, args(teacher=odd))
     # An --out whose cached tokenizer is another vocabulary than the teacher's.
     other.save(out / "tokenizer")
-    assert "holds another tokenizer" in _error_line(capsys, args())
+    assert "not this run's" in _error_line(capsys, args())
+    # A classifier as teacher: it has no MLM head to distil from.
+    classifier = tmp_path / "classifier_teacher"
+    minibert.BertForSequenceClassification(
+        minibert.BertModel.from_pretrained(teacher_dir).config, 3).save_pretrained(classifier)
+    minibert.Tokenizer.from_pretrained(teacher_dir).save(classifier)
+    err = _error_line(capsys, args(teacher=classifier, out=tmp_path / "c"))
+    assert "BertForSequenceClassification, not a masked-language model" in err
     # A teacher folder without weights.
     empty = tmp_path / "empty_teacher"
     empty.mkdir()

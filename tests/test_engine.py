@@ -10,7 +10,7 @@ import torch
 
 from engine_utils import collator, tiny_corpus, tiny_model, train_config
 from minibert.checkpoint import latest_checkpoint
-from minibert.engine import TrainConfig, TrainingError, _micro_step_weight, train
+from minibert.engine import TrainConfig, TrainingError, micro_step_weight, train
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_accumulation_is_exact(corpus, tmp_path):
 def test_mean_of_means_would_not_be_exact():
     """The reference the weight guards against: micro-batches with unequal target counts."""
     counts = [1, 7]
-    weights = [_micro_step_weight(n, sum(counts), 1) for n in counts]
+    weights = [micro_step_weight(n, sum(counts), 1) for n in counts]
     assert weights == [1 / 8, 7 / 8]  # not [1/2, 1/2]
 
 

@@ -226,19 +226,46 @@ def test_init_from_a_transformers_checkpoint_with_vocab_txt(pair_task, tmp_path)
     assert summary["train_examples"] == 40 and summary["steps"] == 40 // 8
 
 
-def test_resume_continues_the_run_and_refuses_other_labels(task, tmp_path, capsys):
+def _rows(out):
+    return [json.loads(line) for line in open(out / "metrics.jsonl")]
+
+
+def test_extending_a_run_keeps_its_schedule_and_refuses_other_data(task, tmp_path, capsys):
+    """--epochs 1 with the horizon of 2 epochs, resumed to 2 == an uninterrupted 2 epochs."""
+    small = ("--max-train-examples", "64", "--log-every", "1")
+    ref = tmp_path / "ref"
+    assert finetune.main(_args(task, ref, *small, "--epochs", "2")) == 0
     out = tmp_path / "run"
-    small = ("--max-train-examples", "64")
-    assert finetune.main(_args(task, out, *small, "--epochs", "1")) == 0
+    assert finetune.main(_args(task, out, *small, "--epochs", "1", "--decay-steps", "8")) == 0
     tokenizer = (out / "tokenizer" / "tokenizer.json").read_bytes()
     assert finetune.main(_args(task, out, *small, "--epochs", "2", "--resume")) == 0
-    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    assert [r["step"] for r in rows if "f1" in r] == [4, 8]  # epoch 1, then epoch 2
+    assert [r["step"] for r in _rows(out) if "f1" in r] == [4, 8]  # epoch 1, then epoch 2
+    assert [(r["step"], r["lr"], r["loss"]) for r in _rows(out) if "lr" in r] == \
+        [(r["step"], r["lr"], r["loss"]) for r in _rows(ref) if "lr" in r]
     assert json.loads((out / "eval.json").read_text())["steps"] == 8
     assert (out / "tokenizer" / "tokenizer.json").read_bytes() == tokenizer
     two = write_tsv(tmp_path / "two.tsv", sentences(64, 3, ("neg", "pos")))
     err = _error_line(capsys, _args({**task, "train": two, "eval": two}, out, "--resume"))
     assert "cannot resume" in err and "['neg', 'pos']" in err
+    # The same labels from another file, or other columns' settings: another run.
+    other = write_tsv(tmp_path / "other.tsv", sentences(80, 7, ("neg", "neu", "pos")))
+    err = _error_line(capsys, _args({**task, "train": other}, out, *small, "--epochs", "3",
+                                    "--resume"))
+    assert "train file: checkpoint" in err
+    err = _error_line(capsys, _args(task, out, "--max-train-examples", "72", "--epochs", "3",
+                                    "--resume"))
+    assert "--max-train-examples: checkpoint 64, now 72" in err
+
+
+def test_steps_past_the_horizon_run_at_min_lr(task, tmp_path):
+    """Resumed further without a horizon set at the start: the rate never climbs back."""
+    out = tmp_path / "run"
+    small = ("--max-train-examples", "64", "--log-every", "1", "--min-lr", "1e-5")
+    assert finetune.main(_args(task, out, *small, "--epochs", "1")) == 0
+    first = [r["lr"] for r in _rows(out) if "lr" in r]
+    assert finetune.main(_args(task, out, *small, "--epochs", "2", "--resume")) == 0
+    lrs = [r["lr"] for r in _rows(out) if "lr" in r]
+    assert lrs[:4] == first and lrs[3:] == [1e-5] * 5
 
 
 def _error_line(capsys, argv):
@@ -292,7 +319,9 @@ def test_bad_files_get_one_line_naming_file_and_line(task, tmp_path, capsys, nam
 def test_bad_flags_and_existing_runs(task, run, tmp_path, capsys):
     out = tmp_path / "out"
     cases = [
-        (["--micro-batch-size", "5"], "--micro-batch-size 5 must divide"),
+        (["--micro-batch-size", "5"], "whole micro-batches of --micro-batch-size 5"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--min-lr", "0.1", "--lr", "0.01"], "--min-lr 0.1 must lie between 0 and --lr"),
         (["--preset", "huge"], "unknown --preset 'huge'"),
         (["--precision", "fp16"], "fp16 needs a CUDA device"),
         (["--batch-size", "300"], "fewer than one batch"),

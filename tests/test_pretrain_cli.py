@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import minibert
 
@@ -40,7 +41,8 @@ def test_end_to_end_outputs(data_dir, tmp_path, allocator_calls):
     assert len([r for r in rows if "eval_loss" in r]) == 2
     summary = json.loads((out / "eval.json").read_text())
     assert set(summary) == {"eval_loss", "eval_accuracy", "perplexity", "steps", "tokens_seen",
-                            "wall_seconds"}
+                            "wall_seconds", "precision"}
+    assert summary["precision"] == "fp32"
     assert summary["steps"] == 6 and summary["tokens_seen"] == 6 * 8 * 32
     assert not allocator_calls  # the allocator is left alone unless asked
     assert (out / "checkpoints" / "step_00000006").is_dir()
@@ -114,7 +116,17 @@ def test_bad_input_gets_one_line(data_dir, tmp_path, capsys):
     cache = tmp_path / "cache"
     out = tmp_path / "run"
     cases = [
-        (["--micro-batch-size", "3"], "--micro-batch-size 3 must divide"),
+        (["--micro-batch-size", "3"], "whole micro-batches of --micro-batch-size 3"),
+        (["--batch-size", "0"], "--batch-size 0 must be at least 1"),
+        (["--max-steps", "0"], "--max-steps 0 must be at least 1"),
+        (["--max-grad-norm", "0"], "--max-grad-norm 0.0 must be above 0"),
+        (["--max-grad-norm", "-1"], "--max-grad-norm -1.0 must be above 0"),
+        (["--adam-eps", "0"], "--adam-eps 0.0 must be above 0"),
+        (["--mask-prob", "1.5"], "--mask-prob 1.5 must be between 0 and 1"),
+        (["--lr", "1e-6"], "--lr 1e-06 is below --min-lr 1e-05"),
+        (["--warmup-steps", "9"], "--warmup-steps 9 is longer than the schedule"),
+        (["--device", "cuda"] if not torch.cuda.is_available() else ["--preset", "huge"],
+         "--device cuda" if not torch.cuda.is_available() else "huge"),
         (["--preset", "huge"], "unknown --preset 'huge'"),
         (["--seq-len", "600"], "--seq-len 600 exceeds"),
         (["--precision", "fp16"], "fp16 needs a CUDA device"),
@@ -197,3 +209,96 @@ def test_load_text_folder(tmp_path):
         load_text_folder(tmp_path / "empty")
     with pytest.raises(ValueError, match="at least 100"):
         load_text_folder(tmp_path, holdout_every=100)
+
+
+def test_numeric_flags_are_checked_before_any_work(data_dir, tmp_path, capsys):
+    """A bad number fails at once: no tokenizer trained, nothing written in --out."""
+    out = tmp_path / "run"
+    _error_line(capsys, _args(data_dir, out, tmp_path / "cache", "--max-grad-norm", "-1"))
+    assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_leftover_tokenizer_never_replaces_this_runs(data_dir, tmp_path, capsys):
+    """A start that failed after writing --out/tokenizer leaves it behind; the next start
+    uses it only if it is the tokenizer that start would make, and refuses otherwise."""
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    assert pretrain.main(_args(data_dir, tmp_path / "base", cache, "--max-steps", "2")) == 0
+    # A failed start: the tokenizer is written, then the model cannot be built.
+    assert _error_line(capsys, _args(data_dir, out, cache, "--seq-len", "600"))
+    leftover = minibert.Tokenizer.from_pretrained(out / "tokenizer")
+    err = _error_line(capsys, _args(data_dir, out, cache, "--vocab-size", "100"))
+    assert "not this run's" in err and leftover.fingerprint[:16] in err
+    base = tmp_path / "base" / "final"
+    other = minibert.Tokenizer.train_from_iterator(["zebra yak " * 30] * 40, vocab_size=60,
+                                                   cache_dir=cache)
+    other.save(base)  # --init-from with a tokenizer other than the leftover one
+    err = _error_line(capsys, _args(data_dir, out, cache, "--init-from", str(base)))
+    assert leftover.fingerprint[:16] in err and other.fingerprint[:16] in err
+    # The start that made it may use it.
+    assert pretrain.main(_args(data_dir, out, cache, "--max-steps", "2")) == 0
+
+
+def test_finished_results_are_kept_when_checkpoints_are_deleted(data_dir, tmp_path, capsys):
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    assert pretrain.main(_args(data_dir, out, cache, "--max-steps", "2")) == 0
+    import shutil
+
+    shutil.rmtree(out / "checkpoints")
+    before = {p: p.read_bytes() for p in (out / "eval.json", out / "metrics.jsonl",
+                                          out / "final" / "model.safetensors")}
+    err = _error_line(capsys, _args(data_dir, out, cache, "--max-steps", "2"))
+    assert "already holds a run (final/, eval.json, metrics.jsonl)" in err
+    assert all(p.read_bytes() == b for p, b in before.items())
+
+
+def test_a_second_run_on_the_same_out_is_refused_naming_the_first(data_dir, tmp_path, capsys):
+    from minibert.rundir import RunLock
+
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); from minibert.rundir import RunLock; "
+        "lock = RunLock(sys.argv[2]).acquire(); print('held', flush=True); time.sleep(60)"),
+        str(Path(__file__).resolve().parents[1]), str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        err = _error_line(capsys, _args(data_dir, out, tmp_path / "cache"))
+        assert f"process {holder.pid}" in err and "is using" in err
+        assert not (out / "tokenizer").exists()  # refused before any work
+    finally:
+        holder.kill()
+        holder.wait()
+    # Killed, its lock is gone with it: the next run takes the folder.
+    assert pretrain.main(_args(data_dir, out, tmp_path / "cache", "--max-steps", "1")) == 0
+    with RunLock(out):  # and this run released it on exit
+        pass
+
+
+def test_resume_refuses_other_data_settings(data_dir, tmp_path, capsys):
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    assert pretrain.main(_args(data_dir, out, cache, "--max-steps", "2")) == 0
+    for extra, words in [(["--seq-len", "24"], "--seq-len: checkpoint 32, now 24"),
+                         (["--mask-prob", "0.3"], "--mask-prob: checkpoint 0.15, now 0.3"),
+                         (["--eval-split", "train"], "--eval-split: checkpoint 'valid'")]:
+        err = _error_line(capsys, _args(data_dir, out, cache, "--max-steps", "4", "--resume",
+                                        *extra))
+        assert "cannot resume" in err and words in err, err
+    (tmp_path / "other").mkdir()
+    other = wikitext_folder(tmp_path / "other", sizes=(("train", 100), ("valid", 20)))
+    err = _error_line(capsys, _args(other, out, cache, "--max-steps", "4", "--resume"))
+    assert "corpus: checkpoint" in err
+
+
+def test_a_damaged_token_cache_is_rebuilt(data_dir, tmp_path, caplog):
+    cache = tmp_path / "cache"
+    assert pretrain.main(_args(data_dir, tmp_path / "a", cache, "--max-steps", "1")) == 0
+    token_files = sorted((cache / "tokens").glob("*.tok"))
+    assert token_files
+    for f in token_files:
+        f.write_bytes(f.read_bytes()[:100])  # truncated
+    with caplog.at_level("WARNING"):
+        assert pretrain.main(_args(data_dir, tmp_path / "b", cache, "--max-steps", "1")) == 0
+    rebuilt = [m for m in caplog.messages if "rebuilding the damaged cache file" in m]
+    assert len(rebuilt) == len(token_files)
+    a = json.loads((tmp_path / "a" / "eval.json").read_text())
+    b = json.loads((tmp_path / "b" / "eval.json").read_text())
+    assert a["eval_loss"] == b["eval_loss"]

@@ -190,3 +190,78 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
             count += rest // self.batch_size + (0 if self.drop_last or rest % self.batch_size == 0
                                                 else 1)
         return max(0, count // self.world_size - self.start)
+
+
+class GlobalBatches:
+    """The run's global batches in order, from a saved position: the training loop's data.
+
+    Epoch `e` is cut into global batches of `batch_size` example indices, by a plain shuffle
+    (:class:`ShardedSampler`, packed pretraining blocks) or, given `lengths`, by length groups
+    (:class:`LengthGroupedBatchSampler`, fine-tuning); the last partial batch of an epoch is
+    dropped so every step sees exactly `batch_size` examples. Both orders are functions of
+    (seed, epoch) alone, so the position is two integers:
+
+        epoch      the epoch the next batch comes from
+        consumed   examples of that epoch already used, over all ranks
+
+    `next()` returns this rank's contiguous slice of the next global batch and moves the
+    position; `position()` is what a checkpoint stores and `seek()` what resuming restores.
+    The union of the slices over ranks is the whole global batch whatever the number of
+    ranks, which is what makes a run with W processes compute what one process computes.
+    """
+
+    def __init__(self, num_examples: int, batch_size: int, *, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, lengths: Sequence[int] | None = None) -> None:
+        if batch_size < 1 or batch_size % world_size:
+            raise ValueError(f"batch_size={batch_size} must be a positive multiple of "
+                             f"world_size={world_size}")
+        if num_examples < batch_size:
+            raise ValueError(f"the training set has {num_examples} examples, fewer than one "
+                             f"batch of {batch_size}; lower the batch size")
+        if lengths is not None and len(lengths) != num_examples:
+            raise ValueError(f"lengths has {len(lengths)} entries for {num_examples} examples")
+        self.num_examples, self.batch_size, self.seed = num_examples, batch_size, seed
+        self.rank, self.world_size, self.lengths = rank, world_size, lengths
+        self.epoch, self.consumed = 0, 0
+        self._cached: tuple[int, list[np.ndarray]] | None = None  # (epoch, its batches)
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """All global batches of `epoch` in order, each `(batch_size,)` example indices."""
+        if self._cached is None or self._cached[0] != epoch:
+            if self.lengths is None:
+                sampler = ShardedSampler(self.num_examples, self.batch_size, seed=self.seed)
+                sampler.set_epoch(epoch)
+                order = sampler.order()
+                n = len(order) // self.batch_size * self.batch_size
+                batches = list(order[:n].reshape(-1, self.batch_size))
+            else:
+                sampler = LengthGroupedBatchSampler(self.lengths, self.batch_size,
+                                                    seed=self.seed, drop_last=True)
+                sampler.set_epoch(epoch)
+                batches = [np.asarray(b, dtype=np.int64) for b in sampler.batches()]
+            self._cached = (epoch, batches)
+        return self._cached[1]
+
+    def next(self) -> tuple[int, list[int]]:
+        """(epoch, this rank's example indices) of the next global batch; moves the position."""
+        batches = self.epoch_batches(self.epoch)
+        b = self.consumed // self.batch_size
+        if b >= len(batches):  # the epoch is used up: the next one starts
+            self.epoch, self.consumed = self.epoch + 1, 0
+            return self.next()
+        share = self.batch_size // self.world_size
+        mine = batches[b][self.rank * share:(self.rank + 1) * share]  # this rank's slice
+        epoch = self.epoch
+        self.consumed += self.batch_size
+        return epoch, mine.tolist()
+
+    def position(self) -> dict[str, int]:
+        """Where the next batch comes from: `{"epoch", "consumed"}`, for a checkpoint."""
+        return {"epoch": self.epoch, "consumed": self.consumed}
+
+    def seek(self, epoch: int, consumed: int) -> None:
+        """Continue from a saved `position()`."""
+        if epoch < 0 or consumed < 0 or consumed % self.batch_size:
+            raise ValueError(f"position (epoch {epoch}, consumed {consumed}) is not a "
+                             f"whole number of batches of {self.batch_size} into an epoch")
+        self.epoch, self.consumed = int(epoch), int(consumed)

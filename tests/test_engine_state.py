@@ -1,0 +1,168 @@
+"""The run's state and identity: the schedule's horizon, resume checks, the run folder, and
+the failure paths that must not crash or mix runs. Each test compares against an
+independent reference (an uninterrupted run, a fresh run) or a documented refusal."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from engine_utils import collator, tiny_corpus, tiny_model, train_config
+from minibert.checkpoint import latest_checkpoint, load_checkpoint
+from minibert.distributed import DistContext
+from minibert.engine import TrainConfig, TrainState, train
+from minibert.optim import build_optimizer
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return tiny_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def _rows(out_dir):
+    return [json.loads(line) for line in open(out_dir / "metrics.jsonl")]
+
+
+def test_extending_a_run_keeps_its_schedule_bit_for_bit(corpus, tmp_path):
+    """max_steps 4 with horizon 8, resumed to 8 == an uninterrupted run of 8 (fp32, CPU)."""
+    tok, ds = corpus
+    reference = tiny_model(tok, dropout=0.1)
+    train(reference, ds, collator(tok), train_config(max_steps=8), tmp_path / "ref")
+
+    train(tiny_model(tok, dropout=0.1), ds, collator(tok),
+          train_config(max_steps=4, decay_steps=8), tmp_path / "run")
+    extended = tiny_model(tok, seed=5, dropout=0.1)
+    train(extended, ds, collator(tok), train_config(max_steps=8), tmp_path / "run", resume=True)
+    assert [(r["step"], r["loss"], r["lr"]) for r in _rows(tmp_path / "run")] == \
+        [(r["step"], r["loss"], r["lr"]) for r in _rows(tmp_path / "ref")]
+    assert all(torch.equal(p, q) for p, q in zip(extended.parameters(), reference.parameters()))
+
+
+def test_the_horizon_is_fixed_at_the_start_and_steps_past_it_run_at_min_lr(corpus, tmp_path,
+                                                                            caplog):
+    tok, ds = corpus
+    cfg = train_config(max_steps=4, warmup=1, min_lr=1e-4)
+    train(tiny_model(tok), ds, collator(tok), cfg, tmp_path)
+    before = [r["lr"] for r in _rows(tmp_path)]
+    assert before[-1] == pytest.approx(1e-4)  # step 4 is the horizon: min_lr
+    with caplog.at_level("INFO", logger="minibert.engine"):
+        train(tiny_model(tok), ds, collator(tok), train_config(max_steps=7, warmup=1,
+                                                               min_lr=1e-4),
+              tmp_path, resume=True)
+    lrs = [r["lr"] for r in _rows(tmp_path)]
+    assert lrs[:4] == before and lrs[4:] == pytest.approx([1e-4] * 3)  # no jump back up
+    assert sum("past the schedule's horizon" in m for m in caplog.messages) == 1
+    # An explicit, different horizon is a different run.
+    with pytest.raises(ValueError, match="decay_steps: checkpoint 4, now 10"):
+        train(tiny_model(tok), ds, collator(tok), train_config(max_steps=9, warmup=1,
+                                                               min_lr=1e-4, decay_steps=10),
+              tmp_path, resume=True)
+
+
+def test_resume_refuses_other_data_naming_setting_and_values(corpus, tmp_path):
+    tok, ds = corpus
+    identity = {"--seq-len": 32, "--mask-prob": 0.15, "corpus": "abc"}
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path,
+          data_identity=identity)
+    with pytest.raises(ValueError, match=r"--mask-prob: checkpoint 0\.15, now 0\.3"):
+        train(tiny_model(tok), ds, collator(tok), train_config(max_steps=4), tmp_path,
+              resume=True, data_identity={**identity, "--mask-prob": 0.3})
+    with pytest.raises(ValueError, match="corpus: checkpoint 'abc', now not set"):
+        train(tiny_model(tok), ds, collator(tok), train_config(max_steps=4), tmp_path,
+              resume=True, data_identity={"--seq-len": 32, "--mask-prob": 0.15})
+    result = train(tiny_model(tok), ds, collator(tok), train_config(max_steps=4), tmp_path,
+                   resume=True, data_identity=identity)
+    assert result["steps"] == 4
+
+
+def test_the_state_is_one_object_in_the_checkpoint(corpus, tmp_path):
+    tok, ds = corpus
+    model = tiny_model(tok)
+    train(model, ds, collator(tok), train_config(max_steps=3, batch_size=16), tmp_path)
+    saved = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
+    state = TrainState(**saved["train_state"])
+    # 300 documents pack into a few dozen blocks: 3 batches of 16 may cross an epoch.
+    assert state.step == 3 and state.epoch * len(ds) // 16 * 16 + state.consumed == 48
+    assert state.tokens_seen > 0 and state.skipped == state.bad_steps == 0
+    assert saved["model_class"] == "BertForMaskedLM"
+
+
+def test_kill_after_logging_then_resume_logs_each_step_once(corpus, tmp_path):
+    """A run killed after logging steps it never checkpointed: on resume those rows go."""
+    tok, ds = corpus
+    reference = tmp_path / "ref"
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=6), reference)
+    run = tmp_path / "run"
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=6, save_every=3), run)
+    shutil.rmtree(run / "checkpoints" / "step_00000006")  # as if killed before this save
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 7, "lo')  # and mid-write
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=6, save_every=3), run,
+          resume=True)
+    steps = [r["step"] for r in _rows(run)]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert [r["loss"] for r in _rows(run)] == [r["loss"] for r in _rows(reference)]
+
+
+def test_fp16_non_finite_loss_is_skipped_without_crashing(corpus, tmp_path, monkeypatch):
+    """A NaN loss under fp16 (scaler path patched onto the CPU): skipped, and the next step
+    runs. Before, the scaler was left mid-step and the next unscale_ raised."""
+    import minibert.engine as engine
+
+    monkeypatch.setattr(engine, "resolve_precision", lambda precision, device: "fp16")
+    tok, ds = corpus
+    model = tiny_model(tok)
+    forward, calls = model.forward, {"n": 0}
+
+    def forward_with_nan(*args, **kwargs):
+        calls["n"] += 1
+        out = forward(*args, **kwargs)
+        return out._replace(loss=out.loss * float("nan")) if calls["n"] == 2 else out
+
+    model.forward = forward_with_nan
+    result = train(model, ds, collator(tok), train_config(max_steps=4), tmp_path)
+    rows = _rows(tmp_path)
+    assert result["steps"] == 4 and result["skipped_steps"] == 1
+    assert [r["skipped"] for r in rows[:4]] == [0, 1, 1, 1]
+    assert rows[3]["loss"] < rows[0]["loss"]
+
+
+def test_a_fresh_start_into_a_used_folder_is_refused_unless_overwriting(corpus, tmp_path):
+    tok, ds = corpus
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=6, save_every=2), tmp_path)
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path)
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path,
+          overwrite=True)
+    # The old run's later checkpoints are gone, so a resume continues the new run.
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000002"]
+    assert [r["step"] for r in _rows(tmp_path)] == [1, 2]
+
+
+def test_a_rank_without_saved_rng_state_gets_its_own_stream(corpus, tmp_path, monkeypatch):
+    """Resuming on more ranks than the checkpoint had: rank 1 must not replay rank 0."""
+    import minibert.engine as engine
+
+    tok, ds = corpus
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path)
+    draws = {}
+    for rank in (0, 1):
+        ctx = DistContext(rank=rank, world_size=2)
+        model = tiny_model(tok)
+        optimizer = build_optimizer(model, 1e-3)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        engine._resume(model, optimizer, scaler, train_config(max_steps=4), {},
+                       tmp_path / "checkpoints", ctx)
+        draws[rank] = torch.rand(8)
+    assert not torch.equal(draws[0], draws[1])
+    assert engine._rank_seed(0, 1) != engine._rank_seed(0, 2) != engine._rank_seed(1, 1)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("max_grad_norm", 0.0, "max_grad_norm"), ("max_grad_norm", -1.0, "max_grad_norm"),
+    ("adam_eps", 0.0, "adam_eps"), ("decay_steps", 0, "decay_steps"),
+    ("weight_decay", -0.1, "weight_decay")])
+def test_settings_that_would_train_nothing_are_refused(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**{field: value})
