@@ -183,3 +183,61 @@ def test_bad_utf8_is_replaced_and_counted(tok, tmp_path):
         tf = tokenize_to_memmap(f, tok, tmp_path / "c.tok")
     assert tf.doc(1).tolist() == tok.encode("second \ufffd\ufffd document",
                                             add_special_tokens=False)
+
+
+def _with_header(data: bytes, **changes) -> bytes:
+    """``data`` with header fields changed (a value of ... deletes the field)."""
+    header = json.loads(data[len(MAGIC):HEADER_BYTES].decode())
+    for key, value in changes.items():
+        if value is ...:
+            del header[key]
+        else:
+            header[key] = value
+    body = json.dumps(header).encode()
+    return MAGIC + body.ljust(HEADER_BYTES - len(MAGIC) - 1) + b"\n" + data[HEADER_BYTES:]
+
+
+def test_every_kind_of_damage_is_a_token_file_error(tok, tmp_path):
+    """A cache that finds a damaged token file rebuilds it on TokenFileError; any other
+    exception (KeyError, numpy's ValueError, ...) would end the run instead."""
+    path = tmp_path / "c.tok"
+    tokenize_to_memmap(DOCS * 3, tok, path)
+    data = path.read_bytes()
+    header = json.loads(data[len(MAGIC):HEADER_BYTES].decode())
+    rng = np.random.default_rng(0)
+    offsets_at = header["offsets_offset"]
+    shuffled_offsets = (data[:offsets_at] + np.arange(header["n_docs"] + 1, dtype="<i8")[::-1]
+                        .tobytes())
+    cases = {
+        **{f"truncated to {n} bytes": data[:n] for n in
+           (0, 5, len(MAGIC) + 3, HEADER_BYTES - 1, HEADER_BYTES, HEADER_BYTES + 7,
+            offsets_at + 3, len(data) - 1)},
+        "random bytes": rng.bytes(len(data)),
+        "random bytes after the magic": MAGIC + rng.bytes(len(data) - len(MAGIC)),
+        "zeros after the header": data[:HEADER_BYTES] + bytes(len(data) - HEADER_BYTES),
+        "header is not an object": MAGIC + b"[1, 2]".ljust(HEADER_BYTES - len(MAGIC))
+        + data[HEADER_BYTES:],
+        "header lacks file_size": _with_header(data, file_size=...),
+        "header lacks dtype": _with_header(data, dtype=...),
+        "n_tokens is text": _with_header(data, n_tokens="many"),
+        "n_docs is negative": _with_header(data, n_docs=-3),
+        "float dtype": _with_header(data, dtype="<f8"),
+        "unknown dtype": _with_header(data, dtype="nonsense"),
+        "ids beyond the file": _with_header(data, ids_offset=10**12),
+        "offsets beyond the file": _with_header(data, offsets_offset=len(data) - 8),
+        "offsets out of order": shuffled_offsets,
+        "more tokens than ids": _with_header(data, n_tokens=header["n_tokens"] + 1000),
+    }
+    wrong = {}
+    for name, content in cases.items():
+        path.write_bytes(content)
+        try:
+            TokenFile.open(path)
+        except TokenFileError as e:
+            if "re-prepare" not in str(e) or str(path) not in str(e):
+                wrong[name] = f"unhelpful message: {e}"
+        except Exception as e:  # noqa: BLE001 - the point is to name whatever else escapes
+            wrong[name] = f"{type(e).__name__}: {e}"
+        else:
+            wrong[name] = "opened without complaint"
+    assert not wrong, wrong

@@ -72,31 +72,17 @@ class TokenFile:
 
     @classmethod
     def open(cls, path: PathLike, tokenizer: Optional["Tokenizer"] = None) -> "TokenFile":
-        """Memory-map ``path``; if ``tokenizer`` is given, check that it made the file."""
+        """Memory-map ``path``; if ``tokenizer`` is given, check that it made the file.
+
+        Any damage (truncation, a foreign or garbled file, a header whose numbers do not
+        add up) raises :class:`TokenFileError` and nothing else, so a caller that keeps
+        token files in a cache can catch that one error and rebuild the file.
+        """
         path = Path(path)
         redo = "re-prepare it with minibert.data.tokenize_to_memmap(...)"
         if not path.is_file():
             raise FileNotFoundError(f"token file not found: {path}; {redo}")
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(HEADER_BYTES)
-        if not head.startswith(MAGIC):
-            raise TokenFileError(f"{path} is not a minibert token file (bad magic bytes); {redo}")
-        if len(head) < HEADER_BYTES:
-            raise TokenFileError(f"{path} is truncated ({size} bytes, the header alone is "
-                                 f"{HEADER_BYTES}); {redo}")
-        try:
-            header = json.loads(head[len(MAGIC):].decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise TokenFileError(f"{path} has a corrupt header ({e}); {redo}") from e
-        if header.get("format_version") != FORMAT_VERSION:
-            raise TokenFileError(
-                f"{path} has token-file format version {header.get('format_version')}, this "
-                f"minibert reads version {FORMAT_VERSION}; {redo}"
-            )
-        if size != header["file_size"]:
-            raise TokenFileError(f"{path} is truncated or damaged: {size} bytes on disk, the "
-                                 f"header promises {header['file_size']}; {redo}")
+        header = _read_header(path, redo)
         if tokenizer is not None and tokenizer.fingerprint != header["tokenizer_fingerprint"]:
             raise TokenFileError(
                 f"{path} was made by a different tokenizer (fingerprint "
@@ -104,7 +90,17 @@ class TokenFile:
                 f"given ({tokenizer.fingerprint}, vocab {tokenizer.vocab_size}); its ids would be "
                 f"read with the wrong vocabulary. {redo[0].upper() + redo[1:]} and this tokenizer."
             )
-        return cls(path, header)
+        try:
+            tf = cls(path, header)
+        except ValueError as e:  # numpy refusing a mapping the checks above let through
+            raise TokenFileError(f"{path} cannot be memory-mapped ({e}); {redo}") from e
+        offsets = np.asarray(tf.doc_offsets)
+        # The offsets decide every document's slice: garbage there would hand out
+        # wrong or empty documents without any error, so they are checked whole.
+        if offsets[0] != 0 or offsets[-1] != tf.n_tokens or np.any(np.diff(offsets) < 0):
+            raise TokenFileError(f"{path} is damaged: its document offsets do not run in "
+                                 f"order from 0 to n_tokens={tf.n_tokens}; {redo}")
+        return tf
 
     def __len__(self) -> int:
         """Number of documents."""
@@ -129,6 +125,56 @@ class TokenFile:
     def __repr__(self) -> str:
         return (f"TokenFile({str(self.path)!r}, n_tokens={self.n_tokens}, n_docs={self.n_docs}, "
                 f"dtype={self.dtype.name})")
+
+
+# Header fields that TokenFile reads, and their JSON types.
+_HEADER_FIELDS = {"dtype": str, "n_tokens": int, "n_docs": int, "vocab_size": int,
+                  "tokenizer_fingerprint": str, "ids_offset": int, "offsets_offset": int,
+                  "file_size": int}
+
+
+def _read_header(path: Path, redo: str) -> dict:
+    """The header of token file ``path``, checked field by field against the file's size."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(HEADER_BYTES)
+    if size == 0:
+        raise TokenFileError(f"{path} is empty (0 bytes); {redo}")
+    if not head.startswith(MAGIC):
+        raise TokenFileError(f"{path} is not a minibert token file (bad magic bytes); {redo}")
+    if len(head) < HEADER_BYTES:
+        raise TokenFileError(f"{path} is truncated ({size} bytes, the header alone is "
+                             f"{HEADER_BYTES}); {redo}")
+    try:
+        header = json.loads(head[len(MAGIC):].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TokenFileError(f"{path} has a corrupt header ({e}); {redo}") from e
+    if not isinstance(header, dict):
+        raise TokenFileError(f"{path} has a corrupt header (a JSON {type(header).__name__}, "
+                             f"not an object); {redo}")
+    if header.get("format_version") != FORMAT_VERSION:
+        raise TokenFileError(
+            f"{path} has token-file format version {header.get('format_version')}, this "
+            f"minibert reads version {FORMAT_VERSION}; {redo}"
+        )
+    for key, kind in _HEADER_FIELDS.items():
+        value = header.get(key)
+        # bool is an int to Python, but never a count.
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+            raise TokenFileError(f"{path} has a corrupt header: {key}={value!r}; {redo}")
+    if size != header["file_size"]:
+        raise TokenFileError(f"{path} is truncated or damaged: {size} bytes on disk, the "
+                             f"header promises {header['file_size']}; {redo}")
+    if header["dtype"] not in ("<u2", "<u4"):
+        raise TokenFileError(f"{path} has a corrupt header: dtype={header['dtype']!r}, token "
+                             f"files hold '<u2' or '<u4' ids; {redo}")
+    ids_end = header["ids_offset"] + header["n_tokens"] * np.dtype(header["dtype"]).itemsize
+    offsets_end = header["offsets_offset"] + (header["n_docs"] + 1) * 8
+    if (header["ids_offset"] != HEADER_BYTES or header["offsets_offset"] < ids_end
+            or header["offsets_offset"] % 8 or offsets_end != size):
+        raise TokenFileError(f"{path} has a corrupt header: its ids and document offsets do "
+                             f"not fit the file's {size} bytes; {redo}")
+    return header
 
 
 def tokenize_to_memmap(
