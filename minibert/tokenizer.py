@@ -426,10 +426,10 @@ class _TrainingInput:
 def _read_vocab_txt(path: Path) -> dict[str, int]:
     """A BERT ``vocab.txt``: one token per line, the id is the line number (from 0).
 
-    A token listed twice has no single id: transformers keeps the last line, the Rust
-    library the first, and either way the vocabulary size no longer matches the
-    highest id, so a re-saved ``vocab.txt`` would shift every id after it. Such a
-    file is refused rather than guessed at. A UTF-8 byte order mark (added by some
+    A token listed twice has no single id: transformers keeps its last line, and
+    whichever line is kept, the vocabulary size no longer matches the highest id, so
+    a re-saved ``vocab.txt`` would shift every id after it. Such a file is refused
+    rather than guessed at. A UTF-8 byte order mark (added by some
     Windows editors) is not part of the first token.
     """
     lines: dict[str, list[int]] = {}
