@@ -30,8 +30,7 @@ import minibert
 from minibert.checkpoint import CheckpointError
 from minibert.config import PRESETS
 from minibert.data import (DownloadError, MLMCollator, PackedMLMDataset, TokenFile,
-                           TokenFileError, download_wikitext, load_text_folder, load_wikitext,
-                           tokenize_to_memmap)
+                           TokenFileError, download_wikitext, load_corpus, tokenize_to_memmap)
 from minibert.rundir import open_run
 from minibert.data.wikitext import WIKITEXT_VARIANTS
 from minibert.distributed import barrier, cleanup, init_distributed
@@ -139,7 +138,10 @@ def prepare_data(args, ctx):
 
 def _prepare_files(args) -> None:
     data_dir = args.data_dir or download_wikitext(args.dataset, cache_dir=args.cache_dir)
-    splits = load_corpus(data_dir)
+    corpus = load_corpus(data_dir)  # refuses a folder whose text files it would not all read
+    for line in corpus.report():
+        log.info(line)
+    splits = corpus.splits
     for s in (args.train_split, args.eval_split):
         if s not in splits:
             raise FileNotFoundError(f"split {s!r} not found in {data_dir} (found: "
@@ -157,6 +159,8 @@ def _prepare_files(args) -> None:
         if not path.is_file():
             log.info("tokenizing the %s split into %s", s, path)
             tokenize_to_memmap(splits[s], tok, path)
+        tokens = TokenFile.open(path, tok)
+        log.info("split %s: %d documents, %d tokens", s, tokens.n_docs, tokens.n_tokens)
 
 
 def run_tokenizer(args, train_texts) -> minibert.Tokenizer:
@@ -188,16 +192,6 @@ def run_tokenizer(args, train_texts) -> minibert.Tokenizer:
     else:
         tok.save(tok_dir)
     return tok
-
-
-def load_corpus(data_dir: Path) -> dict:
-    """WikiText in either layout, or else any folder of .txt files (continued pretraining)."""
-    try:
-        return load_wikitext(data_dir)
-    except FileNotFoundError:
-        if not (Path(data_dir).is_dir() and any(Path(data_dir).glob("*.txt"))):
-            raise
-    return load_text_folder(data_dir)  # splits "train" and "valid" (every 20th document)
 
 
 def _token_file(args, tok, split: str, texts=None) -> Path:

@@ -302,3 +302,20 @@ def test_a_damaged_token_cache_is_rebuilt(data_dir, tmp_path, caplog):
     a = json.loads((tmp_path / "a" / "eval.json").read_text())
     b = json.loads((tmp_path / "b" / "eval.json").read_text())
     assert a["eval_loss"] == b["eval_loss"]
+
+
+def test_a_mixed_folder_is_refused_and_every_file_read_is_logged(data_dir, tmp_path, capsys,
+                                                                 caplog):
+    """A valid.txt beside other text files once made the folder WikiText and dropped them."""
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "valid.txt").write_text((data_dir / "valid.txt").read_text())
+    (mixed / "corpus_a.txt").write_text((data_dir / "train.txt").read_text())
+    err = _error_line(capsys, _args(mixed, tmp_path / "run", tmp_path / "cache"))
+    assert "corpus_a.txt" in err and "valid.txt" in err
+    with caplog.at_level("INFO"):
+        assert pretrain.main(_args(data_dir, tmp_path / "ok", tmp_path / "cache",
+                                   "--max-steps", "1")) == 0
+    text = "\n".join(caplog.messages)
+    assert "train.txt -> train" in text and "valid.txt -> valid" in text
+    assert "split train:" in text and " tokens" in text
