@@ -23,6 +23,7 @@ from torch import Tensor
 
 from .attention import attention, dropout
 from .config import BertConfig
+from .data.mlm import IGNORE_INDEX
 from .hf import PretrainedMixin
 
 
@@ -230,12 +231,13 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None,
                 labels: Optional[Tensor] = None) -> MaskedLMOutput:
-        """labels: (B, T), the original token id where one is predicted and -100 elsewhere.
+        """labels: (B, T), the original token id where one is predicted and IGNORE_INDEX (-100)
+        elsewhere.
 
         Without labels, `logits` is (B, T, V). With labels the head runs *only* on the N
         predicted positions (sparse prediction, as in Cramming and academic-budget-bert):
         with 15% masking that skips 85% of the largest matmul and of the vocabulary-wide
-        softmax. `logits` is then (N, V), in the row-major order of `labels != -100`, and
+        softmax. `logits` is then (N, V), in the row-major order of `labels != IGNORE_INDEX`, and
         `loss` is the mean cross-entropy over those N tokens (NaN when N == 0, as in torch).
         """
         h = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
@@ -245,7 +247,7 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
         if labels.shape != input_ids.shape:
             raise ValueError(f"labels has shape {tuple(labels.shape)} but input_ids has "
                              f"{tuple(input_ids.shape)}; they must match")
-        predicted = labels != -100  # (B, T) bool
+        predicted = labels != IGNORE_INDEX  # (B, T) bool
         logits = self.head(h[predicted], decoder)  # (N, H) -> (N, V)
         loss = F.cross_entropy(logits.float(), labels[predicted])
         return MaskedLMOutput(loss, logits)
