@@ -286,6 +286,12 @@ def test_resume_refuses_other_data_settings(data_dir, tmp_path, capsys):
     other = wikitext_folder(tmp_path / "other", sizes=(("train", 100), ("valid", 20)))
     err = _error_line(capsys, _args(other, out, cache, "--max-steps", "4", "--resume"))
     assert "corpus: checkpoint" in err
+    # The same run resumes, and its tokenizer is read, never written again (a kill during a
+    # rewrite could leave it truncated and the run unresumable).
+    tokenizer = out / "tokenizer" / "tokenizer.json"
+    before = (tokenizer.read_bytes(), tokenizer.stat().st_mtime_ns)
+    assert pretrain.main(_args(data_dir, out, cache, "--max-steps", "4", "--resume")) == 0
+    assert (tokenizer.read_bytes(), tokenizer.stat().st_mtime_ns) == before
 
 
 def test_a_damaged_token_cache_is_rebuilt(data_dir, tmp_path, caplog):
