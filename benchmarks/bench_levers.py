@@ -20,6 +20,13 @@ Four measurements, each printed as a markdown table:
 `--keep-freed-memory` first calls `minibert.runtime.keep_freed_memory()`, so that freed
 buffers are reused instead of faulted in again on every step (`bench_process.py`).
 
+The numbers in benchmarks/RESULTS.md come from a CPU that multiplies bf16 matrices natively
+(its bf16 matmul ceiling was 4.3x its fp32 one). On a CPU without (no AMX, no AVX512-BF16; see
+`minibert.runtime.cpu_bf16_native`) torch emulates bf16 matmuls, 65x slower than fp32 on an
+AVX2 CPU: there the bf16 step, its profile and the bf16 matmul rows (attention, Q/K/V) are
+skipped with a note, unless `--emulated-bf16` is passed; the fp32 rows and the dropout and
+statistics rows, which do no bf16 matmul, still run.
+
 The "before" of the dropout lever swaps minibert's CPU mask for `F.dropout` by patching the
 module attribute the model calls; nothing else differs between the variants.
 """
@@ -35,11 +42,17 @@ import torch.nn.functional as F
 import minibert
 import minibert.attention as A
 import minibert.model as M
+from minibert import runtime
 from minibert.engine import autocast_context
 from minibert.runtime import keep_freed_memory
 
 OURS = A.dropout
 CPU = torch.device("cpu")
+
+
+def runs_bf16(emulated_bf16: bool) -> bool:
+    """Whether to time bf16 matmuls: where they are native, or where asked for anyway."""
+    return runtime.cpu_bf16_native() or emulated_bf16
 
 
 def plain(x, p, training=True):
@@ -109,7 +122,7 @@ def best_ms(fn, n: int = 30) -> float:
     return min(times) * 1000
 
 
-def call_table() -> None:
+def call_table(bf16_matmuls: bool = True) -> None:
     print("\n| call (forward + backward) | shape, dtype | before (ms) | after (ms) |")
     print("|---|---|---|---|")
     for shape, dtype in (((8, 128, 768), torch.float32), ((8, 12, 128, 128), torch.bfloat16)):
@@ -118,7 +131,7 @@ def call_table() -> None:
         after = best_ms(lambda: OURS(x, 0.1).sum().backward())
         print(f"| dropout: F.dropout → minibert's CPU mask | {shape}, {dtype} | {before:.2f} | "
               f"{after:.2f} |")
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16) if bf16_matmuls else (torch.float32,):
         q, k, v = (torch.randn(8, 12, 128, 64, dtype=dtype, requires_grad=True)
                    for _ in range(3))
         for p in (0.0, 0.1):
@@ -136,7 +149,7 @@ def call_table() -> None:
             outputs = [layer(x) for layer in layers]  # q, k, v: used apart from here on
         sum(y.float().sum() for y in outputs).backward()
 
-    for precision in ("fp32", "bf16"):
+    for precision in ("fp32", "bf16") if bf16_matmuls else ("fp32",):
         before = best_ms(lambda: projections(split, precision))
         after = best_ms(lambda: projections([fused], precision))
         print(f"| Q/K/V projection: three matmuls → one fused | (8, 128, 768), {precision} | "
@@ -195,9 +208,20 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--keep-freed-memory", action="store_true",
                    help="reuse freed memory instead of returning it to the kernel")
-    if p.parse_args().keep_freed_memory and not keep_freed_memory():
+    p.add_argument("--emulated-bf16", action="store_true",
+                   help="time bf16 matmuls on a CPU that emulates them (very slow)")
+    args = p.parse_args()
+    if args.keep_freed_memory and not keep_freed_memory():
         sys.exit("--keep-freed-memory needs glibc's malloc")
-    step_table()
-    call_table()
-    profile_table()
+    bf16 = runs_bf16(args.emulated_bf16)
+    emulated = "" if runtime.cpu_bf16_native() else " (bf16 matmuls emulated on this CPU)"
+    print(f"CPU: {runtime.environment_report('cpu')['device_name']}{emulated}\n")
+    if bf16:
+        step_table()
+    else:
+        print("bf16 step, its profile and the bf16 matmul rows skipped: this CPU emulates "
+              "bf16 matmuls (no AMX or AVX512-BF16); --emulated-bf16 runs them anyway")
+    call_table(bf16_matmuls=bf16)
+    if bf16:
+        profile_table()
     statistics_table()

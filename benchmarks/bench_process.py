@@ -25,6 +25,9 @@ rounds, minor page faults per step and the process's peak resident memory.
 
     python benchmarks/bench_process.py                 # about 8 minutes on 2 cores
     python benchmarks/bench_process.py --rounds 1 --workloads mini-fp32
+
+The bf16 workloads are skipped, with a note, on a CPU that emulates bf16 matmuls (no AMX or
+AVX512-BF16; `minibert.runtime.cpu_bf16_native`), unless `--emulated-bf16` is passed.
 """
 
 from __future__ import annotations
@@ -57,6 +60,20 @@ WORKLOADS = {
     "mini-fp32": ("minibert", "mini", 32, "fp32", 30522),
     "mini-v8192-fp32": ("minibert", "mini", 32, "fp32", 8192),
 }
+
+
+def kept_workloads(workloads: list[str], emulated_bf16: bool) -> list[str]:
+    """The workloads to run: bf16 ones are left out on a CPU that emulates bf16, unless
+    asked for (a base step would take minutes)."""
+    from minibert import runtime
+
+    bf16 = [w for w in workloads if WORKLOADS[w][3] == "bf16"]
+    if bf16 and not runtime.cpu_bf16_native() and not emulated_bf16:
+        print(f"skipped {', '.join(bf16)}: this CPU emulates bf16 matmuls (no AMX or "
+              f"AVX512-BF16), far slower than fp32; --emulated-bf16 runs them anyway",
+              file=sys.stderr)
+        return [w for w in workloads if w not in bf16]
+    return list(workloads)
 
 
 def find_library(name: str) -> str | None:
@@ -150,6 +167,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--emulated-bf16", action="store_true",
+                   help="run the bf16 workloads on a CPU that emulates bf16 (very slow)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -161,7 +180,7 @@ def main() -> None:
                                args.warmup)))
         return
 
-    workloads = list(args.workloads)
+    workloads = kept_workloads(args.workloads, args.emulated_bf16)
     if "transformers-base-bf16" in workloads:
         try:
             import transformers  # noqa: F401

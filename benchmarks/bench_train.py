@@ -22,6 +22,11 @@ real (non-padding) tokens, the useful work.
     python benchmarks/bench_train.py --quick       # mini preset, < 5 minutes on 2 CPU cores
     python benchmarks/bench_train.py --device cuda --preset base --batch-size 32
 
+On a CPU without bf16 matrix instructions (no AMX, no AVX512-BF16; see
+`minibert.runtime.cpu_bf16_native`) torch emulates bf16 matmuls, 65x slower than fp32 on
+an AVX2 CPU: there the mixed-precision row is skipped and every row stays fp32, as the
+table's header says; `--emulated-bf16` runs it anyway, labelled as emulated.
+
 Prints a markdown table and writes JSON to benchmarks/out/train.json.
 """
 
@@ -49,10 +54,12 @@ ROWS = [  # (label, settings changed from the previous row)
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2"
 
 
-def cumulative_rows(no_compile: bool) -> list[tuple[str, dict]]:
+def cumulative_rows(no_compile: bool, skip_bf16: bool = False) -> list[tuple[str, dict]]:
+    """(label, settings) of each row; without bf16 the later rows stay fp32."""
     settings, out = {}, []
     for label, change in ROWS:
-        if no_compile and change.get("compile"):
+        if (no_compile and change.get("compile")) or \
+                (skip_bf16 and change.get("precision") == "bf16"):
             continue
         settings = {**settings, **change}
         out.append((label, dict(settings)))
@@ -76,6 +83,19 @@ def sentence_lengths(data_dir: Path, seq_len: int, n: int) -> list[int]:
     else:
         lengths = [16 + (i * 37) % (seq_len - 16) for i in range(n)]
     return (lengths * (n // len(lengths) + 1))[:n]
+
+
+def bf16_emulated(device: str) -> bool:
+    """True on a CPU that emulates bf16 matmuls (no AMX or AVX512-BF16 instructions)."""
+    import torch
+
+    from minibert.runtime import cpu_bf16_native
+
+    return torch.device(device).type == "cpu" and not cpu_bf16_native()
+
+
+def skips_bf16(args) -> bool:
+    return bf16_emulated(args.device) and not args.emulated_bf16
 
 
 def make_batch(batch: int, seq_len: int, vocab: int, lengths: list[int], packed: bool):
@@ -140,7 +160,7 @@ def build_step(settings: dict, args):
 def child(label: str, mode: str, args) -> dict:
     from minibert.runtime import current_memory_mb, peak_memory_mb, reset_peak_memory
 
-    settings = dict(cumulative_rows(False))[label]
+    settings = dict(cumulative_rows(False, skips_bf16(args)))[label]
     step = build_step(settings, args)
     step()  # warm-up: compilation, optimizer state, torch's one-time allocations
     if mode == "memory":
@@ -181,6 +201,8 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--data-dir", default=str(DEFAULT_DATA))
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--emulated-bf16", action="store_true",
+                   help="run the bf16 row on a CPU that emulates bf16 (very slow)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -192,13 +214,20 @@ def main() -> None:
     args.passthrough = ["--preset", args.preset, "--batch-size", str(args.batch_size),
                         "--seq-len", str(args.seq_len), "--steps", str(args.steps),
                         "--device", args.device, "--data-dir", args.data_dir]
+    args.passthrough += ["--emulated-bf16"] if args.emulated_bf16 else []
+    emulated, skip = bf16_emulated(args.device), skips_bf16(args)
+    bf16 = ("native" if not emulated else
+            "emulated on this CPU: the bf16 row is skipped and every row is fp32 "
+            "(--emulated-bf16 runs it)" if skip else "emulated on this CPU (--emulated-bf16)")
     rows = []
-    for label, _ in cumulative_rows(args.no_compile):
+    for label, _ in cumulative_rows(args.no_compile, skip):
         rows.append(run_row(label, args))
+        if emulated and label == "+ mixed precision":
+            rows[-1]["row"] = f"{label} (bf16 emulated on this CPU)"
         print(f"{label}: {rows[-1]}", file=sys.stderr)
     base = rows[0]
     print(f"\n{args.preset}, global batch {args.batch_size} x {args.seq_len}, {args.device}, "
-          f"median of {args.steps} steps\n")
+          f"median of {args.steps} steps; bf16 {bf16}\n")
     print("| step | memory (MB) | vs baseline | time per step (s) | tokens/s | vs baseline |")
     print("|---|---|---|---|---|---|")
     for r in rows:
@@ -211,7 +240,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "train.json").write_text(json.dumps(
         {"preset": args.preset, "batch_size": args.batch_size, "seq_len": args.seq_len,
-         "device": args.device, "rows": rows}, indent=1))
+         "device": args.device, "bf16": "emulated" if emulated else "native",
+         "bf16_skipped": skip, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -7,19 +7,38 @@ B x T positions, which is the reference forward defined below; the two are inter
 
     python benchmarks/bench_unpadding.py                     # base, 16 x 128, fp32 and bf16
     python benchmarks/bench_unpadding.py --preset mini --batch-size 32
+
+bf16 is skipped, with a note, on a CPU that emulates bf16 matmuls (no AMX or AVX512-BF16;
+`minibert.runtime.cpu_bf16_native`), unless `--emulated-bf16` is passed.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
 
 import minibert
 from minibert import model as M
+from minibert import runtime
 from minibert.engine import autocast_context
+
+
+def kept_precisions(precisions: list[str], device: str, emulated_bf16: bool) -> list[str]:
+    """The precisions to run: bf16 is left out where it is emulated, unless asked for."""
+    if "bf16" in precisions and precision_label("bf16", device) != "bf16" and not emulated_bf16:
+        print("bf16 skipped: this CPU emulates bf16 matmuls (no AMX or AVX512-BF16), far "
+              "slower than fp32; --emulated-bf16 runs it anyway", file=sys.stderr)
+        return [p for p in precisions if p != "bf16"]
+    return list(precisions)
+
+
+def precision_label(precision: str, device: str) -> str:
+    emulated = torch.device(device).type == "cpu" and not runtime.cpu_bf16_native()
+    return f"{precision} (emulated)" if precision == "bf16" and emulated else precision
 
 
 def padded_forward(self, input_ids, attention_mask=None, token_type_ids=None):
@@ -42,7 +61,10 @@ def main() -> None:
     p.add_argument("--min-len", type=int, default=16)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    p.add_argument("--emulated-bf16", action="store_true",
+                   help="run bf16 on a CPU that emulates it (very slow)")
     args = p.parse_args()
+    args.precisions = kept_precisions(args.precisions, "cpu", args.emulated_bf16)
 
     g = torch.Generator().manual_seed(0)
     B, T = args.batch_size, args.seq_len
@@ -74,7 +96,8 @@ def main() -> None:
                 times.append(time.perf_counter() - t0)
         M.BertModel.forward = unpadded_forward
         padded, unpadded = (statistics.median(r[3][1:]) for r in runs)
-        print(f"| {precision} | {padded:.3f} | {unpadded:.3f} | {padded / unpadded:.2f}x |")
+        print(f"| {precision_label(precision, 'cpu')} | {padded:.3f} | {unpadded:.3f} | "
+              f"{padded / unpadded:.2f}x |")
 
 
 if __name__ == "__main__":

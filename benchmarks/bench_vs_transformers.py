@@ -20,6 +20,11 @@ the process. Peak memory is measured the same way with or without it: in process
 with `MALLOC_MMAP_THRESHOLD_=65536` and never keep freed memory, so that what a step frees
 leaves the resident set at once and the peak is the step's own.
 
+On a CPU without bf16 matrix instructions (no AMX, no AVX512-BF16; see
+`minibert.runtime.cpu_bf16_native`) torch emulates bf16 matmuls, 65x slower than fp32 on an
+AVX2 CPU, and a base bf16 step would take minutes: the bf16 rows are skipped there, with a
+note, unless `--emulated-bf16` is passed, and then they are labelled "bf16 (emulated)".
+
 Prints the ratio table, MFU against a measured matmul ceiling, and writes JSON. Skips
 cleanly (exit 0) when transformers is not installed.
 """
@@ -48,6 +53,29 @@ CONFIGS = {  # name: (preset, batch, seq_len)
 # is slower than the plain matmul formula at these lengths: both are reported).
 VARIANTS = {"transformers": {}, "minibert-sdpa": {"attention": "sdpa"},
             "minibert-math": {"attention": "math"}}
+
+
+def bf16_emulated(device: str) -> bool:
+    """True on a CPU that emulates bf16 matmuls (no AMX or AVX512-BF16 instructions)."""
+    import torch
+
+    from minibert import runtime
+
+    return torch.device(device).type == "cpu" and not runtime.cpu_bf16_native()
+
+
+def kept_precisions(precisions: list[str], device: str, emulated_bf16: bool) -> list[str]:
+    """The precisions to run: bf16 is left out where it is emulated, unless asked for."""
+    if "bf16" in precisions and bf16_emulated(device) and not emulated_bf16:
+        print("bf16 skipped: this CPU emulates bf16 matmuls (no AMX or AVX512-BF16), far "
+              "slower than fp32; --emulated-bf16 runs it anyway", file=sys.stderr)
+        return [p for p in precisions if p != "bf16"]
+    return list(precisions)
+
+
+def precision_label(precision: str, device: str) -> str:
+    return f"{precision} (emulated)" if precision == "bf16" and bf16_emulated(device) \
+        else precision
 
 
 def build(variant: str, ckpt: Path, device: str):
@@ -175,6 +203,8 @@ def main() -> None:
     p.add_argument("--no-memory", action="store_true", help="skip the memory processes")
     p.add_argument("--keep-freed-memory", action="store_true",
                    help="keep freed memory in the process for reuse (both libraries)")
+    p.add_argument("--emulated-bf16", action="store_true",
+                   help="run bf16 on a CPU that emulates it (very slow)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
     p.add_argument("--tmp", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-memory", nargs=3, help=argparse.SUPPRESS)
@@ -195,6 +225,7 @@ def main() -> None:
 
     if args.keep_freed_memory and not keep_freed_memory():
         raise SystemExit("--keep-freed-memory needs glibc's malloc")
+    args.precisions = kept_precisions(args.precisions, args.device, args.emulated_bf16)
 
     with tempfile.TemporaryDirectory() as tmp:
         args.tmp = tmp
@@ -207,6 +238,7 @@ def main() -> None:
             for prec in args.precisions:
                 row = time_variants(name, prec, args)
                 row["ceiling_flops"] = ceilings[prec]
+                row["precision"] = precision_label(prec, args.device)
                 row["keep_freed_memory"] = args.keep_freed_memory
                 for v in VARIANTS:
                     row[f"{v}_mfu"] = row[f"{v}_tokens_per_s"] * row["flops_per_token"] \
@@ -214,7 +246,7 @@ def main() -> None:
                     if not args.no_memory:
                         row[f"{v}_peak_mb"] = peak_memory(v, name, prec, args)
                 rows.append(row)
-                print(f"{name} {prec}: " + ", ".join(
+                print(f"{name} {row['precision']}: " + ", ".join(
                     f"{v} {row[f'{v}_tokens_per_s']:.0f} tok/s" for v in VARIANTS),
                     file=sys.stderr)
 
@@ -222,7 +254,8 @@ def main() -> None:
           f"median of {args.steps} interleaved steps, on {args.device}, C allocator "
           f"{'keeping freed memory' if args.keep_freed_memory else 'as it comes'}; "
           f"matmul ceilings: "
-          + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in ceilings.items()) + "\n")
+          + ", ".join(f"{precision_label(k, args.device)} {v / 1e9:.0f} GFLOP/s"
+                      for k, v in ceilings.items()) + "\n")
     print("| config | precision | transformers tok/s | minibert sdpa tok/s | minibert math "
           "tok/s | speedup (sdpa / math) | MFU transformers / minibert best | peak MB "
           "transformers / sdpa / math |")

@@ -13,6 +13,10 @@ learning rates, every run from the same seed and data.
 Default data: ../shared/data/wikitext-2 with the valid split for training and the test split
 for evaluation (the train split is not part of that folder); pass --data-dir and the
 splits for a full WikiText download. Writes a table, curves (PNG) and JSON.
+
+The default precision is `auto`: bf16 where the CPU multiplies bf16 natively and faster
+than fp32 (the recorded runs: a CPU with AMX), fp32 where it would emulate bf16 matmuls
+(65x slower on an AVX2 CPU). The table's header names the precision used.
 """
 
 from __future__ import annotations
@@ -52,6 +56,20 @@ def run(norm: str, warmup: int, lr: float, args) -> dict:
     return {"name": name, "norm": norm, "warmup": warmup, "lr": lr, "train": train,
             "eval": evals, "final_eval_loss": final,
             "diverged": not math.isfinite(final) or final > 7.5}
+
+
+def used_precision(precision: str) -> str:
+    """The precision the runs use, as pretrain_wikitext.py resolves it, said plainly."""
+    import torch
+
+    from minibert.runtime import cpu_bf16_native, resolve_precision
+
+    used = resolve_precision(precision, torch.device("cpu"))
+    if used == "bf16" and not cpu_bf16_native():
+        return "bf16 (emulated on this CPU: far slower than fp32)"
+    if precision == "auto":
+        return f"{used} (auto)"
+    return used
 
 
 def steps_to_reach(evals: list, target: float) -> float:
@@ -96,12 +114,13 @@ def main() -> None:
     p.add_argument("--lrs", type=float, nargs="+", default=[5e-4, 2e-3])
     p.add_argument("--warmup", type=int, default=30, help="warmup steps of the warmup runs")
     p.add_argument("--eval-every", type=int, default=50)
-    p.add_argument("--precision", default="bf16")
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
     p.add_argument("--attention", default="math", help="math is the fastest on a CPU in bf16 "
                    "at 128 tokens (see RESULTS.md)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=HERE / "out" / "prenorm")
     args = p.parse_args()
+    precision = used_precision(args.precision)
 
     results = []
     for lr, norm, warmup in itertools.product(args.lrs, ("post", "pre"), (args.warmup, 0)):
@@ -109,7 +128,7 @@ def main() -> None:
         print(f"{results[-1]['name']}: final eval loss {results[-1]['final_eval_loss']:.3f}",
               file=sys.stderr)
     # The yardstick: what Post-LN with warmup reaches at the end, at each learning rate.
-    print(f"\n{args.preset}, {args.steps} steps of {args.batch_size} x 128, {args.precision}, "
+    print(f"\n{args.preset}, {args.steps} steps of {args.batch_size} x 128, {precision}, "
           f"seed {args.seed}; eval loss on {args.eval_split}\n")
     print("| lr | norm | warmup | final eval loss | steps to reach Post-LN+warmup's final loss |")
     print("|---|---|---|---|---|")

@@ -429,7 +429,7 @@ def cpu_bf16_native() -> bool:
     Why it matters: elsewhere torch still runs bf16 (autocast works on every CPU), but it
     emulates each bf16 multiply-add with fp32 arithmetic plus conversions. On an AVX2 EPYC a
     bf16 matmul then runs at 1.3 GFLOP/s against 86 – 157 for fp32, 65 – 120x slower, where
-    the CPU with AMX of `benchmarks/RESULTS.md` runs it 4.3x faster than fp32.
+    the CPU of `benchmarks/RESULTS.md`, which has them, runs it 4.3x faster than fp32.
 
     Read from the CPU's instruction-set flags in /proc/cpuinfo (`_BF16_CPU_FLAGS`); where
     there are none to read (macOS, Windows), a short timed probe decides: bf16 counts as

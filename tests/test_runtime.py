@@ -335,6 +335,64 @@ def test_environment_warns_when_cuda_is_requested_without_cuda(caplog):
     assert report["device_available"] is False
 
 
+# ---- the benchmarks on a CPU that emulates bf16 -------------------------------------------
+# (here rather than in a file of their own: they test how scripts use cpu_bf16_native)
+
+def _benchmark(name: str):
+    """A script of benchmarks/ imported as a module (its main() does not run)."""
+    import importlib.util
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_train_rows_stay_fp32_without_bf16():
+    bench = _benchmark("bench_train")
+    rows = bench.cumulative_rows(no_compile=True, skip_bf16=True)
+    assert [label for label, _ in rows] == ["baseline", "+ gradient accumulation (4 steps)",
+                                            "+ optimized attention (sdpa)",
+                                            "+ sparse MLM prediction",
+                                            "+ packing instead of padding"]
+    assert {settings["precision"] for _, settings in rows} == {"fp32"}
+    assert rows[-1][1]["packed"] and rows[-1][1]["sparse"]  # the other levers are all there
+    with_bf16 = bench.cumulative_rows(no_compile=True)
+    assert [s["precision"] for _, s in with_bf16] == ["fp32"] * 2 + ["bf16"] * 4
+
+
+@pytest.mark.parametrize("name", ["bench_vs_transformers", "bench_unpadding"])
+def test_benchmarks_skip_emulated_bf16_unless_asked(monkeypatch, name):
+    bench = _benchmark(name)
+    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: False)
+    assert bench.kept_precisions(["fp32", "bf16"], "cpu", emulated_bf16=False) == ["fp32"]
+    assert bench.kept_precisions(["fp32", "bf16"], "cpu", emulated_bf16=True) == ["fp32", "bf16"]
+    assert bench.precision_label("bf16", "cpu") == "bf16 (emulated)"
+    assert bench.precision_label("fp32", "cpu") == "fp32"
+    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: True)
+    assert bench.kept_precisions(["fp32", "bf16"], "cpu", emulated_bf16=False) == ["fp32", "bf16"]
+    assert bench.precision_label("bf16", "cpu") == "bf16"
+
+
+def test_bench_process_and_levers_skip_emulated_bf16_unless_asked(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    process, levers = _benchmark("bench_process"), _benchmark("bench_levers")
+    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: False)
+    assert process.kept_workloads(list(process.WORKLOADS), emulated_bf16=False) == \
+        ["mini-fp32", "mini-v8192-fp32"]
+    assert process.kept_workloads(["mini-fp32"], emulated_bf16=False) == ["mini-fp32"]
+    assert process.kept_workloads(list(process.WORKLOADS), True) == list(process.WORKLOADS)
+    assert levers.runs_bf16(emulated_bf16=False) is False
+    assert levers.runs_bf16(emulated_bf16=True) is True
+    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: True)
+    assert process.kept_workloads(list(process.WORKLOADS), False) == list(process.WORKLOADS)
+    assert levers.runs_bf16(emulated_bf16=False) is True
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch's own, on importing dynamo
 def test_unwrap_strips_compile_and_ddp(tmp_path):
     model = torch.nn.Linear(2, 2)
