@@ -21,6 +21,8 @@ from typing import Any
 
 NORM_POSITIONS = ("post", "pre")
 ATTENTION_BACKENDS = ("sdpa", "math", "chunked")
+# config.json's model_type for a Pre-LN model: not "bert", which transformers would misread.
+PRE_LN_MODEL_TYPE = "minibert-preln"
 
 # name: (num_layers, hidden_size, num_heads). The feed-forward width is always 4 * hidden,
 # as in the original BERT and the compact models released with it.
@@ -131,9 +133,13 @@ class BertConfig:
     def from_hf_dict(cls, d: dict[str, Any], **overrides: Any) -> "BertConfig":
         """Build a config from a transformers BERT `config.json` dict, then apply overrides."""
         model_type = d.get("model_type", "bert")
-        if model_type != "bert":
+        if model_type not in ("bert", PRE_LN_MODEL_TYPE):
             raise ValueError(f"config.json has model_type={model_type!r}; minibert reads BERT "
-                             f"checkpoints (model_type 'bert') only")
+                             f"checkpoints (model_type 'bert' or {PRE_LN_MODEL_TYPE!r}) only")
+        if model_type == PRE_LN_MODEL_TYPE and d.get("norm_position", "pre") != "pre":
+            raise ValueError(f"config.json has model_type={model_type!r} but norm_position="
+                             f"{d['norm_position']!r}; a {model_type!r} model is Pre-LN, so "
+                             f"norm_position must be 'pre' (or absent)")
         act = d.get("hidden_act", "gelu")
         if act != "gelu":
             raise ValueError(f"config.json has hidden_act={act!r}; minibert implements BERT's "
@@ -145,12 +151,17 @@ class BertConfig:
         fields = {ours: d[theirs] for theirs, ours in cls._HF_NAMES.items()
                   if d.get(theirs) is not None}
         fields.update({k: d[k] for k in cls._MINIBERT_ONLY if k in d})
+        if model_type == PRE_LN_MODEL_TYPE:
+            fields["norm_position"] = "pre"
         fields.update(overrides)
         return cls(**_known_fields(fields, "BertConfig.from_hf_dict"))
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The transformers `config.json` dict for this config (minibert-only fields included)."""
-        d: dict[str, Any] = {"model_type": "bert", "hidden_act": "gelu",
+        # transformers' BERT is Post-LN only. A Pre-LN config gets a model_type transformers
+        # does not know, so that it refuses the checkpoint instead of computing something else.
+        model_type = PRE_LN_MODEL_TYPE if self.norm_position == "pre" else "bert"
+        d: dict[str, Any] = {"model_type": model_type, "hidden_act": "gelu",
                              "position_embedding_type": "absolute"}
         d.update({theirs: getattr(self, ours) for theirs, ours in self._HF_NAMES.items()})
         d.update({k: getattr(self, k) for k in self._MINIBERT_ONLY})

@@ -9,24 +9,41 @@ minibert's parameter names are its own (`bert.blocks.3.attn.qkv.weight`); the tr
 transformers' names is one table, `_RENAMES`, plus one structural difference: minibert fuses
 the query, key and value projections into one matrix, which transformers stores as three.
 
+A Pre-LN model (`norm_position="pre"`) has no transformers equivalent. Its folder says so
+(model_type "minibert-preln", weights in `minibert-preln.safetensors`), so transformers
+refuses it instead of loading it into Post-LN blocks, while minibert reads it as usual.
+
 Loading never runs pickled code: safetensors holds only tensors, and `pytorch_model.bin` is
-read with `torch.load(weights_only=True)`, which refuses arbitrary objects.
+read with `torch.load(weights_only=True)`, which refuses arbitrary objects. A damaged file,
+or a shard index pointing outside its folder, is one error naming the file.
+
+`save_pretrained` replaces the whole folder in one step, so a crash never leaves new weights
+beside an old config; `export_checkpoint` turns a training checkpoint into such a folder.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import logging
 import os
-import pickle
 import re
-from pathlib import Path
-from typing import Any, Union
+import shutil
+import sys
+import tempfile
+import uuid
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
 from torch import Tensor
 
+from .checkpoint import META_FILE, STATE_FILE, load_checkpoint
 from .config import BertConfig
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -134,17 +151,40 @@ def load_hf_state_dict(model: torch.nn.Module, sd: dict[str, Tensor]) -> None:
     model.load_state_dict(new, strict=False)
 
 
-# ---- files ----------------------------------------------------------------------------------
+# ---- reading a model folder -----------------------------------------------------------------
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+# A Pre-LN model's weights go under a name transformers never looks for: its BERT is Post-LN
+# only, and would otherwise load them into the wrong blocks with nothing but a warning.
+PRE_LN_WEIGHTS_FILE = "minibert-preln.safetensors"
+INDEX_FILE = "model.safetensors.index.json"  # sharded: {"weight_map": {name: shard file}}
+TORCH_FILE = "pytorch_model.bin"
+# The files of an export, which save_pretrained replaces; everything else in the folder stays.
+_MODEL_FILES = {CONFIG_FILE, WEIGHTS_FILE, PRE_LN_WEIGHTS_FILE, INDEX_FILE, TORCH_FILE,
+                "pytorch_model.bin.index.json"}
+_SHARD_FILE = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
+_LFS_POINTER = b"version https://git-lfs"
+
 
 def read_config(path: PathLike) -> dict[str, Any]:
-    """The parsed `config.json` of a checkpoint directory, with errors that name the file."""
+    """The parsed `config.json` of a model folder, with errors that name the file."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist (or is not "
                                 f"a directory); expected config.json and model.safetensors "
                                 f"or pytorch_model.bin inside it")
-    cfg = path / "config.json"
+    cfg = path / CONFIG_FILE
     if not cfg.is_file():
+        if (path / META_FILE).is_file() and (path / STATE_FILE).is_file():
+            raise FileNotFoundError(f"{path} is a training checkpoint, not a model folder; "
+                                    f"export it with minibert.hf.export_checkpoint("
+                                    f"{str(path)!r}, OUT) and load OUT")
+        steps = sorted(p.name for p in path.glob("step_*") if (p / META_FILE).is_file())
+        if steps:
+            raise FileNotFoundError(f"{path} holds training checkpoints ({', '.join(steps[-2:])}"
+                                    f"), not a model folder; export one with minibert.hf."
+                                    f"export_checkpoint({str(path / steps[-1])!r}, OUT)")
         raise FileNotFoundError(f"{cfg} not found; a checkpoint directory holds config.json")
     try:
         d = json.loads(cfg.read_text(encoding="utf-8"))
@@ -156,47 +196,224 @@ def read_config(path: PathLike) -> dict[str, Any]:
 
 
 def read_weights(path: PathLike) -> dict[str, Tensor]:
-    """The tensors of a checkpoint directory: safetensors preferred, pickles only as weights."""
+    """The tensors of a model folder: safetensors preferred, pickles only as weights.
+
+    A missing file is a FileNotFoundError and a damaged one a ValueError, each naming the file.
+    """
     path = Path(path)
-    st, index, pt = path / "model.safetensors", path / "model.safetensors.index.json", \
-        path / "pytorch_model.bin"
-    if st.is_file():
-        return _load_safetensors(st)
-    if index.is_file():  # sharded: {"weight_map": {name: shard file}}
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    for name in (WEIGHTS_FILE, PRE_LN_WEIGHTS_FILE):
+        if (path / name).is_file():
+            return _load_safetensors(path / name)
+    if (path / INDEX_FILE).is_file():
         sd: dict[str, Tensor] = {}
-        for shard in shards:
-            sd.update(_load_safetensors(path / shard))
+        for shard in _shard_files(path / INDEX_FILE):
+            sd.update(_load_safetensors(shard))
         return sd
-    if pt.is_file():
-        try:
-            sd = torch.load(pt, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as e:
-            raise ValueError(f"{pt} holds pickled objects other than tensors; refusing to "
-                             f"unpickle them, since that could run arbitrary code. Re-save "
-                             f"the weights as a plain state dict or as safetensors. ({e})"
-                             ) from None
-        if not isinstance(sd, dict) or not all(isinstance(t, Tensor) for t in sd.values()):
-            raise ValueError(f"{pt} does not hold a state dict (name -> tensor)")
-        return sd
-    raise FileNotFoundError(f"no weights in {path}: looked for model.safetensors, "
-                            f"model.safetensors.index.json and pytorch_model.bin")
+    if (path / TORCH_FILE).is_file():
+        return _load_torch_file(path / TORCH_FILE)
+    raise FileNotFoundError(f"no weights in {path}: looked for {WEIGHTS_FILE}, "
+                            f"{PRE_LN_WEIGHTS_FILE}, {INDEX_FILE} and {TORCH_FILE}")
+
+
+def _shard_files(index: Path) -> list[Path]:
+    """The shard files a safetensors index names, each checked to lie inside its folder."""
+    try:
+        d = json.loads(index.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{index} is not valid JSON ({e}); download or export the "
+                         f"checkpoint again") from None
+    weight_map = d.get("weight_map") if isinstance(d, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise ValueError(f"{index} has no weight_map of tensor name -> shard file name; it is "
+                         f"damaged or not a safetensors index")
+    shards = []
+    for name in sorted(set(weight_map.values())):
+        # Names come from the file: "../x" or "/x" would read outside the folder. Judged by
+        # the name, not by resolving links, since a hub cache links shards to blobs elsewhere.
+        posix, windows = PurePosixPath(name), PureWindowsPath(name)
+        if not name or posix.is_absolute() or windows.anchor or ".." in posix.parts + windows.parts:
+            raise ValueError(f"{index} names the shard {name!r}, which lies outside "
+                             f"{index.parent}; refusing to read it (the index is damaged or "
+                             f"was made to read other files)")
+        if not (index.parent / name).is_file():
+            raise FileNotFoundError(f"shard {name} listed in {index} is not in {index.parent}; "
+                                    f"the download is incomplete, fetch the missing shard")
+        shards.append(index.parent / name)
+    return shards
 
 
 def _load_safetensors(file: Path) -> dict[str, Tensor]:
     try:
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
     except ImportError:
         raise ImportError(f"reading {file} needs the safetensors package: "
                           f"pip install 'minibert[hf]'") from None
-    return load_file(str(file))
+    try:
+        return load_file(str(file))
+    except SafetensorError as e:
+        raise _damaged(file, "safetensors file", e) from None
 
 
-def _write_atomic(file: Path, write) -> None:
-    # Write beside the target, then rename: a crash never leaves a half-written checkpoint.
-    tmp = file.with_name(file.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, file)
+def _load_torch_file(file: Path) -> dict[str, Tensor]:
+    """The state dict in a pickled `pytorch_model.bin`, read without running code from it."""
+    with open(file, "rb") as f:  # failing to open is an OSError about the file, not damage
+        try:
+            sd = torch.load(f, map_location="cpu", weights_only=True)
+        except MemoryError:
+            raise
+        except Exception as e:
+            # weights_only=True rebuilds tensors and plain values only. "Unsupported global"
+            # is a well-formed pickle asking for some other object (a class instance, a
+            # function): code, refused. Anything else (bad opcodes, a truncated zip) is damage.
+            if "Unsupported global" in str(e):
+                raise ValueError(f"{file} holds pickled objects other than tensors; refusing "
+                                 f"to unpickle them, since that could run arbitrary code. "
+                                 f"Re-save the weights as a plain state dict or as "
+                                 f"safetensors. ({_gist(e)})") from None
+            raise _damaged(file, "PyTorch checkpoint", e) from None
+    if not isinstance(sd, dict) or not all(isinstance(t, Tensor) for t in sd.values()):
+        raise ValueError(f"{file} does not hold a state dict (name -> tensor)")
+    return sd
+
+
+def _damaged(file: Path, kind: str, error: Exception) -> ValueError:
+    """The one-line error for a weights file that cannot be read."""
+    with open(file, "rb") as f:
+        if f.read(len(_LFS_POINTER)) == _LFS_POINTER:
+            return ValueError(f"{file} is a Git LFS pointer, not the weights: run `git lfs "
+                              f"pull` in the clone it came from, or download the file itself")
+    return ValueError(f"{file} is damaged or not a {kind} ({_gist(error)}); download or "
+                      f"export it again")
+
+
+def _gist(error: Exception) -> str:
+    """The informative line of a torch or safetensors error (torch's first lines give advice
+    about weights_only=False, which would run code from the file)."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith(("Unsupported", "WeightsUnpickler error: Unsupported", "size mismatch")):
+            return ln.removeprefix("WeightsUnpickler error: ").split(". Please")[0][:300]
+    return lines[0][:300] if lines else type(error).__name__
+
+
+# ---- writing a model folder: all of it, or nothing ------------------------------------------
+
+def _replace_folder(path: Path, write: Callable[[Path], None]) -> None:
+    """Make `path` the folder that `write` fills, in one step, keeping files it does not own.
+
+    `write` fills a fresh hidden sibling; the entries of the old `path` that are not export
+    files (a tokenizer, notes) are carried over; everything is flushed to disk; then the two
+    folders swap names. A crash at any moment leaves `path` holding the complete old export
+    or the complete new one, never new weights beside an old config.
+    """
+    path = path.expanduser().resolve()  # through a link: replace the folder it points to
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"cannot save into {path}: it is a file, not a folder")
+    if path == Path.cwd() or path in Path.cwd().parents:
+        raise ValueError(f"cannot save into {path}: it holds the working directory, which the "
+                         f"save replaces; save into a subfolder such as {path / 'model'}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():  # a save killed between the two renames below: put the old one back
+        for p in path.parent.iterdir():
+            if p.name.startswith(f".{path.name}.old-"):
+                os.rename(p, path)
+                break
+    new = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    old = None
+    try:
+        write(new)
+        if path.is_dir():
+            _carry_over(path, new)
+        _fsync_tree(new)
+        if _exchange(new, path):
+            old = new  # `new` now holds the previous export
+        elif path.exists():
+            # Without an atomic exchange the old folder steps aside first: for a moment
+            # `path` is absent (never a mix), and the old export is complete under `old`.
+            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(path, old)
+            os.rename(new, path)
+        else:
+            os.rename(new, path)
+        _fsync(path.parent)
+    except BaseException:
+        if old is not None and not path.exists():
+            os.rename(old, path)  # put the previous export back
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    # Done: drop the previous export, and what saves killed mid-way left behind.
+    for p in path.parent.iterdir():
+        if p.name.startswith((f".{path.name}.tmp-", f".{path.name}.old-")):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _carry_over(old: Path, new: Path) -> None:
+    """Bring the entries of `old` that are not export files into `new`, unless `new` has them.
+
+    Hard links make this instant and free of space; where the file system has none, copies.
+    """
+    for entry in old.iterdir():
+        target = new / entry.name
+        if entry.name in _MODEL_FILES or _SHARD_FILE.match(entry.name) or target.exists():
+            continue
+        if entry.is_symlink():
+            os.symlink(os.readlink(entry), target)
+        elif entry.is_dir():
+            shutil.copytree(entry, target, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(entry, target)
+
+
+def _link_or_copy(src: PathLike, dst: PathLike) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step; False where the system cannot.
+
+    Linux's renameat2(RENAME_EXCHANGE) (kernel 3.15, glibc 2.28) does it; os.rename cannot
+    replace a non-empty folder, so elsewhere the caller falls back to two renames.
+    """
+    if sys.platform != "linux" or not b.exists():
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                          ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # a file system without it
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file and folder under `folder` to disk before the swap publishes it."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            if not os.path.islink(os.path.join(root, name)):
+                _fsync(os.path.join(root, name))
+        _fsync(root)
+
+
+def _fsync(path: PathLike) -> None:
+    """Make a file's data or a folder's entries durable. POSIX only; a no-op elsewhere."""
+    if os.name != "posix":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class PretrainedMixin:
@@ -227,20 +444,88 @@ class PretrainedMixin:
         load_hf_state_dict(model, read_weights(path))
         return model
 
-    def save_pretrained(self, path: PathLike) -> None:
-        """Write `config.json` + `model.safetensors` that transformers loads unchanged."""
+    def save_pretrained(self, path: PathLike, tokenizer: Optional["Tokenizer"] = None) -> None:
+        """Write the folder `path`: config.json and the weights, replacing an earlier export.
+
+        A Post-LN model's folder loads in transformers unchanged. A Pre-LN model's is
+        minibert-only (model_type "minibert-preln", weights in minibert-preln.safetensors),
+        which transformers refuses instead of misreading. `tokenizer` is saved into the same
+        folder in the same step. Other files already in `path` are kept, and a crash leaves
+        the complete old folder or the complete new one (see `_replace_folder`).
+        """
         try:
             from safetensors.torch import save_file
         except ImportError:
             raise ImportError("save_pretrained writes safetensors: pip install 'minibert[hf]'"
                               ) from None
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
         config = self.config.to_hf_dict()
         config.update(architectures=[type(self).__name__], tie_word_embeddings=True,
                       **self._hf_config_extras())
         state = to_hf_state_dict(self)
-        _write_atomic(path / "model.safetensors",
-                      lambda f: save_file(state, str(f), metadata={"format": "pt"}))
-        _write_atomic(path / "config.json",
-                      lambda f: f.write_text(json.dumps(config, indent=2) + "\n"))
+        weights = PRE_LN_WEIGHTS_FILE if self.config.norm_position == "pre" else WEIGHTS_FILE
+
+        def write(folder: Path) -> None:
+            save_file(state, str(folder / weights), metadata={"format": "pt"})
+            (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n",
+                                              encoding="utf-8")
+            if tokenizer is not None:
+                tokenizer.save(folder)
+
+        _replace_folder(Path(path), write)
+
+
+# ---- training checkpoint -> model folder ----------------------------------------------------
+
+EXPORTABLE = ("BertForMaskedLM", "BertForSequenceClassification", "BertModel")
+
+
+def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
+                      model_class: Optional[str] = None) -> Path:
+    """Write the model of a training checkpoint (`checkpoints/step_N`) as a model folder.
+
+    The class is `model_class`, else the one the checkpoint records, else the one its weight
+    names show (older checkpoints). A classifier's number of labels comes from its weights.
+    The folder loads with `from_pretrained` (and, for Post-LN, in transformers). Returns it.
+    """
+    from . import model as models  # model.py imports this module, so not at the top
+
+    checkpoint_dir = Path(checkpoint_dir)
+    state = load_checkpoint(checkpoint_dir)  # verified against meta.json, read weights-only
+    weights, config = state.get("model"), state.get("model_config")
+    if not isinstance(weights, dict) or not isinstance(config, dict):
+        raise ValueError(f"checkpoint {checkpoint_dir} has no 'model' and 'model_config' "
+                         f"entries; export handles checkpoints of minibert's training loop")
+    name = model_class or state.get("model_class") or _class_from_names(weights)
+    if name not in EXPORTABLE:
+        raise ValueError(f"model_class={name!r} is not one of {EXPORTABLE}")
+    try:
+        bert_config = BertConfig(**config)
+    except TypeError as e:
+        raise ValueError(f"checkpoint {checkpoint_dir}: its model_config does not fit this "
+                         f"minibert's BertConfig ({e})") from None
+    kwargs = {}
+    if name == "BertForSequenceClassification" and "classifier.weight" in weights:
+        kwargs["num_labels"] = weights["classifier.weight"].shape[0]
+    model = getattr(models, name)(bert_config, **kwargs)
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {checkpoint_dir} does not hold a {name} (missing "
+                         f"{missing[:2]}, unexpected {unexpected[:2]}); pass model_class= "
+                         f"one of {EXPORTABLE}")
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as e:
+        raise ValueError(f"checkpoint {checkpoint_dir}: its weights do not fit its "
+                         f"model_config ({_gist(e)})") from None
+    model.save_pretrained(out_dir)
+    return Path(out_dir)
+
+
+def _class_from_names(weights: dict[str, Tensor]) -> str:
+    """The model class a minibert state dict belongs to, from its parameter names."""
+    if any(k.startswith("classifier.") for k in weights):
+        return "BertForSequenceClassification"
+    if any(k.startswith("embeddings.") for k in weights):
+        return "BertModel"
+    return "BertForMaskedLM"

@@ -57,6 +57,21 @@ def test_hf_dict_round_trip():
     assert BertConfig.from_hf_dict(d, attention="math").attention == "math"
 
 
+def test_pre_ln_has_its_own_model_type():
+    # transformers' BERT is Post-LN only; an unknown model_type makes its AutoConfig refuse a
+    # Pre-LN config.json instead of misreading it (see hf.py for the weights file).
+    assert BertConfig(norm_position="pre").to_hf_dict()["model_type"] == "minibert-preln"
+    assert BertConfig().to_hf_dict()["model_type"] == "bert"
+    d = BertConfig(norm_position="pre").to_hf_dict()
+    del d["norm_position"]
+    assert BertConfig.from_hf_dict(d).norm_position == "pre"
+    d["norm_position"] = "post"
+    with pytest.raises(ValueError, match="minibert-preln.*norm_position"):
+        BertConfig.from_hf_dict(d)
+    old_export = dict(BertConfig().to_hf_dict(), norm_position="pre")  # before the model_type
+    assert BertConfig.from_hf_dict(old_export).norm_position == "pre"
+
+
 def test_hf_dict_from_transformers():
     transformers = pytest.importorskip("transformers")
     hc = transformers.BertConfig(vocab_size=321, hidden_size=64, num_hidden_layers=3,

@@ -157,3 +157,25 @@ def test_pre_ln_round_trip(tmp_path):
     ids, mask = random_batch()
     with torch.no_grad():
         assert torch.equal(model(ids, mask).logits, again(ids, mask).logits)
+
+
+def test_pre_ln_export_is_refused_by_transformers(tmp_path):
+    """transformers' BERT is Post-LN only: it must refuse a Pre-LN export, not misread it.
+
+    Without this, transformers loaded the Pre-LN weights into its Post-LN blocks with only a
+    warning about the unused final LayerNorm, and computed something else.
+    """
+    torch.manual_seed(3)
+    model = minibert.BertForMaskedLM(tiny_config(norm_position="pre")).eval()
+    model.save_pretrained(tmp_path)
+    for load in (transformers.BertForMaskedLM.from_pretrained,
+                 transformers.BertModel.from_pretrained,
+                 transformers.AutoModelForMaskedLM.from_pretrained,
+                 transformers.AutoModel.from_pretrained):
+        # The Auto classes refuse the unknown model_type; the BERT classes find no weights.
+        with pytest.raises((OSError, ValueError), match="minibert-preln|model.safetensors"):
+            load(tmp_path)
+    again = minibert.BertForMaskedLM.from_pretrained(tmp_path).eval()
+    ids, mask = random_batch()
+    with torch.no_grad():
+        assert torch.equal(model(ids, mask).logits, again(ids, mask).logits)

@@ -1,0 +1,283 @@
+"""Model folders on disk: atomic saves, damaged or hostile files, exporting training checkpoints.
+
+Each test builds the bad situation for real (a crash injected mid-save, random bytes in a
+weights file, an index pointing outside the folder) and checks that minibert either keeps
+the previous state intact or refuses with one message that names the file.
+"""
+
+import json
+import os
+from dataclasses import asdict
+
+import pytest
+import torch
+
+import minibert
+import minibert.hf as hf
+from conftest import random_batch, tiny_config
+from minibert.checkpoint import save_checkpoint
+
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+
+def _random_model(cls=minibert.BertForMaskedLM, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    model = cls(tiny_config(), **kwargs).eval()
+    with torch.no_grad():  # values far from the initialisation, so a stale tensor shows
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model
+
+
+def _same_weights(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def _hidden_entries(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+# ---- A. save_pretrained replaces the whole folder or nothing -------------------------------
+
+def _fail_writing_weights(monkeypatch):
+    def broken(*args, **kwargs):
+        raise OSError("disk full (injected)")
+    monkeypatch.setattr(safetensors_torch, "save_file", broken)
+
+
+def _fail_writing_config(monkeypatch):
+    real = json.dumps
+
+    def broken(obj, *args, **kwargs):
+        if isinstance(obj, dict) and "hidden_size" in obj:
+            raise OSError("disk full (injected)")
+        return real(obj, *args, **kwargs)
+    monkeypatch.setattr(json, "dumps", broken)
+
+
+def _fail_moving_into_place(monkeypatch):
+    # The portable path (no atomic exchange): the old folder steps aside, then the second
+    # rename, which would move the new folder into place, fails.
+    monkeypatch.setattr(hf, "_exchange", lambda a, b: False)
+    real, calls = os.rename, []
+
+    def rename(src, dst):
+        calls.append(src)
+        if len(calls) == 2:
+            raise OSError("power cut (injected)")
+        return real(src, dst)
+    monkeypatch.setattr(os, "rename", rename)
+
+
+@pytest.mark.parametrize("crash", [_fail_writing_weights, _fail_writing_config,
+                                   _fail_moving_into_place])
+def test_a_failed_save_leaves_the_old_export_intact(crash, tmp_path, monkeypatch):
+    old, new = _random_model(seed=0), _random_model(seed=1)
+    out = tmp_path / "final"
+    old.save_pretrained(out)
+    (out / "tokenizer.json").write_text("{}")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    crash(monkeypatch)
+    with pytest.raises(OSError, match="injected"):
+        new.save_pretrained(out)
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _same_weights(minibert.BertForMaskedLM.from_pretrained(out), old)
+    assert _hidden_entries(tmp_path) == []  # no temporary folders left behind
+
+
+def test_two_saves_in_a_row_and_files_beside_the_model(tmp_path):
+    out = tmp_path / "final"
+    _random_model(seed=0).save_pretrained(out)
+    (out / "vocab.txt").write_text("[PAD]\n")
+    (out / "notes").mkdir()
+    (out / "notes" / "run.txt").write_text("lr 1e-4")
+    torch.save({"stale": torch.zeros(1)}, out / "pytorch_model.bin")  # an older layout
+    second = _random_model(seed=1)
+    second.save_pretrained(out)
+    assert _same_weights(minibert.BertForMaskedLM.from_pretrained(out), second)
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "notes", "vocab.txt"]
+    assert (out / "vocab.txt").read_text() == "[PAD]\n"
+    assert (out / "notes" / "run.txt").read_text() == "lr 1e-4"
+    assert _hidden_entries(tmp_path) == []
+
+
+def test_save_with_the_tokenizer_in_one_step(tmp_path):
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "##s"]
+    (tmp_path / "vocab.txt").write_text("".join(t + "\n" for t in vocab))
+    tok = minibert.Tokenizer.from_pretrained(tmp_path / "vocab.txt")
+    model = _random_model()
+    model.save_pretrained(tmp_path / "m", tokenizer=tok)
+    assert minibert.Tokenizer.from_pretrained(tmp_path / "m").fingerprint == tok.fingerprint
+    assert _same_weights(minibert.BertForMaskedLM.from_pretrained(tmp_path / "m"), model)
+
+
+def test_leftovers_of_a_killed_save_are_removed_by_the_next(tmp_path):
+    (tmp_path / ".final.tmp-dead").mkdir()  # what a kill -9 mid-save leaves
+    _random_model().save_pretrained(tmp_path / "final")
+    assert _hidden_entries(tmp_path) == []
+
+
+def test_a_save_killed_between_its_renames_is_recovered_by_the_next(tmp_path):
+    # Where the old folder had stepped aside and the new one was not yet in place.
+    _random_model(seed=0).save_pretrained(tmp_path / "final")
+    (tmp_path / "final" / "vocab.txt").write_text("[PAD]\n")
+    os.rename(tmp_path / "final", tmp_path / ".final.old-dead")
+    second = _random_model(seed=1)
+    second.save_pretrained(tmp_path / "final")
+    assert (tmp_path / "final" / "vocab.txt").read_text() == "[PAD]\n"
+    assert _same_weights(minibert.BertForMaskedLM.from_pretrained(tmp_path / "final"), second)
+    assert _hidden_entries(tmp_path) == []
+
+
+def test_save_onto_a_file_names_it(tmp_path):
+    (tmp_path / "final").write_text("not a folder")
+    with pytest.raises(NotADirectoryError, match="final"):
+        _random_model().save_pretrained(tmp_path / "final")
+
+
+# ---- C. damaged and hostile weight files ---------------------------------------------------
+
+def _folder_with(tmp_path, name, data: bytes):
+    (tmp_path / "config.json").write_text(json.dumps(tiny_config().to_hf_dict()))
+    (tmp_path / name).write_bytes(data)
+    return tmp_path
+
+
+def _torch_file_bytes(tmp_path) -> bytes:
+    torch.save(minibert.BertModel(tiny_config()).state_dict(), tmp_path / "whole.bin")
+    return (tmp_path / "whole.bin").read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["random", "truncated", "empty"])
+def test_damaged_pytorch_model_bin_is_called_damaged(damage, tmp_path):
+    whole = _torch_file_bytes(tmp_path)
+    data = {"random": os.urandom(4096), "truncated": whole[:len(whole) // 2],
+            "empty": b""}[damage]
+    (tmp_path / "m").mkdir()
+    folder = _folder_with(tmp_path / "m", "pytorch_model.bin", data)
+    with pytest.raises(ValueError, match=r"pytorch_model\.bin is damaged or not a PyTorch") as e:
+        minibert.BertModel.from_pretrained(folder)
+    assert "arbitrary code" not in str(e.value)
+
+
+@pytest.mark.parametrize("damage", ["random", "truncated", "empty"])
+def test_damaged_safetensors_is_called_damaged(damage, tmp_path):
+    minibert.BertModel(tiny_config()).save_pretrained(tmp_path / "src")
+    whole = (tmp_path / "src" / "model.safetensors").read_bytes()
+    data = {"random": os.urandom(4096), "truncated": whole[:len(whole) // 2],
+            "empty": b""}[damage]
+    (tmp_path / "m").mkdir()
+    folder = _folder_with(tmp_path / "m", "model.safetensors", data)
+    with pytest.raises(ValueError, match=r"model\.safetensors is damaged"):
+        minibert.BertModel.from_pretrained(folder)
+
+
+def test_git_lfs_pointer_is_named_as_such(tmp_path):
+    pointer = b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 9\n"
+    folder = _folder_with(tmp_path, "model.safetensors", pointer)
+    with pytest.raises(ValueError, match="Git LFS pointer.*git lfs pull"):
+        minibert.BertModel.from_pretrained(folder)
+
+
+def _sharded(tmp_path, weight_map=None, index_text=None):
+    """A checkpoint folder whose weights are split over two shards and an index."""
+    src = tmp_path / "src"
+    model = _random_model(minibert.BertModel)
+    model.save_pretrained(src)
+    sd = safetensors_torch.load_file(str(src / "model.safetensors"))
+    names = sorted(sd)
+    folder = tmp_path / "sharded"
+    (folder / "shards").mkdir(parents=True)
+    (folder / "config.json").write_text((src / "config.json").read_text())
+    halves = {"model-1.safetensors": names[:10], "shards/model-2.safetensors": names[10:]}
+    for file, keys in halves.items():
+        safetensors_torch.save_file({k: sd[k] for k in keys}, str(folder / file))
+    if weight_map is None:
+        weight_map = {k: file for file, keys in halves.items() for k in keys}
+    if index_text is None:
+        index_text = json.dumps({"metadata": {}, "weight_map": weight_map})
+    (folder / "model.safetensors.index.json").write_text(index_text)
+    return model, folder
+
+
+def test_sharded_checkpoint_loads(tmp_path):
+    model, folder = _sharded(tmp_path)
+    assert _same_weights(minibert.BertModel.from_pretrained(folder), model)
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "shards/../../outside.safetensors",
+                                   "ABSOLUTE"])
+def test_shard_outside_the_folder_is_refused(shard, tmp_path):
+    outside = tmp_path / "outside.safetensors"
+    safetensors_torch.save_file({"x": torch.zeros(1)}, str(outside))
+    shard = str(outside) if shard == "ABSOLUTE" else shard
+    _, folder = _sharded(tmp_path, weight_map={"bert.embeddings.word_embeddings.weight": shard})
+    with pytest.raises(ValueError, match=r"model\.safetensors\.index\.json.*outside"):
+        minibert.BertModel.from_pretrained(folder)
+
+
+def test_missing_shard_names_it_and_the_index(tmp_path):
+    _, folder = _sharded(tmp_path)
+    (folder / "shards" / "model-2.safetensors").unlink()
+    with pytest.raises(FileNotFoundError,
+                       match=r"model-2\.safetensors.*model\.safetensors\.index\.json"):
+        minibert.BertModel.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("index_text", ['{"weight_map": ', '{"metadata": {}}',
+                                        '{"weight_map": ["a"]}', '{"weight_map": {"a": 1}}',
+                                        '[1, 2]'])
+def test_malformed_index_names_the_index(index_text, tmp_path):
+    _, folder = _sharded(tmp_path, index_text=index_text)
+    with pytest.raises(ValueError, match=r"model\.safetensors\.index\.json"):
+        minibert.BertModel.from_pretrained(folder)
+
+
+# ---- D. training checkpoints -> model folders ----------------------------------------------
+
+def _training_checkpoint(tmp_path, model, **extra):
+    state = {"model": model.state_dict(), "model_config": asdict(model.config),
+             "train_config": {"lr": 1e-4}, "step": 7, **extra}
+    return save_checkpoint(tmp_path / "checkpoints", 7, state)
+
+
+@pytest.mark.parametrize("cls_name, extra", [
+    ("BertForMaskedLM", {}),
+    ("BertForMaskedLM", {"model_class": "BertForMaskedLM"}),
+    ("BertForSequenceClassification", {"model_class": "BertForSequenceClassification"}),
+    ("BertForSequenceClassification", {}),  # older checkpoint: the class comes from the names
+])
+def test_export_checkpoint_loads_in_minibert_and_transformers(cls_name, extra, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    kwargs = {"num_labels": 3} if cls_name == "BertForSequenceClassification" else {}
+    model = _random_model(getattr(minibert, cls_name), **kwargs)
+    ckpt = _training_checkpoint(tmp_path, model, **extra)
+    hf.export_checkpoint(ckpt, tmp_path / "export")
+    ours = getattr(minibert, cls_name).from_pretrained(tmp_path / "export").eval()
+    theirs = getattr(transformers, cls_name).from_pretrained(tmp_path / "export").eval()
+    ids, mask = random_batch()
+    with torch.no_grad():
+        want = model(ids, mask).logits
+        assert torch.equal(ours(ids, mask).logits, want)
+        assert (theirs(input_ids=ids, attention_mask=mask).logits - want).abs().max() <= 1e-5
+
+
+def test_export_with_the_wrong_class_says_which(tmp_path):
+    ckpt = _training_checkpoint(tmp_path, _random_model(minibert.BertForSequenceClassification))
+    with pytest.raises(ValueError, match="BertForMaskedLM.*model_class"):
+        hf.export_checkpoint(ckpt, tmp_path / "export", model_class="BertForMaskedLM")
+    with pytest.raises(ValueError, match="'Bert'.*BertForMaskedLM"):
+        hf.export_checkpoint(ckpt, tmp_path / "export", model_class="Bert")
+    assert not (tmp_path / "export").exists()
+
+
+def test_loading_a_training_checkpoint_points_to_export(tmp_path):
+    ckpt = _training_checkpoint(tmp_path, _random_model())
+    for load in (hf.read_config, minibert.BertForMaskedLM.from_pretrained):
+        with pytest.raises(FileNotFoundError, match="training checkpoint, not a model folder.*"
+                                                    "export_checkpoint"):
+            load(ckpt)
+    with pytest.raises(FileNotFoundError, match="holds training checkpoints.*step_00000007"):
+        minibert.BertForMaskedLM.from_pretrained(ckpt.parent)  # the folder of checkpoints
