@@ -14,42 +14,85 @@ component of a ``tokenizers.Tokenizer``:
 This is the same pipeline transformers' ``BertTokenizerFast`` builds from a
 ``vocab.txt``, so a vocabulary from any BERT checkpoint gives identical ids. The
 class below only adds what minibert needs on top: training with a content-keyed
-cache, loading from the file layouts found in the wild, and the special ids.
+cache (in :mod:`minibert.tokenizer_train`), loading from the file layouts found in
+the wild, the special ids, and for fine-tuning an :class:`Encoding` per text, text
+pair or list of words: token types, pair truncation, and each token's characters
+and word, which map predictions back onto the text.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Sequence, Union
+from typing import Iterable, NamedTuple, Optional, Sequence, Union
 
 import tokenizers
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
-from .data.text import iter_lines, text_file_named, write_files_atomically
+from .data.text import iter_lines, write_files_atomically
+from .tokenizer_train import PathLike, default_cache_dir, train_on_files, train_on_texts
 
-logger = logging.getLogger(__name__)
-
-PathLike = Union[str, "os.PathLike[str]"]
+__all__ = ["Encoding", "SPECIAL_TOKENS", "Tokenizer", "default_cache_dir", "truncated_lengths"]
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 # Order matters for trained vocabularies: [PAD] must be id 0 so that zero-filled
 # buffers are padding, as in every BERT checkpoint.
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 
-# Bumped whenever training changes in a way that makes old cached vocabularies stale.
-_CACHE_FORMAT = 2  # 2: words over the WordPiece length limit are not trained on
+TRUNCATION = ("longest_first", "only_first", "only_second")
 
 
-def default_cache_dir() -> Path:
-    """``$MINIBERT_CACHE`` if set, else ``~/.cache/minibert``."""
-    env = os.environ.get("MINIBERT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "minibert"
+class Encoding(NamedTuple):
+    """A text, a text pair or a list of words, encoded: one entry per token in every field.
+
+    Special tokens get offsets ``(0, 0)`` and word and sequence id ``None``, as in
+    transformers' fast tokenizers. ``offsets`` and ``word_ids`` count within the
+    token's own text, so for a pair they start again at 0 in text b; the character
+    span of token ``t`` in text ``sequence_ids[t]`` is ``text[slice(*offsets[t])]``.
+    For :meth:`Tokenizer.encode_words` the word ids index the given list and the
+    offsets count within each word.
+    """
+    input_ids: list[int]
+    token_type_ids: list[int]  # the segment: 0 for [CLS] a [SEP], 1 for b [SEP]
+    offsets: list[tuple[int, int]]  # (start, end) characters, end exclusive
+    word_ids: list[Optional[int]]  # the word of its text that the token is (part of)
+    sequence_ids: list[Optional[int]]  # 0: text a, 1: text b, None: special token
+
+
+def truncated_lengths(n_a: int, n_b: int, budget: int,
+                      truncation: str = "longest_first") -> tuple[int, int]:
+    """How many tokens of texts a and b to keep so that together they fit in ``budget``.
+
+    ``longest_first`` is BERT's rule as the ``tokenizers`` library applies it (so
+    transformers gives the same): take tokens from the longer text until it is as
+    short as the other, then from both in turn. In closed form: the shorter text
+    stays whole when the longer one can keep at least as many tokens, otherwise each
+    keeps half the budget and the longer one (b on a tie) the odd token.
+    ``only_first`` and ``only_second`` cut that one text and raise when it would lose
+    every token (as transformers does). Texts are cut at their end.
+    """
+    if truncation not in TRUNCATION:
+        raise ValueError(f"truncation={truncation!r}; choose one of {', '.join(TRUNCATION)}")
+    if n_a + n_b <= budget:
+        return n_a, n_b
+    if truncation != "longest_first":
+        cut_a = truncation == "only_first"
+        other = n_b if cut_a else n_a
+        if other >= budget:
+            raise ValueError(
+                f"truncation={truncation!r} cannot fit the pair in {budget} tokens of text: "
+                f"text {'b' if cut_a else 'a'} alone has {other}, which leaves no token of text "
+                f"{'a' if cut_a else 'b'}; use 'longest_first' or a larger max_length")
+        return (budget - n_b, n_b) if cut_a else (n_a, budget - n_a)
+    short, swap = (n_b, True) if n_a > n_b else (n_a, False)
+    if 2 * short <= budget:
+        keep_short, keep_long = short, budget - short
+    else:
+        keep_short, keep_long = budget // 2, budget - budget // 2
+    return (keep_long, keep_short) if swap else (keep_short, keep_long)
 
 
 class Tokenizer:
@@ -134,33 +177,11 @@ class Tokenizer:
         the same corpus loads it instead of training again. This also makes reruns
         reproducible: the trainer breaks ties between equally frequent pieces in
         hash order, so two fresh trainings can differ in a few entries and ids.
+        The training itself lives in :mod:`minibert.tokenizer_train`.
         """
-        if isinstance(files, (str, os.PathLike)):
-            files = [files]
-        paths = [Path(f) for f in files]
-        if not paths:
-            raise ValueError("Tokenizer.train got no files; pass at least one text file")
-        for f, p in zip(files, paths):
-            if not p.is_file():
-                texts = isinstance(f, str) and text_file_named(f) is None  # raises if path-like
-                raise FileNotFoundError(
-                    f"Tokenizer.train: training file not found: {p}" + (
-                        "; Tokenizer.train reads files, to train on texts in memory use "
-                        "Tokenizer.train_from_iterator(texts)" if texts else ""))
-
-        def chunks() -> Iterator[bytes]:
-            for p in paths:
-                with open(p, "rb") as f:
-                    while block := f.read(1 << 22):
-                        yield block
-                yield b"\0"  # file boundary, so ["ab", "c"] and ["a", "bc"] differ
-
-        def lines() -> Iterator[str]:
-            for p in paths:
-                yield from iter_lines(p)
-
-        return cls._train(lines, chunks if use_cache else None, vocab_size, lowercase,
-                          min_frequency, limit_alphabet, cache_dir)
+        return train_on_files(cls, files, vocab_size, lowercase=lowercase,
+                              min_frequency=min_frequency, limit_alphabet=limit_alphabet,
+                              cache_dir=cache_dir, use_cache=use_cache)
 
     @classmethod
     def train_from_iterator(
@@ -180,74 +201,9 @@ class Tokenizer:
         applies to sequences (lists, tuples); a one-shot generator is trained on
         directly.
         """
-        if isinstance(texts, str):
-            raise TypeError("train_from_iterator expects an iterable of strings, not one string")
-        can_cache = use_cache and isinstance(texts, Sequence)
-
-        def chunks() -> Iterator[bytes]:
-            for t in texts:
-                yield t.encode("utf-8", errors="replace") + b"\0"
-
-        return cls._train(lambda: iter(texts), chunks if can_cache else None, vocab_size,
-                          lowercase, min_frequency, limit_alphabet, cache_dir)
-
-    @classmethod
-    def _train(cls, make_texts, make_chunks, vocab_size, lowercase, min_frequency,
-               limit_alphabet, cache_dir) -> "Tokenizer":
-        n_special = len(SPECIAL_TOKENS)
-        if not isinstance(vocab_size, int) or vocab_size <= n_special:
-            raise ValueError(
-                f"vocab_size={vocab_size!r} is too small: it must exceed the {n_special} "
-                f"special tokens {list(SPECIAL_TOKENS)} and leave room for the alphabet"
-            )
-        settings = dict(vocab_size=vocab_size, lowercase=lowercase, min_frequency=min_frequency,
-                        limit_alphabet=limit_alphabet, format=_CACHE_FORMAT,
-                        tokenizers=".".join(tokenizers.__version__.split(".")[:2]))
-        cache_path = None
-        if make_chunks is not None:
-            h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
-            for block in make_chunks():
-                h.update(block)
-            root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-            cache_path = root / "tokenizers" / h.hexdigest()[:24]
-            if (cache_path / "tokenizer.json").is_file():
-                logger.info("reusing cached tokenizer %s", cache_path)
-                return cls.from_pretrained(cache_path)
-
-        backend = cls._bert_pipeline(None, lowercase, None)
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=vocab_size, min_frequency=min_frequency, limit_alphabet=limit_alphabet,
-            special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##",
-            show_progress=False,
-        )
-        stats = _TrainingInput()
-        # A second, identical pipeline decides what a word is: the one being trained is
-        # locked by the Rust trainer while it pulls texts, so calling into it deadlocks.
-        words_like = cls._bert_pipeline(None, lowercase, None)
-        backend.train_from_iterator(stats.texts(make_texts(), words_like), trainer)
-        if stats.n_skipped:
-            logger.warning("skipped %d words longer than %d characters (the longest had %d): "
-                           "they would only ever encode as [UNK]", stats.n_skipped,
-                           backend.model.max_input_chars_per_word, stats.longest)
-        if not stats.any_text:
-            raise ValueError("cannot train a tokenizer on an empty corpus (no non-blank text"
-                             + (f" once {stats.n_skipped} over-long words were skipped)"
-                                if stats.n_skipped else ")"))
-        got = backend.get_vocab_size()
-        if got > vocab_size:
-            # The trainer never drops alphabet characters, so it overshoots instead.
-            raise ValueError(
-                f"vocab_size={vocab_size} is too small for this corpus: the {n_special} special "
-                f"tokens plus the alphabet (each character alone and with '##') already need "
-                f"{got} entries; raise vocab_size to at least {got}, or lower limit_alphabet "
-                f"(now {limit_alphabet})"
-            )
-        tok = cls(backend)
-        tok._attach_post_processor()
-        if cache_path is not None:
-            tok._save_atomically(cache_path)
-            logger.info("trained tokenizer (vocab %d) cached at %s", tok.vocab_size, cache_path)
-        return tok
+        return train_on_texts(cls, texts, vocab_size, lowercase=lowercase,
+                              min_frequency=min_frequency, limit_alphabet=limit_alphabet,
+                              cache_dir=cache_dir, use_cache=use_cache)
 
     @classmethod
     def from_pretrained(cls, path: PathLike, *, lowercase: Optional[bool] = None) -> "Tokenizer":
@@ -346,13 +302,70 @@ class Tokenizer:
         """Ids of ``text``, as ``[CLS] ... [SEP]`` unless ``add_special_tokens=False``."""
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_with_offsets(self, text: str, max_length: Optional[int] = None) -> Encoding:
+        """``[CLS] text [SEP]`` with each token's characters and word; at most ``max_length``
+        tokens (the end of the text is cut)."""
+        return self._encoding(self.backend.encode(text), max_length, "longest_first")
+
+    def encode_pair(self, a: str, b: str, max_length: Optional[int] = None,
+                    truncation: str = "longest_first") -> Encoding:
+        """``[CLS] a [SEP] b [SEP]``, token types 0 then 1, at most ``max_length`` tokens.
+
+        ``truncation`` is ``"longest_first"``, ``"only_first"`` or ``"only_second"``
+        (see :func:`truncated_lengths`); the ids equal transformers'
+        ``BertTokenizerFast(a, b, truncation=..., max_length=...)``. For extractive QA
+        pass (question, context): ``sequence_ids`` marks the context tokens (1) and
+        ``offsets`` give their characters in the context.
+        """
+        return self._encoding(self.backend.encode(a, b), max_length, truncation)
+
+    def encode_words(self, words: Sequence[str], max_length: Optional[int] = None) -> Encoding:
+        """``[CLS] pieces [SEP]`` for text already split into words (a CoNLL sentence).
+
+        Each word is tokenized on its own (a word holding punctuation still splits there);
+        ``word_ids[t]`` is the index in ``words`` of the word that token ``t`` belongs to,
+        as transformers' ``BertTokenizerFast(words, is_split_into_words=True).word_ids()``.
+        A word that normalizes to nothing (a lone control character) yields no token.
+        """
+        if isinstance(words, str) or not all(isinstance(w, str) for w in words):
+            raise TypeError("encode_words expects a list of strings (the words of one text)")
+        return self._encoding(self.backend.encode(list(words), is_pretokenized=True),
+                              max_length, "longest_first")
+
+    def _encoding(self, enc: tokenizers.Encoding, max_length: Optional[int],
+                  truncation: str) -> Encoding:
+        """``enc`` as an :class:`Encoding`, its texts truncated to fit ``max_length``.
+
+        Truncation happens here rather than in the backend, whose settings are shared
+        by every caller of this tokenizer (and by the plain :meth:`encode`).
+        """
+        seq = enc.sequence_ids
+        n = [seq.count(0), seq.count(1)]
+        n_special = len(seq) - n[0] - n[1]
+        if max_length is not None and (not isinstance(max_length, int)
+                                       or max_length < n_special):
+            raise ValueError(f"max_length={max_length!r} must be an int of at least "
+                             f"{n_special}, the special tokens of this input")
+        keep = truncated_lengths(n[0], n[1], len(seq) if max_length is None else
+                                 max_length - n_special, truncation)
+        kept, seen = [], [0, 0]
+        for t, s in enumerate(seq):
+            if s is None or seen[s] < keep[s]:
+                kept.append(t)
+            if s is not None:
+                seen[s] += 1
+        ids, types, offsets, words = enc.ids, enc.type_ids, enc.offsets, enc.word_ids
+        return Encoding([ids[t] for t in kept], [types[t] for t in kept],
+                        [tuple(offsets[t]) for t in kept], [words[t] for t in kept],
+                        [seq[t] for t in kept])
+
     def encode_batch(self, texts: Sequence[str],
                      add_special_tokens: bool = True) -> list[list[int]]:
         """:meth:`encode` over many texts, in parallel threads on the Rust side."""
         if isinstance(texts, str):
             raise TypeError("encode_batch expects a list of strings; use encode() for one string")
         # encode_batch_fast (tokenizers >= 0.20) gives the same ids but skips the
-        # character offsets that minibert never uses: ~15% faster.
+        # character offsets, which only encode_with_offsets and co. need: ~15% faster.
         encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
         encs = encode(list(texts), add_special_tokens=add_special_tokens)
         return [e.ids for e in encs]
@@ -373,54 +386,6 @@ class Tokenizer:
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, fingerprint={self.fingerprint})"
 
-
-# Characters the BERT normalizer turns into spaces (ASCII whitespace and Unicode's
-# space separators, category Zs). Every word the trainer sees lies inside a run of
-# other characters, so only runs long enough to hold an over-long word need a look.
-_SPACES = " \t\n\r\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"
-
-
-class _TrainingInput:
-    """The texts handed to the WordPiece trainer, minus words it would waste time on.
-
-    The trainer's cost grows with the square of the longest word, so one 400,000
-    character line (a base64 blob, a table flattened without spaces) takes minutes
-    and ignores Ctrl-C meanwhile. Yet the WordPiece model maps every word over
-    ``max_input_chars_per_word`` characters (100) to ``[UNK]``, so such words add
-    nothing to the vocabulary that encoding could ever use: they are dropped here.
-    """
-
-    def __init__(self) -> None:
-        self.any_text = False  # to refuse a corpus of blank lines
-        self.n_skipped = 0
-        self.longest = 0
-
-    def texts(self, texts: Iterable[str], backend: tokenizers.Tokenizer) -> Iterator[str]:
-        """``texts`` without over-long words; ``backend``: a pipeline not being trained."""
-        max_chars = backend.model.max_input_chars_per_word
-        # Normalization can lengthen a word (NFD splits a Hangul syllable into up to
-        # three letters), so runs from a quarter of the limit on are checked, with the
-        # pipeline's own normalizer and pre-tokenizer deciding what a word is.
-        runs = re.compile(f"[^{_SPACES}]{{{max_chars // 4 + 1},}}")
-        normalize = backend.normalizer.normalize_str
-        pre_tokenize = backend.pre_tokenizer.pre_tokenize_str
-
-        def without_long_words(run: re.Match) -> str:
-            words = [w for w, _ in pre_tokenize(normalize(run.group()))]
-            kept = [w for w in words if len(w) <= max_chars]
-            if len(kept) == len(words):
-                return run.group()
-            self.n_skipped += len(words) - len(kept)
-            self.longest = max(self.longest, *map(len, words))
-            # The kept words are already normalized; normalizing them again in the
-            # trainer changes nothing, and the trainer only counts words, not order.
-            return " " + " ".join(kept) + " "
-
-        for text in texts:
-            text = runs.sub(without_long_words, text)
-            if text and not text.isspace():
-                self.any_text = True
-            yield text
 
 
 def _read_vocab_txt(path: Path) -> dict[str, int]:

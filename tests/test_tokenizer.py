@@ -1,11 +1,12 @@
-"""minibert.tokenizer.Tokenizer: training, caching, loading, and id parity with transformers."""
+"""minibert.tokenizer.Tokenizer: training, caching, loading, and parity with transformers
+(ids, pairs and their truncation, offsets, word ids)."""
 import json
 import os
 from collections import Counter
 
 import pytest
 
-from minibert.tokenizer import SPECIAL_TOKENS, Tokenizer
+from minibert.tokenizer import SPECIAL_TOKENS, Tokenizer, truncated_lengths
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -295,10 +296,130 @@ def test_words_over_the_wordpiece_limit_never_reach_the_trainer(monkeypatch):
 def test_training_on_an_overlong_word_logs_what_it_skipped(tmp_path, caplog):
     f = tmp_path / "with.txt"
     f.write_text("\n".join(CORPUS + WITH_LONG), encoding="utf-8")
-    with caplog.at_level("INFO", logger="minibert.tokenizer"):
+    with caplog.at_level("INFO", logger="minibert.tokenizer_train"):
         tok = Tokenizer.train([f], vocab_size=400, min_frequency=1, use_cache=False)
     assert caplog.text.count("skipped 2 words longer than 100 characters "
                              "(the longest had 300000)") == 1
     assert tok.encode(f"before {LONG} after", add_special_tokens=False)[1] == tok.unk_id
     with pytest.raises(ValueError, match="empty corpus.*1 over-long words were skipped"):
         Tokenizer.train_from_iterator([" ", LONG], vocab_size=100, use_cache=False)
+
+
+# ---------------------------------------------------------------- pairs, offsets, words
+
+@pytest.fixture(scope="module")
+def ours_and_ref(tmp_path_factory):
+    """minibert and transformers' BertTokenizerFast loaded from one BERT-style vocab.txt."""
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path_factory.mktemp("bert-vocab")
+    tok = Tokenizer.train_from_iterator(CORPUS, vocab_size=600, min_frequency=1,
+                                        use_cache=False)
+    pieces = [t for t, _ in sorted(tok.backend.get_vocab().items(), key=lambda kv: kv[1])
+              if t not in SPECIAL_TOKENS]
+    vocab = ["[PAD]", "[unused0]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + pieces
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    ref = transformers.BertTokenizerFast.from_pretrained(str(folder))
+    assert ref.convert_tokens_to_ids("[MASK]") == 5  # it really read our vocabulary
+    return Tokenizer.from_pretrained(folder), ref
+
+
+# No empty text b: transformers then leaves out the pair, where minibert keeps the second
+# [SEP] (an empty segment B, as the pair was asked for).
+PAIRS = [(a, b) for a in PROBES[:6] + ["", "a", "the lazy dog"]
+         for b in ["The quick brown fox jumps over the lazy dog.", " ", "x y", PROBES[4]]]
+
+
+def test_truncated_lengths_follow_longest_first():
+    assert truncated_lengths(3, 4, 10) == (3, 4)  # fits: nothing cut
+    assert truncated_lengths(8, 3, 6) == (3, 3)  # the longer text is cut down to the other
+    assert truncated_lengths(2, 8, 6) == (2, 4)  # the shorter stays whole
+    assert truncated_lengths(5, 5, 5) == (2, 3)  # a tie: b gets the odd token
+    assert truncated_lengths(3, 2, 3) == (2, 1)  # else the longer text gets it
+    assert truncated_lengths(9, 2, 5, "only_first") == (3, 2)
+    assert truncated_lengths(2, 9, 5, "only_second") == (2, 3)
+    with pytest.raises(ValueError, match="'only_second' cannot fit.*text a alone has 9"):
+        truncated_lengths(9, 2, 5, "only_second")
+    with pytest.raises(ValueError, match="choose one of longest_first, only_first"):
+        truncated_lengths(1, 1, 5, "longest")
+
+
+@pytest.mark.parametrize("truncation", ["longest_first", "only_first", "only_second"])
+def test_encode_pair_matches_transformers(ours_and_ref, truncation):
+    """Ids and token types of every pair at every max_length, errors where transformers
+    refuses (an only_* strategy whose text cannot shrink enough)."""
+    ours, ref = ours_and_ref
+    for a, b in PAIRS:
+        full = ref(a, b)["input_ids"]
+        assert ours.encode_pair(a, b).input_ids == full, (a, b)
+        for max_length in sorted({3, 4, 5, 6, 7, 8, 11, 16, len(full) - 1, len(full)}):
+            if max_length < 3 or (max_length == 3 and truncation != "longest_first"):
+                continue  # at 3, transformers' only_* strategies cut *both* texts to nothing
+            try:
+                want = ref(a, b, truncation=truncation, max_length=max_length)
+            except Exception:  # the Rust side raises a plain Exception
+                with pytest.raises(ValueError, match="cannot fit the pair"):
+                    ours.encode_pair(a, b, max_length=max_length, truncation=truncation)
+                continue
+            got = ours.encode_pair(a, b, max_length=max_length, truncation=truncation)
+            assert got.input_ids == want["input_ids"], (a, b, max_length)
+            assert got.token_type_ids == want["token_type_ids"], (a, b, max_length)
+            assert len(got.input_ids) <= max_length
+
+
+def test_offsets_word_ids_and_sequence_ids_match_transformers(ours_and_ref):
+    ours, ref = ours_and_ref
+    for text in PROBES + CORPUS[:7]:
+        want = ref(text, return_offsets_mapping=True)
+        got = ours.encode_with_offsets(text)
+        assert got.input_ids == want["input_ids"] == ours.encode(text)
+        assert got.offsets == want["offset_mapping"], text
+        assert got.word_ids == want.word_ids() and got.sequence_ids == want.sequence_ids()
+        cut = ours.encode_with_offsets(text, max_length=6)
+        assert cut == ours._encoding(ours.backend.encode(text), 6, "only_first")
+        assert cut.input_ids == ref(text, truncation=True, max_length=6)["input_ids"]
+    for question, context in PAIRS:
+        want = ref(question, context, return_offsets_mapping=True)
+        got = ours.encode_pair(question, context)
+        assert got.offsets == want["offset_mapping"]
+        assert got.word_ids == want.word_ids() and got.sequence_ids == want.sequence_ids()
+    # The offsets of a context token are characters of the context, accents and all.
+    context = "Café naïve, résumé!"
+    got = ours.encode_pair("where?", context)
+    pieces = [context[s:e] for (s, e), q in zip(got.offsets, got.sequence_ids) if q == 1]
+    assert "".join(pieces) == context.replace(" ", "")
+    specials = [t for t, q in enumerate(got.sequence_ids) if q is None]
+    assert [got.offsets[t] for t in specials] == [(0, 0)] * 3
+    assert [got.word_ids[t] for t in specials] == [None] * 3
+
+
+def test_encode_words_matches_transformers(ours_and_ref):
+    ours, ref = ours_and_ref
+    sentences = [
+        ["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", "."],
+        ["Antidisestablishmentarianism", "is", "long", ",", "São", "Paulo", "too"],
+        ["e-mail", "someone@example.com", "3.14", "(parentheses)", "🙂🎉", "東京は"],
+        ["a", "\u200b", "zero", "\x07", "width", "[MASK]", "x" * 120],
+    ]
+    for words in sentences:
+        want = ref(words, is_split_into_words=True, return_offsets_mapping=True)
+        got = ours.encode_words(words)
+        assert got.input_ids == want["input_ids"], words
+        assert got.word_ids == want.word_ids(), words
+        assert got.offsets == want["offset_mapping"], words
+        cut = ours.encode_words(words, max_length=5)
+        assert cut.input_ids == ref(words, is_split_into_words=True, truncation=True,
+                                    max_length=5)["input_ids"]
+        assert cut.word_ids == got.word_ids[:4] + [None]
+    assert 1 not in ours.encode_words(sentences[3]).word_ids  # "\u200b" normalizes to nothing
+    with pytest.raises(TypeError, match="list of strings"):
+        ours.encode_words("one string")
+
+
+def test_max_length_must_leave_room_for_special_tokens(ours_and_ref):
+    ours, _ = ours_and_ref
+    with pytest.raises(ValueError, match="max_length=2 must be an int of at least 3"):
+        ours.encode_pair("a", "b", max_length=2)
+    with pytest.raises(ValueError, match="max_length=1 must be an int of at least 2"):
+        ours.encode_with_offsets("a", max_length=1)
+    assert ours.encode_with_offsets("a b c", max_length=2).input_ids == [ours.cls_id,
+                                                                          ours.sep_id]

@@ -1,0 +1,200 @@
+"""Training a WordPiece vocabulary for :class:`~minibert.tokenizer.Tokenizer`.
+
+:meth:`Tokenizer.train` and :meth:`Tokenizer.train_from_iterator` are the public
+entry points; this module holds what they do. The Rust WordPiece trainer does
+the counting and merging. Around it, minibert adds:
+
+* a content-keyed cache: the key hashes the corpus bytes and the settings, so a
+  second call on the same corpus loads the vocabulary instead of training (and
+  reruns get the same ids, since the trainer breaks ties in hash order);
+* a filter that drops words over WordPiece's length limit before the trainer
+  sees them (:class:`_TrainingInput`);
+* errors that say what to change (an empty corpus, a vocabulary too small for
+  the alphabet).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence, Union
+
+import tokenizers
+from tokenizers import trainers
+
+from .data.text import iter_lines, text_file_named
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# Bumped whenever training changes in a way that makes old cached vocabularies stale.
+_CACHE_FORMAT = 2  # 2: words over the WordPiece length limit are not trained on
+
+
+def default_cache_dir() -> Path:
+    """``$MINIBERT_CACHE`` if set, else ``~/.cache/minibert``."""
+    env = os.environ.get("MINIBERT_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "minibert"
+
+
+def train_on_files(cls: type["Tokenizer"], files: Union[PathLike, Sequence[PathLike]],
+                   vocab_size: int, *, use_cache: bool, **settings) -> "Tokenizer":
+    """:meth:`Tokenizer.train`: every file must exist; the cache key hashes their bytes."""
+    if isinstance(files, (str, os.PathLike)):
+        files = [files]
+    paths = [Path(f) for f in files]
+    if not paths:
+        raise ValueError("Tokenizer.train got no files; pass at least one text file")
+    for f, p in zip(files, paths):
+        if not p.is_file():
+            texts = isinstance(f, str) and text_file_named(f) is None  # raises if path-like
+            raise FileNotFoundError(
+                f"Tokenizer.train: training file not found: {p}" + (
+                    "; Tokenizer.train reads files, to train on texts in memory use "
+                    "Tokenizer.train_from_iterator(texts)" if texts else ""))
+
+    def chunks() -> Iterator[bytes]:
+        for p in paths:
+            with open(p, "rb") as f:
+                while block := f.read(1 << 22):
+                    yield block
+            yield b"\0"  # file boundary, so ["ab", "c"] and ["a", "bc"] differ
+
+    def lines() -> Iterator[str]:
+        for p in paths:
+            yield from iter_lines(p)
+
+    return _train(cls, lines, chunks if use_cache else None, vocab_size, **settings)
+
+
+def train_on_texts(cls: type["Tokenizer"], texts: Iterable[str], vocab_size: int, *,
+                   use_cache: bool, **settings) -> "Tokenizer":
+    """:meth:`Tokenizer.train_from_iterator`: only a sequence can be hashed for the cache."""
+    if isinstance(texts, str):
+        raise TypeError("train_from_iterator expects an iterable of strings, not one string")
+    can_cache = use_cache and isinstance(texts, Sequence)
+
+    def chunks() -> Iterator[bytes]:
+        for t in texts:
+            yield t.encode("utf-8", errors="replace") + b"\0"
+
+    return _train(cls, lambda: iter(texts), chunks if can_cache else None, vocab_size,
+                  **settings)
+
+
+def _train(cls: type["Tokenizer"], make_texts: Callable[[], Iterable[str]],
+           make_chunks: Optional[Callable[[], Iterator[bytes]]], vocab_size: int, *,
+           lowercase: bool, min_frequency: int, limit_alphabet: int,
+           cache_dir: Optional[PathLike]) -> "Tokenizer":
+    from .tokenizer import SPECIAL_TOKENS  # here: tokenizer.py imports this module
+
+    n_special = len(SPECIAL_TOKENS)
+    if not isinstance(vocab_size, int) or vocab_size <= n_special:
+        raise ValueError(
+            f"vocab_size={vocab_size!r} is too small: it must exceed the {n_special} "
+            f"special tokens {list(SPECIAL_TOKENS)} and leave room for the alphabet"
+        )
+    settings = dict(vocab_size=vocab_size, lowercase=lowercase, min_frequency=min_frequency,
+                    limit_alphabet=limit_alphabet, format=_CACHE_FORMAT,
+                    tokenizers=".".join(tokenizers.__version__.split(".")[:2]))
+    cache_path = None
+    if make_chunks is not None:
+        h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+        for block in make_chunks():
+            h.update(block)
+        root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        cache_path = root / "tokenizers" / h.hexdigest()[:24]
+        if (cache_path / "tokenizer.json").is_file():
+            logger.info("reusing cached tokenizer %s", cache_path)
+            return cls.from_pretrained(cache_path)
+
+    backend = cls._bert_pipeline(None, lowercase, None)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, limit_alphabet=limit_alphabet,
+        special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##",
+        show_progress=False,
+    )
+    stats = _TrainingInput()
+    # A second, identical pipeline decides what a word is: the one being trained is
+    # locked by the Rust trainer while it pulls texts, so calling into it deadlocks.
+    words_like = cls._bert_pipeline(None, lowercase, None)
+    backend.train_from_iterator(stats.texts(make_texts(), words_like), trainer)
+    if stats.n_skipped:
+        logger.warning("skipped %d words longer than %d characters (the longest had %d): "
+                       "they would only ever encode as [UNK]", stats.n_skipped,
+                       backend.model.max_input_chars_per_word, stats.longest)
+    if not stats.any_text:
+        raise ValueError("cannot train a tokenizer on an empty corpus (no non-blank text"
+                         + (f" once {stats.n_skipped} over-long words were skipped)"
+                            if stats.n_skipped else ")"))
+    got = backend.get_vocab_size()
+    if got > vocab_size:
+        # The trainer never drops alphabet characters, so it overshoots instead.
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small for this corpus: the {n_special} special "
+            f"tokens plus the alphabet (each character alone and with '##') already need "
+            f"{got} entries; raise vocab_size to at least {got}, or lower limit_alphabet "
+            f"(now {limit_alphabet})"
+        )
+    tok = cls(backend)
+    tok._attach_post_processor()
+    if cache_path is not None:
+        tok._save_atomically(cache_path)
+        logger.info("trained tokenizer (vocab %d) cached at %s", tok.vocab_size, cache_path)
+    return tok
+
+
+# Characters the BERT normalizer turns into spaces (ASCII whitespace and Unicode's
+# space separators, category Zs). Every word the trainer sees lies inside a run of
+# other characters, so only runs long enough to hold an over-long word need a look.
+_SPACES = " \t\n\r\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"
+
+
+class _TrainingInput:
+    """The texts handed to the WordPiece trainer, minus words it would waste time on.
+
+    The trainer's cost grows with the square of the longest word, so one 400,000
+    character line (a base64 blob, a table flattened without spaces) takes minutes
+    and ignores Ctrl-C meanwhile. Yet the WordPiece model maps every word over
+    ``max_input_chars_per_word`` characters (100) to ``[UNK]``, so such words add
+    nothing to the vocabulary that encoding could ever use: they are dropped here.
+    """
+
+    def __init__(self) -> None:
+        self.any_text = False  # to refuse a corpus of blank lines
+        self.n_skipped = 0
+        self.longest = 0
+
+    def texts(self, texts: Iterable[str], backend: tokenizers.Tokenizer) -> Iterator[str]:
+        """``texts`` without over-long words; ``backend``: a pipeline not being trained."""
+        max_chars = backend.model.max_input_chars_per_word
+        # Normalization can lengthen a word (NFD splits a Hangul syllable into up to
+        # three letters), so runs from a quarter of the limit on are checked, with the
+        # pipeline's own normalizer and pre-tokenizer deciding what a word is.
+        runs = re.compile(f"[^{_SPACES}]{{{max_chars // 4 + 1},}}")
+        normalize = backend.normalizer.normalize_str
+        pre_tokenize = backend.pre_tokenizer.pre_tokenize_str
+
+        def without_long_words(run: re.Match) -> str:
+            words = [w for w, _ in pre_tokenize(normalize(run.group()))]
+            kept = [w for w in words if len(w) <= max_chars]
+            if len(kept) == len(words):
+                return run.group()
+            self.n_skipped += len(words) - len(kept)
+            self.longest = max(self.longest, *map(len, words))
+            # The kept words are already normalized; normalizing them again in the
+            # trainer changes nothing, and the trainer only counts words, not order.
+            return " " + " ".join(kept) + " "
+
+        for text in texts:
+            text = runs.sub(without_long_words, text)
+            if text and not text.isspace():
+                self.any_text = True
+            yield text
