@@ -190,3 +190,87 @@ def test_works_with_real_tokenizer_and_dataloader(tmp_path):
     assert batch["input_ids"].shape == (8, 32)
     assert (batch["input_ids"][:, 0] == tok.cls_id).all()
     assert ((batch["input_ids"] == tok.mask_id).sum() > 0)
+
+
+# ---- whole-word masking ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def wordpiece_blocks(tmp_path_factory):
+    """A small WordPiece vocabulary, so that most words split into several pieces."""
+    import random
+
+    import minibert
+
+    rng = random.Random(0)
+    stems = ["walk", "talk", "jump", "read", "play", "sing", "paint", "build", "write", "cook"]
+    words = [s + rng.choice(["", "ing", "ed", "er", "ers", "able"]) for s in stems * 30]
+    docs = [" ".join(rng.choice(words) for _ in range(60)) for _ in range(200)]
+    tok = minibert.Tokenizer.train_from_iterator(docs, vocab_size=60, use_cache=False)
+    tokens = tokenize_to_memmap(docs, tok, tmp_path_factory.mktemp("wwm") / "c.tok")
+    return tok, PackedMLMDataset(tokens, seq_len=64)
+
+
+def _words(tok, ids):
+    """(start, end) of every word in a row of ids, as whole-word masking defines them."""
+    spans, start = [], None
+    for t, i in enumerate(ids):
+        piece = tok.id_to_token(int(i))
+        special = int(i) in tok.special_ids
+        if start is not None and (special or not piece.startswith("##")):
+            spans.append((start, t))
+            start = None
+        if not special and start is None:
+            start = t
+    if start is not None:
+        spans.append((start, len(ids)))
+    return spans
+
+
+def test_whole_word_masking_predicts_every_piece_of_a_chosen_word(wordpiece_blocks):
+    tok, ds = wordpiece_blocks
+    collate = MLMCollator(tok, mlm_probability=0.15, seed=1, whole_word_mask=True)
+    examples = [ds[i] for i in range(len(ds))]
+    batch = collate(examples, epoch=0)
+    chosen = n_words = multi = 0
+    for b, ex in enumerate(examples):
+        ids, labels, inputs = ex["input_ids"], batch["labels"][b], batch["input_ids"][b]
+        for s, e in _words(tok, ids):
+            picked = (labels[s:e] != -100).tolist()
+            assert all(picked) or not any(picked), (s, e, picked)  # never a split word
+            n_words += 1
+            multi += e - s > 1
+            if picked[0]:
+                chosen += 1
+                masked = (inputs[s:e] == tok.mask_id).tolist()
+                assert all(masked) or not any(masked)  # one 80/10/10 decision per word
+    assert multi > n_words / 3  # the test data does split words
+    assert chosen / n_words == pytest.approx(0.15, abs=0.02)  # the rate is per word
+
+
+def test_a_word_cut_by_the_block_start_is_a_word_of_its_own(wordpiece_blocks):
+    tok, _ = wordpiece_blocks
+    cont = [i for i in range(tok.vocab_size) if tok.id_to_token(i).startswith("##")][:2]
+    word = next(i for i in range(tok.vocab_size) if i not in tok.special_ids
+                and not tok.id_to_token(i).startswith("##"))
+    ids = [tok.cls_id, cont[0], cont[1], word, cont[0], tok.sep_id]
+    collate = MLMCollator(tok, mlm_probability=0.5, seed=0, whole_word_mask=True)
+    seen = set()
+    for key in range(200):
+        labels = collate([{"input_ids": ids, "index": key}])["labels"][0].tolist()
+        picked = tuple(x != -100 for x in labels)
+        assert picked[1] == picked[2] and picked[3] == picked[4]
+        seen.add(picked)
+    assert (False, True, True, False, False, False) in seen  # the cut word alone
+    assert (False, False, False, True, True, False) in seen  # the whole word alone
+
+
+def test_whole_word_masks_do_not_depend_on_the_micro_batch(wordpiece_blocks):
+    tok, ds = wordpiece_blocks
+    collate = MLMCollator(tok, mlm_probability=0.15, seed=3, whole_word_mask=True)
+    examples = [ds[i] for i in range(8)]
+    whole = collate(examples, epoch=2)
+    parts = [collate(examples[i:i + 3], epoch=2) for i in range(0, 8, 3)]
+    for key in ("input_ids", "labels"):
+        assert torch.equal(whole[key], torch.cat([p[key] for p in parts]))
+    plain = MLMCollator(tok, mlm_probability=0.15, seed=3)(examples, epoch=2)
+    assert not torch.equal(plain["labels"], whole["labels"])

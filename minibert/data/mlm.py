@@ -142,6 +142,12 @@ class MLMCollator:
             (0, 1). BERT uses 0.15; MosaicBERT and ModernBERT train at 0.30.
         pad_to_multiple_of: round the padded length up to a multiple of this.
         seed: the masking seed; with the epoch and example index it fixes every mask.
+        whole_word_mask: select *words* instead of tokens: a word is a piece plus the
+            ``##`` pieces that follow it, and a chosen word has all its pieces predicted,
+            with one 80/10/10 decision for the whole word (the released BERT models'
+            "whole word masking" variant). Predicting ``##ing`` while ``walk`` is visible
+            is a much easier task than predicting the word; masking words removes that
+            shortcut. A word cut by the start of a block is a word of its own.
 
     Call it on a list of examples: id sequences that already hold ``[CLS]``/``[SEP]``,
     or dicts with ``input_ids`` and ``index`` (what :class:`PackedMLMDataset`
@@ -160,7 +166,8 @@ class MLMCollator:
     """
 
     def __init__(self, tokenizer: "Tokenizer", mlm_probability: float = 0.15,
-                 pad_to_multiple_of: Optional[int] = None, *, seed: int = 0) -> None:
+                 pad_to_multiple_of: Optional[int] = None, *, seed: int = 0,
+                 whole_word_mask: bool = False) -> None:
         if not isinstance(mlm_probability, (int, float)) or not 0.0 < mlm_probability < 1.0:
             raise ValueError(f"mlm_probability={mlm_probability!r} must lie strictly between 0 "
                              f"and 1 (BERT uses 0.15)")
@@ -177,6 +184,11 @@ class MLMCollator:
         # Replacement tokens are drawn from the ordinary vocabulary only.
         self.ordinary_ids = np.setdiff1d(np.arange(tokenizer.vocab_size, dtype=np.int64),
                                          self.special_ids)
+        self.whole_word_mask = bool(whole_word_mask)
+        # (V,) bool: which ids continue the word before them (WordPiece's "##" pieces).
+        self.continues_word = np.array(
+            [(tokenizer.id_to_token(i) or "").startswith("##")
+             for i in range(tokenizer.vocab_size)] if whole_word_mask else [], dtype=bool)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -241,13 +253,24 @@ class MLMCollator:
             r_token = uniform_bits(2) % np.uint64(len(self.ordinary_ids))
 
         candidate = (np.arange(T)[None, :] < lengths[:, None]) & ~np.isin(ids, self.special_ids)
+        # Every candidate belongs to a unit that is selected or not as a whole: itself, or
+        # with whole-word masking its word. `first` (B, T) is the position of its unit's
+        # first piece, whose random numbers decide for the whole unit.
+        starts = candidate.copy()
+        if self.whole_word_mask:
+            follows = np.zeros_like(candidate)
+            follows[:, 1:] = candidate[:, :-1]  # the previous position is a piece of text
+            starts &= ~(self.continues_word[np.where(candidate, ids, 0)] & follows)
+        first = np.maximum.accumulate(np.where(starts, np.arange(T)[None, :], 0), axis=1)
+        u_select = np.take_along_axis(u_select, first, axis=1)
+        u_action = np.take_along_axis(u_action, first, axis=1)
         selected = candidate & (u_select < self.mlm_probability)
-        # Rows with candidates but no selection get their lowest-u candidate.
+        # Rows with candidates but no selection get their lowest-u unit.
         empty = candidate.any(axis=1) & ~selected.any(axis=1)
         if empty.any():
             rows = np.nonzero(empty)[0]
-            cols = np.where(candidate[rows], u_select[rows], np.inf).argmin(axis=1)
-            selected[rows, cols] = True
+            cols = np.where(starts[rows], u_select[rows], np.inf).argmin(axis=1)
+            selected[rows] |= candidate[rows] & (first[rows] == cols[:, None])
 
         labels = np.where(selected, ids, IGNORE_INDEX)
         input_ids = ids.copy()
