@@ -39,9 +39,10 @@ from minibert.checkpoint import latest_checkpoint
 from minibert.config import PRESETS
 from minibert.data import IGNORE_INDEX, MLMCollator
 from minibert.distributed import cleanup
-from minibert.engine import eval_batches, evaluate, resolve_precision, train
+from minibert.engine import eval_batches, evaluate, train
 from minibert.hf import read_config
 from minibert.rundir import open_run
+from minibert.runtime import resolve_precision
 from minibert.model import MaskedLMOutput
 
 # The data preparation and training settings are pretrain_wikitext.py's, imported rather
@@ -246,7 +247,8 @@ def run(args, ctx) -> None:
     precision = resolve_precision(args.precision, ctx.device)
     # The teacher's tokenizer (--init-from is the teacher), read after rank 0 has written it.
     tok, train_set, eval_set, identity = pretrain.prepare_data(args, ctx)
-    collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed)
+    collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed,
+                          whole_word_mask=args.whole_word_mask)
     cfg = pretrain.train_config(args)
     # The distillation's own settings join the run identity that --resume compares.
     distill_identity = {**identity, "--alpha": args.alpha, "--temperature": args.temperature,

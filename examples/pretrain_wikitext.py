@@ -34,7 +34,8 @@ from minibert.data import (DownloadError, MLMCollator, PackedMLMDataset, TokenFi
 from minibert.rundir import open_run
 from minibert.data.wikitext import WIKITEXT_VARIANTS
 from minibert.distributed import barrier, cleanup, init_distributed
-from minibert.engine import TrainConfig, TrainingError, train
+from minibert.engine import TrainConfig, TrainingError, eval_batches, evaluate, train
+from minibert.runtime import resolve_precision
 from minibert.tokenizer import default_cache_dir
 
 log = logging.getLogger("pretrain")
@@ -75,6 +76,8 @@ def add_data_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     d.add_argument("--eval-split", default="valid")
     d.add_argument("--seq-len", type=int, default=128)
     d.add_argument("--mask-prob", type=float, default=0.15)
+    d.add_argument("--whole-word-mask", action="store_true", help="mask whole words (a piece "
+                   "and the ## pieces after it) instead of single tokens")
     return d
 
 
@@ -132,6 +135,7 @@ def prepare_data(args, ctx):
     identity = {"corpus": {s: _corpus_key(args, s) for s in splits},
                 "--train-split": args.train_split, "--eval-split": args.eval_split,
                 "--seq-len": args.seq_len, "--mask-prob": args.mask_prob,
+                "--whole-word-mask": args.whole_word_mask,
                 "tokenizer": tok.fingerprint}
     return tok, sets[0], sets[1], identity
 
@@ -367,9 +371,19 @@ def run(args, ctx) -> None:
     log.info("model: %s, %.1fM parameters; %d training blocks of %d tokens", args.preset
              if not args.init_from else args.init_from, n_params / 1e6, len(train_set),
              args.seq_len)
-    collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed)
-    result = train(model, train_set, collate, train_config(args), args.out, ctx=ctx,
-                   eval_set=eval_set, resume=args.resume, data_identity=identity)
+    collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed,
+                          whole_word_mask=args.whole_word_mask)
+    # Evaluation always masks single tokens, so that eval losses compare across runs with
+    # and without --whole-word-mask (predicting a whole word is the harder task).
+    eval_collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed)
+    cfg, precision = train_config(args), resolve_precision(args.precision, ctx.device)
+
+    def mlm_metrics(m) -> dict:
+        return evaluate(m, eval_batches(eval_set, eval_collate, cfg, ctx), precision,
+                        ctx.device, ctx)
+
+    result = train(model, train_set, collate, cfg, args.out, ctx=ctx, eval_fn=mlm_metrics,
+                   resume=args.resume, data_identity=identity)
     if ctx.is_main and result["interrupted"]:
         log.info("interrupted at step %d; continue with the same command plus --resume",
                  result["steps"])

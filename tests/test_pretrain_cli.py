@@ -35,7 +35,8 @@ def _args(data_dir, out, cache, *extra):
 
 def test_end_to_end_outputs(data_dir, tmp_path, allocator_calls):
     out = tmp_path / "run"
-    assert pretrain.main(_args(data_dir, out, tmp_path / "cache", "--eval-every", "3")) == 0
+    assert pretrain.main(_args(data_dir, out, tmp_path / "cache", "--eval-every", "3",
+                               "--whole-word-mask")) == 0
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5, 6]
     assert len([r for r in rows if "eval_loss" in r]) == 2
@@ -278,6 +279,7 @@ def test_resume_refuses_other_data_settings(data_dir, tmp_path, capsys):
     assert pretrain.main(_args(data_dir, out, cache, "--max-steps", "2")) == 0
     for extra, words in [(["--seq-len", "24"], "--seq-len: checkpoint 32, now 24"),
                          (["--mask-prob", "0.3"], "--mask-prob: checkpoint 0.15, now 0.3"),
+                         (["--whole-word-mask"], "--whole-word-mask: checkpoint False, now True"),
                          (["--eval-split", "train"], "--eval-split: checkpoint 'valid'")]:
         err = _error_line(capsys, _args(data_dir, out, cache, "--max-steps", "4", "--resume",
                                         *extra))
