@@ -36,6 +36,8 @@ from typing import Any, Optional, Union
 
 import torch
 
+from .atomic import free_mb, fsync
+
 logger = logging.getLogger(__name__)
 
 FORMAT = "minibert-checkpoint"
@@ -93,7 +95,7 @@ def save_checkpoint(root: PathLike, step: int, state: dict[str, Any],
             json.dump(meta, f, indent=2)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(tmp)  # the directory entries of both files are durable too
+        fsync(tmp)  # the directory entries of both files are durable too
 
         if final.exists():
             # A directory rename cannot replace a non-empty directory, so the old one steps
@@ -103,7 +105,7 @@ def save_checkpoint(root: PathLike, step: int, state: dict[str, Any],
             old = root / f"{_TMP_PREFIX}old-{final.name}-{uuid.uuid4().hex[:8]}"
             os.rename(final, old)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync(root)
     except BaseException as e:
         if old is not None and not final.exists():
             os.replace(old, final)  # put the previous checkpoint of this step back
@@ -112,7 +114,7 @@ def save_checkpoint(root: PathLike, step: int, state: dict[str, Any],
             # torch.save reports a full disk as "[enforce fail at inline_container.cc] unexpected
             # pos", which never mentions space: say what was being written and what is left.
             raise OSError(f"could not write checkpoint {final} ({_gist(e)}); "
-                          f"{_free_mb(root):.0f} MB are free on its disk. Free some space (or "
+                          f"{free_mb(root):.0f} MB are free on its disk. Free some space (or "
                           f"keep fewer checkpoints) and resume; the earlier checkpoints are "
                           f"intact") from None
         raise
@@ -236,30 +238,12 @@ def _gist(error: Exception) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-def _free_mb(path: Path) -> float:
-    try:
-        return shutil.disk_usage(path).free / 2**20
-    except OSError:
-        return float("nan")
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a directory's entries (new files, renames) durable. POSIX only; a no-op elsewhere."""
-    if os.name != "posix":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # What torch.load(weights_only=True) rebuilds, by exact type: subclasses such as numpy

@@ -23,22 +23,17 @@ beside an old config; `export_checkpoint` turns a training checkpoint into such 
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import logging
 import os
 import re
-import shutil
-import sys
-import tempfile
-import uuid
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 from torch import Tensor
 
+from .atomic import replace_folder
 from .checkpoint import META_FILE, STATE_FILE, load_checkpoint
 from .config import BertConfig
 
@@ -298,124 +293,6 @@ def _gist(error: Exception) -> str:
     return lines[0][:300] if lines else type(error).__name__
 
 
-# ---- writing a model folder: all of it, or nothing ------------------------------------------
-
-def _replace_folder(path: Path, write: Callable[[Path], None]) -> None:
-    """Make `path` the folder that `write` fills, in one step, keeping files it does not own.
-
-    `write` fills a fresh hidden sibling; the entries of the old `path` that are not export
-    files (a tokenizer, notes) are carried over; everything is flushed to disk; then the two
-    folders swap names. A crash at any moment leaves `path` holding the complete old export
-    or the complete new one, never new weights beside an old config.
-    """
-    path = path.expanduser().resolve()  # through a link: replace the folder it points to
-    if path.exists() and not path.is_dir():
-        raise NotADirectoryError(f"cannot save into {path}: it is a file, not a folder")
-    if path == Path.cwd() or path in Path.cwd().parents:
-        raise ValueError(f"cannot save into {path}: it holds the working directory, which the "
-                         f"save replaces; save into a subfolder such as {path / 'model'}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():  # a save killed between the two renames below: put the old one back
-        for p in path.parent.iterdir():
-            if p.name.startswith(f".{path.name}.old-"):
-                os.rename(p, path)
-                break
-    new = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    old = None
-    try:
-        write(new)
-        if path.is_dir():
-            _carry_over(path, new)
-        _fsync_tree(new)
-        if _exchange(new, path):
-            old = new  # `new` now holds the previous export
-        elif path.exists():
-            # Without an atomic exchange the old folder steps aside first: for a moment
-            # `path` is absent (never a mix), and the old export is complete under `old`.
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(path, old)
-            os.rename(new, path)
-        else:
-            os.rename(new, path)
-        _fsync(path.parent)
-    except BaseException:
-        if old is not None and not path.exists():
-            os.rename(old, path)  # put the previous export back
-        shutil.rmtree(new, ignore_errors=True)
-        raise
-    # Done: drop the previous export, and what saves killed mid-way left behind.
-    for p in path.parent.iterdir():
-        if p.name.startswith((f".{path.name}.tmp-", f".{path.name}.old-")):
-            shutil.rmtree(p, ignore_errors=True)
-
-
-def _carry_over(old: Path, new: Path) -> None:
-    """Bring the entries of `old` that are not export files into `new`, unless `new` has them.
-
-    Hard links make this instant and free of space; where the file system has none, copies.
-    """
-    for entry in old.iterdir():
-        target = new / entry.name
-        if entry.name in _MODEL_FILES or _SHARD_FILE.match(entry.name) or target.exists():
-            continue
-        if entry.is_symlink():
-            os.symlink(os.readlink(entry), target)
-        elif entry.is_dir():
-            shutil.copytree(entry, target, symlinks=True, copy_function=_link_or_copy)
-        else:
-            _link_or_copy(entry, target)
-
-
-def _link_or_copy(src: PathLike, dst: PathLike) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two existing paths in one atomic step; False where the system cannot.
-
-    Linux's renameat2(RENAME_EXCHANGE) (kernel 3.15, glibc 2.28) does it; os.rename cannot
-    replace a non-empty folder, so elsewhere the caller falls back to two renames.
-    """
-    if sys.platform != "linux" or not b.exists():
-        return False
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                          ctypes.c_uint]
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # a file system without it
-        return False
-    raise OSError(err, os.strerror(err), str(b))
-
-
-def _fsync_tree(folder: Path) -> None:
-    """Flush every file and folder under `folder` to disk before the swap publishes it."""
-    for root, _, files in os.walk(folder):
-        for name in files:
-            if not os.path.islink(os.path.join(root, name)):
-                _fsync(os.path.join(root, name))
-        _fsync(root)
-
-
-def _fsync(path: PathLike) -> None:
-    """Make a file's data or a folder's entries durable. POSIX only; a no-op elsewhere."""
-    if os.name != "posix":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class PretrainedMixin:
     """`from_pretrained` / `save_pretrained` for the public model classes."""
 
@@ -451,7 +328,7 @@ class PretrainedMixin:
         minibert-only (model_type "minibert-preln", weights in minibert-preln.safetensors),
         which transformers refuses instead of misreading. `tokenizer` is saved into the same
         folder in the same step. Other files already in `path` are kept, and a crash leaves
-        the complete old folder or the complete new one (see `_replace_folder`).
+        the complete old folder or the complete new one (see `atomic.replace_folder`).
         """
         try:
             from safetensors.torch import save_file
@@ -471,7 +348,8 @@ class PretrainedMixin:
             if tokenizer is not None:
                 tokenizer.save(folder)
 
-        _replace_folder(Path(path), write)
+        replace_folder(Path(path), write,
+                       owns=lambda name: name in _MODEL_FILES or bool(_SHARD_FILE.match(name)))
 
 
 # ---- training checkpoint -> model folder ----------------------------------------------------

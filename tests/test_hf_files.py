@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import minibert
+import minibert.atomic
 import minibert.hf as hf
 from conftest import random_batch, tiny_config
 from minibert.checkpoint import save_checkpoint
@@ -59,7 +60,7 @@ def _fail_writing_config(monkeypatch):
 def _fail_moving_into_place(monkeypatch):
     # The portable path (no atomic exchange): the old folder steps aside, then the second
     # rename, which would move the new folder into place, fails.
-    monkeypatch.setattr(hf, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(minibert.atomic, "_exchange", lambda a, b: False)
     real, calls = os.rename, []
 
     def rename(src, dst):

@@ -9,10 +9,9 @@ bytes it replaced in one warning per file, instead of raising.
 from __future__ import annotations
 
 import os
-import secrets
 import warnings
 from pathlib import Path
-from typing import Iterator, Mapping, Optional, Union
+from typing import Iterator, Optional, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -186,57 +185,3 @@ def hold_out(docs: list[str], holdout_every: int, root: Path,
 
 
 # ---------------------------------------------------------------------- writing
-def write_files_atomically(directory: PathLike, contents: Mapping[str, str]) -> None:
-    """Write ``{file name: text}`` into ``directory`` so that no file is ever half written.
-
-    Every file is first written in full under a unique temporary name in the same
-    directory and flushed to disk; only then are they renamed over the old files, in
-    the order given, and the directory itself is flushed so the renames survive a
-    power cut. A crash or a full disk before the renames leaves every old file whole;
-    put last the file whose arrival should mark the new version complete.
-    """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    written: dict[str, Path] = {}
-    try:
-        for name, text in contents.items():
-            written[name] = _write_synced_temp(directory, name, text)
-        for name, tmp in written.items():
-            os.replace(tmp, directory / name)
-    finally:
-        for tmp in written.values():
-            tmp.unlink(missing_ok=True)  # only still there when something failed
-    _fsync_directory(directory)
-
-
-def _write_synced_temp(directory: Path, name: str, text: str) -> Path:
-    """Write ``text`` to a new uniquely named file in ``directory``, fsync it, return its path.
-
-    A unique name (not ``name + ".tmp"``) keeps two processes saving into the same
-    directory from writing into each other's temporary file. ``os.open`` with mode
-    0o666 lets the umask decide the permissions, as for any other new file
-    (``tempfile.mkstemp`` would make the file readable by its owner only).
-    """
-    tmp = directory / f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Flush a directory's entries to disk (skipped where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # Windows cannot open a directory; its renames need no such flush
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

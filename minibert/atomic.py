@@ -1,0 +1,210 @@
+"""Files and folders written whole or not at all.
+
+A training run writes results a user keeps (an exported model, a tokenizer, eval.json)
+and may be killed, or run out of disk, at any moment. Each writer here first puts the new
+content under a temporary name beside the target and flushes it to disk (fsync), then
+publishes it with a rename, which the file system performs in one step. After a crash the
+target holds the old content or the new, never a mix of the two and never half a file.
+
+* `write_files_atomically(dir, {name: text})`: small text files (a tokenizer, eval.json).
+* `replace_folder(path, write)`: a whole folder (a model export), swapped in one step.
+* `fsync(path)`: make a file's data or a folder's entries durable.
+
+Checkpoints (`checkpoint.py`) follow the same rule with a folder per step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Callable, Mapping, Union
+
+PathLike = Union[str, os.PathLike]
+
+
+def write_files_atomically(directory: PathLike, contents: Mapping[str, str]) -> None:
+    """Write ``{file name: text}`` into ``directory`` so that no file is ever half written.
+
+    Every file is first written in full under a unique temporary name in the same
+    directory and flushed to disk; only then are they renamed over the old files, in
+    the order given, and the directory itself is flushed so the renames survive a
+    power cut. A crash or a full disk before the renames leaves every old file whole;
+    put last the file whose arrival should mark the new version complete.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    try:
+        for name, text in contents.items():
+            written[name] = _write_synced_temp(directory, name, text)
+        for name, tmp in written.items():
+            os.replace(tmp, directory / name)
+    finally:
+        for tmp in written.values():
+            tmp.unlink(missing_ok=True)  # only still there when something failed
+    fsync(directory)
+
+
+def _write_synced_temp(directory: Path, name: str, text: str) -> Path:
+    """Write ``text`` to a new uniquely named file in ``directory``, fsync it, return its path.
+
+    A unique name (not ``name + ".tmp"``) keeps two processes saving into the same
+    directory from writing into each other's temporary file. ``os.open`` with mode
+    0o666 lets the umask decide the permissions, as for any other new file
+    (``tempfile.mkstemp`` would make the file readable by its owner only).
+    """
+    tmp = directory / f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def replace_folder(path: Path, write: Callable[[Path], None],
+                   owns: Callable[[str], bool] = lambda name: False) -> None:
+    """Make `path` the folder that `write` fills, in one step, keeping files it does not own.
+
+    `write` fills a fresh hidden sibling; the entries of the old `path` that the writer does
+    not own (`owns(name)` is False: a tokenizer, notes) are carried over; everything is
+    flushed to disk; then the two folders swap names. A crash at any moment leaves `path`
+    holding the complete old export or the complete new one, never new weights beside an
+    old config.
+    """
+    path = path.expanduser().resolve()  # through a link: replace the folder it points to
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"cannot save into {path}: it is a file, not a folder")
+    if path == Path.cwd() or path in Path.cwd().parents:
+        raise ValueError(f"cannot save into {path}: it holds the working directory, which the "
+                         f"save replaces; save into a subfolder such as {path / 'model'}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():  # a save killed between the two renames below: put the old one back
+        for p in path.parent.iterdir():
+            if p.name.startswith(f".{path.name}.old-"):
+                os.rename(p, path)
+                break
+    new = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    old = None
+    try:
+        write(new)
+        if path.is_dir():
+            _carry_over(path, new, owns)
+        _fsync_tree(new)
+        if _exchange(new, path):
+            old = new  # `new` now holds the previous export
+        elif path.exists():
+            # Without an atomic exchange the old folder steps aside first: for a moment
+            # `path` is absent (never a mix), and the old export is complete under `old`.
+            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(path, old)
+            os.rename(new, path)
+        else:
+            os.rename(new, path)
+        fsync(path.parent)
+    except BaseException as e:
+        if old is not None and not path.exists():
+            os.rename(old, path)  # put the previous export back
+        shutil.rmtree(new, ignore_errors=True)
+        if isinstance(e, (OSError, RuntimeError)) or type(e).__name__ == "SafetensorError":
+            # A full disk reaches us as "os error 28" inside a SafetensorError, or as torch's
+            # "unexpected pos": say what was being written, the space left, and what is safe.
+            raise OSError(f"could not write {path} ({_gist(e)}); {free_mb(path.parent):.0f} "
+                          f"MB are free on its disk. Free some space and save again; what "
+                          f"{path} held before is intact") from None
+        raise
+    # Done: drop the previous export, and what saves killed mid-way left behind.
+    for p in path.parent.iterdir():
+        if p.name.startswith((f".{path.name}.tmp-", f".{path.name}.old-")):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _carry_over(old: Path, new: Path, owns: Callable[[str], bool]) -> None:
+    """Bring the entries of `old` the writer does not own into `new`, unless `new` has them.
+
+    Hard links make this instant and free of space; where the file system has none, copies.
+    """
+    for entry in old.iterdir():
+        target = new / entry.name
+        if owns(entry.name) or target.exists():
+            continue
+        if entry.is_symlink():
+            os.symlink(os.readlink(entry), target)
+        elif entry.is_dir():
+            shutil.copytree(entry, target, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(entry, target)
+
+
+def _link_or_copy(src: PathLike, dst: PathLike) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step; False where the system cannot.
+
+    Linux's renameat2(RENAME_EXCHANGE) (kernel 3.15, glibc 2.28) does it; os.rename cannot
+    replace a non-empty folder, so elsewhere the caller falls back to two renames.
+    """
+    if sys.platform != "linux" or not b.exists():
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                          ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # a file system without it
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file and folder under `folder` to disk before the swap publishes it."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            if not os.path.islink(os.path.join(root, name)):
+                fsync(os.path.join(root, name))
+        fsync(root)
+
+
+def fsync(path: PathLike) -> None:
+    """Make a file's data or a folder's entries durable. POSIX only; a no-op elsewhere."""
+    if os.name != "posix":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def free_mb(path: PathLike) -> float:
+    """Free space on the disk that holds `path`, in MiB (NaN when it cannot be read)."""
+    try:
+        return shutil.disk_usage(path).free / 2**20
+    except OSError:
+        return float("nan")
+
+
+def _gist(error: BaseException) -> str:
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    return lines[0][:300] if lines else type(error).__name__

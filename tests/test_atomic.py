@@ -1,0 +1,43 @@
+"""Files and folders written whole or not at all, and failures that say what happened."""
+
+import errno
+
+import pytest
+
+from minibert.atomic import replace_folder, write_files_atomically
+
+
+def test_a_full_disk_while_replacing_a_folder_keeps_the_old_one(tmp_path):
+    target = tmp_path / "final"
+    write_files_atomically(target, {"a.txt": "old a\n", "notes.txt": "mine\n"})
+
+    def write_then_run_out_of_space(folder):
+        (folder / "a.txt").write_text("new a, half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match=r"could not write .*final .*MB are free.*intact"):
+        replace_folder(target, write_then_run_out_of_space, owns=lambda name: name == "a.txt")
+    assert (target / "a.txt").read_text() == "old a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]  # no temporaries left
+
+
+def test_a_safetensors_write_error_is_reported_as_an_os_error(tmp_path):
+    class SafetensorError(Exception):  # what safetensors raises, os error 28 inside
+        pass
+
+    def write(folder):
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: "
+                              "StorageFull, message: \"No space left on device\" })")
+
+    with pytest.raises(OSError, match="code: 28"):
+        replace_folder(tmp_path / "final", write)
+    assert not (tmp_path / "final").exists()
+
+
+def test_replace_folder_keeps_what_the_writer_does_not_own(tmp_path):
+    target = tmp_path / "final"
+    write_files_atomically(target, {"weights": "1", "tokenizer.json": "{}"})
+    replace_folder(target, lambda f: (f / "weights").write_text("2"),
+                   owns=lambda name: name == "weights")
+    assert (target / "weights").read_text() == "2"
+    assert (target / "tokenizer.json").read_text() == "{}"
