@@ -301,8 +301,7 @@ def run(args, ctx) -> None:
         rows["baseline"] = {"model": f"student {args.student_preset}, without teacher",
                             "parameters": n_student, **{k: baseline[k] for k in keys}}
         pretrain.write_json(args.out / "eval.json", rows)
-        distiller.student.save_pretrained(args.out / "final")
-        tok.save(args.out / "final")
+        distiller.student.save_pretrained(args.out / "final", tokenizer=tok)
         print(report(rows))
         print(f"\ndistilled student in {args.out / 'final'}; numbers in {args.out / 'eval.json'}")
 

@@ -27,7 +27,6 @@ import io
 import json
 import hashlib
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 
 import minibert
+from minibert.atomic import write_files_atomically
 from minibert.checkpoint import CheckpointError
 from minibert.config import PRESETS
 from minibert.data.mlm import pad_batch
@@ -353,6 +353,8 @@ def check_args(args, ctx) -> None:
         raise ValueError(f"--batch-size {args.batch_size} must split into {ctx.world_size} "
                          f"process(es) x whole micro-batches of --micro-batch-size {micro}")
     resolve_precision(args.precision, ctx.device)  # e.g. fp16 on a CPU
+    if args.init_from:
+        read_config(args.init_from)  # a missing folder, or a training checkpoint, said at once
 
 
 def save_labels(args, names: list[str]) -> None:
@@ -369,8 +371,7 @@ def save_labels(args, names: list[str]) -> None:
 
 
 def write_results(args, model, tok, task, result, scores, preds) -> dict:
-    model.save_pretrained(args.out / "final")
-    tok.save(args.out / "final")
+    model.save_pretrained(args.out / "final", tokenizer=tok)
     names = task["names"]
     summary = {"accuracy": result["accuracy"], "f1": result["f1"],
                "eval_loss": result["eval_loss"], "labels": names,
@@ -378,9 +379,7 @@ def write_results(args, model, tok, task, result, scores, preds) -> dict:
                "train_examples": len(task["train"]["labels"]),
                "eval_examples": len(task["eval"]["labels"]),
                **{k: result[k] for k in ("steps", "tokens_seen", "wall_seconds", "precision")}}
-    tmp = args.out / ".eval.json.tmp"  # through a rename: a crash keeps the previous file
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, args.out / "eval.json")
+    write_files_atomically(args.out, {"eval.json": json.dumps(summary, indent=2) + "\n"})
     with open(args.out / "predictions.tsv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, delimiter="\t", lineterminator="\n")
         w.writerow(["line", "label", "prediction"])

@@ -22,11 +22,11 @@ import hashlib
 import json
 import logging
 import math
-import os
 import sys
 from pathlib import Path
 
 import minibert
+from minibert.atomic import write_files_atomically
 from minibert.checkpoint import CheckpointError
 from minibert.config import PRESETS
 from minibert.data import (DownloadError, MLMCollator, PackedMLMDataset, TokenFile,
@@ -34,6 +34,7 @@ from minibert.data import (DownloadError, MLMCollator, PackedMLMDataset, TokenFi
 from minibert.rundir import open_run
 from minibert.data.wikitext import WIKITEXT_VARIANTS
 from minibert.distributed import barrier, cleanup, init_distributed
+from minibert.hf import read_config
 from minibert.engine import TrainConfig, TrainingError, eval_batches, evaluate, train
 from minibert.runtime import resolve_precision
 from minibert.tokenizer import default_cache_dir
@@ -284,6 +285,8 @@ def check_args(args, world_size: int) -> None:
     if rest or per_rank == 0 or per_rank % micro:
         raise ValueError(f"--batch-size {args.batch_size} must split into {world_size} "
                          f"process(es) x whole micro-batches of --micro-batch-size {micro}")
+    if getattr(args, "init_from", None):
+        read_config(args.init_from)  # a missing folder, or a training checkpoint, said at once
     horizon = args.decay_steps or args.max_steps
     if args.warmup_steps is not None and args.warmup_steps > horizon and not args.resume:
         raise ValueError(f"--warmup-steps {args.warmup_steps} is longer than the schedule "
@@ -299,6 +302,11 @@ def train_config(args) -> TrainConfig:
         max_grad_norm=args.max_grad_norm, precision=args.precision, seed=args.seed,
         log_every=args.log_every, eval_every=args.eval_every, eval_batches=args.eval_batches,
         save_every=args.save_every, compile=args.compile, progress=not args.no_progress)
+
+
+def write_json(path: Path, obj) -> None:
+    """Through a temporary file and a rename: a crash keeps the previous file whole."""
+    write_files_atomically(path.parent, {path.name: json.dumps(obj, indent=2) + "\n"})
 
 
 def plot_loss(out: Path) -> None:
@@ -388,8 +396,7 @@ def run(args, ctx) -> None:
         log.info("interrupted at step %d; continue with the same command plus --resume",
                  result["steps"])
     elif ctx.is_main:
-        model.save_pretrained(args.out / "final")
-        tok.save(args.out / "final")
+        model.save_pretrained(args.out / "final", tokenizer=tok)
         summary = {k: result[k] for k in ("eval_loss", "eval_accuracy", "perplexity", "steps",
                                           "tokens_seen", "wall_seconds", "precision")}
         write_json(args.out / "eval.json", summary)
@@ -397,13 +404,6 @@ def run(args, ctx) -> None:
         log.info("eval loss %.4f, accuracy %.4f, perplexity %.1f; model in %s",
                  result["eval_loss"], result["eval_accuracy"], result["perplexity"],
                  args.out / "final")
-
-
-def write_json(path: Path, obj) -> None:
-    """Write through a temporary file and a rename, so a crash keeps the previous file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,9 @@ def tiny_model(tok, seed: int = 0, dropout: float = 0.0, **overrides):
 
 
 def train_config(**overrides) -> TrainConfig:
+    # fp32: the exactness tests compare bits, and "auto" picks bf16 on a CPU with native bf16.
     fields = dict(batch_size=16, max_steps=6, lr=2e-3, warmup=2, log_every=1,
-                  peak_flops=1e11, progress=False)
+                  peak_flops=1e11, progress=False, precision="fp32")
     fields.update(overrides)
     return TrainConfig(**fields)
 

@@ -179,6 +179,7 @@ def _args(data_dir, teacher_dir, out, cache, *extra):
     return ["--teacher", str(teacher_dir), "--data-dir", str(data_dir), "--out", str(out),
             "--cache-dir", str(cache), "--seq-len", "32", "--batch-size", "8",
             "--max-steps", "4", "--eval-batches", "2", "--log-every", "2", "--no-progress",
+            "--precision", "fp32",
             *extra]
 
 

@@ -66,7 +66,8 @@ def _args(task, out, *extra):
     return ["--train", str(task["train"]), "--eval", str(task["eval"]), "--text-column",
             "sentence", "--label-column", "label", "--out", str(out), "--cache-dir",
             str(task["cache"]), "--preset", "tiny", "--vocab-size", "200", "--seq-len", "32",
-            "--batch-size", "16", "--lr", "1e-3", "--log-every", "5", "--no-progress", *extra]
+            "--batch-size", "16", "--lr", "1e-3", "--log-every", "5", "--no-progress",
+            "--precision", "fp32", *extra]
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +171,7 @@ def _pair_args(pair_task, out, init_from, *extra):
     return ["--train", str(pair_task["train"]), "--eval", str(pair_task["eval"]),
             "--text-column", "premise", "--text-pair-column", "hypothesis", "--label-column",
             "y", "--out", str(out), "--init-from", str(init_from), "--seq-len", "24",
-            "--batch-size", "8", "--no-progress", *extra]
+            "--batch-size", "8", "--no-progress", "--precision", "fp32", *extra]
 
 
 def test_init_from_a_minibert_checkpoint(pair_task, tmp_path, allocator_calls):

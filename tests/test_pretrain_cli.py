@@ -30,7 +30,7 @@ def _args(data_dir, out, cache, *extra):
     return ["--data-dir", str(data_dir), "--out", str(out), "--cache-dir", str(cache),
             "--preset", "tiny", "--vocab-size", "200", "--seq-len", "32", "--batch-size", "8",
             "--max-steps", "6", "--log-every", "1", "--no-progress", "--eval-batches", "2",
-            *extra]
+            "--precision", "fp32", *extra]
 
 
 def test_end_to_end_outputs(data_dir, tmp_path, allocator_calls):
@@ -327,3 +327,37 @@ def test_a_mixed_folder_is_refused_and_every_file_read_is_logged(data_dir, tmp_p
     text = "\n".join(caplog.messages)
     assert "train.txt -> train" in text and "valid.txt -> valid" in text
     assert "split train:" in text and " tokens" in text
+
+
+def test_damaged_weights_checkpoints_and_a_full_disk_are_one_line(data_dir, tmp_path, capsys,
+                                                                  monkeypatch):
+    import shutil
+
+    cache = tmp_path / "cache"
+    assert pretrain.main(_args(data_dir, tmp_path / "base", cache, "--max-steps", "2")) == 0
+    # --init-from a folder whose weights were cut short by a bad copy
+    cut = tmp_path / "cut"
+    shutil.copytree(tmp_path / "base" / "final", cut)
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    err = _error_line(capsys, _args(data_dir, tmp_path / "a", cache, "--init-from", str(cut)))
+    assert "model.safetensors is damaged" in err
+    # --init-from a training checkpoint: say what it is and how to export it
+    step = tmp_path / "base" / "checkpoints" / "step_00000002"
+    err = _error_line(capsys, _args(data_dir, tmp_path / "b", cache, "--init-from", str(step)))
+    assert "training checkpoint" in err and "export_checkpoint" in err
+    # A full disk while writing final/: one line, and the run's checkpoints are intact.
+    import safetensors.torch
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    out = tmp_path / "c"
+    err = _error_line(capsys, _args(data_dir, out, cache, "--max-steps", "2"))
+    assert "could not write" in err and "MB are free" in err
+    monkeypatch.undo()
+    from minibert.hf import export_checkpoint
+
+    export_checkpoint(out / "checkpoints" / "step_00000002", out / "final")
+    assert minibert.BertForMaskedLM.from_pretrained(out / "final").config.vocab_size > 0
