@@ -54,7 +54,8 @@ class Embeddings(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        # padding_idx keeps the [PAD] row's gradient at zero, as in the original BERT.
+        # padding_idx zeroes the lookup's gradient for the [PAD] row, as in the original
+        # BERT; the tied MLM decoder still trains it.
         self.word = nn.Embedding(config.vocab_size, config.hidden_size,
                                  padding_idx=config.pad_token_id)
         self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
