@@ -32,7 +32,8 @@ from typing import Iterable, NamedTuple, Optional, Sequence, Union
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
-from .data.text import iter_lines, write_files_atomically
+from .atomic import write_files_atomically
+from .data.text import iter_lines
 from .tokenizer_train import PathLike, default_cache_dir, train_on_files, train_on_texts
 
 __all__ = ["Encoding", "SPECIAL_TOKENS", "Tokenizer", "default_cache_dir", "truncated_lengths"]
@@ -348,6 +349,8 @@ class Tokenizer:
                              f"{n_special}, the special tokens of this input")
         keep = truncated_lengths(n[0], n[1], len(seq) if max_length is None else
                                  max_length - n_special, truncation)
+        if list(keep) == n:  # nothing to cut
+            return Encoding(enc.ids, enc.type_ids, enc.offsets, enc.word_ids, seq)
         kept, seen = [], [0, 0]
         for t, s in enumerate(seq):
             if s is None or seen[s] < keep[s]:
@@ -356,7 +359,7 @@ class Tokenizer:
                 seen[s] += 1
         ids, types, offsets, words = enc.ids, enc.type_ids, enc.offsets, enc.word_ids
         return Encoding([ids[t] for t in kept], [types[t] for t in kept],
-                        [tuple(offsets[t]) for t in kept], [words[t] for t in kept],
+                        [offsets[t] for t in kept], [words[t] for t in kept],
                         [seq[t] for t in kept])
 
     def encode_batch(self, texts: Sequence[str],

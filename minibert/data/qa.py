@@ -1,0 +1,192 @@
+"""Extractive question answering (SQuAD): windows over long contexts, answers back in characters.
+
+BERT's recipe (Devlin et al. 2019, section 4.2, and run_squad.py of google-research/bert):
+
+* Each question and its context become ``[CLS] question [SEP] context [SEP]``. A
+  context too long for ``max_len`` is cut into overlapping windows, each paired with
+  the whole question, so every context token is seen in some window with context
+  around it.
+* The model scores every token as the answer's start and as its end. Training needs
+  the answer's token positions in each window: where the window holds the whole answer,
+  its first and last token; elsewhere (a window that misses or cuts the answer, or an
+  unanswerable SQuAD 2.0 question) the ``[CLS]`` position 0, which stands for "no answer
+  here".
+* At prediction, :func:`best_span` takes the highest-scoring valid span over all windows
+  of a question (a start may only come from the window where that token has the most
+  context around it), and maps it back to characters of the context through the
+  tokens' offsets, so the answer is a verbatim substring of the context. SQuAD 2.0 adds
+  a null answer: predict none when the ``[CLS]`` score beats the best span's by more
+  than a threshold.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from .task_files import QAExample
+
+if TYPE_CHECKING:
+    from ..tokenizer import Tokenizer
+
+
+class SpanPrediction(NamedTuple):
+    id: str  # the question's
+    text: str  # the answer, a substring of the context; "" when judged unanswerable
+    start: int  # the answer is context[start:end]; -1 and -1 when unanswerable
+    end: int
+    score: float  # start + end logit of the answer's span (of [CLS] when unanswerable)
+    null_score_diff: float  # the [CLS] score (lowest over windows) minus the best span's
+
+
+def encode_qa(tok: "Tokenizer", examples: Sequence[QAExample], max_len: int = 384,
+              doc_stride: int = 128, max_question_len: int = 64) -> list[dict]:
+    """Features for extractive QA: one per window of each example's context.
+
+    ``doc_stride`` is the number of context tokens that consecutive windows share, as
+    transformers' ``stride``, so the windows equal transformers' overflowing windows for
+    ``truncation="only_second"``. (BERT's run_squad.py gave the name to the step between
+    window starts instead: its windows of 384 tokens moved by 128 tokens.)
+    Questions longer than ``max_question_len`` tokens are cut (BERT's
+    ``max_query_length``); the context gets the rest of ``max_len``.
+
+    Each feature holds ``input_ids`` and ``token_type_ids`` ((T,) int64), the training
+    targets ``start_position`` and ``end_position`` (token indices; 0, the ``[CLS]``,
+    when the window does not hold the whole first answer), and for :func:`best_span`:
+    ``example`` (its index in ``examples``), ``offsets`` ((T, 2) int64, each context
+    token's characters in the context, 0 elsewhere), ``is_context`` ((T,) bool) and
+    ``max_context`` ((T,) bool, context tokens that have more context around them in this
+    window than in any other).
+    """
+    if not isinstance(doc_stride, int) or doc_stride < 0:
+        raise ValueError(f"doc_stride={doc_stride!r} must be an int >= 0")
+    if not isinstance(max_question_len, int) or max_question_len < 1:
+        raise ValueError(f"max_question_len={max_question_len!r} must be an int >= 1")
+    features = []
+    for x, ex in enumerate(examples):
+        enc = tok.encode_pair(ex.question, ex.context)
+        question = [i for i, s in zip(enc.input_ids, enc.sequence_ids) if s == 0]
+        question = question[:max_question_len]
+        ctx = [t for t, s in enumerate(enc.sequence_ids) if s == 1]
+        ctx_ids = [enc.input_ids[t] for t in ctx]
+        ctx_offsets = np.asarray([enc.offsets[t] for t in ctx], dtype=np.int64).reshape(-1, 2)
+        room = max_len - len(question) - 3  # context tokens per window
+        if room <= doc_stride:
+            raise ValueError(
+                f"question {ex.id!r}: max_len={max_len} leaves {room} context tokens per "
+                f"window after its {len(question)} question tokens, which must exceed "
+                f"doc_stride={doc_stride}; raise max_len or lower doc_stride/max_question_len")
+        windows = [(0, min(room, len(ctx)))]
+        while windows[-1][1] < len(ctx):
+            start = windows[-1][0] + room - doc_stride
+            windows.append((start, min(start + room, len(ctx))))
+        best_window = _max_context_windows(windows, len(ctx))
+        answer = _answer_tokens(ex, ctx_offsets)
+        before = len(question) + 2  # [CLS] question [SEP]
+        for w, (ws, we) in enumerate(windows):
+            n = we - ws
+            ids = [tok.cls_id, *question, tok.sep_id, *ctx_ids[ws:we], tok.sep_id]
+            offsets = np.zeros((len(ids), 2), dtype=np.int64)  # (T, 2)
+            offsets[before:before + n] = ctx_offsets[ws:we]
+            is_context = np.zeros(len(ids), dtype=bool)
+            is_context[before:before + n] = True
+            max_context = np.zeros(len(ids), dtype=bool)
+            max_context[before:before + n] = best_window[ws:we] == w
+            start = end = 0
+            if answer is not None and ws <= answer[0] and answer[1] < we:
+                start, end = before + answer[0] - ws, before + answer[1] - ws
+            features.append({
+                "input_ids": np.asarray(ids, dtype=np.int64),
+                "token_type_ids": np.asarray([0] * before + [1] * (n + 1), dtype=np.int64),
+                "start_position": start, "end_position": end, "example": x,
+                "offsets": offsets, "is_context": is_context, "max_context": max_context})
+    return features
+
+
+def _answer_tokens(ex: QAExample, offsets: np.ndarray) -> Optional[tuple[int, int]]:
+    """First and last context token of the first answer: the tokens that overlap its
+    characters (so spaces at the answer's edges do not matter)."""
+    if ex.is_impossible or not ex.answers:
+        return None
+    text, start = ex.answers[0]
+    end = start + len(text)
+    inside = np.nonzero((offsets[:, 1] > start) & (offsets[:, 0] < end))[0]
+    return (int(inside[0]), int(inside[-1])) if len(inside) else None
+
+
+def _max_context_windows(windows: list[tuple[int, int]], n: int) -> np.ndarray:
+    """(n,) for each context token, the window where it has the most context.
+
+    BERT's ``_check_is_max_context``: a token's context in a window is the smaller of
+    the tokens to its left and to its right, plus a hundredth of the window's length
+    to prefer longer windows; ties go to the earlier window.
+    """
+    best = np.full(n, -1, dtype=np.int64)
+    best_score = np.full(n, -np.inf)
+    for w, (ws, we) in enumerate(windows):
+        i = np.arange(ws, we)
+        score = np.minimum(i - ws, we - 1 - i) + 0.01 * (we - ws)
+        better = score > best_score[ws:we]
+        best[ws:we][better] = w
+        best_score[ws:we][better] = score[better]
+    return best
+
+
+def best_span(start_logits: Sequence, end_logits: Sequence, features: Sequence[Mapping],
+              examples: Sequence[QAExample], max_answer_length: int = 30, n_best: int = 20, *,
+              version_2: bool = False, null_score_diff_threshold: float = 0.0
+              ) -> list[SpanPrediction]:
+    """The answer to each example, as characters of its context, from all its windows.
+
+    ``start_logits[f]`` and ``end_logits[f]`` score the tokens of ``features[f]`` (rows
+    of a padded batch are fine: only the feature's own tokens are read). Per window, the
+    ``n_best`` highest start and end scores among context tokens are paired; a pair is a
+    candidate when the end does not precede the start, the span has at most
+    ``max_answer_length`` tokens, and the window is the start token's max-context window.
+    The best candidate over all windows, by start + end logit, is the answer.
+
+    With ``version_2`` (SQuAD 2.0), the null score is the lowest ``[CLS]`` start + end
+    logit over the windows, and the answer is "" when the null score exceeds the best
+    span's by more than ``null_score_diff_threshold`` (tune it on the dev set, as BERT
+    did). Returns one :class:`SpanPrediction` per example, in order.
+    """
+    windows = defaultdict(list)
+    for f, s, e in zip(features, start_logits, end_logits):
+        T = len(f["input_ids"])
+        windows[int(f["example"])].append((f, _as_array(s)[:T], _as_array(e)[:T]))
+    predictions = []
+    for x, ex in enumerate(examples):
+        if x not in windows:
+            raise ValueError(f"no feature for example {x} (question {ex.id!r})")
+        null_score, best, best_score = np.inf, None, -np.inf
+        for f, s, e in windows[x]:
+            null_score = min(null_score, float(s[0] + e[0]))
+            starts = _top(s, f["is_context"] & f["max_context"], n_best)
+            ends = _top(e, f["is_context"], n_best)
+            for i in starts:
+                for j in ends:
+                    if i <= j < i + max_answer_length and s[i] + e[j] > best_score:
+                        best, best_score = (f, i, j), float(s[i] + e[j])
+        diff = null_score - best_score
+        if best is None or (version_2 and diff > null_score_diff_threshold):
+            predictions.append(SpanPrediction(ex.id, "", -1, -1, null_score, diff))
+            continue
+        f, i, j = best
+        start, end = int(f["offsets"][i][0]), int(f["offsets"][j][1])
+        predictions.append(SpanPrediction(ex.id, ex.context[start:end], start, end,
+                                          best_score, diff))
+    return predictions
+
+
+def _as_array(logits) -> np.ndarray:
+    """(T,) float64 from a numpy array, a list or a torch tensor of any float dtype."""
+    if hasattr(logits, "detach"):  # torch: bf16 has no numpy dtype
+        logits = logits.detach().float().cpu().numpy()
+    return np.asarray(logits, dtype=np.float64).reshape(-1)
+
+
+def _top(scores: np.ndarray, allowed: np.ndarray, n: int) -> list[int]:
+    """The ``n`` positions with the highest scores among the allowed ones."""
+    candidates = np.nonzero(allowed)[0]
+    return candidates[np.argsort(-scores[candidates], kind="stable")[:n]].tolist()

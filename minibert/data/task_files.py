@@ -1,0 +1,264 @@
+"""Reading fine-tuning data: tables (GLUE-style TSV/CSV), CoNLL token labels, SQuAD JSON.
+
+Each reader checks what it reads and raises ``ValueError`` (or ``FileNotFoundError``)
+naming the file, the line or the question id, and what is wrong, so that a bad file
+ends a run with one readable line before any work is done. Labels stay text here;
+:class:`LabelMap` turns them into class ids.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Iterable, NamedTuple, Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _read_utf8(path: Path, expected: str) -> str:
+    """The file's text; a clear error if it is missing, not UTF-8 or holds only whitespace."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")  # -sig: drop the byte-order mark some editors write
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ValueError(f"{path}, line {line}: not valid UTF-8 (byte 0x{raw[e.start]:02x}); "
+                         f"save the file as UTF-8") from None
+    if not text.strip():
+        raise ValueError(f"{path} is empty; expected {expected}")
+    return text
+
+
+# ---------------------------------------------------------------- tables and class labels
+
+def read_table(path: PathLike, columns: list[str]) -> list[tuple[int, list[str]]]:
+    """(line number, [value of each requested column]) for every data row of a TSV/CSV file.
+
+    TSV has no quoting at all: a tab always separates fields and a quote is an ordinary
+    character (the GLUE convention), so "a \"quoted\" word" reads as written. CSV follows
+    RFC 4180, as spreadsheets write it (quoted fields may hold commas and newlines).
+    Values are stripped of surrounding whitespace; an empty one is an error.
+    """
+    path = Path(path)
+    kind = path.suffix.lower()
+    if kind not in (".tsv", ".csv"):
+        raise ValueError(f"{path}: cannot tell the format from the extension {path.suffix!r}; "
+                         f"name the file .tsv (tab-separated) or .csv (comma-separated)")
+    text = _read_utf8(path, "a header row naming the columns, then one example per row")
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True,
+                        **({"delimiter": "\t", "quoting": csv.QUOTE_NONE} if kind == ".tsv"
+                           else {"delimiter": ","}))
+    rows, line = [], 1
+    try:
+        header = [h.strip() for h in next(reader)]
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise ValueError(f"{path}: no column {missing[0]!r} in the header (columns found: "
+                             f"{', '.join(map(repr, header))})")
+        where = [header.index(c) for c in columns]
+        line = reader.line_num + 1
+        for fields in reader:
+            line, start = reader.line_num + 1, line  # a quoted CSV field may span lines
+            if not fields:  # a blank line
+                continue
+            if len(fields) != len(header):
+                hint = "a tab inside a text?" if kind == ".tsv" else \
+                    "quote a text that holds commas"
+                raise ValueError(f"{path}, line {start}: {len(fields)} field(s) but the header "
+                                 f"has {len(header)} ({hint})")
+            values = [fields[i].strip() for i in where]
+            for name, value in zip(columns, values):
+                if not value:
+                    raise ValueError(f"{path}, line {start}: the {name!r} field is empty")
+            rows.append((start, values))
+    except csv.Error as e:
+        raise ValueError(f"{path}, line {reader.line_num}: unreadable row ({e})") from None
+    if not rows:
+        raise ValueError(f"{path} has a header but no data rows")
+    return rows
+
+
+def _is_int(x: str) -> bool:
+    try:
+        int(x)
+        return True
+    except ValueError:
+        return False
+
+
+class LabelMap:
+    """Class names read from a training file, and the id of each.
+
+    The names are sorted by value when every training label is an integer ("2" before
+    "10", and "07" and "7" are one class), else as text. Build one with
+    :meth:`from_labels`; ``names`` is what a model's ``id2label`` should hold.
+    """
+
+    def __init__(self, names: Iterable[str], integers: bool = False,
+                 source: PathLike = "the training data") -> None:
+        self.names = list(names)
+        self.integers = integers
+        self.source = source
+        self._ids = {n: i for i, n in enumerate(self.names)}
+
+    @classmethod
+    def from_labels(cls, labels: Iterable[str], path: PathLike, unit: str = "row"
+                    ) -> "LabelMap":
+        """The classes of ``labels`` (read from ``path``); at least two are needed.
+
+        ``unit`` names what carries a label in the error message: a row, a word, ...
+        """
+        labels = list(labels)
+        integers = bool(labels) and all(_is_int(x) for x in labels)
+        names = sorted({cls._canonical(x, integers) for x in labels},
+                       key=int if integers else str)
+        if len(names) < 2:
+            what = f"every {unit} has the label {names[0]!r}" if names else "there are no labels"
+            raise ValueError(f"{path}: {what}; classification needs at least two classes")
+        return cls(names, integers, path)
+
+    @staticmethod
+    def _canonical(label: str, integers: bool) -> str:
+        return str(int(label)) if integers and _is_int(label) else label
+
+    def id(self, label: str, path: PathLike, line: int) -> int:
+        """The class id of ``label``, read from ``path`` at ``line``; an unknown one is an
+        error naming both files."""
+        i = self._ids.get(self._canonical(label, self.integers))
+        if i is None:
+            shown = ", ".join(map(repr, self.names[:10])) + (", ..." if len(self) > 10 else "")
+            raise ValueError(f"{path}, line {line}: label {label!r} does not occur in "
+                             f"{self.source} (its labels: {shown})")
+        return i
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __repr__(self) -> str:
+        return f"LabelMap({self.names!r})"
+
+
+# ---------------------------------------------------------------- CoNLL
+
+class Sentence(NamedTuple):
+    words: list[str]
+    labels: list[str]  # one per word
+    line: int  # the line of its first word (1-based); word i is on line + i
+
+
+def read_conll(path: PathLike) -> list[Sentence]:
+    """Sentences of a CoNLL-style file: one word per line, a blank line between sentences.
+
+    A line holding a tab is split at tabs (so a word may contain spaces), any other at
+    whitespace; the word is the first column and the label the last, so both
+    ``EU NNP B-NP B-ORG`` (CoNLL-2003) and ``EU<TAB>B-ORG`` read as (EU, B-ORG).
+    ``-DOCSTART-`` lines end a sentence and are otherwise ignored.
+    """
+    path = Path(path)
+    text = _read_utf8(path, "one 'word label' per line, a blank line between sentences")
+    sentences: list[Sentence] = []
+    words: list[str] = []
+    labels: list[str] = []
+    first = 0
+    for n, line in enumerate(text.splitlines() + [""], start=1):  # "": ends the last one
+        fields = [f.strip() for f in line.split("\t")] if "\t" in line else line.split()
+        if not any(fields) or fields[0] == "-DOCSTART-":
+            if words:
+                sentences.append(Sentence(words, labels, first))
+            words, labels = [], []
+            continue
+        if len(fields) < 2:
+            raise ValueError(f"{path}, line {n}: one column ({fields[0]!r}) but a word needs "
+                             f"its label in the last column, after whitespace or a tab")
+        if not fields[0] or not fields[-1]:
+            raise ValueError(f"{path}, line {n}: the {'word' if not fields[0] else 'label'} "
+                             f"is empty")
+        if not words:
+            first = n
+        words.append(fields[0])
+        labels.append(fields[-1])
+    if not sentences:
+        raise ValueError(f"{path} holds no sentences, only -DOCSTART- lines")
+    return sentences
+
+
+# ---------------------------------------------------------------- SQuAD
+
+class QAExample(NamedTuple):
+    id: str
+    question: str
+    context: str
+    answers: list[tuple[str, int]]  # (text, its first character in the context); [] if none
+    is_impossible: bool  # SQuAD 2.0: the context does not answer the question
+
+
+def read_squad(path: PathLike, version_2: bool = False) -> list[QAExample]:
+    """The questions of a SQuAD v1.1 or v2.0 JSON file, in file order.
+
+    Every answer's text must stand at its ``answer_start`` in the context, so spans
+    found from characters are the ones the file means. A v1.1 file (``version_2=False``)
+    must answer every question; in v2.0, ``is_impossible`` questions have no answers
+    (their ``plausible_answers`` are ignored).
+    """
+    path = Path(path)
+    text = _read_utf8(path, "SQuAD JSON: {\"data\": [{\"paragraphs\": [...]}]}")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}, line {e.lineno}: not JSON ({e.msg})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise ValueError(f"{path}: no 'data' list at the top level; expected SQuAD JSON "
+                         f"(v1.1 or v2.0)")
+    examples: list[QAExample] = []
+    seen: set[str] = set()
+    for a, article in enumerate(doc["data"]):
+        for p, para in enumerate(_field(article, "paragraphs", list, path, f"data[{a}]")):
+            where = f"data[{a}].paragraphs[{p}]"
+            context = _field(para, "context", str, path, where)
+            for q, qa in enumerate(_field(para, "qas", list, path, where)):
+                qid = str(_field(qa, "id", (str, int), path, f"{where}.qas[{q}]"))
+                where_q = f"question {qid!r}"
+                if qid in seen:
+                    raise ValueError(f"{path}: {where_q} appears twice; ids must be unique")
+                seen.add(qid)
+                question = _field(qa, "question", str, path, where_q)
+                impossible = bool(qa.get("is_impossible", False))
+                if impossible and not version_2:
+                    raise ValueError(f"{path}: {where_q} is marked is_impossible, a SQuAD 2.0 "
+                                     f"question; read the file with version_2=True")
+                answers = [] if impossible else [
+                    _answer(ans, context, path, where_q)
+                    for ans in _field(qa, "answers", list, path, where_q)]
+                if not impossible and not answers:
+                    raise ValueError(f"{path}: {where_q} has no answers" + (
+                        "; mark it is_impossible if the context does not answer it"
+                        if version_2 else ""))
+                examples.append(QAExample(qid, question, context, answers, impossible))
+    if not examples:
+        raise ValueError(f"{path} holds no questions")
+    return examples
+
+
+def _field(obj, key: str, kind, path: Path, where: str):
+    """``obj[key]``, which must exist and be of ``kind``."""
+    value = obj.get(key) if isinstance(obj, dict) else None
+    if not isinstance(value, kind):
+        raise ValueError(f"{path}: {where} has no {key!r} "
+                         + ("field" if value is None else f"of the right type (got {value!r})"))
+    return value
+
+
+def _answer(ans, context: str, path: Path, where: str) -> tuple[str, int]:
+    text = _field(ans, "text", str, path, where + "'s answer")
+    start = _field(ans, "answer_start", int, path, where + "'s answer")
+    if not text.strip():
+        raise ValueError(f"{path}: {where} has an empty answer text")
+    found = context[start:start + len(text)] if start >= 0 else ""
+    if found != text:
+        raise ValueError(f"{path}: {where}: the answer {text!r} is not at its answer_start "
+                         f"{start} in the context (found {found!r} there)")
+    return text, start

@@ -1,0 +1,236 @@
+"""Fine-tuning tasks: from read examples to encoded features to padded batches.
+
+The three downstream tasks of the BERT paper (Devlin et al. 2019, section 4) share one
+path: a reader (:mod:`.task_files`) gives examples with text labels, an encoder here
+turns each into one or more *features* (dicts of ids and targets, plus what is needed
+to map predictions back), and :class:`TaskCollator` pads a list of features into a
+batch.
+
+* sequence classification (GLUE): :func:`encode_classification`, one label per text
+  or text pair;
+* token classification (CoNLL NER): :func:`encode_token_classification` and
+  :func:`word_predictions`, one label per word read from its first piece;
+* extractive QA (SQuAD): :func:`~.qa.encode_qa` and :func:`~.qa.best_span` in
+  :mod:`.qa`, windows over long contexts and the span search back in characters.
+
+Everything is importable from here, readers and QA included. Classification, for one::
+
+    rows = read_table("train.tsv", ["sentence", "label"])
+    labels = LabelMap.from_labels([r[-1] for _, r in rows], "train.tsv")
+    features = encode_classification(tok, [r[0] for _, r in rows],
+                                     [labels.id(r[-1], "train.tsv", n) for n, r in rows])
+    batch = TaskCollator(tok.pad_id)(features[:32])  # input_ids, ..., labels
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .mlm import IGNORE_INDEX, pad_batch
+from .qa import SpanPrediction, best_span, encode_qa
+from .task_files import LabelMap, QAExample, Sentence, read_conll, read_squad, read_table
+
+if TYPE_CHECKING:
+    from ..tokenizer import Tokenizer
+
+__all__ = [
+    "LabelMap", "QAExample", "Sentence", "SpanPrediction", "TaskCollator", "best_span",
+    "encode_classification", "encode_qa", "encode_token_classification", "read_conll",
+    "read_squad", "read_table", "word_predictions",
+]
+
+
+def _check_max_len(max_len: int, least: int) -> None:
+    if not isinstance(max_len, int) or max_len < least:
+        raise ValueError(f"max_len={max_len!r} must be an int of at least {least}: the special "
+                         f"tokens and one token of text")
+
+
+# ---------------------------------------------------------------- sequence classification
+
+def encode_classification(tok: "Tokenizer", texts: Sequence[str],
+                          labels: Optional[Sequence[Any]] = None,
+                          pairs: Optional[Sequence[str]] = None,
+                          max_len: int = 128) -> list[dict]:
+    """One feature per text: ``[CLS] text [SEP]``, or ``[CLS] text [SEP] pair [SEP]``.
+
+    Inputs over ``max_len`` tokens are cut at the end; a pair loses tokens from its
+    longer text first, as BERT did and transformers does (``longest_first``, see
+    :func:`minibert.tokenizer.truncated_lengths`). Each feature holds ``input_ids``
+    and ``token_type_ids`` ((T,) int64, types 0 for the text and 1 for the pair) and,
+    with ``labels``, its ``label`` (a class id, or a float for regression).
+    """
+    _check_max_len(max_len, 3 if pairs is None else 4)
+    for name, other in (("labels", labels), ("pairs", pairs)):
+        if other is not None and len(other) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(other)} {name}")
+    features = []
+    for i, text in enumerate(texts):
+        enc = tok.encode_with_offsets(text, max_len) if pairs is None else \
+            tok.encode_pair(text, pairs[i], max_len)
+        feature = {"input_ids": np.asarray(enc.input_ids, dtype=np.int64),
+                   "token_type_ids": np.asarray(enc.token_type_ids, dtype=np.int64)}
+        if labels is not None:
+            feature["label"] = labels[i]
+        features.append(feature)
+    return features
+
+
+# ---------------------------------------------------------------- token classification
+
+def encode_token_classification(tok: "Tokenizer", sentences: Sequence[Sequence[str]],
+                                labels: Optional[Sequence[Sequence[int]]] = None,
+                                max_len: int = 128) -> list[dict]:
+    """Features for word-level labelling (NER, POS), at least one per sentence.
+
+    Each word is split into pieces; its label goes on its *first* piece and the other
+    pieces get ``IGNORE_INDEX``, so the loss and the prediction see each word once, from
+    its first piece's vector (the BERT paper's NER setup, section 5.3). A word the
+    tokenizer reduces to nothing (a lone control character) becomes one ``[UNK]``, so
+    that it is still predicted.
+
+    A sentence longer than ``max_len - 2`` pieces is cut into consecutive windows of
+    whole words, each filled with as many words as fit, so every word lies in exactly
+    one window (no overlap: a word near a window's edge sees less context). Only a
+    single word with more pieces than a window holds is cut, keeping its first pieces.
+
+    Each feature holds ``input_ids``, ``token_type_ids`` (zeros), ``labels`` (with
+    ``labels`` given) and, to map predictions back, ``sentence`` (its index),
+    ``n_words`` (the sentence's) and ``word_ids`` ((T,) int64, the word of the sentence
+    each token belongs to, -1 for ``[CLS]``/``[SEP]``). See :func:`word_predictions`.
+    """
+    _check_max_len(max_len, 3)
+    if labels is not None and len(labels) != len(sentences):
+        raise ValueError(f"{len(sentences)} sentences but {len(labels)} label lists")
+    room = max_len - 2
+    features = []
+    for k, words in enumerate(sentences):
+        if not words:
+            raise ValueError(f"sentence {k} has no words")
+        if labels is not None and len(labels[k]) != len(words):
+            raise ValueError(f"sentence {k} has {len(words)} words but {len(labels[k])} labels")
+        enc = tok.encode_words(list(words))
+        pieces: list[list[int]] = [[] for _ in words]
+        for i, w in zip(enc.input_ids, enc.word_ids):
+            if w is not None:
+                pieces[w].append(i)
+        for p in pieces:
+            if not p:
+                p.append(tok.unk_id)
+        start = 0
+        while start < len(words):
+            end, used = start, 0
+            while end < len(words) and used + len(pieces[end]) <= room:
+                used += len(pieces[end])
+                end += 1
+            end = max(end, start + 1)  # a word longer than a window: its first pieces
+            features.append(_word_window(tok, pieces, start, end, room, k,
+                                         labels[k] if labels is not None else None))
+            start = end
+    return features
+
+
+def _word_window(tok, pieces, start, end, room, sentence, word_labels) -> dict:
+    """``[CLS] pieces of words[start:end] [SEP]`` as a feature."""
+    ids, word_ids, labels = [tok.cls_id], [-1], [IGNORE_INDEX]
+    for w in range(start, end):
+        p = pieces[w][:room]
+        ids += p
+        word_ids += [w] * len(p)
+        if word_labels is not None:
+            labels += [word_labels[w]] + [IGNORE_INDEX] * (len(p) - 1)
+    ids.append(tok.sep_id)
+    word_ids.append(-1)
+    labels.append(IGNORE_INDEX)
+    feature = {"input_ids": np.asarray(ids, dtype=np.int64),
+               "token_type_ids": np.zeros(len(ids), dtype=np.int64),
+               "word_ids": np.asarray(word_ids, dtype=np.int64), "sentence": sentence,
+               "n_words": len(pieces)}
+    if word_labels is not None:
+        feature["labels"] = np.asarray(labels, dtype=np.int64)
+    return feature
+
+
+def word_predictions(features: Sequence[Mapping], token_predictions: Sequence[Sequence[Any]]
+                     ) -> list[list[Any]]:
+    """Per sentence, per word: the prediction at the word's first piece.
+
+    ``token_predictions[f]`` holds one value per token of ``features[f]`` (e.g. the
+    argmax over labels; padded rows of a batch are fine, the padding is not read).
+    The features must be all those of their sentences, in any order: a word that no
+    feature covers, or that two cover, is an error.
+    """
+    out: dict[int, dict[int, Any]] = {}
+    for f, pred in zip(features, token_predictions):
+        words = out.setdefault(int(f["sentence"]), {})
+        previous = -1
+        for t, w in enumerate(f["word_ids"]):
+            w = int(w)
+            if w >= 0 and w != previous:  # the first piece of word w
+                if w in words:
+                    raise ValueError(f"word {w} of sentence {f['sentence']} is in two features")
+                words[w] = pred[t].item() if hasattr(pred[t], "item") else pred[t]
+            previous = w
+    n_words = {int(f["sentence"]): int(f["n_words"]) for f in features}
+    result = []
+    for k in range(max(out) + 1 if out else 0):
+        words = out.get(k, {})
+        if k not in n_words or len(words) != n_words[k]:
+            raise ValueError(f"sentence {k} is missing from the features, or some of its words")
+        result.append([words[w] for w in range(n_words[k])])
+    return result
+
+
+# ---------------------------------------------------------------- batches
+
+class TaskCollator:
+    """Pad a list of task features into a batch of tensors (dynamic padding).
+
+    Returns ``input_ids``, ``attention_mask`` (1 on tokens) and ``token_type_ids``, all
+    ``(B, T)`` int64, plus the targets the features carry: ``labels`` ``(B,)`` from a
+    per-feature ``label`` (int64, or float32 for regression), ``labels`` ``(B, T)`` from
+    per-token ``labels`` (padded with ``label_pad``), ``start_positions`` and
+    ``end_positions`` ``(B,)`` from QA features. Other keys (offsets, word ids) stay
+    behind for prediction. No randomness: ``epoch`` is accepted for the engine's call
+    ``collate(examples, epoch=e)`` and ignored.
+    """
+
+    def __init__(self, pad_id: int, label_pad: int = IGNORE_INDEX,
+                 pad_to_multiple_of: Optional[int] = None) -> None:
+        self.pad_id = pad_id
+        self.label_pad = label_pad
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    def __call__(self, examples: Sequence[Mapping], epoch: int = 0) -> dict[str, torch.Tensor]:
+        multiple = self.pad_to_multiple_of
+        ids, lengths = pad_batch([e["input_ids"] for e in examples], self.pad_id, multiple)
+        T = ids.shape[1]
+        types = np.zeros_like(ids)  # (B, T)
+        for row, e in zip(types, examples):
+            if "token_type_ids" in e:
+                row[:len(e["token_type_ids"])] = e["token_type_ids"]
+        mask = np.arange(T)[None, :] < lengths[:, None]  # (B, T), True on tokens
+        batch = {"input_ids": torch.from_numpy(ids),
+                 "attention_mask": torch.from_numpy(mask.astype(np.int64)),
+                 "token_type_ids": torch.from_numpy(types)}
+        for key in ("label", "labels", "start_position", "end_position"):
+            have = sum(key in e for e in examples)
+            if have not in (0, len(examples)):
+                raise ValueError(f"{have} of {len(examples)} examples have {key!r}; a batch "
+                                 f"needs it in all or none")
+        if "labels" in examples[0]:
+            labels, _ = pad_batch([e["labels"] for e in examples], self.label_pad, multiple)
+            batch["labels"] = torch.from_numpy(labels)  # (B, T)
+        elif "label" in examples[0]:
+            values = [e["label"] for e in examples]
+            regression = any(isinstance(v, (float, np.floating)) for v in values)
+            batch["labels"] = torch.tensor(values, dtype=torch.float32 if regression
+                                           else torch.long)  # (B,)
+        if "start_position" in examples[0]:
+            batch["start_positions"] = torch.tensor([e["start_position"] for e in examples],
+                                                    dtype=torch.long)  # (B,)
+            batch["end_positions"] = torch.tensor([e["end_position"] for e in examples],
+                                                  dtype=torch.long)  # (B,)
+        return batch

@@ -1,0 +1,400 @@
+"""minibert.data.tasks: task readers and their errors, encoders for classification, token
+labels and QA (checked against transformers' BertTokenizerFast on the same vocab.txt), the
+QA span search across windows, and the collator."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from minibert.data import IGNORE_INDEX
+from minibert.data.tasks import (
+    LabelMap,
+    QAExample,
+    Sentence,
+    TaskCollator,
+    best_span,
+    encode_classification,
+    encode_qa,
+    encode_token_classification,
+    read_conll,
+    read_squad,
+    read_table,
+    word_predictions,
+)
+from minibert.tokenizer import SPECIAL_TOKENS, Tokenizer
+
+# A hand-made vocabulary, so that the pieces of each word are known: "unbelievable" is
+# un ##believ ##able, "cats" cat ##s, and any other lowercase word is spelled in letters.
+LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
+WORDS = ["the", "cat", "sat", "on", "mat", "un", "##believ", "##able", "new", "york", "city",
+         "went", "to", "where", "did", "go", "in", "end", "a", "dog"]
+VOCAB = list(SPECIAL_TOKENS) + WORDS + [t for c in LETTERS for t in (c, f"##{c}")
+                                        if t not in WORDS] + list(".,?!'-")
+
+
+@pytest.fixture(scope="module")
+def vocab_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("vocab")
+    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
+    return d
+
+
+@pytest.fixture(scope="module")
+def tok(vocab_dir):
+    return Tokenizer.from_pretrained(vocab_dir)
+
+
+@pytest.fixture(scope="module")
+def ref(vocab_dir):
+    transformers = pytest.importorskip("transformers")
+    return transformers.BertTokenizerFast.from_pretrained(str(vocab_dir))
+
+
+def write(path, content):
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    return path
+
+
+# ---------------------------------------------------------------- tables and labels
+
+BAD_TABLES = [
+    # (file name, content, words the message must hold): the messages that
+    # examples/finetune_classification.py has always given, see test_finetune.BAD_FILES.
+    ("train.tsv", b"", ["train.tsv is empty"]),
+    ("train.tsv", b"sentence\tlabel\n\n", ["train.tsv has a header but no data rows"]),
+    ("train.tsv", b"text\tlabel\nthe great film\tpos\n",
+     ["train.tsv: no column 'sentence'", "columns found: 'text', 'label'"]),
+    ("train.tsv", b"sentence\tlabel\ngreat\tpos\nawful\tneg\tmore\n",
+     ["train.tsv, line 3: 3 field(s) but the header has 2"]),
+    ("train.tsv", b"sentence\tlabel\ngreat\tpos\n \tneg\n",
+     ["train.tsv, line 3: the 'sentence' field is empty"]),
+    ("train.tsv", b"sentence\tlabel\ngreat\tpos\nawful\t\n",
+     ["train.tsv, line 3: the 'label' field is empty"]),
+    ("train.tsv", b"sentence\tlabel\ngreat\tpos\nawf\xffl\tneg\n",
+     ["train.tsv, line 3: not valid UTF-8 (byte 0xff)"]),
+    ("train.csv", b'sentence,label\ngreat,pos\n"awful" film,neg\n',
+     ["train.csv, line 3: unreadable row"]),
+    ("train.csv", b"sentence,label\ngreat,pos\nawful, boring,neg\n",
+     ["train.csv, line 3: 3 field(s)", "quote a text"]),
+    ("train.txt", b"sentence\tlabel\ngreat\tpos\n", ["train.txt: cannot tell the format"]),
+]
+
+
+@pytest.mark.parametrize("name,content,words", BAD_TABLES,
+                         ids=[w[0].split(": ")[-1][:30] for _, _, w in BAD_TABLES])
+def test_read_table_errors_name_file_and_line(tmp_path, name, content, words):
+    with pytest.raises(ValueError) as err:
+        read_table(write(tmp_path / name, content), ["sentence", "label"])
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_read_table_reads_tsv_and_csv(tmp_path):
+    tsv = write(tmp_path / "a.tsv", '\ufeffid\tsentence\tlabel\n1\tsay "hi", twice\tpos\n\n'
+                                    '2\t  spaced  \tneg\n')
+    assert read_table(tsv, ["sentence", "label"]) == [(2, ['say "hi", twice', "pos"]),
+                                                      (4, ["spaced", "neg"])]
+    csv_ = write(tmp_path / "a.csv", 'sentence,label\n"two\nlines, one field",pos\nnext,neg\n')
+    assert read_table(csv_, ["label", "sentence"]) == [(2, ["pos", "two\nlines, one field"]),
+                                                       (4, ["neg", "next"])]
+    with pytest.raises(FileNotFoundError, match="nowhere.tsv not found"):
+        read_table(tmp_path / "nowhere.tsv", ["sentence"])
+
+
+def test_label_map_names_classes_and_refuses_unknown_labels(tmp_path):
+    train, dev = tmp_path / "train.tsv", tmp_path / "dev.tsv"
+    with pytest.raises(ValueError, match="train.tsv: every row has the label 'pos'; "
+                                         "classification needs at least two classes"):
+        LabelMap.from_labels(["pos", "pos"], train)
+    labels = LabelMap.from_labels(["pos", "neu", "neg", "pos"], train)
+    assert labels.names == ["neg", "neu", "pos"] and labels.id("pos", dev, 2) == 2
+    with pytest.raises(ValueError) as err:
+        labels.id("mixed", dev, 4)
+    assert str(err.value) == (f"{dev}, line 4: label 'mixed' does not occur in {train} "
+                              f"(its labels: 'neg', 'neu', 'pos')")
+    numbers = LabelMap.from_labels(["10", "2", "07", "7"], train)  # by value; 07 is 7
+    assert numbers.names == ["2", "7", "10"] and numbers.id("007", dev, 9) == 1
+
+
+# ---------------------------------------------------------------- CoNLL
+
+def test_read_conll(tmp_path):
+    path = write(tmp_path / "train.txt",
+                 "-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\n\n"
+                 "Peter\tB-PER\nNew York\tB-LOC\n-DOCSTART- O\nlast O")  # no final newline
+    assert read_conll(path) == [Sentence(["EU", "rejects"], ["B-ORG", "O"], 3),
+                                Sentence(["Peter", "New York"], ["B-PER", "B-LOC"], 7),
+                                Sentence(["last"], ["O"], 10)]
+
+
+@pytest.mark.parametrize("content,message", [
+    ("EU B-ORG\nrejects\n", "train.txt, line 2: one column ('rejects')"),
+    ("EU\tB-ORG\nrejects\t\n", "train.txt, line 2: the label is empty"),
+    ("", "train.txt is empty"),
+    ("-DOCSTART- O\n\n", "train.txt holds no sentences"),
+    (b"EU B-ORG\n\xe9t\xe9 O\n", "train.txt, line 2: not valid UTF-8"),
+])
+def test_read_conll_errors(tmp_path, content, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read_conll(write(tmp_path / "train.txt", content))
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        read_conll(tmp_path / "nope.txt")
+
+
+# ---------------------------------------------------------------- SQuAD
+
+def squad(*qas, context="The cat sat on the mat in New York City."):
+    return {"version": "v2.0", "data": [{"title": "t", "paragraphs": [
+        {"context": context, "qas": list(qas)}]}]}
+
+
+def test_read_squad_v1_and_v2(tmp_path):
+    v1 = write(tmp_path / "v1.json", json.dumps(squad(
+        {"id": "q1", "question": "Where?", "answers": [
+            {"text": "New York City", "answer_start": 26},
+            {"text": "New York", "answer_start": 26}]})))
+    assert read_squad(v1) == [QAExample("q1", "Where?", "The cat sat on the mat in New York City.",
+                                        [("New York City", 26), ("New York", 26)], False)]
+    v2 = write(tmp_path / "v2.json", json.dumps(squad(
+        {"id": "q1", "question": "Who?", "answers": [], "is_impossible": True,
+         "plausible_answers": [{"text": "cat", "answer_start": 4}]},
+        {"id": "q2", "question": "What sat?", "answers": [{"text": "cat", "answer_start": 4}],
+         "is_impossible": False})))
+    got = read_squad(v2, version_2=True)
+    assert [(x.id, x.answers, x.is_impossible) for x in got] == \
+        [("q1", [], True), ("q2", [("cat", 4)], False)]
+    with pytest.raises(ValueError, match="question 'q1' is marked is_impossible.*version_2=True"):
+        read_squad(v2)
+
+
+@pytest.mark.parametrize("content,message", [
+    ("", "is empty"),
+    ('{"data": [\n  {"paragraphs": [}\n]}', r"bad.json, line 2: not JSON"),
+    ('{"version": "1.1"}', "bad.json: no 'data' list"),
+    (json.dumps(squad({"id": "q7", "question": "Where?",
+                       "answers": [{"text": "New York", "answer_start": 25}]})),
+     "question 'q7': the answer 'New York' is not at its answer_start 25 in the context "
+     "(found ' New Yor' there)"),
+    (json.dumps(squad({"id": "q8", "question": "Where?", "answers": []})),
+     "question 'q8' has no answers"),
+    (json.dumps(squad({"id": "q9", "answers": []})), "question 'q9' has no 'question' field"),
+    (json.dumps(squad(*[{"id": "q1", "question": "Where?", "answers": [
+        {"text": "cat", "answer_start": 4}]}] * 2)), "question 'q1' appears twice"),
+    (json.dumps({"data": []}), "holds no questions"),
+])
+def test_read_squad_errors(tmp_path, content, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read_squad(write(tmp_path / "bad.json", content))
+
+
+# ---------------------------------------------------------------- sequence classification
+
+def test_classification_truncates_longest_first_like_transformers(tok, ref):
+    texts = ["a b c d e f g h", "a b", "the cat sat", "unbelievable cats", "dog"]
+    pairs = ["a b c", "a b c d e f g h", "on the mat", "the dog sat on the mat", "cat"]
+    short = encode_classification(tok, texts[:2], [0, 1], pairs[:2], max_len=9)
+    # the example script's rule (test_finetune.test_longest_first_truncation)
+    assert short[0]["token_type_ids"].tolist() == [0] * 5 + [1] * 4
+    assert short[1]["token_type_ids"].tolist() == [0] * 4 + [1] * 5
+    assert [f["label"] for f in short] == [0, 1]
+    for max_len in range(4, 16):
+        for f, a, b in zip(encode_classification(tok, texts, pairs=pairs, max_len=max_len),
+                           texts, pairs):
+            want = ref(a, b, truncation="longest_first", max_length=max_len)
+            assert f["input_ids"].tolist() == want["input_ids"], (a, b, max_len)
+            assert f["token_type_ids"].tolist() == want["token_type_ids"]
+            assert "label" not in f
+        for f, a in zip(encode_classification(tok, texts, max_len=max_len), texts):
+            assert f["input_ids"].tolist() == ref(a, truncation=True, max_length=max_len)[
+                "input_ids"]
+    with pytest.raises(ValueError, match="2 texts but 1 labels"):
+        encode_classification(tok, texts[:2], [0])
+
+
+# ---------------------------------------------------------------- token classification
+
+SENTENCE = ["The", "unbelievable", "cats", "sat", "on", "a", "mat", "in", "New", "York", "."]
+TAGS = [0, 0, 1, 0, 0, 0, 1, 0, 2, 3, 0]
+
+
+def test_word_labels_sit_on_first_pieces(tok, ref):
+    (f,) = encode_token_classification(tok, [SENTENCE], [TAGS], max_len=64)
+    want = ref(SENTENCE, is_split_into_words=True)
+    assert f["input_ids"].tolist() == want["input_ids"]
+    assert f["word_ids"].tolist() == [-1 if w is None else w for w in want.word_ids()]
+    pieces = [tok.id_to_token(i) for i in f["input_ids"]]
+    assert pieces[2:5] == ["un", "##believ", "##able"] and pieces[5:7] == ["cat", "##s"]
+    expected = [IGNORE_INDEX] + [0, 0, IGNORE_INDEX, IGNORE_INDEX, 1, IGNORE_INDEX] + \
+        TAGS[3:] + [IGNORE_INDEX]
+    assert f["labels"].tolist() == expected
+    assert word_predictions([f], [f["labels"]]) == [TAGS]  # read back from first pieces
+
+
+def test_long_sentences_become_windows_covering_every_word_once(tok, ref):
+    words = (SENTENCE * 4)[:40] + ["x" * 30]  # the last word has more pieces than a window
+    labels = [i % 5 for i in range(len(words))]
+    want = ref(words, is_split_into_words=True)
+    pieces = [[i for i, w in zip(want["input_ids"], want.word_ids()) if w == k]
+              for k in range(len(words))]
+    for max_len in (3, 4, 7, 12, 30):
+        features = encode_token_classification(tok, [SENTENCE, words], [TAGS, labels],
+                                               max_len=max_len)
+        mine = [f for f in features if f["sentence"] == 1]
+        assert len(mine) > 1 and all(len(f["input_ids"]) <= max_len for f in features)
+        covered = [w for f in mine for w in dict.fromkeys(f["word_ids"].tolist()) if w >= 0]
+        assert covered == list(range(len(words)))  # each word in one window, in order
+        # Windows are whole words: joined, they are the sentence's pieces, except that a
+        # word with more pieces than a window holds keeps its first ones.
+        joined = [i for f in mine for i in f["input_ids"][1:-1].tolist()]
+        assert joined == [i for p in pieces for i in p[:max_len - 2]]
+        assert all(f["input_ids"][0] == tok.cls_id and f["input_ids"][-1] == tok.sep_id
+                   for f in mine)
+        # Each word predicted exactly once, whatever the features' order.
+        assert word_predictions(features[::-1], [f["labels"] for f in features[::-1]]) == \
+            [TAGS, labels]
+    with pytest.raises(ValueError, match="sentence 1 is missing"):
+        word_predictions(features[:-1], [f["labels"] for f in features[:-1]])
+
+
+def test_a_word_with_no_pieces_still_gets_a_prediction(tok):
+    words = ["the", "\u200b", "cat"]  # a zero-width space normalizes to nothing
+    (f,) = encode_token_classification(tok, [words], [[0, 1, 2]])
+    assert f["input_ids"].tolist()[1:-1] == [tok.token_to_id("the"), tok.unk_id,
+                                             tok.token_to_id("cat")]
+    assert word_predictions([f], [f["labels"]]) == [[0, 1, 2]]
+    with pytest.raises(ValueError, match="sentence 0 has 3 words but 2 labels"):
+        encode_token_classification(tok, [words], [[0, 1]])
+
+
+# ---------------------------------------------------------------- extractive QA
+
+FILLER = "the cat sat on the mat . "
+CONTEXT = FILLER * 3 + "the cat went to New York City in the end . " + FILLER * 4
+ANSWER = ("New York City", CONTEXT.index("New York City"))
+QUESTION = "where did the cat go ?"
+
+
+def test_qa_windows_match_transformers_overflow(tok, ref):
+    ex = QAExample("q", QUESTION, CONTEXT, [ANSWER], False)
+    for max_len, stride in ((36, 10), (20, 0), (30, 15), (128, 32)):
+        features = encode_qa(tok, [ex], max_len=max_len, doc_stride=stride)
+        want = ref(QUESTION, CONTEXT, truncation="only_second", max_length=max_len,
+                   stride=stride, return_overflowing_tokens=True, return_offsets_mapping=True)
+        assert [f["input_ids"].tolist() for f in features] == want["input_ids"]
+        assert [f["token_type_ids"].tolist() for f in features] == want["token_type_ids"]
+        for w, f in enumerate(features):
+            context = np.array([s == 1 for s in want.sequence_ids(w)])
+            assert f["is_context"].tolist() == context.tolist()
+            assert f["offsets"][context].tolist() == \
+                [list(o) for o, c in zip(want["offset_mapping"][w], context) if c]
+        # every context token has exactly one max-context window
+        starts = [int(f["offsets"][f["max_context"]][:, 0].min()) for f in features]
+        n_context = sum(int(f["max_context"].sum()) for f in features)
+        assert n_context == len(ref(CONTEXT, add_special_tokens=False)["input_ids"])
+        assert starts == sorted(starts)
+
+
+def test_answer_across_a_window_edge_is_found_in_the_window_that_holds_it(tok):
+    ex = QAExample("q", QUESTION, CONTEXT, [ANSWER], False)
+    features = encode_qa(tok, [ex], max_len=36, doc_stride=10)
+    assert len(features) >= 3
+    answer_chars = {ANSWER[1] + i for i, ch in enumerate(ANSWER[0]) if ch != " "}
+
+    def chars(f):  # the context characters a window holds
+        return {c for s, e in f["offsets"][f["is_context"]] for c in range(s, e)}
+
+    first, second = features[0], features[1]
+    cut = answer_chars & chars(first)
+    assert cut and cut != answer_chars  # window 0 holds "New York" but not "City"
+    assert answer_chars <= chars(second)
+    assert (first["start_position"], first["end_position"]) == (0, 0)
+    s, e = second["start_position"], second["end_position"]
+    assert CONTEXT[second["offsets"][s][0]:second["offsets"][e][1]] == "New York City"
+    assert all((f["start_position"], f["end_position"]) == (0, 0) for f in features[2:])
+
+    # Logits that favour the cut span "New York" in window 0 more than the full answer in
+    # window 1: the start token has more context in window 1, so window 0 cannot start
+    # the answer there, and best_span returns the full answer's exact characters.
+    start_logits = [np.full(len(f["input_ids"]), -5.0) for f in features]
+    end_logits = [np.full(len(f["input_ids"]), -5.0) for f in features]
+    york = int(np.nonzero(first["is_context"])[0][-1])  # window 0's last context token
+    start_logits[0][york - 1], end_logits[0][york] = 9.0, 9.0
+    start_logits[1][s], end_logits[1][e] = 4.0, 4.0
+    (pred,) = best_span(start_logits, end_logits, features, [ex], max_answer_length=10)
+    assert (pred.text, pred.start, pred.end) == ("New York City", *ANSWER[1:],
+                                                 ANSWER[1] + len(ANSWER[0]))
+    assert pred.score == 8.0
+    # Spans longer than max_answer_length tokens are not candidates.
+    (short,) = best_span(start_logits, end_logits, features, [ex], max_answer_length=2)
+    assert short.text != "New York City"
+
+
+def test_unanswerable_questions_and_the_null_score_rule(tok):
+    impossible = QAExample("x", QUESTION, CONTEXT, [], True)
+    features = encode_qa(tok, [impossible], max_len=36, doc_stride=10)
+    assert all((f["start_position"], f["end_position"]) == (0, 0) for f in features)
+    start_logits = [np.zeros(len(f["input_ids"])) for f in features]
+    end_logits = [np.zeros(len(f["input_ids"])) for f in features]
+    c = int(np.nonzero(features[0]["is_context"] & features[0]["max_context"])[0][0])
+    start_logits[0][c] = end_logits[0][c] = 2.0  # a span scoring 4
+    for f, s, e in zip(features, start_logits, end_logits):
+        s[0], e[0] = 3.0, 2.0  # [CLS] scores 5 in every window ...
+    start_logits[1][0] = 1.0  # ... but 3 in one: the null score is the lowest, 3
+    (v2,) = best_span(start_logits, end_logits, features, [impossible], version_2=True)
+    assert (v2.text, v2.start, v2.null_score_diff) == ("the", 0, -1.0)  # 3 - 4 < 0
+    start_logits[1][0] = 3.0  # null score 5: beats the span by 1
+    (v2,) = best_span(start_logits, end_logits, features, [impossible], version_2=True)
+    assert (v2.text, v2.start, v2.end, v2.score, v2.null_score_diff) == ("", -1, -1, 5.0, 1.0)
+    (keep,) = best_span(start_logits, end_logits, features, [impossible], version_2=True,
+                        null_score_diff_threshold=1.5)
+    assert keep.text == "the"
+    (v1,) = best_span(start_logits, end_logits, features, [impossible])  # no null answer
+    assert v1.text == "the"
+    torch_logits = [torch.tensor(s, dtype=torch.bfloat16) for s in start_logits]
+    assert best_span(torch_logits, end_logits, features, [impossible])[0].text == "the"
+
+
+def test_qa_settings_are_checked(tok):
+    ex = QAExample("q", QUESTION, CONTEXT, [ANSWER], False)
+    with pytest.raises(ValueError, match="question 'q': max_len=16 leaves 7 context tokens"):
+        encode_qa(tok, [ex], max_len=16, doc_stride=8)
+    short_question = encode_qa(tok, [ex], max_len=16, doc_stride=8, max_question_len=2)
+    assert short_question[0]["input_ids"][:4].tolist() == [
+        tok.cls_id, tok.token_to_id("where"), tok.token_to_id("did"), tok.sep_id]
+    zeros = [np.zeros(len(f["input_ids"])) for f in short_question]
+    with pytest.raises(ValueError, match=r"no feature for example 1 \(question 'q2'\)"):
+        best_span(zeros, zeros, short_question, [ex, ex._replace(id="q2")])
+
+
+# ---------------------------------------------------------------- collator
+
+def test_collator_pads_every_task(tok):
+    collate = TaskCollator(tok.pad_id)
+    cls = encode_classification(tok, ["the cat", "the cat sat on the mat"], [1, 0],
+                                pairs=["a dog", "a"])
+    batch = collate(cls, epoch=3)
+    assert set(batch) == {"input_ids", "attention_mask", "token_type_ids", "labels"}
+    assert batch["input_ids"].shape == batch["token_type_ids"].shape == (2, 10)
+    assert batch["attention_mask"].sum(1).tolist() == [7, 10]
+    assert batch["input_ids"][0, 7:].tolist() == [tok.pad_id] * 3
+    assert batch["token_type_ids"][0].tolist() == [0] * 4 + [1] * 3 + [0] * 3
+    assert batch["labels"].tolist() == [1, 0] and batch["labels"].dtype == torch.long
+    regression = collate([{**cls[0], "label": 0.5}, {**cls[1], "label": 1}])["labels"]
+    assert regression.dtype == torch.float32 and regression.tolist() == [0.5, 1.0]
+
+    ner = encode_token_classification(tok, [SENTENCE, ["a", "dog"]], [TAGS, [0, 1]])
+    batch = TaskCollator(tok.pad_id, pad_to_multiple_of=8)(ner)
+    assert batch["labels"].shape == batch["input_ids"].shape == (2, 16)
+    assert batch["labels"][1].tolist() == [IGNORE_INDEX, 0, 1] + [IGNORE_INDEX] * 13
+    assert batch["attention_mask"][1].tolist() == [1] * 4 + [0] * 12
+
+    qa = encode_qa(tok, [QAExample("q", QUESTION, CONTEXT, [ANSWER], False)], max_len=36,
+                   doc_stride=10)
+    batch = collate(qa)
+    assert set(batch) == {"input_ids", "attention_mask", "token_type_ids", "start_positions",
+                          "end_positions"}
+    assert batch["start_positions"].tolist() == [f["start_position"] for f in qa]
+    assert batch["start_positions"].shape == (len(qa),)
+    with pytest.raises(ValueError, match="1 of 2 examples have 'label'"):
+        collate([cls[0], {k: v for k, v in cls[1].items() if k != "label"}])
