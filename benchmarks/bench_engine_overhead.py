@@ -105,7 +105,7 @@ def main() -> None:
             print(f"round {r}: bare {bare[-1]:,.0f} tok/s, engine {engine[-1]:,.0f} tok/s",
                   file=sys.stderr)
     b, e = statistics.median(bare), statistics.median(engine)
-    from minibert.runtime import cpu_bf16_native
+    from minibert.precision import cpu_bf16_native
 
     emulated = " (emulated)" if args.precision == "bf16" and not cpu_bf16_native() else ""
     print(f"\n{args.preset}, batch {args.batch_size} x {args.seq_len}, {args.precision}"

@@ -23,7 +23,7 @@ real (non-padding) tokens, the useful work.
     python benchmarks/bench_train.py --device cuda --preset base --batch-size 32
 
 On a CPU without bf16 matrix instructions (no AMX, no AVX512-BF16; see
-`minibert.runtime.cpu_bf16_native`) torch emulates bf16 matmuls, 65x slower than fp32 on
+`minibert.precision.cpu_bf16_native`) torch emulates bf16 matmuls, 65x slower than fp32 on
 an AVX2 CPU: there the mixed-precision row is skipped and every row stays fp32, as the
 table's header says; `--emulated-bf16` runs it anyway, labelled as emulated.
 
@@ -89,7 +89,7 @@ def bf16_emulated(device: str) -> bool:
     """True on a CPU that emulates bf16 matmuls (no AMX or AVX512-BF16 instructions)."""
     import torch
 
-    from minibert.runtime import cpu_bf16_native
+    from minibert.precision import cpu_bf16_native
 
     return torch.device(device).type == "cpu" and not cpu_bf16_native()
 

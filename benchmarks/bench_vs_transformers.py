@@ -21,7 +21,7 @@ with `MALLOC_MMAP_THRESHOLD_=65536` and never keep freed memory, so that what a 
 leaves the resident set at once and the peak is the step's own.
 
 On a CPU without bf16 matrix instructions (no AMX, no AVX512-BF16; see
-`minibert.runtime.cpu_bf16_native`) torch emulates bf16 matmuls, 65x slower than fp32 on an
+`minibert.precision.cpu_bf16_native`) torch emulates bf16 matmuls, 65x slower than fp32 on an
 AVX2 CPU, and a base bf16 step would take minutes: the bf16 rows are skipped there, with a
 note, unless `--emulated-bf16` is passed, and then they are labelled "bf16 (emulated)".
 
@@ -59,9 +59,9 @@ def bf16_emulated(device: str) -> bool:
     """True on a CPU that emulates bf16 matmuls (no AMX or AVX512-BF16 instructions)."""
     import torch
 
-    from minibert import runtime
+    import minibert.precision
 
-    return torch.device(device).type == "cpu" and not runtime.cpu_bf16_native()
+    return torch.device(device).type == "cpu" and not minibert.precision.cpu_bf16_native()
 
 
 def kept_precisions(precisions: list[str], device: str, emulated_bf16: bool) -> list[str]:
@@ -221,7 +221,8 @@ def main() -> None:
 
     import torch
 
-    from minibert.runtime import keep_freed_memory, measure_peak_flops
+    from minibert.precision import measure_peak_flops
+    from minibert.runtime import keep_freed_memory
 
     if args.keep_freed_memory and not keep_freed_memory():
         raise SystemExit("--keep-freed-memory needs glibc's malloc")

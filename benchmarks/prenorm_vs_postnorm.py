@@ -62,7 +62,7 @@ def used_precision(precision: str) -> str:
     """The precision the runs use, as pretrain_wikitext.py resolves it, said plainly."""
     import torch
 
-    from minibert.runtime import cpu_bf16_native, resolve_precision
+    from minibert.precision import cpu_bf16_native, resolve_precision
 
     used = resolve_precision(precision, torch.device("cpu"))
     if used == "bf16" and not cpu_bf16_native():

@@ -42,7 +42,7 @@ from minibert.distributed import cleanup
 from minibert.engine import eval_batches, evaluate, train
 from minibert.hf import read_config
 from minibert.rundir import open_run
-from minibert.runtime import resolve_precision
+from minibert.precision import resolve_precision
 from minibert.model import MaskedLMOutput
 
 # The data preparation and training settings are pretrain_wikitext.py's, imported rather

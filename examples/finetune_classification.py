@@ -39,7 +39,8 @@ from minibert.checkpoint import CheckpointError
 from minibert.config import PRESETS
 from minibert.data.mlm import pad_batch
 from minibert.distributed import barrier, cleanup, init_distributed
-from minibert.engine import TrainConfig, TrainingError, autocast_context, resolve_precision, train
+from minibert.engine import TrainConfig, TrainingError, train
+from minibert.precision import autocast_context, resolve_precision
 from minibert.hf import read_config
 from minibert.rundir import open_run
 

@@ -36,7 +36,7 @@ from minibert.data.wikitext import WIKITEXT_VARIANTS
 from minibert.distributed import barrier, cleanup, init_distributed
 from minibert.hf import read_config
 from minibert.engine import TrainConfig, TrainingError, eval_batches, evaluate, train
-from minibert.runtime import resolve_precision
+from minibert.precision import resolve_precision
 from minibert.tokenizer import default_cache_dir
 
 log = logging.getLogger("pretrain")

@@ -41,9 +41,9 @@ from .data.mlm import IGNORE_INDEX
 from .data.sampler import GlobalBatches
 from .distributed import DistContext, all_gather_objects, all_reduce_sum, barrier
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
-from .runtime import (PRECISIONS, autocast_context, flops_per_token, log_environment,
-                      measure_peak_flops, mfu, peak_memory_mb, reset_peak_memory,
-                      resolve_precision, rng_state, set_rng_state, set_seed, unwrap)
+from .precision import PRECISIONS, autocast_context, measure_peak_flops, resolve_precision
+from .runtime import (flops_per_token, log_environment, mfu, peak_memory_mb, reset_peak_memory,
+                      rng_state, set_rng_state, set_seed, unwrap)
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     adam_eps: float = 1e-6
     max_grad_norm: float = 1.0
-    precision: str = "auto"  # see runtime.resolve_precision
+    precision: str = "auto"  # see precision.resolve_precision
     seed: int = 0
     log_every: int = 10
     eval_every: int = 0  # 0 = only at the end

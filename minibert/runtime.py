@@ -6,26 +6,20 @@
 * `reset_peak_memory`, `peak_memory_mb`: the peak memory of a logging window, on any device.
 * `keep_freed_memory`: stop the C allocator from returning memory to the kernel, which
   saves a CPU training step its page faults.
-* `flops_per_token`, `measure_peak_flops`, `mfu`: model FLOPs utilisation.
+* `flops_per_token`, `mfu`: model FLOPs utilisation (its ceiling is measured by
+  `precision.measure_peak_flops`).
 * `environment_report`, `log_environment`: what the run is running on, with warnings for
   the mismatches that silently cost speed.
 * `unwrap`: the one place that strips DDP and `torch.compile` wrappers.
-* `resolve_precision`, `autocast_context`: the run's precision, checked against the device,
-  and the one autocast context built from it.
-* `cpu_bf16_native`, `cpu_bf16_speedup`: whether this CPU multiplies bf16 matrices in
-  hardware, and how much faster than fp32 it does so.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
 import os
 import random
 import re
 import sys
-import time
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -33,55 +27,11 @@ import torch
 import torch.nn as nn
 
 from .config import BertConfig
+from . import precision as _precision
 
 logger = logging.getLogger(__name__)
 
 Device = Union[str, torch.device]
-PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-# ---- precision ----------------------------------------------------------------------------
-
-# "auto" takes bf16 on a CPU only if its matmuls run this much faster than fp32's: autocast
-# adds a cast of every weight and of activations where fp32 and bf16 ops meet (4 - 7% of a
-# BERT-base step, benchmarks/RESULTS.md), and a 0.1 s probe is noisy on a busy machine.
-_BF16_AUTO_MIN_SPEEDUP = 1.5
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """The precision a run uses; refuse what the device lacks.
-
-    "auto" -> bf16 on CUDA devices with native bf16; on a CPU, bf16 where its matmuls are
-    native (`cpu_bf16_native`) and measured at least 1.5x faster than fp32's
-    (`cpu_bf16_speedup`, once per process); fp32 elsewhere. bf16 asked for by name on a CPU
-    that emulates it is allowed (it is correct, only slow); `log_environment` warns.
-    """
-    if precision == "auto":
-        if device.type == "cuda":
-            cuda_bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
-            return "bf16" if cuda_bf16 else "fp32"
-        if device.type == "cpu" and cpu_bf16_native():
-            speedup = cpu_bf16_speedup()
-            choice = "bf16" if speedup >= _BF16_AUTO_MIN_SPEEDUP else "fp32"
-            logger.info("precision auto: %s (bf16 matmuls %.1fx as fast as fp32 on this CPU)",
-                        choice, speedup)
-            return choice
-        return "fp32"
-    if precision == "fp16" and device.type != "cuda":
-        raise ValueError("--precision fp16 needs a CUDA device (fp16 autocast with loss "
-                         "scaling); on CPU use bf16, which needs no scaler")
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"--precision bf16: {torch.cuda.get_device_name(device)} does not "
-                         f"support bfloat16; use fp16")
-    return precision
-
-
-def autocast_context(precision: str, device: torch.device):
-    """The one precision context of a run: autocast for bf16/fp16, nothing for fp32."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
 
 
 # ---- seeds and RNG state ------------------------------------------------------------------
@@ -321,61 +271,6 @@ def flops_per_token(config: BertConfig, seq_len: int,
     return 6.0 * (n_encoder + head_fraction * n_head) + 12.0 * L * H * seq_len
 
 
-def _synchronize(device: torch.device) -> None:
-    module = getattr(torch, device.type, None) if device.type != "cpu" else None
-    if module is not None and hasattr(module, "synchronize"):
-        module.synchronize(device)
-
-
-def measure_peak_flops(device: Device, dtype: torch.dtype = torch.float32,
-                       max_n: int = 4096, budget_s: float = 0.3) -> float:
-    """Achievable matmul FLOP/s on `device` in `dtype`: the MFU denominator, measured.
-
-    Returns the best rate of square (n x n) @ (n x n) products (2 n^3 FLOPs each): a
-    ceiling, and the rate least disturbed by whatever else runs on the machine at the time.
-    This is what the hardware actually delivers on a large, well shaped matmul, usually
-    somewhat below the datasheet peak; pass a datasheet number to `mfu` instead when
-    comparing with published MFU figures.
-
-    The cost is bounded by time, not by a fixed size, because rates differ by 1000x between
-    devices and dtypes: a CPU that emulates bf16 multiplies at ~1.3 GFLOP/s, where one
-    2048^3 product takes 13 s. n starts at 128 and doubles, up to `max_n`, while one product
-    takes under `budget_s / 8` (so the next, 8x the work, takes at most `budget_s`); products
-    of the final size then repeat until `budget_s` has passed since the start. At most about
-    2 x `budget_s` in all, 0.6 s at the default, on any device. Growing by the time taken
-    rather than predicting it from the small sizes' rates matters on a busy machine, where a
-    small multi-threaded product waits milliseconds for its threads to be scheduled.
-    """
-    device = _device(device)
-    # A private generator: measuring must not move the global RNG that training draws from.
-    gen = torch.Generator(device=device).manual_seed(0)
-
-    def matrices(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.randn(n, n, device=device, generator=gen).to(dtype),
-                torch.randn(n, n, device=device, generator=gen).to(dtype))
-
-    def seconds(a: torch.Tensor, b: torch.Tensor) -> float:
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        _synchronize(device)
-        return max(time.perf_counter() - t0, 1e-9)
-
-    n = 128
-    a, b = matrices(n)
-    torch.mm(a, b)  # warm-up: kernel selection, lazy initialisation, caches
-    _synchronize(device)
-    start = time.perf_counter()
-    last = seconds(a, b)
-    while 2 * n <= max_n and last < budget_s / 8:
-        n *= 2
-        a, b = matrices(n)
-        last = seconds(a, b)
-    rates = [2.0 * n**3 / last]
-    while time.perf_counter() - start < budget_s:
-        rates.append(2.0 * n**3 / seconds(a, b))
-    return max(rates)
-
-
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
     """Model FLOPs utilisation: the fraction of `peak_flops` that training turns into model
     FLOPs (`tokens_per_s * flops_per_token / peak_flops`, in [0, 1] for a sound peak)."""
@@ -407,60 +302,6 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _read_cpuinfo() -> Optional[str]:
-    """The text of /proc/cpuinfo (Linux), or None where there is none."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-# The instruction sets that multiply bf16 matrices, as /proc/cpuinfo names them: Intel's AMX
-# tiles (Sapphire Rapids on), AVX512-BF16 dot products (Cooper Lake, Sapphire Rapids, AMD Zen
-# 4 on), and Arm's FEAT_BF16 (BFMMLA; Graviton 3, Neoverse V1 on), listed as "bf16".
-_BF16_CPU_FLAGS = frozenset({"amx_bf16", "avx512_bf16", "bf16"})
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_bf16_native() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (cached per process).
-
-    Why it matters: elsewhere torch still runs bf16 (autocast works on every CPU), but it
-    emulates each bf16 multiply-add with fp32 arithmetic plus conversions. On an AVX2 EPYC a
-    bf16 matmul then runs at 1.3 GFLOP/s against 86 – 157 for fp32, 65 – 120x slower, where
-    the CPU of `benchmarks/RESULTS.md`, which has them, runs it 4.3x faster than fp32.
-
-    Read from the CPU's instruction-set flags in /proc/cpuinfo (`_BF16_CPU_FLAGS`); where
-    there are none to read (macOS, Windows), a short timed probe decides: bf16 counts as
-    native when its matmuls run at least half as fast as fp32's, which emulation never does.
-    """
-    cpuinfo = _read_cpuinfo()
-    match = re.search(r"^(?:flags|Features)\s*:(.*)$", cpuinfo or "", re.MULTILINE)
-    if match:
-        return not _BF16_CPU_FLAGS.isdisjoint(match.group(1).split())
-    return cpu_bf16_speedup() >= 0.5
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_bf16_speedup() -> float:
-    """bf16 matmul FLOP/s over fp32 matmul FLOP/s on this CPU, measured once per process.
-
-    Two `measure_peak_flops` runs of 0.1 s each, on one thread: on a shared machine a small
-    multi-threaded product waits for its slowest thread to be scheduled, and that wait
-    would be timed instead of the arithmetic; the ratio per core is what decides. Above 1,
-    bf16 multiplies faster; about 0.01 where it is emulated on an AVX2 CPU.
-    """
-    cpu, threads = torch.device("cpu"), torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        bf16 = measure_peak_flops(cpu, torch.bfloat16, budget_s=0.1)
-        fp32 = measure_peak_flops(cpu, torch.float32, budget_s=0.1)
-    finally:
-        torch.set_num_threads(threads)
-    return bf16 / fp32
-
-
 def environment_report(device: Device) -> dict[str, Any]:
     """What this run executes on: versions, device, bf16 support, threads, CPUs.
 
@@ -485,7 +326,7 @@ def environment_report(device: Device) -> dict[str, Any]:
     if device.type == "cpu":
         report["device_name"] = _cpu_name()
         report["bf16_supported"] = True  # always runs on a CPU, emulated where not native
-        report["bf16_native"] = cpu_bf16_native()
+        report["bf16_native"] = _precision.cpu_bf16_native()
     elif device.type == "cuda":
         report["device_available"] = torch.cuda.is_available()
         if report["device_available"]:
@@ -503,8 +344,8 @@ def environment_report(device: Device) -> dict[str, Any]:
 
 def environment_warnings(report: dict[str, Any], precision: Optional[str] = None) -> list[str]:
     """The mismatches in an `environment_report`, one sentence each (empty when all is well)."""
-    if precision is not None and precision not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} is not one of {PRECISIONS}")
+    if precision is not None and precision not in _precision.PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not one of {_precision.PRECISIONS}")
     warnings = []
     if report["device"].startswith("cuda") and report["torch_cuda"] is None:
         warnings.append(f"device {report['device']} was requested but torch "
@@ -535,7 +376,8 @@ def log_environment(device: Device, precision: Optional[str] = None) -> dict[str
     """
     report = environment_report(device)
     if precision == "bf16" and report["bf16_native"] is False and report["device"] == "cpu":
-        report["bf16_matmul_speedup"] = cpu_bf16_speedup()  # how much slower, for the warning
+        # how much slower, for the warning
+        report["bf16_matmul_speedup"] = _precision.cpu_bf16_speedup()
     report["warnings"] = environment_warnings(report, precision)
     logger.info("environment: %s", ", ".join(f"{k}={v}" for k, v in report.items()
                                               if k != "warnings"))

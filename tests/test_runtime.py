@@ -16,18 +16,20 @@ import torch
 
 import minibert
 from conftest import tiny_config
-import minibert.runtime as runtime
-from minibert.runtime import (
+import minibert.precision as precision
+from minibert.precision import (
     cpu_bf16_native,
     cpu_bf16_speedup,
+    measure_peak_flops,
+    resolve_precision,
+)
+from minibert.runtime import (
     environment_report,
     flops_per_token,
     log_environment,
-    measure_peak_flops,
     mfu,
     peak_memory_mb,
     reset_peak_memory,
-    resolve_precision,
     rng_state,
     set_rng_state,
     set_seed,
@@ -191,7 +193,7 @@ def _simulated_matmuls(monkeypatch, flops_per_s: float) -> list:
         return a
 
     monkeypatch.setattr(torch, "mm", mm)
-    monkeypatch.setattr(runtime, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(precision, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     return calls
 
 
@@ -227,19 +229,19 @@ def fresh_bf16_caches():
 def test_cpu_bf16_native_from_the_cpu_flags(monkeypatch, fresh_bf16_caches):
     for flags, native in (("avx2 fma", False), ("avx512f avx512bw", False),
                           ("avx512f avx512_bf16", True), ("amx_bf16 amx_tile", True)):
-        monkeypatch.setattr(runtime, "_read_cpuinfo", lambda flags=flags: _cpuinfo(flags))
-        monkeypatch.setattr(runtime, "cpu_bf16_speedup", lambda: pytest.fail("no probe needed"))
+        monkeypatch.setattr(precision, "_read_cpuinfo", lambda flags=flags: _cpuinfo(flags))
+        monkeypatch.setattr(precision, "cpu_bf16_speedup", lambda: pytest.fail("no probe needed"))
         cpu_bf16_native.cache_clear()
         assert cpu_bf16_native() is native, flags
     # Arm lists its features under "Features"; bf16 is FEAT_BF16 (BFMMLA).
-    monkeypatch.setattr(runtime, "_read_cpuinfo", lambda: "Features\t: fp asimd bf16 i8mm\n")
+    monkeypatch.setattr(precision, "_read_cpuinfo", lambda: "Features\t: fp asimd bf16 i8mm\n")
     cpu_bf16_native.cache_clear()
     assert cpu_bf16_native() is True
     # Without /proc/cpuinfo (macOS, Windows) a timed probe decides: emulated bf16 matmuls are
     # tens of times slower than fp32.
-    monkeypatch.setattr(runtime, "_read_cpuinfo", lambda: None)
+    monkeypatch.setattr(precision, "_read_cpuinfo", lambda: None)
     for speedup, native in ((0.02, False), (3.0, True)):
-        monkeypatch.setattr(runtime, "cpu_bf16_speedup", lambda s=speedup: s)
+        monkeypatch.setattr(precision, "cpu_bf16_speedup", lambda s=speedup: s)
         cpu_bf16_native.cache_clear()
         assert cpu_bf16_native() is native
 
@@ -257,13 +259,13 @@ def test_cpu_bf16_native_agrees_with_a_measurement_on_this_machine(fresh_bf16_ca
 
 def test_resolve_precision_auto_on_cpu(monkeypatch, fresh_bf16_caches):
     cpu = torch.device("cpu")
-    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: False)
-    monkeypatch.setattr(runtime, "cpu_bf16_speedup", lambda: pytest.fail("no probe needed"))
+    monkeypatch.setattr(precision, "cpu_bf16_native", lambda: False)
+    monkeypatch.setattr(precision, "cpu_bf16_speedup", lambda: pytest.fail("no probe needed"))
     assert resolve_precision("auto", cpu) == "fp32"
     assert resolve_precision("bf16", cpu) == "bf16"  # asked for: allowed, with a warning
-    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: True)
+    monkeypatch.setattr(precision, "cpu_bf16_native", lambda: True)
     for speedup, expected in ((4.0, "bf16"), (1.1, "fp32"), (0.5, "fp32")):
-        monkeypatch.setattr(runtime, "cpu_bf16_speedup", lambda s=speedup: s)
+        monkeypatch.setattr(precision, "cpu_bf16_speedup", lambda s=speedup: s)
         assert resolve_precision("auto", cpu) == expected, speedup
     assert resolve_precision("fp32", cpu) == "fp32"
     with pytest.raises(ValueError, match="fp16"):
@@ -277,7 +279,7 @@ def test_cpu_bf16_speedup_is_measured_once(monkeypatch, fresh_bf16_caches):
         measured.append(dtype)
         return 3e11 if dtype == torch.bfloat16 else 1e11
 
-    monkeypatch.setattr(runtime, "measure_peak_flops", fake_peak)
+    monkeypatch.setattr(precision, "measure_peak_flops", fake_peak)
     assert cpu_bf16_speedup() == pytest.approx(3.0)
     assert cpu_bf16_speedup() == pytest.approx(3.0)
     assert sorted(map(str, measured)) == ["torch.bfloat16", "torch.float32"]
@@ -308,8 +310,8 @@ def test_environment_report_and_warnings(caplog):
 
 
 def test_environment_says_whether_bf16_is_native_and_warns_when_emulated(monkeypatch, caplog):
-    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: False)
-    monkeypatch.setattr(runtime, "cpu_bf16_speedup", lambda: 1 / 65)
+    monkeypatch.setattr(precision, "cpu_bf16_native", lambda: False)
+    monkeypatch.setattr(precision, "cpu_bf16_speedup", lambda: 1 / 65)
     report = environment_report("cpu")
     assert report["bf16_native"] is False
     assert report["bf16_supported"] is True  # autocast runs; it is slow, not refused
@@ -322,7 +324,7 @@ def test_environment_says_whether_bf16_is_native_and_warns_when_emulated(monkeyp
     assert report["bf16_matmul_speedup"] == pytest.approx(1 / 65)
     assert caplog.text.count("emulated") == 1
 
-    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: True)
+    monkeypatch.setattr(precision, "cpu_bf16_native", lambda: True)
     report = log_environment("cpu", "bf16")
     assert report["bf16_native"] is True and report["warnings"] == []
 
@@ -366,12 +368,12 @@ def test_bench_train_rows_stay_fp32_without_bf16():
 @pytest.mark.parametrize("name", ["bench_vs_transformers", "bench_unpadding"])
 def test_benchmarks_skip_emulated_bf16_unless_asked(monkeypatch, name):
     bench = _benchmark(name)
-    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: False)
+    monkeypatch.setattr(precision, "cpu_bf16_native", lambda: False)
     assert bench.kept_precisions(["fp32", "bf16"], "cpu", emulated_bf16=False) == ["fp32"]
     assert bench.kept_precisions(["fp32", "bf16"], "cpu", emulated_bf16=True) == ["fp32", "bf16"]
     assert bench.precision_label("bf16", "cpu") == "bf16 (emulated)"
     assert bench.precision_label("fp32", "cpu") == "fp32"
-    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: True)
+    monkeypatch.setattr(precision, "cpu_bf16_native", lambda: True)
     assert bench.kept_precisions(["fp32", "bf16"], "cpu", emulated_bf16=False) == ["fp32", "bf16"]
     assert bench.precision_label("bf16", "cpu") == "bf16"
 
@@ -381,14 +383,14 @@ def test_bench_process_and_levers_skip_emulated_bf16_unless_asked(monkeypatch):
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     process, levers = _benchmark("bench_process"), _benchmark("bench_levers")
-    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: False)
+    monkeypatch.setattr(precision, "cpu_bf16_native", lambda: False)
     assert process.kept_workloads(list(process.WORKLOADS), emulated_bf16=False) == \
         ["mini-fp32", "mini-v8192-fp32"]
     assert process.kept_workloads(["mini-fp32"], emulated_bf16=False) == ["mini-fp32"]
     assert process.kept_workloads(list(process.WORKLOADS), True) == list(process.WORKLOADS)
     assert levers.runs_bf16(emulated_bf16=False) is False
     assert levers.runs_bf16(emulated_bf16=True) is True
-    monkeypatch.setattr(runtime, "cpu_bf16_native", lambda: True)
+    monkeypatch.setattr(precision, "cpu_bf16_native", lambda: True)
     assert process.kept_workloads(list(process.WORKLOADS), False) == list(process.WORKLOADS)
     assert levers.runs_bf16(emulated_bf16=False) is True
 
