@@ -11,10 +11,8 @@ One optimizer step of `train`:
 
 Everything that moves during a run is in one `TrainState` (step, tokens, data position,
 counters), saved and restored whole; the learning rate is `lr_at(step)`, a pure function of
-a horizon fixed when the run starts. Everything that decides what a run computes (the model
-config, the training config, and the data's own identity that the caller passes in) is its
-*run identity*: stored in every checkpoint and compared on resume, so a run is never
-continued on different data or settings without a word.
+a horizon fixed when the run starts. What a checkpoint holds, and the *run identity* that
+a resume must match, are in resume.py.
 """
 
 from __future__ import annotations
@@ -23,27 +21,24 @@ import contextlib
 import json
 import logging
 import math
-import os
-import shutil
 import signal
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
-import numpy as np
 import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
-from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from .data.mlm import IGNORE_INDEX
 from .data.sampler import GlobalBatches
-from .distributed import DistContext, all_gather_objects, all_reduce_sum, barrier
+from .distributed import DistContext, all_reduce_sum
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
 from .precision import PRECISIONS, autocast_context, measure_peak_flops, resolve_precision
+from .resume import claim_out_dir, drop_rows_after, rank_seed, resume_run, save_run
 from .runtime import (flops_per_token, log_environment, mfu, peak_memory_mb, reset_peak_memory,
-                      rng_state, set_rng_state, set_seed, unwrap)
+                      set_seed, unwrap)
 
 logger = logging.getLogger(__name__)
 
@@ -104,13 +99,6 @@ class TrainConfig:
         if not self.weight_decay >= 0:
             raise ValueError(f"TrainConfig.weight_decay={self.weight_decay} must be >= 0")
         resolve_warmup(self.warmup, self.decay_steps or self.max_steps)  # raises on a bad one
-
-
-# Fields that may change between a run and its resumption without changing what it computes.
-RESUME_MAY_CHANGE = frozenset({
-    "max_steps", "micro_batch_size", "auto_micro_batch", "log_every", "eval_every",
-    "eval_batches", "save_every", "keep_checkpoints", "max_bad_steps", "compile", "progress",
-    "peak_flops"})
 
 
 @dataclass
@@ -232,14 +220,15 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     ckpt_root, metrics_file = out_dir / "checkpoints", out_dir / "metrics.jsonl"
     data_identity = dict(data_identity or {})
     if resume:
-        state, cfg = _resume(raw, optimizer, scaler, cfg, data_identity, ckpt_root, ctx)
+        saved, cfg = resume_run(raw, optimizer, scaler, cfg, data_identity, ckpt_root, ctx)
+        state = TrainState(**saved)
         if ctx.is_main:
-            _drop_rows_after(metrics_file, state.step)
+            drop_rows_after(metrics_file, state.step)
     else:
-        _claim_out_dir(out_dir, overwrite, ctx)
+        claim_out_dir(out_dir, overwrite, ctx)
         state, cfg = TrainState(), replace(cfg, decay_steps=cfg.decay_steps or cfg.max_steps)
         if ctx.rank > 0:  # DDP puts rank 0's weights everywhere; dropout must differ by rank
-            set_seed(_rank_seed(cfg.seed, ctx.rank))
+            set_seed(rank_seed(cfg.seed, ctx.rank))
     batches.seek(state.epoch, state.consumed)
     warmup = resolve_warmup(cfg.warmup, cfg.decay_steps)
     model = _wrap(model, cfg, ctx, device)
@@ -304,7 +293,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                     _log_row(metrics_file, {"step": state.step, **result}, bar)
             periodic = cfg.save_every and state.step % cfg.save_every == 0 and state.bad_steps == 0
             if periodic or stopping or state.step == cfg.max_steps:
-                _save(ckpt_root, raw, optimizer, scaler, state, cfg, data_identity, ctx)
+                save_run(ckpt_root, raw, optimizer, scaler, state, cfg, data_identity, ctx)
             if stopping:
                 logger.warning("stopped by signal at step %d; checkpoint saved, resume with "
                                "--resume", state.step)
@@ -442,7 +431,7 @@ class _Meter:
         return row
 
 
-# ---- starting, resuming and saving a run ----------------------------------------------------
+# ---- small pieces -----------------------------------------------------------------------------
 
 def _split_batch(cfg: TrainConfig, world_size: int) -> tuple[int, int]:
     """(examples per rank, examples per micro-batch) of one global batch."""
@@ -460,130 +449,6 @@ def _wrap(model: nn.Module, cfg: TrainConfig, ctx: DistContext, device: torch.de
             model, device_ids=[device.index] if device.type == "cuda" else None)
     return torch.compile(model) if cfg.compile else model
 
-
-def _rank_seed(seed: int, rank: int) -> int:
-    """A seed for `rank`'s own random stream, a function of (seed, rank) (SeedSequence)."""
-    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
-
-
-def _claim_out_dir(out_dir: Path, overwrite: bool, ctx: DistContext) -> None:
-    """A fresh start never mixes with an older run: refuse, or (overwrite) clear it first."""
-    ckpt_root, metrics = out_dir / "checkpoints", out_dir / "metrics.jsonl"
-    found = [p.name for p in (ckpt_root, metrics)
-             if p.is_file() or (p.is_dir() and any(p.iterdir()))]
-    if found and not overwrite:
-        raise FileExistsError(f"{out_dir} already holds a run ({', '.join(found)}); resume it, "
-                              f"pass overwrite=True to start again (deleting them), or choose "
-                              f"another folder")
-    barrier(ctx)  # every rank has looked before rank 0 deletes anything
-    if ctx.is_main:
-        shutil.rmtree(ckpt_root, ignore_errors=True)
-        metrics.unlink(missing_ok=True)
-        out_dir.mkdir(parents=True, exist_ok=True)
-
-
-def run_identity(model: nn.Module, cfg: TrainConfig) -> dict[str, Any]:
-    """The model and training settings that decide what a run computes (see RESUME_MAY_CHANGE)."""
-    return {"model_config": asdict(unwrap(model).config),
-            "train_config": {k: v for k, v in asdict(cfg).items() if k not in RESUME_MAY_CHANGE}}
-
-
-def _resume(raw: nn.Module, optimizer, scaler, cfg: TrainConfig, data_identity: dict,
-            ckpt_root: Path, ctx: DistContext) -> tuple[TrainState, TrainConfig]:
-    """Load the newest checkpoint into the model, optimizer, scaler and RNGs, after checking
-    that it belongs to this run; returns its TrainState and `cfg` with the run's horizon."""
-    last = latest_checkpoint(ckpt_root)
-    if last is None:
-        raise FileNotFoundError(f"--resume: no intact checkpoint under {ckpt_root}")
-    saved = load_checkpoint(last)
-    if "train_state" not in saved:
-        raise CheckpointError(f"checkpoint {last} was written by an older minibert and has no "
-                              f"training state; it cannot be resumed, only read for weights")
-    if cfg.decay_steps is None:  # the horizon is the run's, whatever max_steps is now
-        cfg = replace(cfg, decay_steps=saved["train_config"]["decay_steps"])
-    now = {**run_identity(raw, cfg), "data_identity": data_identity}
-    _check_identity(saved, now, last)
-    raw.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
-    scaler.load_state_dict(saved["scaler"])
-    rngs = saved["rng"]
-    if ctx.rank < len(rngs):
-        set_rng_state(rngs[ctx.rank])
-    else:  # more ranks than the checkpoint had: a stream of its own, not a copy of rank 0's
-        logger.warning("rank %d has no saved RNG state (the run had %d ranks); seeding it "
-                       "from (seed, rank)", ctx.rank, len(rngs))
-        set_seed(_rank_seed(cfg.seed, ctx.rank))
-    state = TrainState(**saved["train_state"])
-    logger.info("resumed from %s (step %d)", last, state.step)
-    return state, cfg
-
-
-def _check_identity(saved: dict, now: dict, path: Path) -> None:
-    """Refuse to resume when any setting of the run identity differs, naming each one."""
-    diffs = []
-    for section, label in (("model_config", "model "), ("train_config", ""),
-                           ("data_identity", "")):
-        old = saved.get(section, {}) if section != "train_config" else \
-            {k: v for k, v in saved[section].items() if k not in RESUME_MAY_CHANGE}
-        new = now[section]
-        for key in sorted(set(old) | set(new), key=str):
-            if old.get(key, _UNSET) != new.get(key, _UNSET):
-                diffs.append(f"{label}{key}: checkpoint {_show(old.get(key, _UNSET))}, now "
-                             f"{_show(new.get(key, _UNSET))}")
-    if diffs:
-        raise ValueError(f"cannot resume from {path}: the settings differ from the "
-                         f"checkpoint's ({'; '.join(diffs)}); use the original settings or a "
-                         f"new --out directory")
-
-
-_UNSET = object()
-
-
-def _show(value: Any) -> str:
-    return "not set" if value is _UNSET else repr(value)
-
-
-def _save(ckpt_root: Path, raw: nn.Module, optimizer, scaler, state: TrainState,
-          cfg: TrainConfig, data_identity: dict, ctx: DistContext) -> None:
-    """Write the checkpoint of `state.step`: weights, optimizer, RNGs, state and identity."""
-    rngs = all_gather_objects(rng_state(), ctx)  # every rank takes part in the gathering
-    if ctx.is_main:
-        save_checkpoint(ckpt_root, state.step, {
-            "model": raw.state_dict(), "model_class": type(raw).__name__,
-            "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "rng": rngs,
-            "train_state": asdict(state), "model_config": asdict(raw.config),
-            "train_config": asdict(cfg), "data_identity": data_identity},
-            keep=cfg.keep_checkpoints)
-    barrier(ctx)
-
-
-def _drop_rows_after(metrics_file: Path, step: int) -> None:
-    """Resuming at `step`: the rows a killed run logged after its checkpoint go, so each
-    step appears once. Rewritten through a temporary file, so a crash keeps the old one."""
-    if not metrics_file.is_file():
-        return
-    lines = metrics_file.read_text().splitlines(keepends=True)
-    kept = [ln for ln in lines if ln.strip() and _row_step(ln) <= step]
-    if len(kept) == len(lines):
-        return
-    tmp = metrics_file.with_name(f".{metrics_file.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.writelines(kept)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, metrics_file)
-    logger.info("dropped %d rows of %s logged after step %d", len(lines) - len(kept),
-                metrics_file, step)
-
-
-def _row_step(line: str) -> float:
-    try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError, TypeError):  # a row cut short by the kill
-        return math.inf
-
-
-# ---- small pieces -----------------------------------------------------------------------------
 
 def _check_int(name: str, value: Any, low: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:

@@ -142,7 +142,7 @@ def test_a_fresh_start_into_a_used_folder_is_refused_unless_overwriting(corpus, 
 
 def test_a_rank_without_saved_rng_state_gets_its_own_stream(corpus, tmp_path, monkeypatch):
     """Resuming on more ranks than the checkpoint had: rank 1 must not replay rank 0."""
-    import minibert.engine as engine
+    import minibert.resume as resume
 
     tok, ds = corpus
     train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path)
@@ -152,11 +152,11 @@ def test_a_rank_without_saved_rng_state_gets_its_own_stream(corpus, tmp_path, mo
         model = tiny_model(tok)
         optimizer = build_optimizer(model, 1e-3)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
-        engine._resume(model, optimizer, scaler, train_config(max_steps=4), {},
+        resume.resume_run(model, optimizer, scaler, train_config(max_steps=4), {},
                        tmp_path / "checkpoints", ctx)
         draws[rank] = torch.rand(8)
     assert not torch.equal(draws[0], draws[1])
-    assert engine._rank_seed(0, 1) != engine._rank_seed(0, 2) != engine._rank_seed(1, 1)
+    assert resume.rank_seed(0, 1) != resume.rank_seed(0, 2) != resume.rank_seed(1, 1)
 
 
 @pytest.mark.parametrize("field,value,message", [
