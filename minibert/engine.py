@@ -114,7 +114,11 @@ class TrainState:
 
 
 def count_targets(batch: dict[str, torch.Tensor]) -> int:
-    """Predicted items in a batch: masked tokens (MLM) or examples (classification)."""
+    """Predicted items in a batch, the unit its loss is a mean over: masked tokens (MLM),
+    labelled positions (token classification), examples (classification, and QA, whose
+    batches carry `start_positions` instead of `labels`)."""
+    if "labels" not in batch:
+        return int(batch["start_positions"].shape[0])
     return int((batch["labels"] != IGNORE_INDEX).sum())
 
 
@@ -187,20 +191,16 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
           eval_fn: Optional[Callable[[nn.Module], dict[str, float]]] = None) -> dict[str, Any]:
     """Train `model` on `train_set` (examples that `collate` turns into batches).
 
-    `collate(examples, epoch=e)` must return a dict of (B, T) tensors with `labels`
-    (IGNORE_INDEX where nothing is predicted), and be a pure function of its inputs: the
-    masking of `MLMCollator` is keyed by (seed, epoch, example index), which is what makes
-    gradient accumulation, DDP and resume exact. Writes `metrics.jsonl` and `checkpoints/`
-    under `out_dir` (rank 0 only). Returns the final evaluation and run totals.
-
-    `data_identity` names what the caller's data is (a corpus fingerprint, sequence length,
-    masking rate, tokenizer...): JSON-like values, compared on `resume` with the model and
-    training configs. A fresh start into a folder that holds a run is refused unless
-    `overwrite`, which deletes that run's checkpoints and metrics.
-    Evaluation: with `eval_set`, the MLM metrics of `evaluate`; for other tasks pass
-    `eval_fn(model) -> dict of metrics` instead (e.g. accuracy and F1 of a classifier).
-    With `lengths` (tokens per example), each global batch holds examples of similar length,
-    so dynamic padding wastes little (fine-tuning); without, the order is a plain shuffle.
+    `collate(examples, epoch=e)` returns a dict of (B, T) tensors with `labels`
+    (IGNORE_INDEX where nothing is predicted) and must be a pure function of its inputs, as
+    `MLMCollator` is (masks keyed by seed, epoch and example index): that is what makes
+    accumulation, DDP and resume exact. Writes `metrics.jsonl` and `checkpoints/` under
+    `out_dir` (rank 0). Returns the final evaluation and run totals. `data_identity`: what
+    the data is (corpus fingerprint, sequence length, tokenizer...), compared on `resume`
+    with the configs (resume.py). A fresh start into a folder holding a run is refused
+    unless `overwrite`. Evaluation: `eval_set` gives `evaluate`'s MLM metrics; other tasks
+    pass `eval_fn(model) -> metrics`. `lengths` (tokens per example) groups examples of
+    similar length into each batch (fine-tuning); without, the order is a plain shuffle.
     """
     out_dir, device = Path(out_dir), ctx.device
     precision = resolve_precision(cfg.precision, device)

@@ -166,3 +166,12 @@ def test_a_rank_without_saved_rng_state_gets_its_own_stream(corpus, tmp_path, mo
 def test_settings_that_would_train_nothing_are_refused(field, value, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**{field: value})
+
+
+def test_count_targets_knows_each_task_s_unit():
+    from minibert.engine import count_targets
+
+    assert count_targets({"labels": torch.tensor([[1, -100, 2], [-100, -100, 3]])}) == 3
+    assert count_targets({"labels": torch.tensor([0, 1, 1])}) == 3
+    assert count_targets({"start_positions": torch.tensor([4, 0]),
+                          "end_positions": torch.tensor([6, 0])}) == 2
