@@ -272,7 +272,8 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
             state.tokens_seen += step_tokens
-            state.epoch, state.consumed = batches.epoch, batches.consumed
+            position = batches.position()  # where the next batch comes from
+            state.epoch, state.consumed = position["epoch"], position["consumed"]
             # Model FLOPs of this step: the sparse MLM head is counted for predicted tokens only.
             meter.add(step_tokens, step_tokens * flops_per_token(
                 raw.config, micros[0]["input_ids"].shape[1],

@@ -276,6 +276,15 @@ def test_bad_input_gets_one_line(data_dir, teacher_dir, cache, tmp_path, capsys)
     minibert.Tokenizer.from_pretrained(teacher_dir).save(classifier)
     err = _error_line(capsys, args(teacher=classifier, out=tmp_path / "c"))
     assert "BertForSequenceClassification, not a masked-language model" in err
+    # A teacher whose weights were cut short by a bad copy.
+    cut = tmp_path / "cut_teacher"
+    shutil.copytree(teacher_dir, cut)
+    weights = next(cut.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:4000])
+    assert "is damaged" in _error_line(capsys, args(teacher=cut, out=tmp_path / "d"))
+    # --device cuda where there is none: one line, not a traceback.
+    if not torch.cuda.is_available():
+        assert "--device cuda" in _error_line(capsys, args("--device", "cuda"))
     # A teacher folder without weights.
     empty = tmp_path / "empty_teacher"
     empty.mkdir()
