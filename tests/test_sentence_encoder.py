@@ -1,0 +1,209 @@
+"""SentenceEncoder against an independent reference: transformers' BertModel and tokenizer on
+the same folder, pooled by hand with sentence-transformers' formulas."""
+
+import logging
+import random
+
+import pytest
+import torch
+
+import minibert
+from minibert.sentence import SentenceEncoder, cosine_similarity, nearest
+
+from conftest import hf_config, tiny_config
+
+transformers = pytest.importorskip("transformers")
+
+WORDS = ("the cat sat on a mat while dogs ran far away from home and birds sang songs "
+         "of rain in spring under green trees near rivers").split()
+# Lengths from 0 to ~40 words, so every batch of mixed texts is padded; "" is [CLS] [SEP].
+TEXTS = ["the cat sat on the mat", "", "Birds sang!", " ".join(WORDS),
+         "dogs ran far away from home, under green trees near rivers", "rain",
+         "of rain in spring " * 5, "a zebra? unknown words: qxz"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    rng = random.Random(0)
+    docs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 30))) for _ in range(100)]
+    return minibert.Tokenizer.train_from_iterator(docs, vocab_size=120, min_frequency=1,
+                                                  use_cache=False)
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tok, tmp_path_factory):
+    """A transformers BertModel (with its pooler) saved by transformers, and a vocab.txt."""
+    folder = tmp_path_factory.mktemp("hf-bert")
+    torch.manual_seed(0)
+    model = transformers.BertModel(hf_config(tiny_config(vocab_size=tok.vocab_size)))
+    model.save_pretrained(folder)
+    vocab = sorted(tok.backend.get_vocab().items(), key=lambda kv: kv[1])
+    (folder / "vocab.txt").write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def mlm_folder(tok, tmp_path_factory):
+    """A minibert BertForMaskedLM export with its tokenizer, as pretraining's final/."""
+    folder = tmp_path_factory.mktemp("minibert-mlm")
+    minibert.set_seed(1)
+    minibert.BertForMaskedLM(tiny_config(vocab_size=tok.vocab_size)).save_pretrained(
+        folder, tokenizer=tok)
+    return folder
+
+
+@pytest.fixture(scope="module", params=["hf_folder", "mlm_folder"])
+def folder(request):
+    return request.getfixturevalue(request.param)
+
+
+def reference(folder, texts, pooling, max_length=None):
+    """sentence-transformers' pooling of transformers' last_hidden_state, in one padded batch."""
+    model = transformers.BertModel.from_pretrained(folder).eval()
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(folder)
+    enc = tokenizer(texts, padding=True, return_tensors="pt", truncation=max_length is not None,
+                    max_length=max_length)
+    with torch.no_grad():
+        h = model(**enc).last_hidden_state  # (N, T, H)
+    mask = enc["attention_mask"].unsqueeze(-1).expand(h.size()).float()  # (N, T, H)
+    if pooling == "mean":
+        return (h * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    if pooling == "cls":
+        return h[:, 0]
+    h = h.clone()
+    h[mask == 0] = -1e9  # sentence-transformers' Pooling, pooling_mode_max_tokens
+    return h.max(1).values
+
+
+def test_hf_reference_really_reads_the_export(mlm_folder):
+    # The comparisons below mean something only if transformers loaded these weights.
+    ours = minibert.BertForMaskedLM.from_pretrained(mlm_folder)
+    ref = transformers.BertModel.from_pretrained(mlm_folder)
+    assert torch.equal(ref.embeddings.word_embeddings.weight, ours.bert.embeddings.word.weight)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
+def test_matches_transformers_with_sentence_transformers_pooling(folder, pooling):
+    enc = SentenceEncoder.from_pretrained(folder, pooling=pooling)
+    got = enc.encode(TEXTS, batch_size=3)  # other batches, other padding than the reference
+    want = reference(folder, TEXTS, pooling)
+    assert got.shape == (len(TEXTS), 32) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_pooling_modes_differ(mlm_folder):
+    # A guard on the test above: three poolings giving one answer would hide a wrong branch.
+    out = [SentenceEncoder.from_pretrained(mlm_folder, pooling=p).encode(TEXTS)
+           for p in ("mean", "cls", "max")]
+    assert not torch.allclose(out[0], out[1]) and not torch.allclose(out[0], out[2])
+
+
+def test_normalize_gives_unit_rows_in_the_reference_direction(hf_folder):
+    got = SentenceEncoder.from_pretrained(hf_folder, normalize=True).encode(TEXTS)
+    torch.testing.assert_close(got.norm(dim=1), torch.ones(len(TEXTS)))
+    want = reference(hf_folder, TEXTS, "mean")
+    torch.testing.assert_close(got, want / want.norm(dim=1, keepdim=True), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "max"])
+def test_result_does_not_depend_on_batch_size(mlm_folder, pooling):
+    enc = SentenceEncoder.from_pretrained(mlm_folder, pooling=pooling)
+    alone = enc.encode(TEXTS, batch_size=1)  # no padding at all
+    for batch_size in (2, 5, 64):
+        torch.testing.assert_close(enc.encode(TEXTS, batch_size=batch_size), alone,
+                                   atol=1e-5, rtol=0)
+
+
+def test_rows_follow_input_order(mlm_folder):
+    enc = SentenceEncoder.from_pretrained(mlm_folder)
+    forward = enc.encode(TEXTS, batch_size=2)
+    backward = enc.encode(TEXTS[::-1], batch_size=2)
+    torch.testing.assert_close(backward.flip(0), forward, atol=1e-5, rtol=0)
+    for i in (0, 3, 7):  # one text on its own is its own row
+        torch.testing.assert_close(enc.encode([TEXTS[i]])[0], forward[i], atol=1e-5, rtol=0)
+
+
+def test_max_length_truncates_as_transformers_does(hf_folder):
+    enc = SentenceEncoder.from_pretrained(hf_folder)
+    got = enc.encode(TEXTS, max_length=6)
+    torch.testing.assert_close(got, reference(hf_folder, TEXTS, "mean", max_length=6),
+                               atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="max_length=65 .* max_position_embeddings=64"):
+        enc.encode(TEXTS, max_length=65)
+
+
+def test_mlm_export_loads_the_encoder_only_without_warnings(mlm_folder, caplog):
+    with caplog.at_level(logging.WARNING):
+        enc = SentenceEncoder.from_pretrained(mlm_folder, pooling="cls")
+    assert [r for r in caplog.records if r.name.startswith("minibert")] == []
+    assert enc.model.pooler is None and isinstance(enc.model, minibert.BertModel)
+
+
+def test_encode_runs_in_eval_mode_and_restores_the_mode(mlm_folder):
+    enc = SentenceEncoder.from_pretrained(mlm_folder, hidden_dropout=0.5, attention_dropout=0.5)
+    enc.train()
+    first = enc.encode(TEXTS)
+    torch.testing.assert_close(enc.encode(TEXTS), first, atol=0, rtol=0)  # no dropout
+    assert enc.training and first.grad_fn is None
+    assert not enc.encode(TEXTS).requires_grad
+
+
+def test_forward_trains_with_gradients(mlm_folder, tok):
+    enc = SentenceEncoder.from_pretrained(mlm_folder, normalize=True)
+    ids = torch.tensor([tok.encode("the cat sat"), tok.encode("dogs ran far")])
+    out = enc(ids, torch.ones_like(ids))  # (B, H)
+    out.sum().backward()
+    assert out.shape == (2, 32) and enc.model.embeddings.word.weight.grad is not None
+
+
+def test_empty_list_gives_zero_rows(mlm_folder):
+    assert SentenceEncoder.from_pretrained(mlm_folder).encode([]).shape == (0, 32)
+
+
+def test_bad_arguments(mlm_folder, tok):
+    with pytest.raises(ValueError, match="pooling='sum'; choose one of mean, cls, max"):
+        SentenceEncoder.from_pretrained(mlm_folder, pooling="sum")
+    enc = SentenceEncoder.from_pretrained(mlm_folder)
+    with pytest.raises(ValueError, match="pooling='pooler'; choose one of mean, cls, max"):
+        SentenceEncoder(enc.model, tok, pooling="pooler")
+    with pytest.raises(TypeError, match="list of strings"):
+        enc.encode("one text")
+    with pytest.raises(ValueError, match="batch_size=0"):
+        enc.encode(TEXTS, batch_size=0)
+
+
+def test_folder_without_tokenizer_or_mismatched_tokenizer(tmp_path, tok):
+    minibert.BertModel(tiny_config(vocab_size=tok.vocab_size)).save_pretrained(tmp_path / "a")
+    with pytest.raises(FileNotFoundError, match="no tokenizer in"):
+        SentenceEncoder.from_pretrained(tmp_path / "a")
+    minibert.BertModel(tiny_config(vocab_size=50)).save_pretrained(tmp_path / "b", tokenizer=tok)
+    with pytest.raises(ValueError, match=f"tokenizer has {tok.vocab_size} ids .* vocab_size is 50"):
+        SentenceEncoder.from_pretrained(tmp_path / "b")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        SentenceEncoder.from_pretrained(tmp_path / "missing")
+
+
+def test_pre_ln_export_pools_its_own_encoder(tmp_path, tok):
+    # Pre-LN is minibert-only, so the reference is the in-memory model's encoder.
+    minibert.set_seed(2)
+    model = minibert.BertForMaskedLM(tiny_config(vocab_size=tok.vocab_size, norm_position="pre"))
+    model.save_pretrained(tmp_path, tokenizer=tok)
+    ids = torch.tensor([tok.encode(TEXTS[3])])
+    with torch.no_grad():
+        want = model.eval().bert(ids).last_hidden_state.mean(1)  # one text: no padding
+    got = SentenceEncoder.from_pretrained(tmp_path).encode([TEXTS[3]])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_similarity_helpers():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(3, 8, generator=g), torch.randn(5, 8, generator=g)
+    want = torch.nn.functional.cosine_similarity(a[:, None], b[None], dim=-1)  # (3, 5)
+    torch.testing.assert_close(cosine_similarity(a, b), want)
+    torch.testing.assert_close(SentenceEncoder.similarity(a[0], b), want[:1])
+    scores, idx = nearest(a, b, k=2)
+    assert idx.tolist() == want.argsort(dim=1, descending=True)[:, :2].tolist()
+    torch.testing.assert_close(scores, want.gather(1, idx))
+    assert nearest(a, b, k=10)[1].shape == (3, 5)
+    with pytest.raises(ValueError, match="k=0"):
+        nearest(a, b, k=0)
