@@ -1,0 +1,122 @@
+"""Embed the lines of a text file with a BERT encoder, and optionally search them.
+
+    python examples/embed.py --model runs/mini/final --input texts.txt --out vectors.npy
+    python examples/embed.py --model DIR --input texts.txt --out v.npy --normalize \\
+        --query "a cat on a mat" --top-k 5
+
+One text per line. Blank (or whitespace-only) lines are skipped and counted in the log, so
+row i of the (N, H) float32 array in --out is the i-th non-blank line; --query prints the
+file's own line numbers. --model is any folder minibert loads with its tokenizer (a
+pretraining run's final/, a transformers BERT folder); pooling as in sentence-transformers
+(see minibert/sentence.py). --out is replaced whole, through a temporary file. Bad input
+ends with one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from minibert.data.text import iter_lines
+from minibert.sentence import POOLINGS, SentenceEncoder, nearest
+
+log = logging.getLogger("embed")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", type=Path, required=True, help="model folder with its tokenizer")
+    p.add_argument("--input", type=Path, required=True, help="UTF-8 text, one text per line")
+    p.add_argument("--out", type=Path, required=True, help="the .npy file to write")
+    p.add_argument("--pooling", choices=POOLINGS, default="mean")
+    p.add_argument("--normalize", action="store_true", help="L2-normalise every vector")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=int, help="tokens per text; default the model's limit")
+    p.add_argument("--query", help="print the lines nearest to this text by cosine similarity")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: cuda when available")
+    return p.parse_args(argv)
+
+
+def read_texts(path: Path) -> tuple[list[str], list[int]]:
+    """The non-blank lines of `path` and their line numbers (from 1)."""
+    if path.is_dir():
+        raise ValueError(f"--input {path} is a folder; give a text file, one text per line")
+    texts, numbers, blank = [], [], 0
+    for number, line in enumerate(iter_lines(path), start=1):
+        if line.strip():
+            texts.append(line)
+            numbers.append(number)
+        else:
+            blank += 1
+    if not texts:
+        raise ValueError(f"{path} holds no text; expected one text per line")
+    log.info("%d texts from %s%s", len(texts), path,
+             f" ({blank} blank lines skipped)" if blank else "")
+    return texts, numbers
+
+
+def save_npy(path: Path, array: np.ndarray) -> None:
+    """Write `path` through a temporary file beside it, so it is never left half written."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"cannot make the folder of --out {path}: {e.strerror}: {e.filename}"
+                      ) from None
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, array)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda, but torch sees no CUDA device here")
+    return torch.device("cuda" if name != "cpu" and torch.cuda.is_available() else "cpu")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    try:
+        if args.top_k < 1 or args.batch_size < 1:
+            raise ValueError("--top-k and --batch-size must be at least 1")
+        if args.out.is_dir():
+            raise ValueError(f"--out {args.out} is a folder; give the .npy file to write")
+        texts, numbers = read_texts(args.input)  # read before the model: the cheaper check
+        encoder = SentenceEncoder.from_pretrained(args.model, pooling=args.pooling,
+                                                  normalize=args.normalize)
+        encoder.to(device(args.device))
+        vectors = encoder.encode(texts, batch_size=args.batch_size, max_length=args.max_length)
+        save_npy(args.out, vectors.numpy())
+        log.info("wrote %s: %d x %d float32 (%s pooling%s)", args.out, *vectors.shape,
+                 args.pooling, ", normalised" if args.normalize else "")
+        if args.query is not None:
+            query = encoder.encode([args.query], max_length=args.max_length)
+            scores, rows = nearest(query, vectors, args.top_k)
+            print(f"nearest to {args.query!r}:")
+            for score, row in zip(scores[0].tolist(), rows[0].tolist()):
+                print(f"{score:.4f}\tline {numbers[row]}\t{texts[row]}")
+    except (ValueError, OSError, ImportError) as e:
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
