@@ -36,7 +36,8 @@ from .atomic import write_files_atomically
 from .data.text import iter_lines
 from .tokenizer_train import PathLike, default_cache_dir, train_on_files, train_on_texts
 
-__all__ = ["Encoding", "SPECIAL_TOKENS", "Tokenizer", "default_cache_dir", "truncated_lengths"]
+__all__ = ["Encoding", "Explanation", "SPECIAL_TOKENS", "Tokenizer", "default_cache_dir",
+           "truncated_lengths", "wordpiece"]
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 # Order matters for trained vocabularies: [PAD] must be id 0 so that zero-filled
@@ -377,6 +378,21 @@ class Tokenizer:
         """Text for ``ids``, with ``##`` pieces joined back into words."""
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+    def explain(self, text: str) -> "Explanation":
+        """Every stage of encoding `text`, to read (minGPT's `encode_and_show_work`).
+
+        normalized: the text after cleaning, lowercasing and accent stripping; words: the
+        pre-tokenizer's split on whitespace and punctuation; pieces: each word cut by
+        `wordpiece`, the pure-Python WordPiece below; ids: what `encode` returns, specials
+        included. The pieces are the backend's own (`tests/test_tokenizer.py` checks it).
+        """
+        normalized = self.backend.normalizer.normalize_str(text)
+        words = [w for w, _ in self.backend.pre_tokenizer.pre_tokenize_str(normalized)]
+        vocab = self.backend.get_vocab()
+        pieces = [wordpiece(w, vocab, max_chars=self.backend.model.max_input_chars_per_word)
+                  for w in words]
+        return Explanation(normalized, words, pieces, self.encode(text))
+
     def token_to_id(self, token: str) -> Optional[int]:
         return self.backend.token_to_id(token)
 
@@ -389,6 +405,39 @@ class Tokenizer:
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, fingerprint={self.fingerprint})"
 
+
+
+class Explanation(NamedTuple):
+    """The stages of `Tokenizer.explain`: normalised text, words, pieces per word, ids."""
+    normalized: str
+    words: list[str]
+    pieces: list[list[str]]
+    ids: list[int]
+
+
+def wordpiece(word: str, vocab: dict[str, int], unk: str = UNK, prefix: str = "##",
+              max_chars: int = 100) -> list[str]:
+    """WordPiece on one pre-tokenized word: greedy longest-match-first (Schuster & Nakajima
+    2012; BERT's `WordpieceTokenizer`), the algorithm the Rust backend runs, in plain code.
+
+    From the start of the word, take the longest prefix that is in the vocabulary; then,
+    from where it ended, the longest continuation, spelled with `prefix` ("##ing"); and so
+    on to the end. If some position has no matching piece at all, the whole word is `unk`,
+    not a partial split; so is a word longer than `max_chars`.
+    """
+    if len(word) > max_chars:
+        return [unk]
+    pieces, start = [], 0
+    while start < len(word):
+        for end in range(len(word), start, -1):  # the longest candidate first
+            piece = word[start:end] if start == 0 else prefix + word[start:end]
+            if piece in vocab:
+                break
+        else:  # no piece starts here
+            return [unk]
+        pieces.append(piece)
+        start = end
+    return pieces
 
 
 def _read_vocab_txt(path: Path) -> dict[str, int]:

@@ -423,3 +423,67 @@ def test_max_length_must_leave_room_for_special_tokens(ours_and_ref):
         ours.encode_with_offsets("a", max_length=1)
     assert ours.encode_with_offsets("a b c", max_length=2).input_ids == [ours.cls_id,
                                                                           ours.sep_id]
+
+
+# ---- the algorithm in plain code ---------------------------------------------------------
+
+def _backend_pieces(tok, word):
+    return [t.value for t in tok.backend.model.tokenize(word)]
+
+
+def _words(tok, texts):
+    seen = set()
+    for text in texts:
+        normalized = tok.backend.normalizer.normalize_str(text)
+        for w, _ in tok.backend.pre_tokenizer.pre_tokenize_str(normalized):
+            seen.add(w)
+    return sorted(seen)
+
+
+def test_pure_python_wordpiece_equals_the_rust_backend_on_every_word():
+    import random
+
+    from minibert.tokenizer import wordpiece
+
+    rng = random.Random(0)
+    stems = ["walk", "talk", "believ", "understand", "nation", "photo", "graph", "run"]
+    ends = ["", "s", "ing", "ed", "able", "er", "ers", "ation", "ally"]
+    texts = [" ".join(rng.choice(["un", "re", ""]) + rng.choice(stems) + rng.choice(ends)
+                      for _ in range(30)) for _ in range(200)]
+    tok = Tokenizer.train_from_iterator(texts, vocab_size=80, use_cache=False)
+    vocab = tok.backend.get_vocab()
+    # Unseen words too: letters the vocabulary lacks ([UNK]), and one over 100 characters.
+    words = _words(tok, texts) + ["zyzzyva", "walkingx", "ü", "a" * 101, "graphs" * 17]
+    split = 0
+    for w in words:
+        assert wordpiece(w, vocab) == _backend_pieces(tok, w), w
+        split += len(wordpiece(w, vocab)) > 1
+    assert split > len(words) / 3  # the test data does exercise the ## rule
+
+
+def test_wordpiece_on_every_word_of_wikitext_valid():
+    """The whole WikiText-2 validation split, with a vocabulary trained on it."""
+    from pathlib import Path
+
+    from minibert.tokenizer import wordpiece
+
+    valid = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2" / "valid.txt"
+    if not valid.is_file():
+        pytest.skip("WikiText-2 is not on this machine")
+    lines = valid.read_text(encoding="utf-8").splitlines()
+    tok = Tokenizer.train_from_iterator(lines, vocab_size=2000, use_cache=False)
+    vocab = tok.backend.get_vocab()
+    words = _words(tok, lines)
+    assert len(words) > 10_000
+    assert all(wordpiece(w, vocab) == _backend_pieces(tok, w) for w in words)
+
+
+def test_explain_shows_each_stage():
+    tok = Tokenizer.train_from_iterator(["walking talking walked talker"] * 50,
+                                                 vocab_size=40, use_cache=False)
+    e = tok.explain("Walking, TALKED!")
+    assert e.normalized == "walking, talked!"
+    assert e.words == ["walking", ",", "talked", "!"]
+    assert [p for ps in e.pieces for p in ps] == \
+        [tok.id_to_token(i) for i in e.ids[1:-1]]  # the pieces are the ids, in order
+    assert e.ids == tok.encode("Walking, TALKED!")
