@@ -7,13 +7,16 @@
 from .config import BertConfig
 from .runtime import set_seed
 from .tokenizer import Tokenizer
-from .model import (
+from .model import BertModel, BertOutput
+from .heads import (
     BertForMaskedLM,
+    BertForQuestionAnswering,
     BertForSequenceClassification,
-    BertModel,
-    BertOutput,
+    BertForTokenClassification,
     MaskedLMOutput,
+    QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
+    TokenClassifierOutput,
 )
 
 __version__ = "0.1.0"
@@ -23,9 +26,13 @@ __all__ = [
     "BertModel",
     "BertForMaskedLM",
     "BertForSequenceClassification",
+    "BertForTokenClassification",
+    "BertForQuestionAnswering",
     "BertOutput",
     "MaskedLMOutput",
     "SequenceClassifierOutput",
+    "TokenClassifierOutput",
+    "QuestionAnsweringModelOutput",
     "Tokenizer",
     "set_seed",
 ]

@@ -45,7 +45,10 @@ logger = logging.getLogger(__name__)
 PathLike = Union[str, os.PathLike]
 
 # minibert name -> transformers name, applied in order to names that start with "bert." (the
-# encoder), "head." (MLM head) or "classifier." (classification head).
+# encoder), "head." (MLM head), "classifier." (sequence and token classification) or
+# "qa_outputs." (question answering). The task heads with no pooler (masked LM, token
+# classification, QA) have no "bert.pooler." weights, as transformers' classes built with
+# add_pooling_layer=False; a pooler in a checkpoint they load is simply not read.
 _RENAMES = [
     (r"^bert\.embeddings\.word\.", "bert.embeddings.word_embeddings."),
     (r"^bert\.embeddings\.position\.", "bert.embeddings.position_embeddings."),
@@ -62,6 +65,9 @@ _RENAMES = [
     (r"^head\.dense\.", "cls.predictions.transform.dense."),
     (r"^head\.norm\.", "cls.predictions.transform.LayerNorm."),
     (r"^head\.bias$", "cls.predictions.bias"),
+    # The same names in both libraries, listed so that the table names every head.
+    (r"^classifier\.", "classifier."),
+    (r"^qa_outputs\.", "qa_outputs."),
 ]
 _QKV = re.compile(r"^bert\.blocks\.(\d+)\.attn\.qkv\.(weight|bias)$")
 
@@ -76,7 +82,7 @@ def hf_names(name: str) -> list[str]:
     for pattern, repl in _RENAMES:
         if re.match(pattern, name):
             return [re.sub(pattern, repl, name)]
-    return [name]  # classifier.weight / classifier.bias are the same in both
+    return [name]
 
 
 def _canonical(sd: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -134,7 +140,7 @@ def load_hf_state_dict(model: torch.nn.Module, sd: dict[str, Tensor]) -> None:
         new[name] = t
     # Heads and the pooler may legitimately be absent (an MLM checkpoint into a classifier is
     # the usual start of fine-tuning); the encoder may not.
-    fresh = ("bert.pooler.", "pooler.", "head.", "classifier.")
+    fresh = ("bert.pooler.", "pooler.", "head.", "classifier.", "qa_outputs.")
     broken = [n for n in missing if not n.startswith(fresh)]
     if broken:
         raise ValueError(f"checkpoint lacks {len(broken)} encoder weight(s), e.g. "
@@ -312,13 +318,21 @@ class PretrainedMixin:
 
         Overrides apply on top of the stored config, e.g. `attention="chunked"` or
         `hidden_dropout=0.0`. Weights missing for a head or pooler are freshly initialised
-        (with a warning); weights missing from the encoder are an error.
+        (with a warning); weights missing from the encoder are an error. A classifier is read
+        only from a checkpoint of its own class (or one that names no class).
         """
         hf_config = read_config(path)
         init_kwargs = cls._init_kwargs(hf_config, config_overrides)
         config = BertConfig.from_hf_dict(hf_config, **config_overrides)
         model = cls(config, **init_kwargs)
-        load_hf_state_dict(model, read_weights(path))
+        sd = read_weights(path)
+        # The sequence and token classifiers share transformers' name `classifier.`, but one
+        # reads the pooled [CLS] and the other every token: one's trained head is no start
+        # for the other (and with another number of labels would not even fit).
+        stored = hf_config.get("architectures") or []
+        if stored and cls.__name__ not in stored:
+            sd = {k: t for k, t in sd.items() if not k.startswith("classifier.")}
+        load_hf_state_dict(model, sd)
         return model
 
     def save_pretrained(self, path: PathLike, tokenizer: Optional["Tokenizer"] = None) -> None:
@@ -354,7 +368,8 @@ class PretrainedMixin:
 
 # ---- training checkpoint -> model folder ----------------------------------------------------
 
-EXPORTABLE = ("BertForMaskedLM", "BertForSequenceClassification", "BertModel")
+EXPORTABLE = ("BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",
+              "BertForQuestionAnswering", "BertModel")
 
 
 def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
@@ -362,10 +377,12 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
     """Write the model of a training checkpoint (`checkpoints/step_N`) as a model folder.
 
     The class is `model_class`, else the one the checkpoint records, else the one its weight
-    names show (older checkpoints). A classifier's number of labels comes from its weights.
+    names show (older checkpoints, see `_class_from_names`). A classifier's number of labels
+    comes from its weights.
     The folder loads with `from_pretrained` (and, for Post-LN, in transformers). Returns it.
     """
-    from . import model as models  # model.py imports this module, so not at the top
+    from . import heads
+    from .model import BertModel  # model.py and heads.py import this module: not at the top
 
     checkpoint_dir = Path(checkpoint_dir)
     state = load_checkpoint(checkpoint_dir)  # verified against meta.json, read weights-only
@@ -382,9 +399,10 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
         raise ValueError(f"checkpoint {checkpoint_dir}: its model_config does not fit this "
                          f"minibert's BertConfig ({e})") from None
     kwargs = {}
-    if name == "BertForSequenceClassification" and "classifier.weight" in weights:
-        kwargs["num_labels"] = weights["classifier.weight"].shape[0]
-    model = getattr(models, name)(bert_config, **kwargs)
+    if name in ("BertForSequenceClassification", "BertForTokenClassification") and \
+            "classifier.weight" in weights:
+        kwargs["num_labels"] = weights["classifier.weight"].shape[0]  # (C, H)
+    model = (BertModel if name == "BertModel" else getattr(heads, name))(bert_config, **kwargs)
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
     if missing or unexpected:
@@ -401,9 +419,19 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
 
 
 def _class_from_names(weights: dict[str, Tensor]) -> str:
-    """The model class a minibert state dict belongs to, from its parameter names."""
+    """The model class a minibert state dict belongs to, from its parameter names.
+
+    The two classifiers share the name `classifier.`; they differ in the pooler, which the
+    sequence classifier always has (its input is the pooled [CLS]) and the token classifier
+    never has (as in transformers). So a classifier without `bert.pooler.` is a token
+    classifier.
+    """
+    if any(k.startswith("qa_outputs.") for k in weights):
+        return "BertForQuestionAnswering"
     if any(k.startswith("classifier.") for k in weights):
-        return "BertForSequenceClassification"
+        if any(k.startswith("bert.pooler.") for k in weights):
+            return "BertForSequenceClassification"
+        return "BertForTokenClassification"
     if any(k.startswith("embeddings.") for k in weights):
         return "BertModel"
     return "BertForMaskedLM"

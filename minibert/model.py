@@ -1,12 +1,14 @@
-"""The BERT model: embeddings, encoder blocks, the encoder, and the MLM and classification heads.
+"""The BERT encoder: embeddings, encoder blocks (Pre-LN or Post-LN) and BertModel.
 
 Reading order: `Embeddings` -> `SelfAttention` -> `Block` (with the Pre-LN / Post-LN switch)
--> `BertModel` -> `BertForMaskedLM`, `BertForSequenceClassification`.
+-> `BertModel`. The task heads that sit on the encoder (masked LM, sequence and token
+classification, question answering) are in `minibert/heads.py`.
 
-Shape legend, used in every comment below:
+Shape legend, used in every comment below and in `heads.py`:
     B   batch size              T   tokens per sequence (after padding)
     H   hidden size             nh  attention heads       hs  head size = H / nh
     I   feed-forward width      V   vocabulary size       N   number of predicted tokens
+    C   classes (num_labels)
 
 The parameters keep their own readable names (`blocks.0.attn.qkv`, ...); `minibert/hf.py`
 translates them to and from transformers' names, so checkpoints move both ways.
@@ -14,7 +16,7 @@ translates them to and from transformers' names, so checkpoints move both ways.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn as nn
@@ -23,23 +25,12 @@ from torch import Tensor
 
 from .attention import attention, dropout
 from .config import BertConfig
-from .data.mlm import IGNORE_INDEX
 from .hf import PretrainedMixin
 
 
 class BertOutput(NamedTuple):
     last_hidden_state: Tensor  # (B, T, H)
     pooler_output: Optional[Tensor]  # (B, H): tanh(W h_[CLS] + b), or None without a pooler
-
-
-class MaskedLMOutput(NamedTuple):
-    loss: Optional[Tensor]  # scalar mean cross-entropy over predicted tokens, None without labels
-    logits: Tensor  # (B, T, V) without labels; (N, V), predicted positions only, with labels
-
-
-class SequenceClassifierOutput(NamedTuple):
-    loss: Optional[Tensor]  # scalar, None without labels
-    logits: Tensor  # (B, num_labels)
 
 
 class Dropout(nn.Dropout):
@@ -199,128 +190,6 @@ class BertModel(PretrainedMixin, nn.Module):
             x = full  # (B, T, H)
         pooled = None if self.pooler is None else torch.tanh(self.pooler(x[:, 0]))  # (B, H)
         return BertOutput(x, pooled)
-
-
-class MLMHead(nn.Module):
-    """Transform (dense, GELU, LayerNorm), then the decoder tied to the word embeddings."""
-
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-
-    def forward(self, h: Tensor, word_embeddings: Tensor) -> Tensor:
-        """h: (..., H), word_embeddings: (V, H) -> logits (..., V)."""
-        h = self.norm(F.gelu(self.dense(h)))
-        # The decoder *is* the input embedding matrix (weight tying, Press & Wolf 2017): it
-        # saves V x H parameters, and since there is only one tensor there is nothing to
-        # re-tie after loading, moving or compiling the model.
-        return F.linear(h, word_embeddings, self.bias)
-
-
-class BertForMaskedLM(PretrainedMixin, nn.Module):
-    """BERT with the masked-language-modelling head (no pooler, as in transformers)."""
-
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.config = config
-        self.bert = BertModel(config, add_pooler=False)
-        self.head = MLMHead(config)
-        self.head.apply(lambda m: init_weights(m, config))
-
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                token_type_ids: Optional[Tensor] = None,
-                labels: Optional[Tensor] = None) -> MaskedLMOutput:
-        """labels: (B, T), the original token id where one is predicted and IGNORE_INDEX (-100)
-        elsewhere.
-
-        Without labels, `logits` is (B, T, V). With labels the head runs *only* on the N
-        predicted positions (sparse prediction, as in Cramming and academic-budget-bert):
-        with 15% masking that skips 85% of the largest matmul and of the vocabulary-wide
-        softmax. `logits` is then (N, V), in the row-major order of `labels != IGNORE_INDEX`, and
-        `loss` is the mean cross-entropy over those N tokens (NaN when N == 0, as in torch).
-        """
-        h = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
-        decoder = self.bert.embeddings.word.weight  # (V, H), tied
-        if labels is None:
-            return MaskedLMOutput(None, self.head(h, decoder))
-        if labels.shape != input_ids.shape:
-            raise ValueError(f"labels has shape {tuple(labels.shape)} but input_ids has "
-                             f"{tuple(input_ids.shape)}; they must match")
-        predicted = labels != IGNORE_INDEX  # (B, T) bool
-        logits = self.head(h[predicted], decoder)  # (N, H) -> (N, V)
-        loss = F.cross_entropy(logits.float(), labels[predicted])
-        return MaskedLMOutput(loss, logits)
-
-
-class BertForSequenceClassification(PretrainedMixin, nn.Module):
-    """BERT with a classifier on the pooled [CLS] vector.
-
-    `num_labels == 1` is regression (MSE on float labels); otherwise cross-entropy on class ids.
-    `id2label` names the classes (default LABEL_0, LABEL_1, ...); it is saved in config.json.
-    """
-
-    def __init__(self, config: BertConfig, num_labels: int = 2,
-                 id2label: Optional[Sequence[str]] = None):
-        super().__init__()
-        if not isinstance(num_labels, int) or isinstance(num_labels, bool) or num_labels < 1:
-            raise ValueError(f"num_labels={num_labels!r} must be an integer >= 1 "
-                             f"(1 means regression)")
-        # The class names, saved as id2label / label2id in config.json so that predictions can
-        # be read back as names (by minibert and by transformers).
-        names = [f"LABEL_{i}" for i in range(num_labels)] if id2label is None else \
-            [str(n) for n in id2label]
-        if len(names) != num_labels or len(set(names)) != num_labels:
-            raise ValueError(f"id2label must hold num_labels={num_labels} distinct names, got "
-                             f"{names!r}")
-        self.config = config
-        self.num_labels = num_labels
-        self.id2label = names
-        self.bert = BertModel(config, add_pooler=True)
-        self.drop = Dropout(config.hidden_dropout)
-        self.classifier = nn.Linear(config.hidden_size, num_labels)
-        init_weights(self.classifier, config)
-
-    @classmethod
-    def _init_kwargs(cls, hf_config: dict, overrides: dict) -> dict:
-        # An explicit num_labels / id2label wins, else the checkpoint's label map, else 2
-        # classes. The stored names are kept only when their number matches.
-        stored = hf_config.get("id2label") or {}
-        stored = [str(stored[k]) for k in sorted(stored, key=int)]
-        id2label = overrides.pop("id2label", None)
-        num_labels = overrides.pop("num_labels", None) or len(id2label or stored) or 2
-        if id2label is None and len(stored) == num_labels:
-            id2label = stored
-        return {"num_labels": num_labels, "id2label": id2label}
-
-    def _hf_config_extras(self) -> dict:
-        # transformers derives num_labels from the label map.
-        return {"id2label": {str(i): name for i, name in enumerate(self.id2label)},
-                "label2id": {name: i for i, name in enumerate(self.id2label)}}
-
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                token_type_ids: Optional[Tensor] = None,
-                labels: Optional[Tensor] = None) -> SequenceClassifierOutput:
-        """labels: (B,) class ids (long), or floats when num_labels == 1.
-
-        logits: (B, num_labels).
-        """
-        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output  # (B, H)
-        logits = self.classifier(self.drop(pooled))  # (B, num_labels)
-        if labels is None:
-            return SequenceClassifierOutput(None, logits)
-        if labels.shape != (input_ids.size(0),):
-            raise ValueError(f"labels has shape {tuple(labels.shape)}; expected "
-                             f"({input_ids.size(0)},), one label per sequence")
-        if self.num_labels == 1:
-            loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
-        else:
-            if labels.is_floating_point():
-                raise TypeError("labels must be integer class ids for classification "
-                                f"(num_labels={self.num_labels}); got {labels.dtype}")
-            loss = F.cross_entropy(logits.float(), labels)
-        return SequenceClassifierOutput(loss, logits)
 
 
 def init_weights(module: nn.Module, config: BertConfig) -> None:

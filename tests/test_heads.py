@@ -1,0 +1,266 @@
+"""Token classification and question answering against transformers on the same random
+weights, checkpoints in both directions, training-checkpoint export, and bad input."""
+
+import json
+from dataclasses import asdict
+
+import pytest
+import torch
+
+import minibert
+from conftest import hf_config, random_batch, tiny_config
+from minibert import hf
+from minibert.checkpoint import save_checkpoint
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+BACKENDS = ["math", "sdpa", "chunked"]
+TOL = 1e-5
+TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+T = 37  # random_batch's sequence length
+
+
+def _randomise(model, seed):
+    """Random, non-trivial values everywhere, so a swapped or skipped tensor cannot hide."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model.eval()
+
+
+def _hf_model(cls_name, tmp_path, id2label=None):
+    """A random transformers model saved to disk, and the directory."""
+    hc = hf_config(tiny_config())
+    if id2label is not None:
+        hc.id2label = dict(enumerate(id2label))
+        hc.label2id = {name: i for i, name in enumerate(id2label)}
+    model = _randomise(getattr(transformers, cls_name)(hc), seed=0)
+    model.save_pretrained(tmp_path)
+    return model, tmp_path
+
+
+def _max_diff(a, b, mask=None):
+    if mask is not None:  # compare real tokens only: padding positions are never used
+        a, b = a[mask.bool()], b[mask.bool()]
+    return (a - b).abs().max().item()
+
+
+def _tags(ids):
+    """Labels on every third token, IGNORE_INDEX elsewhere (the non-first pieces of words)."""
+    g = torch.Generator().manual_seed(1)
+    labels = torch.randint(0, len(TAGS), ids.shape, generator=g)
+    labels[:, 1::3] = labels[:, 2::3] = -100
+    return labels
+
+
+# ---- token classification ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_token_classification_matches_transformers(backend, tmp_path):
+    theirs, path = _hf_model("BertForTokenClassification", tmp_path, id2label=TAGS)
+    ours = minibert.BertForTokenClassification.from_pretrained(
+        path, attention=backend, attention_chunk_size=8).eval()
+    assert ours.num_labels == 5 and ours.id2label == TAGS  # from the checkpoint's label map
+    ids, mask = random_batch(pad_from=20)
+    types = (torch.arange(T) > 15).long().expand(3, T)
+    labels = _tags(ids)
+    hf_labels = labels.masked_fill(mask == 0, -100)  # what a collator gives transformers
+    with torch.no_grad():
+        a = ours(ids, mask, types, labels=labels)  # labels on padding too: ignored
+        b = theirs(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=hf_labels)
+        c = theirs(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
+    assert a.logits.shape == (3, T, 5)
+    assert _max_diff(a.logits, b.logits, mask) <= TOL
+    assert abs(a.loss.item() - b.loss.item()) <= TOL
+    # transformers scores the labels on padding, from vectors minibert never computes
+    assert abs(a.loss.item() - c.loss.item()) > 1e-3
+
+
+# ---- question answering -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("start, end", [
+    ([3, 0, 30], [5, 0, 36]),  # inside; 0 is [CLS], "no answer"
+    ([-2, T + 10, 4], [T, 5, 40]),  # negative -> [CLS]; at or past the end -> ignored
+    ([T, 50, 99], [2, 3, 4]),  # every start ignored: transformers' loss is NaN, and so is ours
+])
+def test_question_answering_matches_transformers(backend, start, end, tmp_path):
+    theirs, path = _hf_model("BertForQuestionAnswering", tmp_path)
+    ours = minibert.BertForQuestionAnswering.from_pretrained(
+        path, attention=backend, attention_chunk_size=8).eval()
+    ids, _ = random_batch()  # no padding: transformers' softmax over positions includes it
+    types = (torch.arange(T) > 10).long().expand(3, T)
+    s, e = torch.tensor(start), torch.tensor(end)
+    with torch.no_grad():
+        a = ours(ids, torch.ones_like(ids), types, start_positions=s, end_positions=e)
+        b = theirs(input_ids=ids, token_type_ids=types, start_positions=s, end_positions=e)
+    assert a.start_logits.shape == a.end_logits.shape == (3, T)
+    assert _max_diff(a.start_logits, b.start_logits) <= TOL
+    assert _max_diff(a.end_logits, b.end_logits) <= TOL
+    if b.loss.isnan():
+        assert a.loss.isnan()
+    else:
+        assert abs(a.loss.item() - b.loss.item()) <= TOL
+
+
+def test_question_answering_with_padding_is_each_sequence_alone(tmp_path):
+    """Padding is outside the sequence: the loss of a padded batch is the mean of the
+    transformers losses of its sequences run alone, without padding."""
+    theirs, path = _hf_model("BertForQuestionAnswering", tmp_path)
+    ours = minibert.BertForQuestionAnswering.from_pretrained(path).eval()
+    ids, mask = random_batch(pad_from=20)
+    start, end = torch.tensor([3, 17, 30]), torch.tensor([5, 19, 36])
+    with torch.no_grad():
+        a = ours(ids, mask, start_positions=start, end_positions=end)
+        alone = []
+        for b in range(3):
+            n = int(mask[b].sum())
+            out = theirs(input_ids=ids[b:b + 1, :n], start_positions=start[b:b + 1],
+                         end_positions=end[b:b + 1])
+            assert _max_diff(a.start_logits[b, :n], out.start_logits[0]) <= TOL
+            assert _max_diff(a.end_logits[b, :n], out.end_logits[0]) <= TOL
+            alone.append(out.loss)
+        padded = theirs(input_ids=ids, attention_mask=mask, start_positions=start,
+                        end_positions=end)
+    assert abs(a.loss.item() - torch.stack(alone).mean().item()) <= TOL
+    assert (a.start_logits[1, 20:] == torch.finfo(torch.float32).min).all()
+    # transformers' own padded loss differs: its softmax runs over the padding as well
+    assert abs(a.loss.item() - padded.loss.item()) > 1e-3
+
+
+def test_question_answering_position_on_padding_is_ignored():
+    model = _randomise(minibert.BertForQuestionAnswering(tiny_config()), seed=2)
+    ids, mask = random_batch(pad_from=20)
+    end = torch.tensor([5, 8, 36])
+    with torch.no_grad():
+        losses = [model(ids, mask, start_positions=torch.tensor([3, s, 30]),
+                        end_positions=end).loss.item() for s in (25, T, 1000)]
+        inside = model(ids, mask, start_positions=torch.tensor([3, 19, 30]),
+                       end_positions=end).loss.item()
+    assert losses[0] == losses[1] == losses[2]  # on padding == past the end: ignored
+    assert abs(losses[0]) < 1e3 and losses[0] != inside
+
+
+# ---- checkpoints both ways ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls_name, kwargs", [
+    ("BertForTokenClassification", {"num_labels": 5, "id2label": TAGS}),
+    ("BertForQuestionAnswering", {}),
+])
+def test_save_pretrained_loads_in_transformers(cls_name, kwargs, tmp_path):
+    ours = _randomise(getattr(minibert, cls_name)(tiny_config(), **kwargs), seed=3)
+    ours.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["architectures"] == [cls_name]
+    theirs, info = getattr(transformers, cls_name).from_pretrained(tmp_path,
+                                                                   output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    theirs.eval()
+    ids, mask = random_batch(pad_from=30)
+    with torch.no_grad():
+        a, b = ours(ids, mask), theirs(input_ids=ids, attention_mask=mask)
+    if cls_name == "BertForTokenClassification":
+        assert saved["id2label"] == {str(i): n for i, n in enumerate(TAGS)}
+        assert theirs.config.id2label == dict(enumerate(TAGS))
+        assert _max_diff(a.logits, b.logits, mask) <= TOL
+    else:
+        assert _max_diff(a.start_logits, b.start_logits, mask) <= TOL
+        assert _max_diff(a.end_logits, b.end_logits, mask) <= TOL
+    again = getattr(minibert, cls_name).from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert all(torch.equal(x, y) for x, y in zip(again(ids, mask), a) if x is not None)
+
+
+@pytest.mark.parametrize("source", ["BertForSequenceClassification", "BertModel"])
+def test_checkpoint_with_a_pooler_loads_into_the_pooler_free_heads(source, tmp_path, caplog):
+    """The usual start of fine-tuning: an encoder (with pooler) under a fresh head."""
+    theirs, path = _hf_model(source, tmp_path, id2label=["a", "b", "c"])
+    encoder = theirs if source == "BertModel" else theirs.bert
+    ids, mask = random_batch(pad_from=20)
+    with torch.no_grad():
+        want = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+    for model in (minibert.BertForTokenClassification.from_pretrained(path, num_labels=7),
+                  minibert.BertForQuestionAnswering.from_pretrained(path)):
+        assert model.bert.pooler is None
+        with torch.no_grad():
+            got = model.eval().bert(ids, mask).last_hidden_state
+        assert _max_diff(got, want, mask) <= TOL
+    assert "qa_outputs" in caplog.text and "classifier" in caplog.text  # newly initialised
+    tagger = minibert.BertForTokenClassification.from_pretrained(path)
+    assert tagger.id2label == ["a", "b", "c"]
+    if source == "BertForSequenceClassification":
+        # Same name, same shape, another task: a sentence classifier is no token classifier.
+        assert not torch.equal(tagger.classifier.weight, theirs.classifier.weight)
+        again = minibert.BertForSequenceClassification.from_pretrained(path)
+        assert torch.equal(again.classifier.weight, theirs.classifier.weight)
+
+
+def test_outputs_carry_transformers_field_names():
+    outputs = transformers.modeling_outputs
+    for ours, theirs in [(minibert.TokenClassifierOutput, outputs.TokenClassifierOutput),
+                         (minibert.QuestionAnsweringModelOutput,
+                          outputs.QuestionAnsweringModelOutput),
+                         (minibert.SequenceClassifierOutput, outputs.SequenceClassifierOutput),
+                         (minibert.MaskedLMOutput, outputs.MaskedLMOutput)]:
+        assert list(ours._fields) == list(theirs.__dataclass_fields__)[:len(ours._fields)]
+
+
+# ---- training checkpoints -> model folders ----------------------------------------------------
+
+@pytest.mark.parametrize("cls_name, kwargs", [
+    ("BertForMaskedLM", {}),
+    ("BertForSequenceClassification", {"num_labels": 3}),
+    ("BertForTokenClassification", {"num_labels": 4}),
+    ("BertForQuestionAnswering", {}),
+    ("BertModel", {}),
+])
+def test_class_from_names_tells_every_model_apart(cls_name, kwargs):
+    weights = getattr(minibert, cls_name)(tiny_config(), **kwargs).state_dict()
+    assert hf._class_from_names(weights) == cls_name
+
+
+@pytest.mark.parametrize("cls_name, kwargs", [
+    ("BertForTokenClassification", {"num_labels": 4}),
+    ("BertForQuestionAnswering", {}),
+])
+def test_export_checkpoint_of_the_new_heads(cls_name, kwargs, tmp_path):
+    model = _randomise(getattr(minibert, cls_name)(tiny_config(), **kwargs), seed=4)
+    # No model_class recorded (an older checkpoint): the class comes from the names.
+    state = {"model": model.state_dict(), "model_config": asdict(model.config), "step": 7}
+    ckpt = save_checkpoint(tmp_path / "checkpoints", 7, state)
+    hf.export_checkpoint(ckpt, tmp_path / "export")
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["architectures"] == \
+        [cls_name]
+    ours = getattr(minibert, cls_name).from_pretrained(tmp_path / "export").eval()
+    theirs = getattr(transformers, cls_name).from_pretrained(tmp_path / "export").eval()
+    ids, mask = random_batch()
+    with torch.no_grad():
+        want, got, ref = model(ids, mask), ours(ids, mask), theirs(input_ids=ids,
+                                                                   attention_mask=mask)
+    for name in want._fields[1:]:  # logits, or start_logits and end_logits
+        assert torch.equal(getattr(got, name), getattr(want, name))
+        assert _max_diff(getattr(ref, name), getattr(want, name)) <= TOL
+
+
+# ---- bad input ----------------------------------------------------------------------------------
+
+def test_bad_labels_and_positions():
+    ids = torch.ones(2, 5, dtype=torch.long)
+    tagger = minibert.BertForTokenClassification(tiny_config(), 3)
+    with pytest.raises(ValueError, match=r"labels has shape \(2,\); expected \(2, 5\)"):
+        tagger(ids, labels=torch.zeros(2, dtype=torch.long))
+    with pytest.raises(TypeError, match="integer class ids"):
+        tagger(ids, labels=torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="num_labels=1 must be an integer >= 2"):
+        minibert.BertForTokenClassification(tiny_config(), 1)
+    with pytest.raises(ValueError, match="id2label must hold num_labels=3"):
+        minibert.BertForTokenClassification(tiny_config(), 3, id2label=["a", "b"])
+    qa = minibert.BertForQuestionAnswering(tiny_config())
+    with pytest.raises(ValueError, match="both start_positions and end_positions"):
+        qa(ids, start_positions=torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match=r"end_positions has shape \(2, 1\); expected \(2,\)"):
+        qa(ids, start_positions=torch.tensor([1, 2]), end_positions=torch.tensor([[1], [2]]))
+    with pytest.raises(TypeError, match="start_positions must be integer token positions"):
+        qa(ids, start_positions=torch.tensor([1.0, 2.0]), end_positions=torch.tensor([1, 2]))
