@@ -7,7 +7,9 @@ the device; without them it is a single process and nothing is initialised. Mult
 need nothing more here: torchrun sets the same variables on every node.
 
 Conventions the engine follows: every rank computes, only rank 0 logs and writes files,
-and barriers surround checkpoints so no rank reads a half-written one.
+and barriers surround checkpoints so no rank reads a half-written one. `unwrap` is the one
+place that strips the DDP (and `torch.compile`) wrappers, so no state dict ever needs its
+names rewritten.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 
 logger = logging.getLogger(__name__)
 
@@ -89,3 +92,20 @@ def barrier(ctx: DistContext) -> None:
 def cleanup(ctx: DistContext) -> None:
     if ctx.distributed and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside DistributedDataParallel and `torch.compile` wrappers.
+
+    Save, export and inspect the unwrapped model: its `state_dict` keys are the model's own
+    (`bert.blocks.0...`), never `module.` (DDP) or `_orig_mod.` (compile) prefixed, so
+    checkpoints load into any of the three forms without renaming keys. Wrappers may nest
+    in either order (compile of DDP, DDP of compile); all are removed.
+    """
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # OptimizedModule
+            model = model._orig_mod
+        else:
+            return model

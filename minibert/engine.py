@@ -33,12 +33,12 @@ from torch.utils.data import Dataset
 
 from .data.mlm import IGNORE_INDEX
 from .data.sampler import GlobalBatches
-from .distributed import DistContext, all_reduce_sum
+from .distributed import DistContext, all_reduce_sum, unwrap
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
 from .precision import PRECISIONS, autocast_context, measure_peak_flops, resolve_precision
 from .resume import claim_out_dir, drop_rows_after, rank_seed, resume_run, save_run
 from .runtime import (flops_per_token, log_environment, mfu, peak_memory_mb, reset_peak_memory,
-                      set_seed, unwrap)
+                      set_seed)
 
 logger = logging.getLogger(__name__)
 

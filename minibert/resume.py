@@ -30,8 +30,8 @@ import numpy as np
 import torch.nn as nn
 
 from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
-from .distributed import DistContext, all_gather_objects, barrier
-from .runtime import rng_state, set_rng_state, set_seed, unwrap
+from .distributed import DistContext, all_gather_objects, barrier, unwrap
+from .runtime import rng_state, set_rng_state, set_seed
 
 if TYPE_CHECKING:
     from .engine import TrainConfig, TrainState

@@ -10,7 +10,6 @@
   `precision.measure_peak_flops`).
 * `environment_report`, `log_environment`: what the run is running on, with warnings for
   the mismatches that silently cost speed.
-* `unwrap`: the one place that strips DDP and `torch.compile` wrappers.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from typing import Any, Optional, Union
 
 import numpy as np
 import torch
-import torch.nn as nn
 
 from .config import BertConfig
 from . import precision as _precision
@@ -384,22 +382,3 @@ def log_environment(device: Device, precision: Optional[str] = None) -> dict[str
     for message in report["warnings"]:
         logger.warning(message)
     return report
-
-
-# ---- wrappers -----------------------------------------------------------------------------
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain model inside DistributedDataParallel and `torch.compile` wrappers.
-
-    Save, export and inspect the unwrapped model: its `state_dict` keys are the model's own
-    (`bert.blocks.0...`), never `module.` (DDP) or `_orig_mod.` (compile) prefixed, so
-    checkpoints load into any of the three forms without renaming keys. Wrappers may nest
-    in either order (compile of DDP, DDP of compile); all are removed.
-    """
-    while True:
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # OptimizedModule
-            model = model._orig_mod
-        else:
-            return model

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine_utils import collator, tiny_corpus, tiny_model, train_config
+from minibert.distributed import unwrap
 from minibert.engine import train
 
 HERE = Path(__file__).parent
@@ -45,3 +46,21 @@ def test_two_gloo_processes_match_one(tmp_path):
         assert (state[name] - p).norm() <= 1e-5 * p.norm().clamp_min(1e-12), name
     # only rank 0 wrote files
     assert sorted(os.listdir(tmp_path / "two")) == ["checkpoints", "final.pt", "metrics.jsonl"]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch's own, on importing dynamo
+def test_unwrap_strips_compile_and_ddp(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    compiled = torch.compile(model)  # wrapping only; nothing is compiled until called
+    assert next(iter(compiled.state_dict())).startswith("_orig_mod.")
+    assert unwrap(compiled) is model
+    assert unwrap(model) is model
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/pg",
+                                         rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(compiled)
+        assert unwrap(ddp) is model
+        assert unwrap(torch.compile(ddp)) is model
+        assert list(unwrap(ddp).state_dict()) == ["weight", "bias"]
+    finally:
+        torch.distributed.destroy_process_group()

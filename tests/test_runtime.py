@@ -1,5 +1,5 @@
 """Seeds and RNG state, peak memory, the CPU allocator setting, FLOPs and MFU, the
-environment report, bf16 on the CPU, the precision choice, unwrap."""
+environment report, bf16 on the CPU, the precision choice."""
 
 import io
 import logging
@@ -33,7 +33,6 @@ from minibert.runtime import (
     rng_state,
     set_rng_state,
     set_seed,
-    unwrap,
 )
 
 
@@ -393,21 +392,3 @@ def test_bench_process_and_levers_skip_emulated_bf16_unless_asked(monkeypatch):
     monkeypatch.setattr(precision, "cpu_bf16_native", lambda: True)
     assert process.kept_workloads(list(process.WORKLOADS), False) == list(process.WORKLOADS)
     assert levers.runs_bf16(emulated_bf16=False) is True
-
-
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch's own, on importing dynamo
-def test_unwrap_strips_compile_and_ddp(tmp_path):
-    model = torch.nn.Linear(2, 2)
-    compiled = torch.compile(model)  # wrapping only; nothing is compiled until called
-    assert next(iter(compiled.state_dict())).startswith("_orig_mod.")
-    assert unwrap(compiled) is model
-    assert unwrap(model) is model
-    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/pg",
-                                         rank=0, world_size=1)
-    try:
-        ddp = torch.nn.parallel.DistributedDataParallel(compiled)
-        assert unwrap(ddp) is model
-        assert unwrap(torch.compile(ddp)) is model
-        assert list(unwrap(ddp).state_dict()) == ["weight", "bias"]
-    finally:
-        torch.distributed.destroy_process_group()
