@@ -43,7 +43,7 @@ from minibert.engine import eval_batches, evaluate, train
 from minibert.hf import read_config
 from minibert.rundir import open_run
 from minibert.precision import resolve_precision
-from minibert.model import MaskedLMOutput
+from minibert import MaskedLMOutput
 
 # The data preparation and training settings are pretrain_wikitext.py's, imported rather
 # than copied. Run as a script, its folder is already on sys.path; imported by file path

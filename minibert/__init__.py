@@ -18,6 +18,7 @@ from .heads import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
+from .sentence import SentenceEncoder
 
 __version__ = "0.1.0"
 
@@ -33,6 +34,7 @@ __all__ = [
     "SequenceClassifierOutput",
     "TokenClassifierOutput",
     "QuestionAnsweringModelOutput",
+    "SentenceEncoder",
     "Tokenizer",
     "set_seed",
 ]
