@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import hashlib
 import json
 import logging
 import sys
@@ -37,7 +36,7 @@ import torch
 
 import minibert
 from minibert.atomic import write_files_atomically
-from minibert.checkpoint import CheckpointError
+from minibert.checkpoint import CheckpointError, sha256_file
 from minibert.config import PRESETS
 from minibert.data import LabelMap, TaskCollator, encode_classification, read_table
 from minibert.distributed import barrier, cleanup, init_distributed
@@ -276,7 +275,7 @@ def run(args, ctx, task: dict) -> None:
         save_every=steps_per_epoch, progress=not args.no_progress)
     # What --resume compares besides the model and training settings: the same examples,
     # read from the same columns, encoded by the same tokenizer, for the same classes.
-    identity = {"train file": file_digest(args.train),
+    identity = {"train file": sha256_file(args.train),
                 "--max-train-examples": args.max_train_examples,
                 "--text-column": args.text_column, "--text-pair-column": args.text_pair_column,
                 "--label-column": args.label_column, "--seq-len": args.seq_len,
@@ -323,15 +322,6 @@ def write_results(args, model, tok, task, result, scores, preds) -> dict:
         for line, y, p in zip(task["eval"]["lines"], task["eval"]["labels"], preds):
             w.writerow([line, names[y], names[p]])
     return summary
-
-
-def file_digest(path: Path) -> str:
-    """SHA-256 of a file's bytes, read in 1 MiB pieces."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ def save_checkpoint(root: PathLike, step: int, state: dict[str, Any],
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step,
                 "torch": torch.__version__,
                 "files": {STATE_FILE: {"bytes": state_path.stat().st_size,
-                                       "sha256": _sha256(state_path)}}}
+                                       "sha256": sha256_file(state_path)}}}
         with open(tmp / META_FILE, "w") as f:
             json.dump(meta, f, indent=2)
             f.flush()
@@ -168,7 +168,7 @@ def verify_checkpoint(path: PathLike) -> dict[str, Any]:
     if actual_size != size:
         raise CheckpointError(f"checkpoint {path}: {STATE_FILE} has {actual_size} bytes, "
                               f"{META_FILE} says {size}; the file is truncated or damaged")
-    if _sha256(state_path) != digest:
+    if sha256_file(state_path) != digest:
         raise CheckpointError(f"checkpoint {path}: {STATE_FILE} does not match the sha256 in "
                               f"{META_FILE}; its contents are damaged")
     return meta
@@ -238,7 +238,9 @@ def _gist(error: Exception) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: PathLike) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB pieces: a checkpoint's state file, or the
+    data file a fine-tuning run records in its run identity."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
