@@ -21,7 +21,6 @@ import contextlib
 import json
 import logging
 import math
-import signal
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,8 +36,8 @@ from .distributed import DistContext, all_reduce_sum, unwrap
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
 from .precision import PRECISIONS, autocast_context, measure_peak_flops, resolve_precision
 from .resume import claim_out_dir, drop_rows_after, rank_seed, resume_run, save_run
-from .runtime import (flops_per_token, log_environment, mfu, peak_memory_mb, reset_peak_memory,
-                      set_seed)
+from .runtime import (StopFlag, flops_per_token, log_environment, mfu, peak_memory_mb,
+                      reset_peak_memory, set_seed)
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +163,7 @@ def evaluate(model: nn.Module, batches, precision: str, device: torch.device,
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
     for batch in batches:
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        batch = _to_device(batch, device)
         with autocast_context(precision, device):
             out = model(**batch)
         targets = batch["labels"][batch["labels"] != IGNORE_INDEX]  # (N,), order of out.logits
@@ -188,7 +187,8 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
           out_dir: Union[str, Path], ctx: DistContext = DistContext(),
           eval_set: Optional[Dataset] = None, resume: bool = False, overwrite: bool = False,
           data_identity: Optional[dict] = None, lengths: Optional[Sequence[int]] = None,
-          eval_fn: Optional[Callable[[nn.Module], dict[str, float]]] = None) -> dict[str, Any]:
+          eval_fn: Optional[Callable[[nn.Module], dict[str, float]]] = None,
+          batches: Optional[GlobalBatches] = None) -> dict[str, Any]:
     """Train `model` on `train_set` (examples that `collate` turns into batches).
 
     `collate(examples, epoch=e)` returns a dict of (B, T) tensors with `labels`
@@ -201,6 +201,9 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     unless `overwrite`. Evaluation: `eval_set` gives `evaluate`'s MLM metrics; other tasks
     pass `eval_fn(model) -> metrics`. `lengths` (tokens per example) groups examples of
     similar length into each batch (fine-tuning); without, the order is a plain shuffle.
+    `batches` replaces that order with one of your own (`next`, `position`, `seek`, as
+    `GlobalBatches`), e.g. `TaskMixtureBatches`; a batch may then carry a non-tensor value
+    (a task name), passed to the model as it is.
     """
     out_dir, device = Path(out_dir), ctx.device
     precision = resolve_precision(cfg.precision, device)
@@ -211,8 +214,8 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     raw = unwrap(model)
     optimizer = build_optimizer(raw, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    batches = GlobalBatches(len(train_set), cfg.batch_size, seed=cfg.seed, rank=ctx.rank,
-                            world_size=ctx.world_size, lengths=lengths)
+    batches = batches or GlobalBatches(len(train_set), cfg.batch_size, seed=cfg.seed,
+                                       rank=ctx.rank, world_size=ctx.world_size, lengths=lengths)
     env = log_environment(device, precision) if ctx.is_main else {}
     # Measured before any RNG state is restored, so a resumed run draws what the original did.
     peak = cfg.peak_flops or measure_peak_flops(
@@ -236,7 +239,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     bar = _progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step)
     meter, start_step, run_start = _Meter(), state.step, time.perf_counter()
     reset_peak_memory(device)
-    with _StopFlag() as stop:
+    with StopFlag() as stop:
         while state.step < cfg.max_steps:
             # ---- 1-2: the global batch, its micro-batches and its number of targets
             position = batches.position()
@@ -322,7 +325,7 @@ def _accumulate(model: nn.Module, micros: list[dict], counts: list[int], n_globa
     """Forward + backward every micro-batch; returns this rank's summed token loss."""
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for i, (batch, n) in enumerate(zip(micros, counts)):
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        batch = _to_device(batch, device)
         last = i == len(micros) - 1
         # DDP all-reduces gradients in backward; on all but the last micro-batch that would
         # be wasted communication, so no_sync() lets them accumulate locally first.
@@ -434,6 +437,11 @@ class _Meter:
 
 # ---- small pieces -----------------------------------------------------------------------------
 
+def _to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v
+            for k, v in batch.items()}
+
+
 def _split_batch(cfg: TrainConfig, world_size: int) -> tuple[int, int]:
     """(examples per rank, examples per micro-batch) of one global batch."""
     per_rank, rem = divmod(cfg.batch_size, world_size)
@@ -456,37 +464,12 @@ def _check_int(name: str, value: Any, low: int) -> None:
         raise ValueError(f"TrainConfig.{name}={value!r} must be an integer >= {low}")
 
 
-class _StopFlag:
-    """Set by SIGTERM / SIGINT; the loop finishes its step, saves and returns."""
-
-    def __init__(self) -> None:
-        self.signal: Optional[int] = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "_StopFlag":
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        self.signal = signum
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
 def _progress_bar(enabled: bool, total: int, initial: int):
-    if not enabled:
-        return None
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # optional
     except ImportError:
         return None
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True) if enabled else None
 
 
 def _log_row(path: Path, row: dict, bar) -> None:

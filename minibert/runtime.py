@@ -8,6 +8,7 @@
   saves a CPU training step its page faults.
 * `flops_per_token`, `mfu`: model FLOPs utilisation (its ceiling is measured by
   `precision.measure_peak_flops`).
+* `StopFlag`: SIGTERM / SIGINT noted, so the training loop can finish its step and save.
 * `environment_report`, `log_environment`: what the run is running on, with warnings for
   the mismatches that silently cost speed.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import signal
 import re
 import sys
 from typing import Any, Optional, Union
@@ -382,3 +384,28 @@ def log_environment(device: Device, precision: Optional[str] = None) -> dict[str
     for message in report["warnings"]:
         logger.warning(message)
     return report
+
+
+# ---- signals ------------------------------------------------------------------------------
+
+class StopFlag:
+    """Set by SIGTERM / SIGINT; the loop finishes its step, saves and returns."""
+
+    def __init__(self) -> None:
+        self.signal: Optional[int] = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopFlag":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.signal = signum
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
