@@ -14,7 +14,8 @@ they need and how readable they are:
 * `sdpa_attention` calls `torch.nn.functional.scaled_dot_product_attention`, which picks a
   fused kernel (FlashAttention, memory-efficient, or C++ math) for the device. The default.
 * `chunked_attention` is exact attention in O(T · chunk) training memory, written in plain
-  PyTorch so that a reader can see how the FlashAttention idea works. See its docstring.
+  PyTorch so that a reader can see how the FlashAttention idea works: the derivation, then
+  the forward pass, then the backward pass.
 
 `attention()` dispatches on the backend name held in `BertConfig.attention`. The tests check
 that all three agree to 1e-5 in the forward pass and 1e-4 in the gradients.
@@ -29,30 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
-def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
-    """Inverted dropout (Srivastava et al. 2014): zero each element with probability p and
-    scale the survivors by 1 / (1 - p), so the expected value is unchanged.
-
-    On the CPU, `F.dropout` draws one 32-bit random number per element through torch's
-    generator. Here one 64-bit draw serves four elements, each keeping 15 random bits (p is
-    rounded to a multiple of 1/32768), and only the boolean mask is saved for the backward
-    pass: about 2x faster per call, forward and backward (benchmarks/bench_levers.py). The
-    numbers still come from torch's generator, so `set_seed` and checkpointed RNG states
-    reproduce them.
-    On other devices `F.dropout` is already a fused kernel and is used as it is.
-    """
-    if not training or p == 0.0:
-        return x
-    if x.device.type != "cpu":
-        return F.dropout(x, p, training=True)
-    n = x.numel()
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_()  # 63 random bits each
-    # Four 16-bit lanes per draw; the low 15 bits of every lane are uniform. (The top lane's
-    # sign bit is always 0, which is why 15 and not 16 bits are used.)
-    lanes = bits.view(torch.int16)[:n].view(x.shape)
-    keep = (lanes & 0x7FFF) >= round(p * 32768)
-    return torch.where(keep, x * (1.0 / (1.0 - p)), 0.0)
+from .levers import dropout
 
 
 def key_padding_bias(keep: Tensor, dtype: torch.dtype) -> Tensor:
@@ -128,6 +106,25 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
 # probabilities, as in BERT: the denominator l sums the probabilities *before* dropout.
 
 
+def chunked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
+                      dropout_p: float = 0.0, chunk_size: int = 128) -> Tensor:
+    """Exact attention whose training memory is O(T · chunk_size) instead of O(T²).
+
+    Queries and keys are processed in tiles of `chunk_size` with an online softmax, and the
+    backward pass recomputes each tile's probabilities instead of saving them (the
+    FlashAttention algorithm; the derivation is in the comment above). Looping over chunks
+    under plain autograd would *not* save training memory, because autograd would keep every
+    chunk's probabilities for the backward pass.
+
+    (B, nh, T, hs) x3 -> (B, nh, T, hs). Lengths need not be multiples of `chunk_size`.
+    """
+    # The dropout seed comes from torch's global generator, so `set_seed` makes it repeatable.
+    seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
+    if bias is not None:
+        bias = bias.to(_stats_dtype(q))
+    return _ChunkedAttention.apply(q, k, v, bias, chunk_size, dropout_p, seed)
+
+
 def _tile_keep_mask(seed: int, tile: int, shape: torch.Size, p: float, device: torch.device,
                     dtype: torch.dtype) -> Tensor:
     """The dropout keep-mask of one tile, scaled by 1/(1-p); the same on every call."""
@@ -191,10 +188,14 @@ class _ChunkedAttention(torch.autograd.Function):
         scale = 1.0 / math.sqrt(hs)
         n_blocks = (T + chunk - 1) // chunk
         f32 = _stats_dtype(q)
-        dq = torch.zeros(q.shape, dtype=f32, device=q.device)
-        dk = torch.zeros_like(dq)
-        dv = torch.zeros_like(dq)
-        D = (d_out.to(f32) * out.to(f32)).sum(dim=-1, keepdim=True)  # (B, nh, T, 1)
+        dq = torch.zeros(q.shape, dtype=f32, device=q.device)  # (B, nh, T, hs)
+        dk = torch.zeros_like(dq)  # (B, nh, T, hs)
+        dv = torch.zeros_like(dq)  # (B, nh, T, hs)
+        # D_i = Σ_j P_ij dP_ij, the softmax Jacobian's correction, (B, nh, T, 1). It equals
+        # rowsum(dO ∘ O) with dropout too: O = (P ∘ M) V for the scaled keep-mask M, and the
+        # dP below is taken against P through that same M, so Σ_j P_ij M_ij (dO_i · V_j) is
+        # dO_i · O_i.
+        D = (d_out.to(f32) * out.to(f32)).sum(dim=-1, keepdim=True)
         for i in range(n_blocks):
             rows = slice(i * chunk, (i + 1) * chunk)
             qi, d_oi = q[:, :, rows], d_out[:, :, rows]
@@ -204,7 +205,7 @@ class _ChunkedAttention(torch.autograd.Function):
                 kj, vj = k[:, :, cols], v[:, :, cols]
                 # (S - m) first: exact even where S and m are both the bias minimum
                 p = torch.exp((_scores(qi, kj, bias, cols, scale) - m_i) - log_l_i)  # (B,nh,cq,ck)
-                dp = (d_oi @ vj.transpose(-2, -1)).to(f32)
+                dp = (d_oi @ vj.transpose(-2, -1)).to(f32)  # (B, nh, cq, ck)
                 if dropout_p > 0:
                     keep = _tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p,
                                            q.device, p.dtype)
@@ -212,29 +213,10 @@ class _ChunkedAttention(torch.autograd.Function):
                     dp = dp * keep
                 else:
                     dv[:, :, cols] += (p.transpose(-2, -1).to(q.dtype) @ d_oi).to(f32)
-                ds = (p * (dp - D[:, :, rows])).to(q.dtype)
+                ds = (p * (dp - D[:, :, rows])).to(q.dtype)  # dS: (B, nh, cq, ck)
                 dq[:, :, rows] += (ds @ kj).to(f32) * scale
                 dk[:, :, cols] += (ds.transpose(-2, -1) @ qi).to(f32) * scale
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
-
-
-def chunked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
-                      dropout_p: float = 0.0, chunk_size: int = 128) -> Tensor:
-    """Exact attention whose training memory is O(T · chunk_size) instead of O(T²).
-
-    Queries and keys are processed in tiles of `chunk_size` with an online softmax, and the
-    backward pass recomputes each tile's probabilities instead of saving them (the
-    FlashAttention algorithm; the derivation is in the comment above). Looping over chunks
-    under plain autograd would *not* save training memory, because autograd would keep every
-    chunk's probabilities for the backward pass.
-
-    (B, nh, T, hs) x3 -> (B, nh, T, hs). Lengths need not be multiples of `chunk_size`.
-    """
-    # The dropout seed comes from torch's global generator, so `set_seed` makes it repeatable.
-    seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
-    if bias is not None:
-        bias = bias.to(_stats_dtype(q))
-    return _ChunkedAttention.apply(q, k, v, bias, chunk_size, dropout_p, seed)
 
 
 BACKENDS = {"math": math_attention, "sdpa": sdpa_attention, "chunked": chunked_attention}

@@ -23,7 +23,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import attention, dropout
+from .attention import attention
+from .levers import dropout
 from .config import BertConfig
 from .hf import PretrainedMixin
 
@@ -34,7 +35,7 @@ class BertOutput(NamedTuple):
 
 
 class Dropout(nn.Dropout):
-    """nn.Dropout with the cheaper CPU mask of `attention.dropout`."""
+    """nn.Dropout with the cheaper CPU mask of `levers.dropout`."""
 
     def forward(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, self.training)

@@ -133,7 +133,7 @@ def test_chunked_saves_no_quadratic_tensor():
 
 
 def test_dropout_statistics_gradient_and_reproducibility():
-    from minibert.attention import dropout
+    from minibert.levers import dropout
 
     x = torch.randn(64, 128, 96, requires_grad=True)
     torch.manual_seed(3)
