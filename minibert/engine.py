@@ -404,12 +404,21 @@ def _back_off(batch: dict, micro: int, per_rank: int, cfg: TrainConfig, state: T
     return micro
 
 
+# Keys of train's result and of the log rows, which an evaluation must not overwrite.
+_RUN_KEYS = frozenset({"step", "steps", "tokens_seen", "skipped_steps", "wall_seconds",
+                       "interrupted", "precision", "environment", "steps_this_run"})
+
+
 def _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision) -> dict[str, float]:
     if eval_fn is not None:  # called in eval mode, without gradients, then back to train
         raw.eval()
         with torch.no_grad():
             metrics = eval_fn(raw)
         raw.train()
+        if _RUN_KEYS & set(metrics):
+            raise ValueError(f"eval_fn returned {sorted(_RUN_KEYS & set(metrics))}, names that "
+                             f"train's result already uses for the run; rename them (e.g. "
+                             f"'entity_precision')")
         return metrics
     return evaluate(model, eval_batches(eval_set, collate, cfg, ctx), precision, ctx.device, ctx)
 

@@ -175,3 +175,11 @@ def test_count_targets_knows_each_task_s_unit():
     assert count_targets({"labels": torch.tensor([0, 1, 1])}) == 3
     assert count_targets({"start_positions": torch.tensor([4, 0]),
                           "end_positions": torch.tensor([6, 0])}) == 2
+
+
+def test_an_evaluation_cannot_overwrite_the_run_s_own_keys(corpus, tmp_path):
+    """An eval_fn returning "precision" (an F1 script's) would silently replace the dtype."""
+    tok, ds = corpus
+    with pytest.raises(ValueError, match=r"\['precision'\].*rename"):
+        train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path,
+              eval_fn=lambda m: {"precision": 0.5, "f1": 0.4})
