@@ -79,13 +79,17 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, x: Tensor, keep: Optional[Tensor]) -> Tensor:
-        """x: (B, T, H), or (N, H) for the N real tokens of an unpadded batch (see BertModel)."""
+        """x: (B, T, H), or (N, H) for the N real tokens of an unpadded batch (see `unpad`);
+        keep: (B, T) bool, True for real tokens, or None when nothing is padding.
+
+        Returns x's layout. Attention alone needs the (B, T) grid, to know which tokens share
+        a sequence, so an unpadded batch goes back to it for the attention and out again.
+        """
         H = x.size(-1)
+        unpadded = x.dim() == 2
         qkv = self.qkv(x)  # (B, T, 3H) or (N, 3H)
-        if qkv.dim() == 2:  # unpadded: put each token back in its (b, t) slot for attention
-            padded = qkv.new_zeros(*keep.shape, 3 * H)
-            padded[keep] = qkv
-            qkv = padded
+        if unpadded:
+            qkv = repad(qkv, keep)  # (B, T, 3H), zeros at padding
         B, T, _ = qkv.shape
         q, k, v = qkv.split(H, dim=-1)  # 3 x (B, T, H)
         # split H into nh heads of hs dims and move heads next to batch: (B, nh, T, hs)
@@ -94,9 +98,31 @@ class SelfAttention(nn.Module):
                       dropout_p=self.dropout_p if self.training else 0.0,
                       chunk_size=self.chunk_size)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, H)  # heads side by side again: (B, T, H)
-        if x.dim() == 2:
-            y = y[keep]  # (N, H)
+        if unpadded:
+            y = unpad(y, keep)  # (N, H)
         return self.out(y)
+
+
+def unpad(x: Tensor, keep: Tensor) -> Tensor:
+    """(B, T, ...) -> (N, ...): the N real tokens (`keep` True), in row-major order.
+
+    Unpadding, as in MosaicBERT (Portes et al. 2023) and ModernBERT (Warner et al. 2024):
+    every layer but attention works on each token alone (embeddings' norm, projections,
+    feed-forward, LayerNorms), so a padded batch can run them on its real tokens only and
+    save the work of the padding: with 41% padding a base training step is 1.8x faster
+    (benchmarks/bench_unpadding.py). The real tokens' outputs are exactly the same.
+    """
+    return x[keep]
+
+
+def repad(x: Tensor, keep: Tensor) -> Tensor:
+    """(N, ...) -> (B, T, ...): each real token back in its (b, t) slot, zeros at padding.
+
+    The padded positions of the encoder's output are therefore zeros, whatever the model.
+    """
+    full = x.new_zeros(*keep.shape, *x.shape[1:])
+    full[keep] = x
+    return full
 
 
 class FeedForward(nn.Module):
@@ -173,22 +199,14 @@ class BertModel(PretrainedMixin, nn.Module):
         if keep is not None and bool(keep.all()):
             keep = None
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
-        # Unpadding (as in MosaicBERT and ModernBERT): every layer but attention works on each
-        # token alone, so a padded batch runs them on its N real tokens only, (N, H), and
-        # attention alone sees the (B, T) layout. With 41% padding a base training step is
-        # 1.8x faster in fp32 (benchmarks/bench_unpadding.py); the real tokens' outputs are
-        # unchanged, and padding positions come out as zeros.
-        unpad = keep is not None
-        if unpad:
-            x = x[keep]  # (N, H)
+        if keep is not None:
+            x = unpad(x, keep)  # (N, H): the blocks skip the padding (see `unpad`)
         for block in self.blocks:
             x = block(x, keep)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        if unpad:
-            full = x.new_zeros(*keep.shape, x.size(-1))
-            full[keep] = x
-            x = full  # (B, T, H)
+        if keep is not None:
+            x = repad(x, keep)  # (B, T, H)
         pooled = None if self.pooler is None else torch.tanh(self.pooler(x[:, 0]))  # (B, H)
         return BertOutput(x, pooled)
 
