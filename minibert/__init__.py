@@ -18,6 +18,7 @@ from .heads import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
+from .multitask import BertMultiTask
 from .sentence import SentenceEncoder
 
 __version__ = "0.1.0"
@@ -29,6 +30,7 @@ __all__ = [
     "BertForSequenceClassification",
     "BertForTokenClassification",
     "BertForQuestionAnswering",
+    "BertMultiTask",
     "BertOutput",
     "MaskedLMOutput",
     "SequenceClassifierOutput",

@@ -8,6 +8,9 @@ transformers' names (`loss`, `logits`, `start_logits`, ...):
     BertForTokenClassification      one linear layer on every position's vector
     BertForQuestionAnswering        two scores per position: answer start and answer end
 
+The multi-task model (one encoder, a classifier per task) is `multitask.BertMultiTask`; it
+shares the classifiers' loss functions below.
+
 Their parameter names map onto transformers' classes of the same names (`minibert/hf.py`),
 so each head loads from and saves to transformers' checkpoints. Shapes follow the legend of
 `model.py` (B, T, H, V, N, C).
@@ -118,17 +121,8 @@ class _Labelled(PretrainedMixin):
 
     def _set_labels(self, num_labels: int, id2label: Optional[Sequence[str]],
                     minimum: int) -> None:
-        if not isinstance(num_labels, int) or isinstance(num_labels, bool) or \
-                num_labels < minimum:
-            raise ValueError(f"num_labels={num_labels!r} must be an integer >= {minimum}"
-                             + (" (1 means regression)" if minimum == 1 else ""))
-        names = [f"LABEL_{i}" for i in range(num_labels)] if id2label is None else \
-            [str(n) for n in id2label]
-        if len(names) != num_labels or len(set(names)) != num_labels:
-            raise ValueError(f"id2label must hold num_labels={num_labels} distinct names, got "
-                             f"{names!r}")
+        self.id2label = label_names(num_labels, id2label, minimum)
         self.num_labels = num_labels
-        self.id2label = names
 
     @classmethod
     def _init_kwargs(cls, hf_config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -176,14 +170,7 @@ class BertForSequenceClassification(_Labelled, nn.Module):
         logits = self.classifier(self.drop(pooled))  # (B, C)
         if labels is None:
             return SequenceClassifierOutput(None, logits)
-        _check_shape("labels", labels, (input_ids.size(0),), "one label per sequence")
-        if self.num_labels == 1:
-            loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
-        else:
-            _check_ids("labels", labels, f"integer class ids for classification (num_labels="
-                                          f"{self.num_labels})")
-            loss = F.cross_entropy(logits.float(), labels)
-        return SequenceClassifierOutput(loss, logits)
+        return SequenceClassifierOutput(sequence_classification_loss(logits, labels), logits)
 
 
 class BertForTokenClassification(_Labelled, nn.Module):
@@ -217,13 +204,51 @@ class BertForTokenClassification(_Labelled, nn.Module):
         logits = self.classifier(self.drop(h))  # (B, T, C)
         if labels is None:
             return TokenClassifierOutput(None, logits)
-        _check_shape("labels", labels, tuple(input_ids.shape), "the shape of input_ids")
-        _check_ids("labels", labels, "integer class ids for token classification")
-        if attention_mask is not None:  # the encoder did not compute padding: never score it
-            labels = labels.masked_fill(~attention_mask.bool(), IGNORE_INDEX)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
-                               ignore_index=IGNORE_INDEX)  # (B*T, C) against (B*T,)
-        return TokenClassifierOutput(loss, logits)
+        return TokenClassifierOutput(token_classification_loss(logits, labels, attention_mask),
+                                     logits)
+
+
+def label_names(num_labels: int, id2label: Optional[Sequence[str]], minimum: int) -> list[str]:
+    """The checked class names of a classifier with `num_labels` classes (LABEL_i by default).
+
+    `minimum` is 1 for sequence classification (1 means regression), 2 for token labels.
+    """
+    if not isinstance(num_labels, int) or isinstance(num_labels, bool) or num_labels < minimum:
+        raise ValueError(f"num_labels={num_labels!r} must be an integer >= {minimum}"
+                         + (" (1 means regression)" if minimum == 1 else ""))
+    names = [f"LABEL_{i}" for i in range(num_labels)] if id2label is None else \
+        [str(n) for n in id2label]
+    if len(names) != num_labels or len(set(names)) != num_labels:
+        raise ValueError(f"id2label must hold num_labels={num_labels} distinct names, got "
+                         f"{names!r}")
+    return names
+
+
+# The two classifiers' losses, shared with the multi-task model (multitask.py), whose heads
+# must train exactly as the single-task classes do.
+
+def sequence_classification_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """logits (B, C), labels (B,): MSE on float labels when C == 1 (regression), otherwise
+    cross-entropy on class ids. Computed in float32 whatever the autocast dtype."""
+    num_labels = logits.size(-1)
+    _check_shape("labels", labels, (logits.size(0),), "one label per sequence")
+    if num_labels == 1:
+        return F.mse_loss(logits.squeeze(-1).float(), labels.float())
+    _check_ids("labels", labels, f"integer class ids for classification (num_labels="
+                                  f"{num_labels})")
+    return F.cross_entropy(logits.float(), labels)
+
+
+def token_classification_loss(logits: Tensor, labels: Tensor,
+                              attention_mask: Optional[Tensor]) -> Tensor:
+    """logits (B, T, C), labels (B, T) with IGNORE_INDEX where nothing is predicted: the mean
+    cross-entropy over labelled real tokens (a label on padding is ignored)."""
+    _check_shape("labels", labels, tuple(logits.shape[:2]), "the shape of input_ids")
+    _check_ids("labels", labels, "integer class ids for token classification")
+    if attention_mask is not None:  # the encoder did not compute padding: never score it
+        labels = labels.masked_fill(~attention_mask.bool(), IGNORE_INDEX)
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
+                           ignore_index=IGNORE_INDEX)  # (B*T, C) against (B*T,)
 
 
 # ---- extractive question answering -----------------------------------------------------------

@@ -214,3 +214,57 @@ def test_global_batches_refuse_bad_positions_and_small_sets():
         GlobalBatches(5, 8)
     with pytest.raises(ValueError, match="whole number of batches"):
         GlobalBatches(50, 8).seek(0, 3)
+
+
+def _task_of(index, sizes):
+    return int(np.searchsorted(np.cumsum(sizes), index, side="right"))
+
+
+def test_task_mixture_batches_are_one_task_and_ranks_partition_them():
+    from minibert.data.sampler import TaskMixtureBatches
+
+    sizes = [20, 45, 90]
+    one = TaskMixtureBatches(sizes, 8, seed=4)
+    ranks = [TaskMixtureBatches(sizes, 8, seed=4, rank=r, world_size=2) for r in range(2)]
+    seen = {t: [] for t in range(3)}  # task -> its batches' (epoch, indices), in order
+    for b in range(60):  # task 0 has 2 batches an epoch: several of its epochs go by
+        epoch, whole = one.next()
+        parts = [r.next() for r in ranks]
+        assert [e for e, _ in parts] == [epoch, epoch]
+        assert parts[0][1] + parts[1][1] == whole and len(whole) == 8
+        tasks = {_task_of(i, sizes) for i in whole}
+        assert tasks == {int(one.tasks_of(b, b + 1)[0])}  # one task, the drawn one
+        seen[tasks.pop()].append((epoch, whole))
+    for t, batches in seen.items():  # each task walks its own epochs, no example twice in one
+        per_epoch = sizes[t] // 8
+        assert [e for e, _ in batches] == [k // per_epoch for k in range(len(batches))]
+        for e in {e for e, _ in batches}:
+            idx = [i for ep, w in batches if ep == e for i in w]
+            assert len(idx) == len(set(idx))
+    assert one.position() == {"epoch": 0, "consumed": 480}
+
+
+def test_task_mixture_resumes_exactly_and_draws_sqrt_proportionally():
+    from minibert.data.sampler import TaskMixtureBatches
+
+    sizes = [16, 64, 256, 1024]  # square roots 4 : 8 : 16 : 32
+    ref = TaskMixtureBatches(sizes, 4, seed=7)
+    first = [ref.next() for _ in range(300)]
+    interrupted = TaskMixtureBatches(sizes, 4, seed=7)
+    head = [interrupted.next() for _ in range(137)]
+    resumed = TaskMixtureBatches(sizes, 4, seed=7)
+    resumed.seek(**interrupted.position())
+    assert head + [resumed.next() for _ in range(163)] == first
+    assert TaskMixtureBatches(sizes, 4, seed=8).tasks_of(0, 300).tolist() != \
+        ref.tasks_of(0, 300).tolist()
+    # The draws are a pure function of (seed, batch): any window equals the whole's slice.
+    many = ref.tasks_of(0, 40_000)
+    assert ref.tasks_of(1500, 2600).tolist() == many[1500:2600].tolist()
+    freq = np.bincount(many, minlength=4) / len(many)
+    want = np.sqrt(sizes) / np.sqrt(sizes).sum()  # 1/15, 2/15, 4/15, 8/15
+    assert np.abs(freq - want).max() < 0.01
+    assert np.abs(freq - np.asarray(sizes) / sum(sizes)).max() > 0.1  # not proportional
+    with pytest.raises(ValueError, match="task mixture"):
+        resumed.seek(1, 0)
+    with pytest.raises(ValueError, match="tiny has 3 examples, fewer than one batch"):
+        TaskMixtureBatches([3, 50], 4, task_names=["tiny", "big"])

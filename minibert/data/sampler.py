@@ -13,6 +13,9 @@
   cut into groups of ``batch_size * group_batches``, sorted by length inside each
   group and batched; the batch order is shuffled again so training does not go
   from short to long.
+* :class:`GlobalBatches` (the training loop's batch order) and :class:`TaskMixtureBatches`
+  (multi-task fine-tuning: each batch one task's, tasks drawn by the square root of their
+  size): whole global batches from a saved position, with ``next``/``position``/``seek``.
 
 Kept apart from ``mlm.py`` because neither sampler knows anything about masking.
 """
@@ -265,3 +268,111 @@ class GlobalBatches:
             raise ValueError(f"position (epoch {epoch}, consumed {consumed}) is not a "
                              f"whole number of batches of {self.batch_size} into an epoch")
         self.epoch, self.consumed = int(epoch), int(consumed)
+
+
+class TaskMixtureBatches:
+    """Global batches for several tasks at once, each batch all from one task: the batch
+    order of multi-task fine-tuning, with `GlobalBatches`' protocol (`next`, `position`,
+    `seek`).
+
+    The dataset is the tasks' examples one after another: task `t` holds the indices
+    `sum(sizes[:t]) ... sum(sizes[:t + 1]) - 1`. Batch `b` belongs to task `t` with
+    probability proportional to `sqrt(sizes[t])`. Sampling in proportion to size would
+    starve the small tasks (a task with 1% of the examples gets 1% of the steps and is
+    barely trained); sampling tasks uniformly would revisit a small task's few examples
+    epoch after epoch and overfit it while the large ones are undertrained. The square
+    root is the usual compromise between the two: it is temperature-scaled mixing with
+    T = 2, r_t ∝ size_t^(1/T) (Raffel et al. 2020, the T5 paper, section 3.5.2; Arivazhagan
+    et al. 2019 for multilingual translation).
+
+    The draw is a pure function of (seed, b): the uniform number of batch `b` is entry
+    `b % 1024` of the stream keyed by (seed, b // 1024), so draws come in blocks and
+    `seek` counts a million batches' tasks in milliseconds. Within a task, examples come
+    from that task's own shuffle, one per *task epoch*, keyed by (seed, task, epoch), cut
+    into batches of `batch_size` (the last partial batch dropped, as in `GlobalBatches`);
+    a task starts its next epoch when its batches run out, independently of the others.
+    Rank `r` of `W` receives the `r`-th contiguous slice of each global batch.
+
+    Position: the mixture has no global epoch (each task has its own), so `position()` is
+    always `{"epoch": 0, "consumed": batches drawn * batch_size}`, and `seek` rebuilds
+    every task's epoch and place by counting the tasks of the batches already drawn.
+    `next()` returns the epoch of the batch's own task.
+    """
+
+    BLOCK = 1024  # draws per random stream; any fixed value gives a pure function of (seed, b)
+
+    def __init__(self, sizes: Sequence[int], batch_size: int, *, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, task_names: Sequence[str] | None = None) -> None:
+        self.names = [str(n) for n in task_names] if task_names is not None else \
+            [f"task {t}" for t in range(len(sizes))]
+        if len(sizes) == 0 or len(self.names) != len(sizes):
+            raise ValueError(f"need one size per task, got sizes={list(sizes)} for tasks "
+                             f"{self.names}")
+        if batch_size < 1 or batch_size % world_size:
+            raise ValueError(f"batch_size={batch_size} must be a positive multiple of "
+                             f"world_size={world_size}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
+        for name, n in zip(self.names, sizes):
+            if n < batch_size:
+                raise ValueError(f"{name} has {n} examples, fewer than one batch of "
+                                 f"{batch_size}; lower the batch size")
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])  # first index of each
+        self.per_epoch = self.sizes // batch_size  # full batches in one epoch of each task
+        weights = np.sqrt(self.sizes.astype(np.float64))
+        self.probabilities = weights / weights.sum()
+        self._edges = np.cumsum(self.probabilities)  # a uniform u falls in task searchsorted(u)
+        self._edges[-1] = 1.0  # no u in [0, 1) may fall past the last task by rounding
+        self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
+        self.done = 0  # global batches drawn so far
+        self.drawn = np.zeros(len(sizes), dtype=np.int64)  # of them, each task's
+        self._orders: dict[int, tuple[int, np.ndarray]] = {}  # task -> (epoch, its shuffle)
+        self._cached_block: tuple[int, np.ndarray] | None = None  # (block, its tasks)
+
+    def tasks_of(self, start: int, stop: int) -> np.ndarray:
+        """The task of each global batch `start ... stop - 1`, `(stop - start,)` int64."""
+        B = self.BLOCK
+        blocks = [self._block(k) for k in range(start // B, -(-stop // B))]
+        tasks = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.int64)
+        return tasks[start % B:][:stop - start]
+
+    def _block(self, k: int) -> np.ndarray:
+        """The tasks of batches `k * BLOCK ... (k + 1) * BLOCK - 1` (the last block cached)."""
+        if self._cached_block is None or self._cached_block[0] != k:
+            u = np.random.default_rng([int(self.seed) % 2**63, 0, int(k)]).random(self.BLOCK)
+            tasks = np.searchsorted(self._edges, u, side="right").astype(np.int64)
+            self._cached_block = (k, tasks)
+        return self._cached_block[1]
+
+    def task_order(self, task: int, epoch: int) -> np.ndarray:
+        """Task `task`'s shuffle in its epoch `epoch`: `(sizes[task],)` dataset indices."""
+        cached = self._orders.get(task)
+        if cached is None or cached[0] != epoch:
+            rng = np.random.default_rng([int(self.seed) % 2**63, 1, int(task), int(epoch)])
+            cached = (epoch, self.offsets[task] + rng.permutation(int(self.sizes[task])))
+            self._orders[task] = cached
+        return cached[1]
+
+    def next(self) -> tuple[int, list[int]]:
+        """(the task's epoch, this rank's example indices) of the next global batch."""
+        t = int(self.tasks_of(self.done, self.done + 1)[0])
+        epoch, b = divmod(int(self.drawn[t]), int(self.per_epoch[t]))
+        batch = self.task_order(t, epoch)[b * self.batch_size:(b + 1) * self.batch_size]
+        share = self.batch_size // self.world_size
+        mine = batch[self.rank * share:(self.rank + 1) * share]  # this rank's slice
+        self.done += 1
+        self.drawn[t] += 1
+        return epoch, mine.tolist()
+
+    def position(self) -> dict[str, int]:
+        """`{"epoch": 0, "consumed": examples drawn over all ranks}` (no global epochs)."""
+        return {"epoch": 0, "consumed": self.done * self.batch_size}
+
+    def seek(self, epoch: int, consumed: int) -> None:
+        """Continue from a saved `position()`: replay the draws to rebuild each task's place."""
+        if epoch != 0 or consumed < 0 or consumed % self.batch_size:
+            raise ValueError(f"position (epoch {epoch}, consumed {consumed}) is not one of a "
+                             f"task mixture: epoch 0 and whole batches of {self.batch_size}")
+        self.done = consumed // self.batch_size
+        self.drawn = np.bincount(self.tasks_of(0, self.done), minlength=len(self.sizes))
