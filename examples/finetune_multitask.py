@@ -134,9 +134,6 @@ def check_args(args, ctx) -> None:
     if rest or per_rank == 0 or per_rank % micro:
         raise ValueError(f"--batch-size {args.batch_size} must split into {ctx.world_size} "
                          f"process(es) x whole micro-batches of --micro-batch-size {micro}")
-    if ctx.world_size > 1:  # each step leaves the other tasks' heads without gradients
-        raise ValueError("multi-task training runs in one process for now: DDP needs "
-                         "find_unused_parameters for the heads a step does not use")
     resolve_precision(args.precision, ctx.device)
     if args.init_from:
         read_config(args.init_from)

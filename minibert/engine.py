@@ -462,9 +462,10 @@ def _split_batch(cfg: TrainConfig, world_size: int) -> tuple[int, int]:
 
 
 def _wrap(model: nn.Module, cfg: TrainConfig, ctx: DistContext, device: torch.device):
-    if ctx.world_size > 1:
+    if ctx.world_size > 1:  # a model whose steps leave some parameters unused says so
         model = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=getattr(model, "unused_parameters_per_step", False))
     return torch.compile(model) if cfg.compile else model
 
 

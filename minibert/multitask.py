@@ -78,6 +78,10 @@ class BertMultiTask(nn.Module):
     or the list of their names (id2label). Names are letters, digits, "_" and "-".
     """
 
+    # A step runs one task's head, so the others (and, for a token task, the pooler) get no
+    # gradient; DDP must be told (`find_unused_parameters`), which the engine reads here.
+    unused_parameters_per_step = True
+
     def __init__(self, config: BertConfig, tasks: Mapping[str, TaskSpec]):
         super().__init__()
         if not tasks:

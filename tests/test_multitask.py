@@ -227,3 +227,34 @@ def test_bad_task_specs_are_one_line_and_write_nothing(spec, message, data, tmp_
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
     assert not out.exists()
+
+
+def test_two_processes_train_the_tasks_as_one_does(data, tmp_path):
+    """Under torchrun each step leaves the other tasks' heads without gradients; DDP must
+    accept that (it raised at the second step before). The same batches and tasks are
+    trained; only dropout differs (each rank draws its own masks), so the losses agree
+    closely rather than exactly."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script_path = Path(__file__).resolve().parents[1] / "examples" / "finetune_multitask.py"
+    steps = ("--max-steps", "6", "--log-every", "1", "--decay-steps", "6")
+    one = tmp_path / "one"
+    assert script.main(_args(data, one, ("mood", "ner"), *steps)) == 0
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(script_path.parents[1]),
+                                           os.environ.get("PYTHONPATH", "")]))
+    two = tmp_path / "two"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node", "2", str(script_path),
+                           *_args(data, two, ("mood", "ner"), *steps, "--device", "cpu")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def losses(out):
+        return [r["loss"] for r in map(json.loads, open(out / "metrics.jsonl")) if "loss" in r]
+
+    assert len(losses(one)) == len(losses(two)) == 6
+    assert losses(two) == pytest.approx(losses(one), rel=0.05)
