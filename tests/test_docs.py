@@ -61,3 +61,24 @@ def test_walkthrough_snippets_run(tmp_path, monkeypatch):
     workdirs = list(tmp_path.glob("minibert-walkthrough-*"))
     assert len(workdirs) == 1 and (workdirs[0] / "corpus.tok").is_file()
     assert not (tmp_path / "cache").exists()  # no tokenizer cache written
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/walkthrough.md", "docs/finetune.md",
+                                 "docs/qa.md", "docs/multitask.md", "docs/distill.md"])
+def test_local_links_point_at_files_and_headings_that_exist(doc):
+    path = ROOT / doc
+    for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+        if target.startswith(("http://", "https://", "#")):
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve()
+        assert linked.exists(), f"{doc} links to {target}, which does not exist"
+        if anchor and linked.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", linked.read_text(), flags=re.M)
+            assert anchor in {_slug(h) for h in headings}, f"{doc}: no heading #{anchor}"
