@@ -30,7 +30,7 @@ PathLike = Union[str, os.PathLike]
 
 
 def write_files_atomically(directory: PathLike, contents: Mapping[str, str]) -> None:
-    """Write ``{file name: text}`` into ``directory`` so that no file is ever half written.
+    """Write `{file name: text}` into `directory` so that no file is ever half written.
 
     Every file is first written in full under a unique temporary name in the same
     directory and flushed to disk; only then are they renamed over the old files, in
@@ -53,12 +53,12 @@ def write_files_atomically(directory: PathLike, contents: Mapping[str, str]) -> 
 
 
 def _write_synced_temp(directory: Path, name: str, text: str) -> Path:
-    """Write ``text`` to a new uniquely named file in ``directory``, fsync it, return its path.
+    """Write `text` to a new uniquely named file in `directory`, fsync it, return its path.
 
-    A unique name (not ``name + ".tmp"``) keeps two processes saving into the same
-    directory from writing into each other's temporary file. ``os.open`` with mode
+    A unique name (not `name + ".tmp"`) keeps two processes saving into the same
+    directory from writing into each other's temporary file. `os.open` with mode
     0o666 lets the umask decide the permissions, as for any other new file
-    (``tempfile.mkstemp`` would make the file readable by its owner only).
+    (`tempfile.mkstemp` would make the file readable by its owner only).
     """
     tmp = directory / f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)

@@ -7,12 +7,12 @@
 The pooling follows sentence-transformers (Reimers & Gurevych 2019, "Sentence-BERT"), so a
 folder gives the vectors that library computes from the same encoder:
 
-* ``mean``: the average of the last hidden states over the real tokens ([CLS] and [SEP]
+* `mean`: the average of the last hidden states over the real tokens ([CLS] and [SEP]
   included), each weighted by its attention-mask entry, so padding never counts;
-* ``cls``: the last hidden state of [CLS]. This is *not* BERT's pooler output (tanh of a
+* `cls`: the last hidden state of [CLS]. This is *not* BERT's pooler output (tanh of a
   dense layer), which was trained for next-sentence prediction, is absent from MLM exports,
   and which sentence-transformers does not use either;
-* ``max``: the element-wise maximum over the real tokens; padding is set to -inf first.
+* `max`: the element-wise maximum over the real tokens; padding is set to -inf first.
 
 Shape legend: N texts, B texts in a batch, T tokens (after padding), H hidden size.
 """
@@ -81,8 +81,8 @@ def nearest(query: Tensor, corpus: Tensor, k: int) -> tuple[Tensor, Tensor]:
 class SentenceEncoder(nn.Module):
     """A BERT encoder (no pooler, no head), its tokenizer, and a pooling of its hidden states.
 
-    ``forward`` maps a padded batch to (B, H) embeddings with gradients, for research code
-    that trains them; ``encode`` maps a list of texts to (N, H) for inference.
+    `forward` maps a padded batch to (B, H) embeddings with gradients, for research code
+    that trains them; `encode` maps a list of texts to (N, H) for inference.
     """
 
     def __init__(self, model: BertModel, tokenizer: Tokenizer, pooling: str = "mean",
@@ -105,8 +105,8 @@ class SentenceEncoder(nn.Module):
         Any folder minibert reads works: a minibert export (e.g. a pretraining run's final/,
         a BertForMaskedLM) or a transformers BERT folder, holding tokenizer.json or
         vocab.txt. Heads and the pooler in the checkpoint are ignored, and none is built,
-        so nothing is newly initialised. ``config_overrides`` as in ``BertModel``'s, e.g.
-        ``attention="math"``.
+        so nothing is newly initialised. `config_overrides` as in `BertModel`'s, e.g.
+        `attention="math"`.
         """
         check_pooling(pooling)  # before reading any file
         config = BertConfig.from_hf_dict(read_config(path), **config_overrides)
@@ -128,11 +128,11 @@ class SentenceEncoder(nn.Module):
 
     def encode(self, texts: Sequence[str], batch_size: int = 32,
                max_length: Optional[int] = None) -> Tensor:
-        """Embed ``texts``: a float32 (N, H) tensor on the CPU, row i for texts[i].
+        """Embed `texts`: a float32 (N, H) tensor on the CPU, row i for texts[i].
 
         Runs in eval mode (the module's mode is restored afterwards) without gradients, on
         the model's device. Texts are batched longest first, so each batch pads to similar
-        lengths; the padding does not change the result. A text longer than ``max_length``
+        lengths; the padding does not change the result. A text longer than `max_length`
         tokens (default the model's max_position_embeddings) keeps its first tokens and
         its [SEP], as transformers truncates.
         """

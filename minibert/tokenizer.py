@@ -1,21 +1,21 @@
-"""Tokenizer: BERT's WordPiece pipeline on the Rust ``tokenizers`` library.
+"""Tokenizer: BERT's WordPiece pipeline on the Rust `tokenizers` library.
 
 BERT (Devlin et al. 2019) turns text into ids in four stages, each of which is a
-component of a ``tokenizers.Tokenizer``:
+component of a `tokenizers.Tokenizer`:
 
 1. normalizer      clean control characters, put spaces around CJK characters,
                    lowercase and strip accents (NFD, drop combining marks);
 2. pre-tokenizer   split on whitespace and punctuation;
 3. model           WordPiece: greedy longest-match-first into vocabulary pieces,
-                   non-initial pieces carry the ``##`` prefix, words longer than
-                   100 characters become ``[UNK]``;
-4. post-processor  ``[CLS] A [SEP]`` (and ``[CLS] A [SEP] B [SEP]`` for pairs).
+                   non-initial pieces carry the `##` prefix, words longer than
+                   100 characters become `[UNK]`;
+4. post-processor  `[CLS] A [SEP]` (and `[CLS] A [SEP] B [SEP]` for pairs).
 
-This is the same pipeline transformers' ``BertTokenizerFast`` builds from a
-``vocab.txt``, so a vocabulary from any BERT checkpoint gives identical ids. The
+This is the same pipeline transformers' `BertTokenizerFast` builds from a
+`vocab.txt`, so a vocabulary from any BERT checkpoint gives identical ids. The
 class below only adds what minibert needs on top: training with a content-keyed
-cache (in :mod:`minibert.tokenizer_train`), loading from the file layouts found in
-the wild, the special ids, and for fine-tuning an :class:`Encoding` per text, text
+cache (in `minibert.tokenizer_train`), loading from the file layouts found in
+the wild, the special ids, and for fine-tuning an `Encoding` per text, text
 pair or list of words: token types, pair truncation, and each token's characters
 and word, which map predictions back onto the text.
 """
@@ -50,11 +50,11 @@ TRUNCATION = ("longest_first", "only_first", "only_second")
 class Encoding(NamedTuple):
     """A text, a text pair or a list of words, encoded: one entry per token in every field.
 
-    Special tokens get offsets ``(0, 0)`` and word and sequence id ``None``, as in
-    transformers' fast tokenizers. ``offsets`` and ``word_ids`` count within the
+    Special tokens get offsets `(0, 0)` and word and sequence id `None`, as in
+    transformers' fast tokenizers. `offsets` and `word_ids` count within the
     token's own text, so for a pair they start again at 0 in text b; the character
-    span of token ``t`` in text ``sequence_ids[t]`` is ``text[slice(*offsets[t])]``.
-    For :meth:`Tokenizer.encode_words` the word ids index the given list and the
+    span of token `t` in text `sequence_ids[t]` is `text[slice(*offsets[t])]`.
+    For `Tokenizer.encode_words` the word ids index the given list and the
     offsets count within each word.
     """
     input_ids: list[int]
@@ -66,14 +66,14 @@ class Encoding(NamedTuple):
 
 def truncated_lengths(n_a: int, n_b: int, budget: int,
                       truncation: str = "longest_first") -> tuple[int, int]:
-    """How many tokens of texts a and b to keep so that together they fit in ``budget``.
+    """How many tokens of texts a and b to keep so that together they fit in `budget`.
 
-    ``longest_first`` is BERT's rule as the ``tokenizers`` library applies it (so
+    `longest_first` is BERT's rule as the `tokenizers` library applies it (so
     transformers gives the same): take tokens from the longer text until it is as
     short as the other, then from both in turn. In closed form: the shorter text
     stays whole when the longer one can keep at least as many tokens, otherwise each
     keeps half the budget and the longer one (b on a tie) the odd token.
-    ``only_first`` and ``only_second`` cut that one text and raise when it would lose
+    `only_first` and `only_second` cut that one text and raise when it would lose
     every token (as transformers does). Texts are cut at their end.
     """
     if truncation not in TRUNCATION:
@@ -100,11 +100,11 @@ def truncated_lengths(n_a: int, n_b: int, budget: int,
 class Tokenizer:
     """BERT WordPiece tokenizer.
 
-    Build one with :meth:`train`, :meth:`train_from_iterator` or
-    :meth:`from_pretrained`; wrapping an existing ``tokenizers.Tokenizer`` directly
+    Build one with `train`, `train_from_iterator` or
+    `from_pretrained`; wrapping an existing `tokenizers.Tokenizer` directly
     is also allowed, provided its vocabulary holds the five special tokens.
 
-    Example::
+    Example:
 
         tok = Tokenizer.train(["train.txt"], vocab_size=8192)
         ids = tok.encode("Hello world")          # [CLS] hello world [SEP]
@@ -133,7 +133,7 @@ class Tokenizer:
     # ------------------------------------------------------------------ building
     @staticmethod
     def _bert_pipeline(vocab: Optional[dict], lowercase: bool, strip_accents: Optional[bool]):
-        """An untrained (or vocab-loaded) ``tokenizers.Tokenizer`` wired like BERT."""
+        """An untrained (or vocab-loaded) `tokenizers.Tokenizer` wired like BERT."""
         backend = tokenizers.Tokenizer(
             models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100)
             if vocab is not None
@@ -170,16 +170,16 @@ class Tokenizer:
     ) -> "Tokenizer":
         """Train a WordPiece vocabulary on text files (UTF-8; bad bytes are replaced).
 
-        ``files`` is one path or a sequence of them (``str`` or ``Path``), each an
-        existing file; ``tokenize_to_memmap`` reads the same list as the same files.
-        To train on texts in memory, use :meth:`train_from_iterator`.
+        `files` is one path or a sequence of them (`str` or `Path`), each an
+        existing file; `tokenize_to_memmap` reads the same list as the same files.
+        To train on texts in memory, use `train_from_iterator`.
 
         The result is cached under a key made of the files' bytes and the settings
-        (in ``cache_dir``, default :func:`default_cache_dir`), so a second call on
+        (in `cache_dir`, default `default_cache_dir`), so a second call on
         the same corpus loads it instead of training again. This also makes reruns
         reproducible: the trainer breaks ties between equally frequent pieces in
         hash order, so two fresh trainings can differ in a few entries and ids.
-        The training itself lives in :mod:`minibert.tokenizer_train`.
+        The training itself lives in `minibert.tokenizer_train`.
         """
         return train_on_files(cls, files, vocab_size, lowercase=lowercase,
                               min_frequency=min_frequency, limit_alphabet=limit_alphabet,
@@ -209,10 +209,10 @@ class Tokenizer:
 
     @classmethod
     def from_pretrained(cls, path: PathLike, *, lowercase: Optional[bool] = None) -> "Tokenizer":
-        """Load from a directory holding ``tokenizer.json`` or ``vocab.txt``, or from that file.
+        """Load from a directory holding `tokenizer.json` or `vocab.txt`, or from that file.
 
-        For ``vocab.txt`` the casing comes from ``lowercase`` if given, else from
-        ``do_lower_case`` / ``strip_accents`` in a ``tokenizer_config.json`` next to
+        For `vocab.txt` the casing comes from `lowercase` if given, else from
+        `do_lower_case` / `strip_accents` in a `tokenizer_config.json` next to
         it (as in transformers checkpoints), else BERT's default: lowercase.
         """
         path = Path(path).expanduser()
@@ -253,12 +253,12 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ saving
     def save(self, directory: PathLike) -> Path:
-        """Write ``tokenizer.json`` and ``vocab.txt`` into ``directory``; return it.
+        """Write `tokenizer.json` and `vocab.txt` into `directory`; return it.
 
         Each file is written in full under a temporary name, flushed to disk and only
         then renamed over the old one, so a crash or a full disk mid-save leaves the
-        previous files whole rather than a truncated ``tokenizer.json`` that no longer
-        loads. ``tokenizer.json`` is renamed last: it is the file :meth:`from_pretrained`
+        previous files whole rather than a truncated `tokenizer.json` that no longer
+        loads. `tokenizer.json` is renamed last: it is the file `from_pretrained`
         prefers, so until that rename the directory still loads as the old tokenizer.
         """
         directory = Path(directory)
@@ -288,7 +288,7 @@ class Tokenizer:
 
     @property
     def special_ids(self) -> tuple[int, ...]:
-        """Ids of ``[PAD] [UNK] [CLS] [SEP] [MASK]``, in that order."""
+        """Ids of `[PAD] [UNK] [CLS] [SEP] [MASK]`, in that order."""
         return (self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id)
 
     @property
@@ -301,32 +301,32 @@ class Tokenizer:
         return hashlib.sha256(self.backend.to_str().encode("utf-8")).hexdigest()[:16]
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Ids of ``text``, as ``[CLS] ... [SEP]`` unless ``add_special_tokens=False``."""
+        """Ids of `text`, as `[CLS] ... [SEP]` unless `add_special_tokens=False`."""
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_with_offsets(self, text: str, max_length: Optional[int] = None) -> Encoding:
-        """``[CLS] text [SEP]`` with each token's characters and word; at most ``max_length``
+        """`[CLS] text [SEP]` with each token's characters and word; at most `max_length`
         tokens (the end of the text is cut)."""
         return self._encoding(self.backend.encode(text), max_length, "longest_first")
 
     def encode_pair(self, a: str, b: str, max_length: Optional[int] = None,
                     truncation: str = "longest_first") -> Encoding:
-        """``[CLS] a [SEP] b [SEP]``, token types 0 then 1, at most ``max_length`` tokens.
+        """`[CLS] a [SEP] b [SEP]`, token types 0 then 1, at most `max_length` tokens.
 
-        ``truncation`` is ``"longest_first"``, ``"only_first"`` or ``"only_second"``
-        (see :func:`truncated_lengths`); the ids equal transformers'
-        ``BertTokenizerFast(a, b, truncation=..., max_length=...)``. For extractive QA
-        pass (question, context): ``sequence_ids`` marks the context tokens (1) and
-        ``offsets`` give their characters in the context.
+        `truncation` is `"longest_first"`, `"only_first"` or `"only_second"`
+        (see `truncated_lengths`); the ids equal transformers'
+        `BertTokenizerFast(a, b, truncation=..., max_length=...)`. For extractive QA
+        pass (question, context): `sequence_ids` marks the context tokens (1) and
+        `offsets` give their characters in the context.
         """
         return self._encoding(self.backend.encode(a, b), max_length, truncation)
 
     def encode_words(self, words: Sequence[str], max_length: Optional[int] = None) -> Encoding:
-        """``[CLS] pieces [SEP]`` for text already split into words (a CoNLL sentence).
+        """`[CLS] pieces [SEP]` for text already split into words (a CoNLL sentence).
 
         Each word is tokenized on its own (a word holding punctuation still splits there);
-        ``word_ids[t]`` is the index in ``words`` of the word that token ``t`` belongs to,
-        as transformers' ``BertTokenizerFast(words, is_split_into_words=True).word_ids()``.
+        `word_ids[t]` is the index in `words` of the word that token `t` belongs to,
+        as transformers' `BertTokenizerFast(words, is_split_into_words=True).word_ids()`.
         A word that normalizes to nothing (a lone control character) yields no token.
         """
         if isinstance(words, str) or not all(isinstance(w, str) for w in words):
@@ -336,10 +336,10 @@ class Tokenizer:
 
     def _encoding(self, enc: tokenizers.Encoding, max_length: Optional[int],
                   truncation: str) -> Encoding:
-        """``enc`` as an :class:`Encoding`, its texts truncated to fit ``max_length``.
+        """`enc` as an `Encoding`, its texts truncated to fit `max_length`.
 
         Truncation happens here rather than in the backend, whose settings are shared
-        by every caller of this tokenizer (and by the plain :meth:`encode`).
+        by every caller of this tokenizer (and by the plain `encode`).
         """
         seq = enc.sequence_ids
         n = [seq.count(0), seq.count(1)]
@@ -365,7 +365,7 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str],
                      add_special_tokens: bool = True) -> list[list[int]]:
-        """:meth:`encode` over many texts, in parallel threads on the Rust side."""
+        """`encode` over many texts, in parallel threads on the Rust side."""
         if isinstance(texts, str):
             raise TypeError("encode_batch expects a list of strings; use encode() for one string")
         # encode_batch_fast (tokenizers >= 0.20) gives the same ids but skips the
@@ -375,7 +375,7 @@ class Tokenizer:
         return [e.ids for e in encs]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
-        """Text for ``ids``, with ``##`` pieces joined back into words."""
+        """Text for `ids`, with `##` pieces joined back into words."""
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def explain(self, text: str) -> "Explanation":
@@ -441,11 +441,11 @@ def wordpiece(word: str, vocab: dict[str, int], unk: str = UNK, prefix: str = "#
 
 
 def _read_vocab_txt(path: Path) -> dict[str, int]:
-    """A BERT ``vocab.txt``: one token per line, the id is the line number (from 0).
+    """A BERT `vocab.txt`: one token per line, the id is the line number (from 0).
 
     A token listed twice has no single id: transformers keeps its last line, and
     whichever line is kept, the vocabulary size no longer matches the highest id, so
-    a re-saved ``vocab.txt`` would shift every id after it. Such a file is refused
+    a re-saved `vocab.txt` would shift every id after it. Such a file is refused
     rather than guessed at. A UTF-8 byte order mark (added by some
     Windows editors) is not part of the first token.
     """

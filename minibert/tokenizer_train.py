@@ -1,6 +1,6 @@
-"""Training a WordPiece vocabulary for :class:`~minibert.tokenizer.Tokenizer`.
+"""Training a WordPiece vocabulary for `Tokenizer`.
 
-:meth:`Tokenizer.train` and :meth:`Tokenizer.train_from_iterator` are the public
+`Tokenizer.train` and `Tokenizer.train_from_iterator` are the public
 entry points; this module holds what they do. The Rust WordPiece trainer does
 the counting and merging. Around it, minibert adds:
 
@@ -8,7 +8,7 @@ the counting and merging. Around it, minibert adds:
   second call on the same corpus loads the vocabulary instead of training (and
   reruns get the same ids, since the trainer breaks ties in hash order);
 * a filter that drops words over WordPiece's length limit before the trainer
-  sees them (:class:`_TrainingInput`);
+  sees them (`_TrainingInput`);
 * errors that say what to change (an empty corpus, a vocabulary too small for
   the alphabet).
 """
@@ -39,14 +39,14 @@ _CACHE_FORMAT = 2  # 2: words over the WordPiece length limit are not trained on
 
 
 def default_cache_dir() -> Path:
-    """``$MINIBERT_CACHE`` if set, else ``~/.cache/minibert``."""
+    """`$MINIBERT_CACHE` if set, else `~/.cache/minibert`."""
     env = os.environ.get("MINIBERT_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "minibert"
 
 
 def train_on_files(cls: type["Tokenizer"], files: Union[PathLike, Sequence[PathLike]],
                    vocab_size: int, *, use_cache: bool, **settings) -> "Tokenizer":
-    """:meth:`Tokenizer.train`: every file must exist; the cache key hashes their bytes."""
+    """`Tokenizer.train`: every file must exist; the cache key hashes their bytes."""
     if isinstance(files, (str, os.PathLike)):
         files = [files]
     paths = [Path(f) for f in files]
@@ -76,7 +76,7 @@ def train_on_files(cls: type["Tokenizer"], files: Union[PathLike, Sequence[PathL
 
 def train_on_texts(cls: type["Tokenizer"], texts: Iterable[str], vocab_size: int, *,
                    use_cache: bool, **settings) -> "Tokenizer":
-    """:meth:`Tokenizer.train_from_iterator`: only a sequence can be hashed for the cache."""
+    """`Tokenizer.train_from_iterator`: only a sequence can be hashed for the cache."""
     if isinstance(texts, str):
         raise TypeError("train_from_iterator expects an iterable of strings, not one string")
     can_cache = use_cache and isinstance(texts, Sequence)
@@ -163,7 +163,7 @@ class _TrainingInput:
     The trainer's cost grows with the square of the longest word, so one 400,000
     character line (a base64 blob, a table flattened without spaces) takes minutes
     and ignores Ctrl-C meanwhile. Yet the WordPiece model maps every word over
-    ``max_input_chars_per_word`` characters (100) to ``[UNK]``, so such words add
+    `max_input_chars_per_word` characters (100) to `[UNK]`, so such words add
     nothing to the vocabulary that encoding could ever use: they are dropped here.
     """
 
@@ -173,7 +173,7 @@ class _TrainingInput:
         self.longest = 0
 
     def texts(self, texts: Iterable[str], backend: tokenizers.Tokenizer) -> Iterator[str]:
-        """``texts`` without over-long words; ``backend``: a pipeline not being trained."""
+        """`texts` without over-long words; `backend`: a pipeline not being trained."""
         max_chars = backend.model.max_input_chars_per_word
         # Normalization can lengthen a word (NFD splits a Hangul syllable into up to
         # three letters), so runs from a quarter of the limit on are checked, with the

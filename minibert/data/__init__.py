@@ -1,16 +1,16 @@
 """The data pipeline: text -> Tokenizer -> TokenFile (memmap) -> packed examples -> batches.
 
-* :mod:`.wikitext`  download WikiText and read it as articles
-* :mod:`.tokens`    tokenize a corpus once into a memory-mapped token file
-* :mod:`.mlm`       pack it into ``[CLS] ... [SEP]`` blocks; pad and mask batches
-* :mod:`.sampler`   deterministic, shardable, resumable batch order
-* :mod:`.text`      UTF-8 reading that replaces bad bytes instead of crashing; your own
-                    folder of ``.txt`` files as a corpus
-* :mod:`.corpus`    ``load_corpus``: a folder read as WikiText or as text files by its
+* `wikitext`  download WikiText and read it as articles
+* `tokens`    tokenize a corpus once into a memory-mapped token file
+* `mlm`       pack it into `[CLS] ... [SEP]` blocks; pad and mask batches
+* `sampler`   deterministic, shardable, resumable batch order
+* `text`      UTF-8 reading that replaces bad bytes instead of crashing; your own
+                    folder of `.txt` files as a corpus
+* `corpus`    `load_corpus`: a folder read as WikiText or as text files by its
                     layout, refusing mixed folders, with a report of what was read
-* :mod:`.tasks`     fine-tuning: readers (:mod:`.task_files`: TSV/CSV, CoNLL, SQuAD),
-                    encoders for classification, token labels and QA (:mod:`.qa`),
-                    and ``TaskCollator``
+* `tasks`     fine-tuning: readers (`task_files`: TSV/CSV, CoNLL, SQuAD),
+                    encoders for classification, token labels and QA (`qa`),
+                    and `TaskCollator`
 """
 from .corpus import Corpus, CorpusFile, load_corpus
 from .mlm import IGNORE_INDEX, MLMCollator, PackedMLMDataset, pad_batch

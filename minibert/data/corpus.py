@@ -1,15 +1,15 @@
 """A corpus folder, read the way its layout means, with a report of what was read.
 
-Two layouts exist (see :mod:`.wikitext` and :mod:`.text`):
+Two layouts exist (see `wikitext` and `text`):
 
-* WikiText: the split files ``wiki.{train,valid,test}.raw``, ``wiki.{...}.tokens`` or
-  ``{train,valid,test}.txt``, read as articles split at `` = Title = `` headings;
-* a text folder: any other ``*.txt`` files, read as documents separated by blank
-  lines, every ``holdout_every``-th document held out as ``valid``.
+* WikiText: the split files `wiki.{train,valid,test}.raw`, `wiki.{...}.tokens` or
+  `{train,valid,test}.txt`, read as articles split at ` = Title = ` headings;
+* a text folder: any other `*.txt` files, read as documents separated by blank
+  lines, every `holdout_every`-th document held out as `valid`.
 
-Guessing the layout from one file name is how a 964 KB ``corpus_a.txt`` once went
-unread: a ``valid.txt`` beside it made the folder "WikiText", and training ran on
-8,104 tokens without a word. So :func:`load_corpus` reads a folder as WikiText only
+Guessing the layout from one file name is how a 964 KB `corpus_a.txt` once went
+unread: a `valid.txt` beside it made the folder "WikiText", and training ran on
+8,104 tokens without a word. So `load_corpus` reads a folder as WikiText only
 when its text files are exactly WikiText splits, refuses any folder whose text files
 it would not all read, and returns per file what it read, for the log.
 """
@@ -29,7 +29,7 @@ WIKITEXT, TEXT_FOLDER = "wikitext", "text folder"
 
 
 class CorpusFile(NamedTuple):
-    """One file that was read: its split (``train+valid`` for a text folder, whose
+    """One file that was read: its split (`train+valid` for a text folder, whose
     documents are dealt to both), how many documents it gave and their characters."""
 
     path: Path
@@ -39,7 +39,7 @@ class CorpusFile(NamedTuple):
 
 
 class Corpus(NamedTuple):
-    """What :func:`load_corpus` read: ``splits`` maps a split name to its documents."""
+    """What `load_corpus` read: `splits` maps a split name to its documents."""
 
     path: Path  # the folder the files are in
     layout: str  # "wikitext" or "text folder"
@@ -57,23 +57,23 @@ class Corpus(NamedTuple):
 
 
 def load_corpus(path: PathLike, *, holdout_every: int = 20) -> Corpus:
-    """Read the corpus in folder ``path``, as WikiText or as a text folder.
+    """Read the corpus in folder `path`, as WikiText or as a text folder.
 
-    The folder's text files (``.txt``, ``.raw``, ``.tokens``) decide:
+    The folder's text files (`.txt`, `.raw`, `.tokens`) decide:
 
     * exactly the splits of one WikiText layout (some splits may be missing):
       WikiText, with the splits found;
-    * only other ``.txt`` files: a text folder, split into ``train`` and ``valid``
-      (every ``holdout_every``-th document) as by :func:`load_text_folder`;
+    * only other `.txt` files: a text folder, split into `train` and `valid`
+      (every `holdout_every`-th document) as by `load_text_folder`;
     * anything else (WikiText splits beside other text files, two WikiText layouts,
-      a ``.raw`` file among ``.txt`` files, text files in subfolders as well): a
-      ``ValueError`` that lists what was found, since some files would go unread.
+      a `.raw` file among `.txt` files, text files in subfolders as well): a
+      `ValueError` that lists what was found, since some files would go unread.
 
     A folder with no text files of its own but exactly one subfolder holding some
-    (the cache folder ``download_wikitext`` extracts into) is read as that subfolder.
-    Hidden subfolders and other files (``README``, ``.zip``) are ignored.
+    (the cache folder `download_wikitext` extracts into) is read as that subfolder.
+    Hidden subfolders and other files (`README`, `.zip`) are ignored.
 
-    Example::
+    Example:
 
         corpus = load_corpus("data/")
         for line in corpus.report():
@@ -129,7 +129,7 @@ def _names(paths: list[Path], root: Path, limit: int = 8, suffix: str = "") -> s
 
 
 def _wikitext_layout(root: Path, files: list[Path]) -> dict[str, Path] | None:
-    """``{split: file}`` when ``files`` are exactly WikiText splits, None when none are;
+    """`{split: file}` when `files` are exactly WikiText splits, None when none are;
     a ValueError when they mix with each other or with other text files."""
     names = {p.name for p in files}
     found = [{s: root / n for s, n in layout.items() if n in names} for layout in WIKITEXT_LAYOUTS]

@@ -1,16 +1,16 @@
 """Masked-language-model examples and batches.
 
-Two pieces sit between a :class:`~minibert.data.tokens.TokenFile` and the model:
+Two pieces sit between a `TokenFile` and the model:
 
-* :class:`PackedMLMDataset` cuts the corpus into fixed blocks
-  ``[CLS] t_1 ... t_{L-2} [SEP]`` of exactly ``seq_len`` tokens. Blocks run across
-  document boundaries, with a ``[SEP]`` between documents: RoBERTa's
+* `PackedMLMDataset` cuts the corpus into fixed blocks
+  `[CLS] t_1 ... t_{L-2} [SEP]` of exactly `seq_len` tokens. Blocks run across
+  document boundaries, with a `[SEP]` between documents: RoBERTa's
   "FULL-SENTENCES" input format (Liu et al. 2019, section 4.2), without
   next-sentence prediction. Every position holds text, so pretraining spends
   no compute on padding.
-* :class:`MLMCollator` pads a list of examples to the longest one and applies
-  BERT's masking (Devlin et al. 2019, section 3.1): a fraction ``p`` of the
-  ordinary tokens is selected for prediction; of those 80% become ``[MASK]``, 10% a
+* `MLMCollator` pads a list of examples to the longest one and applies
+  BERT's masking (Devlin et al. 2019, section 3.1): a fraction `p` of the
+  ordinary tokens is selected for prediction; of those 80% become `[MASK]`, 10% a
   random ordinary token, 10% stay unchanged.
 
 Masking is *dynamic* (a new mask every epoch, Liu et al. 2019, section 4.1) and yet
@@ -40,16 +40,16 @@ IGNORE_INDEX = -100  # label value that torch's cross_entropy skips
 
 
 class PackedMLMDataset(torch.utils.data.Dataset):
-    """Fixed-length ``[CLS] ... [SEP]`` blocks packed from a token file.
+    """Fixed-length `[CLS] ... [SEP]` blocks packed from a token file.
 
-    Document ``d`` contributes its ids followed by one ``[SEP]``; the resulting
-    stream is cut into bodies of ``seq_len - 2`` tokens and each body is wrapped
-    in ``[CLS]`` / ``[SEP]``. The trailing partial block is dropped, so every
-    example has exactly ``seq_len`` tokens. Nothing is materialised: a block's
+    Document `d` contributes its ids followed by one `[SEP]`; the resulting
+    stream is cut into bodies of `seq_len - 2` tokens and each body is wrapped
+    in `[CLS]` / `[SEP]`. The trailing partial block is dropped, so every
+    example has exactly `seq_len` tokens. Nothing is materialised: a block's
     position in the stream is computed from the document offsets.
 
-    Item ``i`` is ``{"input_ids": (seq_len,) int64 array, "index": i}``; the index
-    is what :class:`MLMCollator` keys its masking on.
+    Item `i` is `{"input_ids": (seq_len,) int64 array, "index": i}`; the index
+    is what `MLMCollator` keys its masking on.
     """
 
     def __init__(self, tokens: TokenFile, seq_len: int, tokenizer: Optional["Tokenizer"] = None):
@@ -102,8 +102,8 @@ def pad_batch(sequences: Sequence, pad_id: int, pad_to_multiple_of: Optional[int
               ) -> tuple[np.ndarray, np.ndarray]:
     """Right-pad id sequences to the longest one.
 
-    Returns ``(ids, lengths)``: ``(B, T)`` int64 and ``(B,)`` int64, where ``T`` is the
-    longest length rounded up to ``pad_to_multiple_of`` (tensor cores like
+    Returns `(ids, lengths)`: `(B, T)` int64 and `(B,)` int64, where `T` is the
+    longest length rounded up to `pad_to_multiple_of` (tensor cores like
     multiples of 8).
     """
     if len(sequences) == 0:
@@ -137,32 +137,32 @@ class MLMCollator:
     """Pad examples and mask them for masked-language modelling.
 
     Args:
-        tokenizer: supplies ``pad_id``, ``mask_id``, ``special_ids``, ``vocab_size``.
+        tokenizer: supplies `pad_id`, `mask_id`, `special_ids`, `vocab_size`.
         mlm_probability: fraction of ordinary tokens selected for prediction, in
             (0, 1). BERT uses 0.15; MosaicBERT and ModernBERT train at 0.30.
         pad_to_multiple_of: round the padded length up to a multiple of this.
         seed: the masking seed; with the epoch and example index it fixes every mask.
         whole_word_mask: select *words* instead of tokens: a word is a piece plus the
-            ``##`` pieces that follow it, and a chosen word has all its pieces predicted,
+            `##` pieces that follow it, and a chosen word has all its pieces predicted,
             with one 80/10/10 decision for the whole word (the released BERT models'
-            "whole word masking" variant). Predicting ``##ing`` while ``walk`` is visible
+            "whole word masking" variant). Predicting `##ing` while `walk` is visible
             is a much easier task than predicting the word; masking words removes that
             shortcut. A word cut by the start of a block is a word of its own.
 
-    Call it on a list of examples: id sequences that already hold ``[CLS]``/``[SEP]``,
-    or dicts with ``input_ids`` and ``index`` (what :class:`PackedMLMDataset`
-    yields). It returns a dict of ``(B, T)`` int64 tensors: ``input_ids``,
-    ``attention_mask`` (1 on tokens, 0 on padding), ``token_type_ids`` (zeros
-    unless the examples carry them) and ``labels`` (the original id where a token
-    was selected, -100 elsewhere). Special tokens (``[PAD] [UNK] [CLS] [SEP]
-    [MASK]``) are never selected. Each example with any ordinary token gets at
+    Call it on a list of examples: id sequences that already hold `[CLS]`/`[SEP]`,
+    or dicts with `input_ids` and `index` (what `PackedMLMDataset`
+    yields). It returns a dict of `(B, T)` int64 tensors: `input_ids`,
+    `attention_mask` (1 on tokens, 0 on padding), `token_type_ids` (zeros
+    unless the examples carry them) and `labels` (the original id where a token
+    was selected, -100 elsewhere). Special tokens (`[PAD] [UNK] [CLS] [SEP]
+    [MASK]`) are never selected. Each example with any ordinary token gets at
     least one selected token, so no example, and no batch, has an empty loss.
 
     Examples without an index are keyed by a hash of their ids instead; set the
-    epoch with :meth:`set_epoch` (or ``epoch=`` in the call) so that masks change
+    epoch with `set_epoch` (or `epoch=` in the call) so that masks change
     between epochs. DataLoader workers copy the collator when an epoch's iterator
-    starts, so call ``set_epoch`` before iterating (and avoid
-    ``persistent_workers=True``, whose copies would keep the old epoch).
+    starts, so call `set_epoch` before iterating (and avoid
+    `persistent_workers=True`, whose copies would keep the old epoch).
     """
 
     def __init__(self, tokenizer: "Tokenizer", mlm_probability: float = 0.15,
@@ -230,13 +230,13 @@ class MLMCollator:
 
     def mask(self, ids: np.ndarray, lengths: np.ndarray, keys: np.ndarray, epoch: int
              ) -> tuple[np.ndarray, np.ndarray]:
-        """The masking itself, a pure function of its arguments and ``self.seed``.
+        """The masking itself, a pure function of its arguments and `self.seed`.
 
         Args:
-            ids: ``(B, T)`` int64 padded ids. lengths: ``(B,)`` true lengths.
-            keys: ``(B,)`` uint64 example indices. epoch: the epoch.
+            ids: `(B, T)` int64 padded ids. lengths: `(B,)` true lengths.
+            keys: `(B,)` uint64 example indices. epoch: the epoch.
         Returns:
-            ``(input_ids, labels)``, both ``(B, T)`` int64.
+            `(input_ids, labels)`, both `(B, T)` int64.
         """
         B, T = ids.shape
         with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design

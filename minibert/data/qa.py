@@ -2,20 +2,20 @@
 
 BERT's recipe (Devlin et al. 2019, section 4.2, and run_squad.py of google-research/bert):
 
-* Each question and its context become ``[CLS] question [SEP] context [SEP]``. A
-  context too long for ``max_len`` is cut into overlapping windows, each paired with
+* Each question and its context become `[CLS] question [SEP] context [SEP]`. A
+  context too long for `max_len` is cut into overlapping windows, each paired with
   the whole question, so every context token is seen in some window with context
   around it.
 * The model scores every token as the answer's start and as its end. Training needs
   the answer's token positions in each window: where the window holds the whole answer,
   its first and last token; elsewhere (a window that misses or cuts the answer, or an
-  unanswerable SQuAD 2.0 question) the ``[CLS]`` position 0, which stands for "no answer
+  unanswerable SQuAD 2.0 question) the `[CLS]` position 0, which stands for "no answer
   here".
-* At prediction, :func:`best_span` takes the highest-scoring valid span over all windows
+* At prediction, `best_span` takes the highest-scoring valid span over all windows
   of a question (a start may only come from the window where that token has the most
   context around it), and maps it back to characters of the context through the
   tokens' offsets, so the answer is a verbatim substring of the context. SQuAD 2.0 adds
-  a null answer: predict none when the ``[CLS]`` score beats the best span's by more
+  a null answer: predict none when the `[CLS]` score beats the best span's by more
   than a threshold.
 """
 from __future__ import annotations
@@ -44,19 +44,19 @@ def encode_qa(tok: "Tokenizer", examples: Sequence[QAExample], max_len: int = 38
               doc_stride: int = 128, max_question_len: int = 64) -> list[dict]:
     """Features for extractive QA: one per window of each example's context.
 
-    ``doc_stride`` is the number of context tokens that consecutive windows share, as
-    transformers' ``stride``, so the windows equal transformers' overflowing windows for
-    ``truncation="only_second"``. (BERT's run_squad.py gave the name to the step between
+    `doc_stride` is the number of context tokens that consecutive windows share, as
+    transformers' `stride`, so the windows equal transformers' overflowing windows for
+    `truncation="only_second"`. (BERT's run_squad.py gave the name to the step between
     window starts instead: its windows of 384 tokens moved by 128 tokens.)
-    Questions longer than ``max_question_len`` tokens are cut (BERT's
-    ``max_query_length``); the context gets the rest of ``max_len``.
+    Questions longer than `max_question_len` tokens are cut (BERT's
+    `max_query_length`); the context gets the rest of `max_len`.
 
-    Each feature holds ``input_ids`` and ``token_type_ids`` ((T,) int64), the training
-    targets ``start_position`` and ``end_position`` (token indices; 0, the ``[CLS]``,
-    when the window does not hold the whole first answer), and for :func:`best_span`:
-    ``example`` (its index in ``examples``), ``offsets`` ((T, 2) int64, each context
-    token's characters in the context, 0 elsewhere), ``is_context`` ((T,) bool) and
-    ``max_context`` ((T,) bool, context tokens that have more context around them in this
+    Each feature holds `input_ids` and `token_type_ids` ((T,) int64), the training
+    targets `start_position` and `end_position` (token indices; 0, the `[CLS]`,
+    when the window does not hold the whole first answer), and for `best_span`:
+    `example` (its index in `examples`), `offsets` ((T, 2) int64, each context
+    token's characters in the context, 0 elsewhere), `is_context` ((T,) bool) and
+    `max_context` ((T,) bool, context tokens that have more context around them in this
     window than in any other).
     """
     if not isinstance(doc_stride, int) or doc_stride < 0:
@@ -118,7 +118,7 @@ def _answer_tokens(ex: QAExample, offsets: np.ndarray) -> Optional[tuple[int, in
 def _max_context_windows(windows: list[tuple[int, int]], n: int) -> np.ndarray:
     """(n,) for each context token, the window where it has the most context.
 
-    BERT's ``_check_is_max_context``: a token's context in a window is the smaller of
+    BERT's `_check_is_max_context`: a token's context in a window is the smaller of
     the tokens to its left and to its right, plus a hundredth of the window's length
     to prefer longer windows; ties go to the earlier window.
     """
@@ -139,17 +139,17 @@ def best_span(start_logits: Sequence, end_logits: Sequence, features: Sequence[M
               ) -> list[SpanPrediction]:
     """The answer to each example, as characters of its context, from all its windows.
 
-    ``start_logits[f]`` and ``end_logits[f]`` score the tokens of ``features[f]`` (rows
+    `start_logits[f]` and `end_logits[f]` score the tokens of `features[f]` (rows
     of a padded batch are fine: only the feature's own tokens are read). Per window, the
-    ``n_best`` highest start and end scores among context tokens are paired; a pair is a
+    `n_best` highest start and end scores among context tokens are paired; a pair is a
     candidate when the end does not precede the start, the span has at most
-    ``max_answer_length`` tokens, and the window is the start token's max-context window.
+    `max_answer_length` tokens, and the window is the start token's max-context window.
     The best candidate over all windows, by start + end logit, is the answer.
 
-    With ``version_2`` (SQuAD 2.0), the null score is the lowest ``[CLS]`` start + end
+    With `version_2` (SQuAD 2.0), the null score is the lowest `[CLS]` start + end
     logit over the windows, and the answer is "" when the null score exceeds the best
-    span's by more than ``null_score_diff_threshold`` (tune it on the dev set, as BERT
-    did). Returns one :class:`SpanPrediction` per example, in order.
+    span's by more than `null_score_diff_threshold` (tune it on the dev set, as BERT
+    did). Returns one `SpanPrediction` per example, in order.
     """
     windows = defaultdict(list)
     for f, s, e in zip(features, start_logits, end_logits):
@@ -187,6 +187,6 @@ def _as_array(logits) -> np.ndarray:
 
 
 def _top(scores: np.ndarray, allowed: np.ndarray, n: int) -> list[int]:
-    """The ``n`` positions with the highest scores among the allowed ones."""
+    """The `n` positions with the highest scores among the allowed ones."""
     candidates = np.nonzero(allowed)[0]
     return candidates[np.argsort(-scores[candidates], kind="stable")[:n]].tolist()

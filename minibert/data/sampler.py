@@ -1,23 +1,23 @@
 """Which examples go in which batch, on which rank: deterministic, shardable, resumable.
 
-* :class:`ShardedSampler` (pretraining): one shuffle of all examples per epoch,
+* `ShardedSampler` (pretraining): one shuffle of all examples per epoch,
   drawn from (seed, epoch). The shuffled order is cut into *global* batches of
-  ``global_batch_size`` examples, and rank ``r`` of ``W`` receives the ``r``-th
+  `global_batch_size` examples, and rank `r` of `W` receives the `r`-th
   contiguous slice of each. The union over ranks of one global batch is therefore
-  the same set of examples whatever ``W`` is; with :class:`~minibert.data.mlm.MLMCollator`
+  the same set of examples whatever `W` is; with `MLMCollator`
   keying its masks on the example index, the global batch is identical too.
-  Resuming at global position ``k`` only slices the permutation: skipped
+  Resuming at global position `k` only slices the permutation: skipped
   examples are never read.
-* :class:`LengthGroupedBatchSampler` (fine-tuning): batches of examples of
+* `LengthGroupedBatchSampler` (fine-tuning): batches of examples of
   similar length, so dynamic padding has little to add. Examples are shuffled,
-  cut into groups of ``batch_size * group_batches``, sorted by length inside each
+  cut into groups of `batch_size * group_batches`, sorted by length inside each
   group and batched; the batch order is shuffled again so training does not go
   from short to long.
-* :class:`GlobalBatches` (the training loop's batch order) and :class:`TaskMixtureBatches`
+* `GlobalBatches` (the training loop's batch order) and `TaskMixtureBatches`
   (multi-task fine-tuning: each batch one task's, tasks drawn by the square root of their
-  size): whole global batches from a saved position, with ``next``/``position``/``seek``.
+  size): whole global batches from a saved position, with `next`/`position`/`seek`.
 
-Kept apart from ``mlm.py`` because neither sampler knows anything about masking.
+Kept apart from `mlm.py` because neither sampler knows anything about masking.
 """
 from __future__ import annotations
 
@@ -38,16 +38,16 @@ class ShardedSampler(torch.utils.data.Sampler):
     Args:
         num_examples: size of the dataset.
         global_batch_size: examples per optimizer step over all ranks
-            (``world_size * grad_accum * micro_batch``); a multiple of ``world_size``.
+            (`world_size * grad_accum * micro_batch`); a multiple of `world_size`.
         rank, world_size: this process and the number of processes.
         seed: fixes the shuffle of every epoch.
-        shuffle: ``False`` keeps the dataset order (evaluation).
-        drop_last: drop the final partial global batch (default). If ``False`` it
+        shuffle: `False` keeps the dataset order (evaluation).
+        drop_last: drop the final partial global batch (default). If `False` it
             is split as evenly as possible, and some ranks may get one example fewer.
 
-    Use it as a DataLoader ``sampler`` with ``batch_size`` = micro-batch size:
-    rank ``r`` yields ``global_batch_size // world_size`` indices per global batch.
-    Call :meth:`set_epoch` before each epoch, with ``start`` when resuming.
+    Use it as a DataLoader `sampler` with `batch_size` = micro-batch size:
+    rank `r` yields `global_batch_size // world_size` indices per global batch.
+    Call `set_epoch` before each epoch, with `start` when resuming.
     """
 
     def __init__(self, num_examples: int, global_batch_size: int, *, rank: int = 0,
@@ -71,7 +71,7 @@ class ShardedSampler(torch.utils.data.Sampler):
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Select the epoch, and the global position in it to start from (resume).
 
-        ``start`` counts examples consumed by all ranks together in this epoch. With
+        `start` counts examples consumed by all ranks together in this epoch. With
         several ranks it must fall on a global-batch boundary, since the examples a
         rank had already consumed inside a global batch are not known here.
         """
@@ -88,7 +88,7 @@ class ShardedSampler(torch.utils.data.Sampler):
         return (self.num_examples // G) * G if self.drop_last else self.num_examples
 
     def order(self) -> np.ndarray:
-        """The epoch's global order of example indices, ``(num_examples,)`` int64."""
+        """The epoch's global order of example indices, `(num_examples,)` int64."""
         if not self.shuffle:
             return np.arange(self.num_examples, dtype=np.int64)
         return _epoch_rng(self.seed, self.epoch).permutation(self.num_examples)
@@ -118,16 +118,16 @@ class ShardedSampler(torch.utils.data.Sampler):
 
 
 class LengthGroupedBatchSampler(torch.utils.data.Sampler):
-    """Batches of indices whose examples have similar lengths (a DataLoader ``batch_sampler``).
+    """Batches of indices whose examples have similar lengths (a DataLoader `batch_sampler`).
 
     Args:
         lengths: token count of every example.
         batch_size: examples per batch on each rank.
         group_batches: how many batches are sorted together; larger groups pad
             less but are less random.
-        seed, shuffle: as for :class:`ShardedSampler`.
+        seed, shuffle: as for `ShardedSampler`.
         drop_last: drop the short batches left at the end of each group.
-        rank, world_size: rank ``r`` takes batches ``r, r + W, ...``; every rank
+        rank, world_size: rank `r` takes batches `r, r + W, ...`; every rank
             gets the same number of batches (extra batches are dropped).
 
     The batch holding the longest example is put first, so an out-of-memory
@@ -151,7 +151,7 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Select the epoch; ``start`` skips that many of this rank's batches (resume)."""
+        """Select the epoch; `start` skips that many of this rank's batches (resume)."""
         self.epoch, self.start = int(epoch), int(start)
 
     def batches(self) -> list[list[int]]:
@@ -199,8 +199,8 @@ class GlobalBatches:
     """The run's global batches in order, from a saved position: the training loop's data.
 
     Epoch `e` is cut into global batches of `batch_size` example indices, by a plain shuffle
-    (:class:`ShardedSampler`, packed pretraining blocks) or, given `lengths`, by length groups
-    (:class:`LengthGroupedBatchSampler`, fine-tuning); the last partial batch of an epoch is
+    (`ShardedSampler`, packed pretraining blocks) or, given `lengths`, by length groups
+    (`LengthGroupedBatchSampler`, fine-tuning); the last partial batch of an epoch is
     dropped so every step sees exactly `batch_size` examples. Both orders are functions of
     (seed, epoch) alone, so the position is two integers:
 

@@ -1,9 +1,9 @@
 """Reading fine-tuning data: tables (GLUE-style TSV/CSV), CoNLL token labels, SQuAD JSON.
 
-Each reader checks what it reads and raises ``ValueError`` (or ``FileNotFoundError``)
+Each reader checks what it reads and raises `ValueError` (or `FileNotFoundError`)
 naming the file, the line or the question id, and what is wrong, so that a bad file
 ends a run with one readable line before any work is done. Labels stay text here;
-:class:`LabelMap` turns them into class ids.
+`LabelMap` turns them into class ids.
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ class LabelMap:
 
     The names are sorted by value when every training label is an integer ("2" before
     "10", and "07" and "7" are one class), else as text. Build one with
-    :meth:`from_labels`; ``names`` is what a model's ``id2label`` should hold.
+    `from_labels`; `names` is what a model's `id2label` should hold.
     """
 
     def __init__(self, names: Iterable[str], integers: bool = False,
@@ -108,9 +108,9 @@ class LabelMap:
     @classmethod
     def from_labels(cls, labels: Iterable[str], path: PathLike, unit: str = "row"
                     ) -> "LabelMap":
-        """The classes of ``labels`` (read from ``path``); at least two are needed.
+        """The classes of `labels` (read from `path`); at least two are needed.
 
-        ``unit`` names what carries a label in the error message: a row, a word, ...
+        `unit` names what carries a label in the error message: a row, a word, ...
         """
         labels = list(labels)
         integers = bool(labels) and all(_is_int(x) for x in labels)
@@ -126,7 +126,7 @@ class LabelMap:
         return str(int(label)) if integers and _is_int(label) else label
 
     def id(self, label: str, path: PathLike, line: int) -> int:
-        """The class id of ``label``, read from ``path`` at ``line``; an unknown one is an
+        """The class id of `label`, read from `path` at `line`; an unknown one is an
         error naming both files."""
         i = self._ids.get(self._canonical(label, self.integers))
         if i is None:
@@ -155,8 +155,8 @@ def read_conll(path: PathLike) -> list[Sentence]:
 
     A line holding a tab is split at tabs (so a word may contain spaces), any other at
     whitespace; the word is the first column and the label the last, so both
-    ``EU NNP B-NP B-ORG`` (CoNLL-2003) and ``EU<TAB>B-ORG`` read as (EU, B-ORG).
-    ``-DOCSTART-`` lines end a sentence and are otherwise ignored.
+    `EU NNP B-NP B-ORG` (CoNLL-2003) and `EU<TAB>B-ORG` read as (EU, B-ORG).
+    `-DOCSTART-` lines end a sentence and are otherwise ignored.
     """
     path = Path(path)
     text = _read_utf8(path, "one 'word label' per line, a blank line between sentences")
@@ -199,10 +199,10 @@ class QAExample(NamedTuple):
 def read_squad(path: PathLike, version_2: bool = False) -> list[QAExample]:
     """The questions of a SQuAD v1.1 or v2.0 JSON file, in file order.
 
-    Every answer's text must stand at its ``answer_start`` in the context, so spans
-    found from characters are the ones the file means. A v1.1 file (``version_2=False``)
-    must answer every question; in v2.0, ``is_impossible`` questions have no answers
-    (their ``plausible_answers`` are ignored).
+    Every answer's text must stand at its `answer_start` in the context, so spans
+    found from characters are the ones the file means. A v1.1 file (`version_2=False`)
+    must answer every question; in v2.0, `is_impossible` questions have no answers
+    (their `plausible_answers` are ignored).
     """
     path = Path(path)
     text = _read_utf8(path, "SQuAD JSON: {\"data\": [{\"paragraphs\": [...]}]}")
@@ -244,7 +244,7 @@ def read_squad(path: PathLike, version_2: bool = False) -> list[QAExample]:
 
 
 def _field(obj, key: str, kind, path: Path, where: str):
-    """``obj[key]``, which must exist and be of ``kind``."""
+    """`obj[key]`, which must exist and be of `kind`."""
     value = obj.get(key) if isinstance(obj, dict) else None
     if not isinstance(value, kind):
         raise ValueError(f"{path}: {where} has no {key!r} "

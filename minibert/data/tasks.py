@@ -1,19 +1,19 @@
 """Fine-tuning tasks: from read examples to encoded features to padded batches.
 
 The three downstream tasks of the BERT paper (Devlin et al. 2019, section 4) share one
-path: a reader (:mod:`.task_files`) gives examples with text labels, an encoder here
+path: a reader (`task_files`) gives examples with text labels, an encoder here
 turns each into one or more *features* (dicts of ids and targets, plus what is needed
-to map predictions back), and :class:`TaskCollator` pads a list of features into a
+to map predictions back), and `TaskCollator` pads a list of features into a
 batch.
 
-* sequence classification (GLUE): :func:`encode_classification`, one label per text
+* sequence classification (GLUE): `encode_classification`, one label per text
   or text pair;
-* token classification (CoNLL NER): :func:`encode_token_classification` and
-  :func:`word_predictions`, one label per word read from its first piece;
-* extractive QA (SQuAD): :func:`~.qa.encode_qa` and :func:`~.qa.best_span` in
-  :mod:`.qa`, windows over long contexts and the span search back in characters.
+* token classification (CoNLL NER): `encode_token_classification` and
+  `word_predictions`, one label per word read from its first piece;
+* extractive QA (SQuAD): `encode_qa` and `best_span` in
+  `qa`, windows over long contexts and the span search back in characters.
 
-Everything is importable from here, readers and QA included. Classification, for one::
+Everything is importable from here, readers and QA included. Classification, for one:
 
     rows = read_table("train.tsv", ["sentence", "label"])
     labels = LabelMap.from_labels([r[-1] for _, r in rows], "train.tsv")
@@ -54,13 +54,13 @@ def encode_classification(tok: "Tokenizer", texts: Sequence[str],
                           labels: Optional[Sequence[Any]] = None,
                           pairs: Optional[Sequence[str]] = None,
                           max_len: int = 128) -> list[dict]:
-    """One feature per text: ``[CLS] text [SEP]``, or ``[CLS] text [SEP] pair [SEP]``.
+    """One feature per text: `[CLS] text [SEP]`, or `[CLS] text [SEP] pair [SEP]`.
 
-    Inputs over ``max_len`` tokens are cut at the end; a pair loses tokens from its
-    longer text first, as BERT did and transformers does (``longest_first``, see
-    :func:`minibert.tokenizer.truncated_lengths`). Each feature holds ``input_ids``
-    and ``token_type_ids`` ((T,) int64, types 0 for the text and 1 for the pair) and,
-    with ``labels``, its ``label`` (a class id, or a float for regression).
+    Inputs over `max_len` tokens are cut at the end; a pair loses tokens from its
+    longer text first, as BERT did and transformers does (`longest_first`, see
+    `minibert.tokenizer.truncated_lengths`). Each feature holds `input_ids`
+    and `token_type_ids` ((T,) int64, types 0 for the text and 1 for the pair) and,
+    with `labels`, its `label` (a class id, or a float for regression).
     """
     _check_max_len(max_len, 3 if pairs is None else 4)
     for name, other in (("labels", labels), ("pairs", pairs)):
@@ -86,20 +86,20 @@ def encode_token_classification(tok: "Tokenizer", sentences: Sequence[Sequence[s
     """Features for word-level labelling (NER, POS), at least one per sentence.
 
     Each word is split into pieces; its label goes on its *first* piece and the other
-    pieces get ``IGNORE_INDEX``, so the loss and the prediction see each word once, from
+    pieces get `IGNORE_INDEX`, so the loss and the prediction see each word once, from
     its first piece's vector (the BERT paper's NER setup, section 5.3). A word the
-    tokenizer reduces to nothing (a lone control character) becomes one ``[UNK]``, so
+    tokenizer reduces to nothing (a lone control character) becomes one `[UNK]`, so
     that it is still predicted.
 
-    A sentence longer than ``max_len - 2`` pieces is cut into consecutive windows of
+    A sentence longer than `max_len - 2` pieces is cut into consecutive windows of
     whole words, each filled with as many words as fit, so every word lies in exactly
     one window (no overlap: a word near a window's edge sees less context). Only a
     single word with more pieces than a window holds is cut, keeping its first pieces.
 
-    Each feature holds ``input_ids``, ``token_type_ids`` (zeros), ``labels`` (with
-    ``labels`` given) and, to map predictions back, ``sentence`` (its index),
-    ``n_words`` (the sentence's) and ``word_ids`` ((T,) int64, the word of the sentence
-    each token belongs to, -1 for ``[CLS]``/``[SEP]``). See :func:`word_predictions`.
+    Each feature holds `input_ids`, `token_type_ids` (zeros), `labels` (with
+    `labels` given) and, to map predictions back, `sentence` (its index),
+    `n_words` (the sentence's) and `word_ids` ((T,) int64, the word of the sentence
+    each token belongs to, -1 for `[CLS]`/`[SEP]`). See `word_predictions`.
     """
     _check_max_len(max_len, 3)
     if labels is not None and len(labels) != len(sentences):
@@ -133,7 +133,7 @@ def encode_token_classification(tok: "Tokenizer", sentences: Sequence[Sequence[s
 
 
 def _word_window(tok, pieces, start, end, room, sentence, word_labels) -> dict:
-    """``[CLS] pieces of words[start:end] [SEP]`` as a feature."""
+    """`[CLS] pieces of words[start:end] [SEP]` as a feature."""
     ids, word_ids, labels = [tok.cls_id], [-1], [IGNORE_INDEX]
     for w in range(start, end):
         p = pieces[w][:room]
@@ -157,7 +157,7 @@ def word_predictions(features: Sequence[Mapping], token_predictions: Sequence[Se
                      ) -> list[list[Any]]:
     """Per sentence, per word: the prediction at the word's first piece.
 
-    ``token_predictions[f]`` holds one value per token of ``features[f]`` (e.g. the
+    `token_predictions[f]` holds one value per token of `features[f]` (e.g. the
     argmax over labels; padded rows of a batch are fine, the padding is not read).
     The features must be all those of their sentences, in any order: a word that no
     feature covers, or that two cover, is an error.
@@ -188,13 +188,13 @@ def word_predictions(features: Sequence[Mapping], token_predictions: Sequence[Se
 class TaskCollator:
     """Pad a list of task features into a batch of tensors (dynamic padding).
 
-    Returns ``input_ids``, ``attention_mask`` (1 on tokens) and ``token_type_ids``, all
-    ``(B, T)`` int64, plus the targets the features carry: ``labels`` ``(B,)`` from a
-    per-feature ``label`` (int64, or float32 for regression), ``labels`` ``(B, T)`` from
-    per-token ``labels`` (padded with ``label_pad``), ``start_positions`` and
-    ``end_positions`` ``(B,)`` from QA features. Other keys (offsets, word ids) stay
-    behind for prediction. No randomness: ``epoch`` is accepted for the engine's call
-    ``collate(examples, epoch=e)`` and ignored.
+    Returns `input_ids`, `attention_mask` (1 on tokens) and `token_type_ids`, all
+    `(B, T)` int64, plus the targets the features carry: `labels` `(B,)` from a
+    per-feature `label` (int64, or float32 for regression), `labels` `(B, T)` from
+    per-token `labels` (padded with `label_pad`), `start_positions` and
+    `end_positions` `(B,)` from QA features. Other keys (offsets, word ids) stay
+    behind for prediction. No randomness: `epoch` is accepted for the engine's call
+    `collate(examples, epoch=e)` and ignored.
     """
 
     def __init__(self, pad_id: int, label_pad: int = IGNORE_INDEX,

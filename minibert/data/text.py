@@ -26,17 +26,17 @@ _MAX_PATH_CHARS = 4096  # PATH_MAX on Linux: a longer string names no file
 
 
 def text_file_named(text: str) -> Optional[Path]:
-    """The file that ``text`` names, or ``None`` when ``text`` is a document.
+    """The file that `text` names, or `None` when `text` is a document.
 
-    Where one list may hold documents and file names alike (``tokenize_to_memmap``),
-    a ``str`` that names an existing file is that file, as every item is for
-    ``Tokenizer.train``; a file name is never tokenized as if it were text. A ``str``
+    Where one list may hold documents and file names alike (`tokenize_to_memmap`),
+    a `str` that names an existing file is that file, as every item is for
+    `Tokenizer.train`; a file name is never tokenized as if it were text. A `str`
     that looks like a path but names no file is a typo or a wrong working directory,
-    so it raises ``FileNotFoundError`` instead of being tokenized. It looks like a path
+    so it raises `FileNotFoundError` instead of being tokenized. It looks like a path
     when it is one line without surrounding whitespace and either has no whitespace
-    and ends in ``.txt``, ``.raw`` or ``.tokens`` (any case), or holds a ``/`` after
-    an existing folder (``data/corpus``). Every other string is a document: ``and/or``,
-    ``1/2``, a URL, ``See notes.txt for details``.
+    and ends in `.txt`, `.raw` or `.tokens` (any case), or holds a `/` after
+    an existing folder (`data/corpus`). Every other string is a document: `and/or`,
+    `1/2`, a URL, `See notes.txt for details`.
     """
     if (not text or len(text) >= _MAX_PATH_CHARS or "\n" in text or "\r" in text
             or "\0" in text or text != text.strip()):
@@ -53,7 +53,7 @@ def text_file_named(text: str) -> Optional[Path]:
 
 
 def _looks_like_path(text: str) -> bool:
-    """See :func:`text_file_named`."""
+    """See `text_file_named`."""
     if "://" in text:  # a URL
         return False
     folder = os.path.dirname(text)
@@ -63,11 +63,11 @@ def _looks_like_path(text: str) -> bool:
 
 
 def iter_text_chunks(path: PathLike, chunk_bytes: int = _CHUNK_BYTES) -> Iterator[str]:
-    """Yield the decoded text of ``path`` in pieces that each end on a line boundary.
+    """Yield the decoded text of `path` in pieces that each end on a line boundary.
 
-    Cutting at ``\\n`` guarantees that no multi-byte UTF-8 character is split
-    across two pieces (``\\n`` never occurs inside one). Invalid bytes become
-    U+FFFD; their number is reported in a single ``UnicodeWarning`` once the file
+    Cutting at `\\n` guarantees that no multi-byte UTF-8 character is split
+    across two pieces (`\\n` never occurs inside one). Invalid bytes become
+    U+FFFD; their number is reported in a single `UnicodeWarning` once the file
     has been read to the end.
     """
     path = Path(path)
@@ -112,7 +112,7 @@ def _decode(raw: bytes) -> tuple[str, int]:
 
 
 def iter_lines(path: PathLike) -> Iterator[str]:
-    """Yield the lines of ``path`` without their line terminator."""
+    """Yield the lines of `path` without their line terminator."""
     for chunk in iter_text_chunks(path):
         lines = chunk.split("\n")
         if lines and lines[-1] == "":
@@ -122,7 +122,7 @@ def iter_lines(path: PathLike) -> Iterator[str]:
 
 
 def read_text(path: PathLike) -> str:
-    """Return the whole decoded text of ``path`` (see :func:`iter_text_chunks`)."""
+    """Return the whole decoded text of `path` (see `iter_text_chunks`)."""
     return "".join(iter_text_chunks(path))
 
 
@@ -144,12 +144,12 @@ def iter_documents(path: PathLike) -> Iterator[str]:
 
 
 def load_text_folder(path: PathLike, holdout_every: int = 20) -> dict[str, list[str]]:
-    """Your own corpus: every ``*.txt`` file in a folder, as ``{"train": [...], "valid": [...]}``.
+    """Your own corpus: every `*.txt` file in a folder, as `{"train": [...], "valid": [...]}`.
 
-    Documents are separated by blank lines (see :func:`iter_documents`); files are read in
-    name order (``.txt`` in any case; subfolders are not read). Every ``holdout_every``-th
-    document goes to ``valid``, so the held-out set is spread over the whole corpus and the
-    same on every run. :func:`minibert.data.load_corpus` reads a folder this way when it is
+    Documents are separated by blank lines (see `iter_documents`); files are read in
+    name order (`.txt` in any case; subfolders are not read). Every `holdout_every`-th
+    document goes to `valid`, so the held-out set is spread over the whole corpus and the
+    same on every run. `minibert.data.load_corpus` reads a folder this way when it is
     not WikiText, and says which files it read.
     """
     root = Path(path).expanduser()
@@ -164,7 +164,7 @@ def load_text_folder(path: PathLike, holdout_every: int = 20) -> dict[str, list[
 
 
 def text_folder_files(root: Path) -> list[Path]:
-    """The files :func:`load_text_folder` reads: ``*.txt`` (any case) in ``root``, by name."""
+    """The files `load_text_folder` reads: `*.txt` (any case) in `root`, by name."""
     return sorted(p for p in root.iterdir() if p.suffix.lower() == ".txt" and p.is_file())
 
 
@@ -175,7 +175,7 @@ def check_holdout_every(holdout_every: int) -> None:
 
 def hold_out(docs: list[str], holdout_every: int, root: Path,
              n_files: int) -> dict[str, list[str]]:
-    """``{"train", "valid"}``: every ``holdout_every``-th document of ``docs`` is held out."""
+    """`{"train", "valid"}`: every `holdout_every`-th document of `docs` is held out."""
     if len(docs) < holdout_every:
         raise ValueError(f"{root} holds {len(docs)} documents (blank-line separated) in "
                          f"{n_files} .txt file(s); at least {holdout_every} are needed to "

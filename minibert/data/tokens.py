@@ -2,11 +2,11 @@
 
 Tokenizing text inside the training loop makes the CPU the bottleneck and redoes
 the same work every epoch. Instead the corpus is tokenized once into one flat
-array of ids, and training reads it through ``numpy.memmap``: the operating
+array of ids, and training reads it through `numpy.memmap`: the operating
 system pages in only what is touched, every DataLoader worker shares the same
 page cache, and opening a 100 M-token file takes microseconds.
 
-File layout (all little-endian)::
+File layout (all little-endian):
 
     bytes [0, 4096)             MAGIC, then a JSON header padded with spaces
     bytes [4096, ...)           ids: n_tokens x uint16 (vocab <= 65536) or uint32
@@ -16,7 +16,7 @@ File layout (all little-endian)::
 The header records the format version, dtype, counts, byte offsets, the expected
 file size (so truncation is detected) and the tokenizer's fingerprint (so ids are
 never read with a different vocabulary). Special tokens are not stored: packing
-adds ``[CLS]``/``[SEP]`` later, where the block boundaries are known.
+adds `[CLS]`/`[SEP]` later, where the block boundaries are known.
 """
 from __future__ import annotations
 
@@ -51,9 +51,9 @@ class TokenFile:
     """A memory-mapped, read-only pre-tokenized corpus; see the module docstring.
 
     Attributes:
-        ids: ``(n_tokens,)`` uint16/uint32 memmap of all token ids, documents back to back.
-        doc_offsets: ``(n_docs + 1,)`` int64; document ``d`` is
-            ``ids[doc_offsets[d]:doc_offsets[d+1]]``.
+        ids: `(n_tokens,)` uint16/uint32 memmap of all token ids, documents back to back.
+        doc_offsets: `(n_docs + 1,)` int64; document `d` is
+            `ids[doc_offsets[d]:doc_offsets[d+1]]`.
         header: the JSON header as a dict.
     """
 
@@ -72,10 +72,10 @@ class TokenFile:
 
     @classmethod
     def open(cls, path: PathLike, tokenizer: Optional["Tokenizer"] = None) -> "TokenFile":
-        """Memory-map ``path``; if ``tokenizer`` is given, check that it made the file.
+        """Memory-map `path`; if `tokenizer` is given, check that it made the file.
 
         Any damage (truncation, a foreign or garbled file, a header whose numbers do not
-        add up) raises :class:`TokenFileError` and nothing else, so a caller that keeps
+        add up) raises `TokenFileError` and nothing else, so a caller that keeps
         token files in a cache can catch that one error and rebuild the file.
         """
         path = Path(path)
@@ -107,11 +107,11 @@ class TokenFile:
         return self.n_docs
 
     def doc(self, d: int) -> np.ndarray:
-        """Ids of document ``d``, shape ``(len_d,)`` (a view into the memmap)."""
+        """Ids of document `d`, shape `(len_d,)` (a view into the memmap)."""
         return self.ids[self.doc_offsets[d]:self.doc_offsets[d + 1]]
 
     def doc_lengths(self) -> np.ndarray:
-        """``(n_docs,)`` int64 token count of every document."""
+        """`(n_docs,)` int64 token count of every document."""
         return np.diff(np.asarray(self.doc_offsets))
 
     # A memmap pickles as a full in-memory copy; DataLoader workers started with
@@ -134,7 +134,7 @@ _HEADER_FIELDS = {"dtype": str, "n_tokens": int, "n_docs": int, "vocab_size": in
 
 
 def _read_header(path: Path, redo: str) -> dict:
-    """The header of token file ``path``, checked field by field against the file's size."""
+    """The header of token file `path`, checked field by field against the file's size."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(HEADER_BYTES)
@@ -184,24 +184,24 @@ def tokenize_to_memmap(
     *,
     batch_docs: int = 256,
 ) -> TokenFile:
-    """Tokenize a corpus once into a token file at ``out_path`` and open it.
+    """Tokenize a corpus once into a token file at `out_path` and open it.
 
     Args:
-        source: a path (``str`` or ``Path``) to one text file, or an iterable of
-            documents and text files. A ``pathlib.Path`` item is a text file; so is a
-            ``str`` item that names an existing file, as in ``Tokenizer.train``, so
-            ``["a.txt", "b.txt"]`` reads two files in both. A ``str`` that looks like a
-            path but names no file raises ``FileNotFoundError``; any other ``str`` is a
-            document (see :func:`minibert.data.text.text_file_named` for the exact
+        source: a path (`str` or `Path`) to one text file, or an iterable of
+            documents and text files. A `pathlib.Path` item is a text file; so is a
+            `str` item that names an existing file, as in `Tokenizer.train`, so
+            `["a.txt", "b.txt"]` reads two files in both. A `str` that looks like a
+            path but names no file raises `FileNotFoundError`; any other `str` is a
+            document (see `minibert.data.text.text_file_named` for the exact
             rule). Text files hold documents separated by blank lines (BERT's
             pretraining format); bad UTF-8 bytes are replaced, with a warning.
-        tokenizer: a :class:`minibert.Tokenizer`; its fingerprint goes in the header.
+        tokenizer: a `minibert.Tokenizer`; its fingerprint goes in the header.
         out_path: where to write. The file is written under a temporary name and
             renamed at the end, so a failed run leaves a previous file untouched.
-        batch_docs: documents per ``encode_batch`` call (parallel on the Rust side).
+        batch_docs: documents per `encode_batch` call (parallel on the Rust side).
 
     Returns:
-        The new :class:`TokenFile`.
+        The new `TokenFile`.
     """
     out_path = Path(out_path)
     dtype = np.dtype("<u2") if tokenizer.vocab_size <= 1 << 16 else np.dtype("<u4")
@@ -266,7 +266,7 @@ def _encode_header(header: dict) -> bytes:
 
 
 def _documents(source) -> Iterator[str]:
-    """Yield the documents of ``source`` (see :func:`tokenize_to_memmap`)."""
+    """Yield the documents of `source` (see `tokenize_to_memmap`)."""
     if isinstance(source, (str, os.PathLike)):
         if not os.path.isfile(source):
             hint = (" (a single str is read as a file name; to tokenize one text, pass [text])"

@@ -1,13 +1,13 @@
 """WikiText (Merity et al. 2016): download it once, read it as a list of articles.
 
-The four variants are zip archives served at ``https://wikitext.smerity.com``:
-``wikitext-{2,103}-raw-v1`` hold the original text (``wiki.train.raw``, ...),
-``wikitext-{2,103}-v1`` the word-level tokenized text with rare words replaced by
-``<unk>`` (``wiki.train.tokens``, ...). pytorch/examples ships the latter as
-``train.txt``, ``valid.txt``, ``test.txt``; all three layouts are read here.
+The four variants are zip archives served at `https://wikitext.smerity.com`:
+`wikitext-{2,103}-raw-v1` hold the original text (`wiki.train.raw`, ...),
+`wikitext-{2,103}-v1` the word-level tokenized text with rare words replaced by
+`<unk>` (`wiki.train.tokens`, ...). pytorch/examples ships the latter as
+`train.txt`, `valid.txt`, `test.txt`; all three layouts are read here.
 
-Downloads are written to ``<name>.zip.part``, resumed with an HTTP Range request
-when a previous attempt was cut off, renamed to ``<name>.zip`` only after the
+Downloads are written to `<name>.zip.part`, resumed with an HTTP Range request
+when a previous attempt was cut off, renamed to `<name>.zip` only after the
 archive's CRCs verify, and extracted into a temporary folder that is renamed into
 place last, so an interrupted run never leaves something that looks complete.
 """
@@ -64,11 +64,11 @@ def download_wikitext(
     """Download and extract a WikiText variant; return the folder holding its splits.
 
     Args:
-        name: one of ``wikitext-2-raw-v1`` (default), ``wikitext-103-raw-v1``,
-            ``wikitext-2-v1``, ``wikitext-103-v1``.
+        name: one of `wikitext-2-raw-v1` (default), `wikitext-103-raw-v1`,
+            `wikitext-2-v1`, `wikitext-103-v1`.
         cache_dir: where to keep the zip and the extracted folder; default
-            ``$MINIBERT_CACHE`` or ``~/.cache/minibert``.
-        url: the zip's address; default ``https://wikitext.smerity.com/<name>.zip``.
+            `$MINIBERT_CACHE` or `~/.cache/minibert`.
+        url: the zip's address; default `https://wikitext.smerity.com/<name>.zip`.
         timeout: seconds to wait for the server before giving up.
 
     A no-op (no network access at all) when the extracted folder is already there.
@@ -123,7 +123,7 @@ def download_wikitext(
 
 
 def _zip_ok(path: Path, folder: str, expected: list[str]) -> bool:
-    """True when ``path`` is a zip whose CRCs check and that holds the expected splits."""
+    """True when `path` is a zip whose CRCs check and that holds the expected splits."""
     try:
         with zipfile.ZipFile(path) as zf:
             names = set(zf.namelist())
@@ -135,7 +135,7 @@ def _zip_ok(path: Path, folder: str, expected: list[str]) -> bool:
 
 
 def _fetch(url: str, part: Path, timeout: float, name: str, expected: list[str]) -> bool:
-    """Append the bytes of ``url`` to ``part`` (resuming if it exists); True if resumed."""
+    """Append the bytes of `url` to `part` (resuming if it exists); True if resumed."""
     offset = part.stat().st_size if part.is_file() else 0
     request = urllib.request.Request(url, headers={"User-Agent": "minibert"})
     if offset:
@@ -226,17 +226,17 @@ def _is_title(line: str) -> bool:
 
 
 def load_wikitext(path: PathLike) -> dict[str, list[str]]:
-    """Read the splits found in ``path`` as ``{split: [article, ...]}``.
+    """Read the splits found in `path` as `{split: [article, ...]}`.
 
-    ``path`` is the folder holding ``wiki.{train,valid,test}.raw``,
-    ``wiki.{train,valid,test}.tokens`` or ``{train,valid,test}.txt`` (a parent
+    `path` is the folder holding `wiki.{train,valid,test}.raw`,
+    `wiki.{train,valid,test}.tokens` or `{train,valid,test}.txt` (a parent
     folder with exactly one such WikiText folder inside also works). Splits that
     are absent are left out of the result; at least one must be present.
 
-    Each article starts at its top-level `` = Title = `` line and runs until the
+    Each article starts at its top-level ` = Title = ` line and runs until the
     next one; its lines are stripped and blank lines dropped.
 
-    Other files beside the splits are not read; :func:`minibert.data.load_corpus`
+    Other files beside the splits are not read; `minibert.data.load_corpus`
     refuses such a mixed folder instead, and reports what it read.
     """
     root = Path(path).expanduser()
@@ -261,7 +261,7 @@ def load_wikitext(path: PathLike) -> dict[str, list[str]]:
 
 
 def split_articles(lines) -> list[str]:
-    """Group WikiText lines into articles at top-level `` = Title = `` headings."""
+    """Group WikiText lines into articles at top-level ` = Title = ` headings."""
     articles: list[str] = []
     current: list[str] = []
     for line in lines:
