@@ -20,7 +20,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     On the CPU, `F.dropout` draws one 32-bit random number per element through torch's
     generator. Here one 64-bit draw serves four elements, each keeping 15 random bits (p is
     rounded to a multiple of 1/32768), and only the boolean mask is saved for the backward
-    pass: about 2x faster per call, forward and backward (benchmarks/bench_levers.py). The
+    pass: faster per call, forward and backward (measured by benchmarks/bench_levers.py;
+    the numbers are in benchmarks/RESULTS.md, "Speed levers kept, each measured"). The
     numbers still come from torch's generator, so `set_seed` and checkpointed RNG states
     reproduce them.
     On other devices `F.dropout` is already a fused kernel and is used as it is.

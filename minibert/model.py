@@ -109,8 +109,8 @@ def unpad(x: Tensor, keep: Tensor) -> Tensor:
     Unpadding, as in MosaicBERT (Portes et al. 2023) and ModernBERT (Warner et al. 2024):
     every layer but attention works on each token alone (embeddings' norm, projections,
     feed-forward, LayerNorms), so a padded batch can run them on its real tokens only and
-    save the work of the padding: with 41% padding a base training step is 1.8x faster
-    (benchmarks/bench_unpadding.py). The real tokens' outputs are exactly the same.
+    save the work of the padding (measured by benchmarks/bench_unpadding.py; the numbers are
+    in benchmarks/RESULTS.md, "Unpadding"). The real tokens' outputs are exactly the same.
     """
     return x[keep]
 

@@ -27,8 +27,8 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 # "auto" takes bf16 on a CPU only if its matmuls run this much faster than fp32's: autocast
-# adds a cast of every weight and of activations where fp32 and bf16 ops meet (4 - 7% of a
-# BERT-base step, benchmarks/RESULTS.md), and a 0.1 s probe is noisy on a busy machine.
+# adds a cast of every weight and of activations where fp32 and bf16 ops meet (a few percent
+# of a BERT-base step, see benchmarks/RESULTS.md), and a 0.1 s probe is noisy on a busy machine.
 _BF16_AUTO_MIN_SPEEDUP = 1.5
 
 
@@ -88,9 +88,9 @@ def cpu_bf16_native() -> bool:
     """Whether this CPU multiplies bf16 matrices in hardware (cached per process).
 
     Why it matters: elsewhere torch still runs bf16 (autocast works on every CPU), but it
-    emulates each bf16 multiply-add with fp32 arithmetic plus conversions. On an AVX2 EPYC a
-    bf16 matmul then runs at 1.3 GFLOP/s against 86 – 157 for fp32, 65 – 120x slower, where
-    the CPU of `benchmarks/RESULTS.md`, which has them, runs it 4.3x faster than fp32.
+    emulates each bf16 multiply-add with fp32 arithmetic plus conversions, tens of times
+    slower than fp32, where a CPU that has them runs bf16 several times faster than fp32
+    (both measured in benchmarks/RESULTS.md, whose opening section names the machines).
 
     Read from the CPU's instruction-set flags in /proc/cpuinfo (`_BF16_CPU_FLAGS`); where
     there are none to read (macOS, Windows), a short timed probe decides: bf16 counts as

@@ -191,9 +191,9 @@ def keep_freed_memory() -> bool:
     at most 32 MiB) with a fresh `mmap` and returns it with `munmap` when freed, and it trims
     free space off the top of its heap; the kernel must then map and zero every page again
     on first touch. A training step allocates the same large buffers every time, so it pays
-    those page faults every step: 80,000 – 90,000 per step for BERT-base in bf16 on a CPU,
-    which runs 1.13x faster without them (`benchmarks/bench_process.py`; transformers'
-    BERT-base: 240,000 faults, 1.33x). With mmap off (`M_MMAP_MAX = 0`) and trimming off
+    those page faults every step, tens of thousands of them for BERT-base (counted, with the
+    speed-up without them, by `benchmarks/bench_process.py`; numbers in benchmarks/RESULTS.md,
+    "Process settings"). With mmap off (`M_MMAP_MAX = 0`) and trimming off
     (`M_TRIM_THRESHOLD`), freed blocks stay in malloc's heap and the next step reuses them,
     already mapped.
 

@@ -369,7 +369,7 @@ class Tokenizer:
         if isinstance(texts, str):
             raise TypeError("encode_batch expects a list of strings; use encode() for one string")
         # encode_batch_fast (tokenizers >= 0.20) gives the same ids but skips the
-        # character offsets, which only encode_with_offsets and co. need: ~15% faster.
+        # character offsets, which only encode_with_offsets and co. need.
         encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
         encs = encode(list(texts), add_special_tokens=add_special_tokens)
         return [e.ids for e in encs]
