@@ -36,8 +36,9 @@ from .distributed import DistContext, all_reduce_sum, unwrap
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
 from .precision import PRECISIONS, autocast_context, measure_peak_flops, resolve_precision
 from .resume import claim_out_dir, drop_rows_after, rank_seed, resume_run, save_run
-from .runtime import (StopFlag, flops_per_token, log_environment, mfu, peak_memory_mb,
-                      reset_peak_memory, set_seed)
+from .model import flops_per_token
+from .runtime import (StopFlag, log_environment, mfu, peak_memory_mb, reset_peak_memory,
+                      set_seed)
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
 """The BERT encoder: embeddings, encoder blocks (Pre-LN or Post-LN) and BertModel.
 
 Reading order: `Embeddings` -> `SelfAttention` -> `Block` (with the Pre-LN / Post-LN switch)
--> `BertModel`. The task heads that sit on the encoder (masked LM, sequence and token
-classification, question answering) are in `minibert/heads.py`.
+-> `BertModel`; at the end, `flops_per_token`, what a training step of it costs. The task
+heads that sit on the encoder (masked LM, sequence and token classification, question
+answering) are in `minibert/heads.py`.
 
 Shape legend, used in every comment below and in `heads.py`:
     B   batch size              T   tokens per sequence (after padding)
@@ -266,3 +267,39 @@ def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional
             raise ValueError(f"token_type_ids must lie in [0, type_vocab_size="
                              f"{config.type_vocab_size}), found values from {int(lo)} to "
                              f"{int(hi)}")
+
+
+# ---- what a training step costs -------------------------------------------------------------
+
+def flops_per_token(config: BertConfig, seq_len: int,
+                    mlm_fraction: Optional[float] = None) -> float:
+    """Training FLOPs (forward + backward) per input token of BertForMaskedLM.
+
+        6 * N  +  12 * L * H * T
+
+    The first term is Kaplan et al. 2020 ("Scaling Laws for Neural Language Models", sec.
+    2.1): a matmul parameter costs 2 FLOPs per token forward (a multiply and an add) and 4
+    backward (gradients for the input and for the weight). The second term is attention
+    itself, which has no parameters (PaLM, Chowdhery et al. 2022, appendix B): per layer
+    and token, Q K^T and P V are each 2 * T * H FLOPs forward, 4 * T * H in all, times 3
+    with the backward. Embedding lookups, LayerNorm, GELU, softmax and biases are ignored,
+    as in both papers.
+
+    N counts matmul weights only: per layer Q, K, V and output projections (4 H^2) and the
+    feed-forward (2 H I). The MLM head (transform H^2, decoder V H, the tied embedding
+    matrix used as a matmul) runs on every token when `mlm_fraction` is None (dense head)
+    and on that fraction of tokens only with minibert's sparse head (pass the masking
+    probability, e.g. 0.15): counting it for every token would overstate the work done.
+    The pooler is not used in pretraining and is not counted.
+    """
+    if not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len={seq_len!r} must be a positive integer")
+    if mlm_fraction is not None and not 0.0 <= mlm_fraction <= 1.0:
+        raise ValueError(f"mlm_fraction={mlm_fraction!r} must be in [0, 1] (the fraction "
+                         f"of tokens the MLM head predicts), or None for a dense head")
+    L, H, I, V = (config.num_layers, config.hidden_size, config.intermediate_size,
+                  config.vocab_size)
+    n_encoder = L * (4 * H * H + 2 * H * I)
+    n_head = H * H + V * H
+    head_fraction = 1.0 if mlm_fraction is None else float(mlm_fraction)
+    return 6.0 * (n_encoder + head_fraction * n_head) + 12.0 * L * H * seq_len

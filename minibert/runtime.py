@@ -6,8 +6,8 @@
 * `reset_peak_memory`, `peak_memory_mb`: the peak memory of a logging window, on any device.
 * `keep_freed_memory`: stop the C allocator from returning memory to the kernel, which
   saves a CPU training step its page faults.
-* `flops_per_token`, `mfu`: model FLOPs utilisation (its ceiling is measured by
-  `precision.measure_peak_flops`).
+* `mfu`: model FLOPs utilisation, from `model.flops_per_token` and the ceiling that
+  `precision.measure_peak_flops` measures.
 * `StopFlag`: SIGTERM / SIGINT noted, so the training loop can finish its step and save.
 * `environment_report`, `log_environment`: what the run is running on, with warnings for
   the mismatches that silently cost speed.
@@ -26,7 +26,6 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch
 
-from .config import BertConfig
 from . import precision as _precision
 
 logger = logging.getLogger(__name__)
@@ -235,41 +234,7 @@ def keep_freed_memory() -> bool:
     return True
 
 
-# ---- FLOPs and MFU ------------------------------------------------------------------------
-
-def flops_per_token(config: BertConfig, seq_len: int,
-                    mlm_fraction: Optional[float] = None) -> float:
-    """Training FLOPs (forward + backward) per input token of BertForMaskedLM.
-
-        6 * N  +  12 * L * H * T
-
-    The first term is Kaplan et al. 2020 ("Scaling Laws for Neural Language Models", sec.
-    2.1): a matmul parameter costs 2 FLOPs per token forward (a multiply and an add) and 4
-    backward (gradients for the input and for the weight). The second term is attention
-    itself, which has no parameters (PaLM, Chowdhery et al. 2022, appendix B): per layer
-    and token, Q K^T and P V are each 2 * T * H FLOPs forward, 4 * T * H in all, times 3
-    with the backward. Embedding lookups, LayerNorm, GELU, softmax and biases are ignored,
-    as in both papers.
-
-    N counts matmul weights only: per layer Q, K, V and output projections (4 H^2) and the
-    feed-forward (2 H I). The MLM head (transform H^2, decoder V H, the tied embedding
-    matrix used as a matmul) runs on every token when `mlm_fraction` is None (dense head)
-    and on that fraction of tokens only with minibert's sparse head (pass the masking
-    probability, e.g. 0.15): counting it for every token would overstate the work done.
-    The pooler is not used in pretraining and is not counted.
-    """
-    if not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len={seq_len!r} must be a positive integer")
-    if mlm_fraction is not None and not 0.0 <= mlm_fraction <= 1.0:
-        raise ValueError(f"mlm_fraction={mlm_fraction!r} must be in [0, 1] (the fraction "
-                         f"of tokens the MLM head predicts), or None for a dense head")
-    L, H, I, V = (config.num_layers, config.hidden_size, config.intermediate_size,
-                  config.vocab_size)
-    n_encoder = L * (4 * H * H + 2 * H * I)
-    n_head = H * H + V * H
-    head_fraction = 1.0 if mlm_fraction is None else float(mlm_fraction)
-    return 6.0 * (n_encoder + head_fraction * n_head) + 12.0 * L * H * seq_len
-
+# ---- MFU ------------------------------------------------------------------------
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
     """Model FLOPs utilisation: the fraction of `peak_flops` that training turns into model

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import minibert
+from minibert.model import flops_per_token
 from conftest import tiny_config
 import minibert.precision as precision
 from minibert.precision import (
@@ -25,7 +26,6 @@ from minibert.precision import (
 )
 from minibert.runtime import (
     environment_report,
-    flops_per_token,
     log_environment,
     mfu,
     peak_memory_mb,
