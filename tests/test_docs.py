@@ -82,3 +82,24 @@ def test_local_links_point_at_files_and_headings_that_exist(doc):
         if anchor and linked.suffix == ".md":
             headings = re.findall(r"^#+ (.+)$", linked.read_text(), flags=re.M)
             assert anchor in {_slug(h) for h in headings}, f"{doc}: no heading #{anchor}"
+
+
+def test_walkthrough_line_links_point_at_the_definitions():
+    """`[`name`](../minibert/file.py#La-Lb)` must span exactly the definition of `name`, so
+    the walkthrough's line ranges cannot drift from the code; the message gives the new one."""
+    import ast
+
+    text = (ROOT / "docs" / "walkthrough.md").read_text()
+    links = re.findall(r"\[`([\w.]+)`\]\(\.\./(minibert/[\w/]+\.py)#L(\d+)-L(\d+)\)", text)
+    assert len(links) > 30
+    for name, file, start, end in links:
+        defs = {}
+        for node in ast.parse((ROOT / file).read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defs[node.name] = (node.lineno, node.end_lineno)
+                for sub in getattr(node, "body", []) if isinstance(node, ast.ClassDef) else []:
+                    if isinstance(sub, ast.FunctionDef):
+                        defs[f"{node.name}.{sub.name}"] = (sub.lineno, sub.end_lineno)
+        assert name in defs, f"walkthrough links {name} to {file}, which does not define it"
+        assert defs[name] == (int(start), int(end)), \
+            f"walkthrough: {name} is now {file}#L{defs[name][0]}-L{defs[name][1]}"
