@@ -103,3 +103,16 @@ def test_walkthrough_line_links_point_at_the_definitions():
         assert name in defs, f"walkthrough links {name} to {file}, which does not define it"
         assert defs[name] == (int(start), int(end)), \
             f"walkthrough: {name} is now {file}#L{defs[name][0]}-L{defs[name][1]}"
+
+
+def test_qa_doc_snippet_runs(tmp_path, monkeypatch):
+    """docs/qa.md's snippet, on an untrained model saved where it looks (it checks the calls,
+    not the answer)."""
+    monkeypatch.chdir(tmp_path)
+    tok = minibert.Tokenizer.train_from_iterator(
+        ["what is the capital ? the capital is lima ."] * 20, vocab_size=40, use_cache=False)
+    model = minibert.BertForQuestionAnswering(
+        minibert.BertConfig.preset("tiny", vocab_size=tok.vocab_size))
+    model.save_pretrained("runs/squad/final", tokenizer=tok)
+    (block,) = python_blocks(ROOT / "docs" / "qa.md")
+    exec(compile(block, "docs/qa.md python block 1", "exec"), {})
