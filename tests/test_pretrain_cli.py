@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import platform
 import random
 import signal
@@ -55,8 +56,11 @@ def test_end_to_end_outputs(data_dir, tmp_path, allocator_calls):
 
 
 def _run(data_dir, out, cache, *extra):
+    # MKL may use fewer threads than asked when the machine is busy (MKL_DYNAMIC), which
+    # changes a matmul's summation order; these runs are compared bit for bit.
+    env = dict(os.environ, MKL_DYNAMIC="FALSE")
     return subprocess.Popen([sys.executable, str(SCRIPT), *_args(data_dir, out, cache, *extra)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def _wait_for_checkpoint(out, step, proc, timeout=120):
