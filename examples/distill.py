@@ -238,7 +238,7 @@ def main(argv=None) -> int:
             run(args, ctx)
     except pretrain.RUN_ERRORS as e:
         return pretrain.report_error(e, ctx)
-    cleanup(ctx)
+    cleanup(ctx, wait=True)
     return 0
 
 

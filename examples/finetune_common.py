@@ -122,6 +122,7 @@ def run_script(args, prepare: Callable[[Any, DistContext], Any],
     --out is touched; `run(args, ctx, data)` trains inside the run folder. Bad input or
     flags: one line on stderr and status 2; a failed run: status 1; 0 otherwise."""
     ctx = None
+    ok = False
     try:
         ctx = init_distributed(args.device)
         logging.basicConfig(level=logging.INFO if ctx.is_main else logging.WARNING,
@@ -131,6 +132,7 @@ def run_script(args, prepare: Callable[[Any, DistContext], Any],
         data = prepare(args, ctx)
         with open_run(args.out, args.resume, main=ctx.is_main):
             run(args, ctx, data)
+        ok = True
     except (ValueError, OSError, CheckpointError, ImportError) as e:
         print("error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
@@ -139,7 +141,7 @@ def run_script(args, prepare: Callable[[Any, DistContext], Any],
         return 1
     finally:
         if ctx is not None:
-            cleanup(ctx)
+            cleanup(ctx, wait=ok)
     return 0
 
 

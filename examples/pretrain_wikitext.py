@@ -368,7 +368,7 @@ def main(argv=None) -> int:
             run(args, ctx)
     except RUN_ERRORS as e:
         return report_error(e, ctx)
-    cleanup(ctx)
+    cleanup(ctx, wait=True)
     return 0
 
 

@@ -89,8 +89,13 @@ def barrier(ctx: DistContext) -> None:
         dist.barrier()
 
 
-def cleanup(ctx: DistContext) -> None:
+def cleanup(ctx: DistContext, wait: bool = False) -> None:
+    """Leave the process group. `wait`: first wait for every rank, at the end of a run that
+    succeeded, so that no rank tears the group down while another still uses it (gloo can
+    abort the process then). Not after an error: the other ranks may never arrive."""
     if ctx.distributed and dist.is_initialized():
+        if wait:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -21,4 +21,4 @@ if __name__ == "__main__":
     train(model, ds, collator(tok), train_config(micro_batch_size=4), out, ctx=ctx)
     if ctx.is_main:
         torch.save(model.state_dict(), out / "final.pt")
-    cleanup(ctx)
+    cleanup(ctx, wait=True)
