@@ -3,6 +3,9 @@
 import random
 from pathlib import Path
 
+import pytest
+import torch
+
 import minibert
 from minibert.data import MLMCollator, PackedMLMDataset, tokenize_to_memmap
 from minibert.engine import TrainConfig
@@ -62,3 +65,19 @@ def load_example(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(autouse=True, scope="module")
+def quick_runs():
+    """For the script tests (import it into the test module): no peak-FLOPs timing, which the
+    engine does once per run for its MFU column and is not what they test, and one thread:
+    these models are too small to gain from more, and spinning OpenMP threads slow down many
+    times over when another process shares the cores."""
+    import minibert.engine
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(minibert.engine, "measure_peak_flops", lambda *a, **k: 1e12)
+        yield
+    torch.set_num_threads(threads)

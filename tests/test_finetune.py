@@ -10,7 +10,7 @@ import torch
 
 import minibert
 from minibert.metrics import classification_scores
-from engine_utils import load_example
+from engine_utils import load_example, quick_runs  # noqa: F401 (fixture)
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "finetune_classification.py"
 FILLER = ("the a movie film story plot actor scene was is and it this that very quite really "
@@ -40,17 +40,6 @@ def write_tsv(path, rows, header=("sentence", "label")):
     return path
 
 
-@pytest.fixture(autouse=True, scope="module")
-def quick_runs():
-    # The engine times large matmuls once per run for its MFU column: not what is tested here.
-    # One thread: these models are too small to gain from more, and spinning OpenMP threads
-    # slow down many times over when another process shares the cores.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(minibert.engine, "measure_peak_flops", lambda *a, **k: 1e12)
-        yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

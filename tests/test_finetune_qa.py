@@ -9,7 +9,7 @@ import torch
 import minibert
 from minibert.data import TaskCollator, best_span, encode_qa, read_squad
 from minibert.metrics import squad_scores
-from engine_utils import load_example
+from engine_utils import load_example, quick_runs  # noqa: F401 (fixture)
 
 finetune_qa = load_example("finetune_qa")
 
@@ -47,15 +47,6 @@ def write_json(path, doc):
     return path
 
 
-@pytest.fixture(autouse=True, scope="module")
-def quick_runs():
-    # As in test_finetune.py: no MFU timing, and one thread for these tiny models.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(minibert.engine, "measure_peak_flops", lambda *a, **k: 1e12)
-        yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

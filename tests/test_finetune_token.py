@@ -9,7 +9,7 @@ import torch
 
 import minibert
 from minibert.metrics import accuracy, span_f1
-from engine_utils import load_example
+from engine_utils import load_example, quick_runs  # noqa: F401 (fixture)
 
 script = load_example("finetune_token_classification")
 
@@ -43,15 +43,6 @@ def read_predictions(path):
     return [[tuple(line.split("\t")) for line in b.splitlines()] for b in blocks if b.strip()]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def quick_runs():
-    # As in test_finetune.py: no peak-FLOPs timing, one thread for models this small.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(minibert.engine, "measure_peak_flops", lambda *a, **k: 1e12)
-        yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

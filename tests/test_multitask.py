@@ -9,7 +9,7 @@ import torch
 
 import minibert
 from conftest import hf_config, random_batch, tiny_config
-from engine_utils import load_example
+from engine_utils import load_example, quick_runs  # noqa: F401 (fixture)
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -112,14 +112,6 @@ MOODS = {"neg": "awful", "neu": "okay", "pos": "great"}
 FILLER = "the a film was and very it plot with actors today later story".split()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def quick_runs():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(minibert.engine, "measure_peak_flops", lambda *a, **k: 1e12)
-        yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
