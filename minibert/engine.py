@@ -37,7 +37,7 @@ from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
 from .precision import PRECISIONS, autocast_context, measure_peak_flops, resolve_precision
 from .resume import claim_out_dir, drop_rows_after, rank_seed, resume_run, save_run
 from .model import flops_per_token
-from .runtime import (StopFlag, log_environment, mfu, peak_memory_mb, reset_peak_memory,
+from .runtime import (StepMeter, StopFlag, log_environment, peak_memory_mb, reset_peak_memory,
                       set_seed)
 
 logger = logging.getLogger(__name__)
@@ -111,6 +111,9 @@ class TrainState:
     consumed: int = 0  # and the examples of that epoch already used, over all ranks
     skipped: int = 0  # steps not applied: non-finite, or an fp16 overflow
     bad_steps: int = 0  # consecutive non-finite steps; the run stops at max_bad_steps
+    # Seconds spent training, over every start of the run: evaluation, checkpoint saves and
+    # logging excluded, so time-to-loss curves compare runs that evaluate at different rates.
+    train_seconds: float = 0.0
 
 
 def count_targets(batch: dict[str, torch.Tensor]) -> int:
@@ -238,10 +241,11 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     model = _wrap(model, cfg, ctx, device)
     has_mlm_head = hasattr(raw, "head")  # a classifier's FLOPs are the encoder's alone
     bar = _progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step)
-    meter, start_step, run_start = _Meter(), state.step, time.perf_counter()
+    meter, start_step, run_start = StepMeter(), state.step, time.perf_counter()
     reset_peak_memory(device)
     with StopFlag() as stop:
         while state.step < cfg.max_steps:
+            step_start = time.perf_counter()
             # ---- 1-2: the global batch, its micro-batches and its number of targets
             position = batches.position()
             epoch, indices = batches.next()
@@ -278,8 +282,10 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             state.tokens_seen += step_tokens
             position = batches.position()  # where the next batch comes from
             state.epoch, state.consumed = position["epoch"], position["consumed"]
+            seconds = time.perf_counter() - step_start
+            state.train_seconds += seconds
             # Model FLOPs of this step: the sparse MLM head is counted for predicted tokens only.
-            meter.add(step_tokens, step_tokens * flops_per_token(
+            meter.add(step_tokens, seconds, step_tokens * flops_per_token(
                 raw.config, micros[0]["input_ids"].shape[1],
                 mlm_fraction=n_global / step_tokens if has_mlm_head else 0.0))
             if bar is not None:
@@ -287,7 +293,8 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                 bar.set_postfix(loss=f"{loss:.3f}")
             # ---- 5: log, evaluate, save
             if ctx.is_main and (state.step % cfg.log_every == 0 or state.step == cfg.max_steps):
-                row = {"step": state.step, "loss": round(loss, 5),
+                row = {"step": state.step, "train_seconds": round(state.train_seconds, 3),
+                       "loss": round(loss, 5),
                        "lr": optimizer.param_groups[0]["lr"], "grad_norm": round(grad_norm, 4),
                        **meter.take(peak * ctx.world_size, device), "skipped": state.skipped}
                 _log_row(metrics_file, row, bar)
@@ -295,7 +302,8 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                     state.step < cfg.max_steps and (eval_set is not None or eval_fn is not None):
                 result = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision)
                 if ctx.is_main:
-                    _log_row(metrics_file, {"step": state.step, **result}, bar)
+                    _log_row(metrics_file, {"step": state.step, "train_seconds": round(
+                        state.train_seconds, 3), **result}, bar)
             periodic = cfg.save_every and state.step % cfg.save_every == 0 and state.bad_steps == 0
             if periodic or stopping or state.step == cfg.max_steps:
                 save_run(ckpt_root, raw, optimizer, scaler, state, cfg, data_identity, ctx)
@@ -308,13 +316,15 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     result: dict[str, Any] = {"steps": state.step, "tokens_seen": state.tokens_seen,
                               "skipped_steps": state.skipped,
                               "wall_seconds": round(time.perf_counter() - run_start, 2),
+                              "train_seconds": round(state.train_seconds, 3),
                               "interrupted": state.step < cfg.max_steps, "precision": precision,
                               "environment": env, "steps_this_run": state.step - start_step}
     if (eval_set is not None or eval_fn is not None) and state.step == cfg.max_steps:
         metrics = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision)
         result.update(metrics)
         if ctx.is_main:
-            _log_row(metrics_file, {"step": state.step, **metrics}, None)
+            _log_row(metrics_file, {"step": state.step, "train_seconds": result["train_seconds"],
+                                    **metrics}, None)
     return result
 
 
@@ -407,6 +417,7 @@ def _back_off(batch: dict, micro: int, per_rank: int, cfg: TrainConfig, state: T
 
 # Keys of train's result and of the log rows, which an evaluation must not overwrite.
 _RUN_KEYS = frozenset({"step", "steps", "tokens_seen", "skipped_steps", "wall_seconds",
+                       "train_seconds",
                        "interrupted", "precision", "environment", "steps_this_run"})
 
 
@@ -422,27 +433,6 @@ def _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision) -> di
                              f"'entity_precision')")
         return metrics
     return evaluate(model, eval_batches(eval_set, collate, cfg, ctx), precision, ctx.device, ctx)
-
-
-class _Meter:
-    """Tokens and model FLOPs since the last log row: throughput, MFU and peak memory."""
-
-    def __init__(self) -> None:
-        self.tokens, self.flops, self.start = 0, 0.0, time.perf_counter()
-
-    def add(self, tokens: int, flops: float) -> None:
-        self.tokens += tokens
-        self.flops += flops
-
-    def take(self, peak_flops: float, device: torch.device) -> dict[str, float]:
-        """The window's numbers, then a new window. Tokens/s and the ceiling count every rank."""
-        tps = self.tokens / max(time.perf_counter() - self.start, 1e-9)
-        row = {"tokens_per_s": round(tps, 1),
-               "mfu": round(mfu(tps, self.flops / max(self.tokens, 1), peak_flops), 4),
-               "peak_mem_mb": round(peak_memory_mb(device), 1)}
-        self.__init__()
-        reset_peak_memory(device)
-        return row
 
 
 # ---- small pieces -----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import random
 import signal
 import re
 import sys
+import time
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -245,6 +246,30 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float
 
 
 # ---- environment --------------------------------------------------------------------------
+
+class StepMeter:
+    """Tokens, seconds and model FLOPs of the steps since the last log row: throughput, MFU
+    and peak memory. Only the steps' own time counts: an evaluation or a checkpoint save
+    between two rows does not lower the throughput of the next."""
+
+    def __init__(self) -> None:
+        self.tokens, self.seconds, self.flops = 0, 0.0, 0.0
+
+    def add(self, tokens: int, seconds: float, flops: float) -> None:
+        self.tokens += tokens
+        self.seconds += seconds
+        self.flops += flops
+
+    def take(self, peak_flops: float, device: torch.device) -> dict[str, float]:
+        """The window's numbers, then a new window. Tokens/s and the ceiling count every rank."""
+        tps = self.tokens / max(self.seconds, 1e-9)
+        row = {"tokens_per_s": round(tps, 1),
+               "mfu": round(mfu(tps, self.flops / max(self.tokens, 1), peak_flops), 4),
+               "peak_mem_mb": round(peak_memory_mb(device), 1)}
+        self.__init__()
+        reset_peak_memory(device)
+        return row
+
 
 def _cpu_count() -> int:
     """CPUs this process may run on (the affinity mask, which containers restrict)."""

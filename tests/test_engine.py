@@ -4,12 +4,14 @@ micro-batches, an interrupted run against an uninterrupted one, and injected fai
 import json
 import os
 import signal
+import time
+from dataclasses import replace
 
 import pytest
 import torch
 
 from engine_utils import collator, tiny_corpus, tiny_model, train_config
-from minibert.checkpoint import latest_checkpoint
+from minibert.checkpoint import latest_checkpoint, load_checkpoint
 from minibert.engine import TrainConfig, TrainingError, micro_step_weight, train
 
 
@@ -165,6 +167,34 @@ def test_metrics_rows(corpus, tmp_path):
     assert [r["step"] for r in evals] == [2, 4]
     assert 0 <= evals[-1]["eval_accuracy"] <= 1
     assert evals[-1]["perplexity"] == pytest.approx(2.718281828 ** evals[-1]["eval_loss"])
+
+
+def test_training_time_leaves_out_evaluation_and_survives_resume(corpus, tmp_path):
+    """`train_seconds` and tokens/s count the steps only: an evaluation that takes 0.4 s after
+    every step shows in the wall time, not in them. A resumed run adds to the saved total."""
+    tok, ds = corpus
+
+    def slow_eval(model):
+        time.sleep(0.4)
+        return {"eval_loss": 1.0}
+
+    cfg = train_config(max_steps=3, eval_every=1, save_every=2)
+    result = train(tiny_model(tok), ds, collator(tok), cfg, tmp_path, eval_fn=slow_eval)
+    # Evaluations after steps 1 and 2 fall inside the wall time; the final one comes after it.
+    assert result["train_seconds"] < result["wall_seconds"] - 0.8
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    seconds = [r["train_seconds"] for r in rows if "loss" in r]
+    assert seconds == sorted(seconds) and seconds[-1] == result["train_seconds"]
+    # Rows after an evaluation: the window's tokens over its own step time, not 0.4 s more.
+    for r in [r for r in rows if "loss" in r][1:]:
+        assert r["tokens_per_s"] > 16 * 32 / 0.4, r
+    assert all("train_seconds" in r for r in rows if "eval_loss" in r)
+    saved = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))["train_state"]
+    assert saved["train_seconds"] == pytest.approx(result["train_seconds"], abs=1e-3)
+    more = train(tiny_model(tok), ds, collator(tok), replace(cfg, max_steps=5), tmp_path,
+                 eval_fn=slow_eval, resume=True)
+    assert more["train_seconds"] > saved["train_seconds"]
+    assert more["train_seconds"] < saved["train_seconds"] + more["wall_seconds"] - 0.4
 
 
 def test_bad_train_config():
