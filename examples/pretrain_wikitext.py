@@ -18,7 +18,6 @@ same run: the data, tokenizer and settings are compared with the checkpoint's.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import math
@@ -40,6 +39,11 @@ from minibert.precision import resolve_precision
 from minibert.tokenizer import default_cache_dir
 
 log = logging.getLogger("pretrain")
+
+# The tokenizer is trained on at most this many characters of the train split, a sample
+# spread over all of it, as SentencePiece samples its input (`input_sentence_size`): the
+# vocabulary has long converged by then, while training time grows with the text.
+TOKENIZER_SAMPLE_CHARS = 100_000_000
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -71,7 +75,8 @@ def add_data_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     d.add_argument("--data-dir", type=Path, help="WikiText folder (raw or tokenized layout), "
                    "or any folder of .txt files (documents separated by blank lines; every "
                    "20th held out as the valid split); default: download --dataset")
-    d.add_argument("--dataset", default="wikitext-2-raw-v1", choices=sorted(WIKITEXT_VARIANTS))
+    d.add_argument("--dataset", default="wikitext-2-raw-v1", choices=sorted(WIKITEXT_VARIANTS),
+                   help="downloaded once into --cache-dir; $MINIBERT_WIKITEXT_URL names a mirror")
     d.add_argument("--cache-dir", type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert")
     d.add_argument("--train-split", default="train")
     d.add_argument("--eval-split", default="valid")
@@ -184,7 +189,13 @@ def run_tokenizer(args, train_texts) -> minibert.Tokenizer:
     if args.init_from:
         tok, source = minibert.Tokenizer.from_pretrained(args.init_from), str(args.init_from)
     else:
-        tok = minibert.Tokenizer.train_from_iterator(train_texts, vocab_size=args.vocab_size,
+        sample = train_texts.sample(TOKENIZER_SAMPLE_CHARS)
+        if sample.k > 1:
+            log.info("training the tokenizer on every %s document of %s (about %d MB of "
+                     "%d): a vocabulary of %d needs no more text", _nth(sample.k),
+                     args.train_split, TOKENIZER_SAMPLE_CHARS // 10**6,
+                     train_texts.n_chars // 10**6, args.vocab_size)
+        tok = minibert.Tokenizer.train_from_iterator(sample, vocab_size=args.vocab_size,
                                                      cache_dir=args.cache_dir)
         source = f"trained with --vocab-size {args.vocab_size}"
     if kept.is_file():
@@ -200,13 +211,14 @@ def run_tokenizer(args, train_texts) -> minibert.Tokenizer:
     return tok
 
 
-def _token_file(args, tok, split: str, texts=None) -> Path:
+def _nth(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def _token_file(args, tok, split: str, docs=None) -> Path:
     """Token files are cached by tokenizer and text, so each corpus is tokenized once."""
-    if texts is not None:  # rank 0, preparing: the split's text fingerprint, for every rank
-        h = hashlib.blake2b(digest_size=8)
-        for t in texts:
-            h.update(t.encode("utf-8", "surrogatepass"))
-        (args.out / "tokenizer" / f"{split}.key").write_text(h.hexdigest())
+    if docs is not None:  # rank 0, preparing: the split's text fingerprint, for every rank
+        (args.out / "tokenizer" / f"{split}.key").write_text(docs.fingerprint)
     cache = args.cache_dir or default_cache_dir()
     return Path(cache) / "tokens" / f"{tok.fingerprint[:16]}-{_corpus_key(args, split)}.tok"
 
@@ -399,7 +411,8 @@ def run(args, ctx) -> None:
     elif ctx.is_main:
         model.save_pretrained(args.out / "final", tokenizer=tok)
         summary = {k: result[k] for k in ("eval_loss", "eval_accuracy", "perplexity", "steps",
-                                          "tokens_seen", "wall_seconds", "precision")}
+                                          "tokens_seen", "wall_seconds", "train_seconds",
+                                          "precision")}
         write_json(args.out / "eval.json", summary)
         plot_loss(args.out)
         log.info("eval loss %.4f, accuracy %.4f, perplexity %.1f; model in %s",

@@ -199,8 +199,9 @@ class Tokenizer:
     ) -> "Tokenizer":
         """Train on an iterable of strings.
 
-        Caching needs a second pass over the texts to compute the key, so it only
-        applies to sequences (lists, tuples); a one-shot generator is trained on
+        Caching needs a second pass over the texts to compute the key, so it applies to
+        texts that can be read twice: a list, or a split of `minibert.data.load_corpus`
+        (streamed from disk, never held in memory). A one-shot generator is trained on
         directly.
         """
         return train_on_texts(cls, texts, vocab_size, lowercase=lowercase,

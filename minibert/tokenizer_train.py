@@ -76,10 +76,12 @@ def train_on_files(cls: type["Tokenizer"], files: Union[PathLike, Sequence[PathL
 
 def train_on_texts(cls: type["Tokenizer"], texts: Iterable[str], vocab_size: int, *,
                    use_cache: bool, **settings) -> "Tokenizer":
-    """`Tokenizer.train_from_iterator`: only a sequence can be hashed for the cache."""
+    """`Tokenizer.train_from_iterator`: texts that can be read twice (a list, or a split of
+    `load_corpus`, which streams from disk) are hashed for the cache, then trained on; an
+    iterator can be read once only, so it is trained on without the cache."""
     if isinstance(texts, str):
         raise TypeError("train_from_iterator expects an iterable of strings, not one string")
-    can_cache = use_cache and isinstance(texts, Sequence)
+    can_cache = use_cache and iter(texts) is not texts  # not an iterator: can be read again
 
     def chunks() -> Iterator[bytes]:
         for t in texts:

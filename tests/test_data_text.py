@@ -30,7 +30,7 @@ def test_an_exact_wikitext_layout_is_wikitext(tmp_path, names):
     write(folder, {"README": "not text", "wikitext.zip": "", "notes.json": "{}"})  # not read
     corpus = load_corpus(folder)
     assert isinstance(corpus, Corpus) and corpus.layout == "wikitext" and corpus.path == folder
-    assert corpus.splits == load_wikitext(folder)
+    assert {s: list(docs) for s, docs in corpus.splits.items()} == load_wikitext(folder)
     assert corpus.files == [CorpusFile(folder / names[s], s, 2, len("= Alpha =\nAlpha is a "
                                        "letter .\n= = History = =\nOld .") + len("= Beta =\n"
                                        "Beta too ."))
@@ -42,7 +42,8 @@ def test_a_folder_of_other_txt_files_is_a_text_folder(tmp_path):
                               "README.md": "# about"})
     corpus = load_corpus(folder, holdout_every=10)
     assert corpus.layout == "text folder"
-    assert corpus.splits == load_text_folder(folder, holdout_every=10)
+    assert {s: list(docs) for s, docs in corpus.splits.items()} == \
+        load_text_folder(folder, holdout_every=10)
     assert len(corpus.splits["valid"]) == 3 and len(corpus.splits["train"]) == 27
     chars = {p: len(text_docs(p, n).strip()) - 2 * (n - 1) for p, n in (("a", 5), ("b", 25))}
     assert corpus.files == [CorpusFile(folder / "a.txt", "train+valid", 5, chars["a"]),
@@ -138,3 +139,79 @@ def test_the_wikitext2_sample_folder(tmp_path):
     corpus = load_corpus(SHARED_WIKITEXT)
     assert corpus.layout == "wikitext" and [f.split for f in corpus.files] == ["valid", "test"]
     assert corpus.files[0].n_documents == 60
+
+
+def test_a_split_streams_from_disk_and_can_be_read_again(tmp_path):
+    folder = write(tmp_path / "c", {"a.txt": text_docs("a", 12), "b.txt": text_docs("b", 18)})
+    corpus = load_corpus(folder, holdout_every=10)
+    train, valid = corpus.splits["train"], corpus.splits["valid"]
+    assert list(train) == list(train) == load_text_folder(folder, holdout_every=10)["train"]
+    assert list(valid) == ["a document 9\nits second line", "b document 7\nits second line",
+                           "b document 17\nits second line"]
+    assert (len(train), len(valid)) == (27, 3)
+    assert valid.n_chars == sum(map(len, valid)) and train.n_chars == sum(map(len, train))
+    assert train.fingerprint != valid.fingerprint and len(train.fingerprint) == 16
+    # The files are read when the split is iterated, not when the folder is loaded.
+    (folder / "b.txt").write_text(text_docs("c", 18))
+    assert list(valid)[1] == "c document 7\nits second line"
+
+
+def _corpus_of(folder: Path, megabytes: float) -> Path:
+    """A folder of 4 text files, `megabytes` in all, of varied documents."""
+    import random
+    rng = random.Random(0)
+    words = [f"w{i}" + "x" * (i % 7) for i in range(3000)]
+    doc = 0
+    for f in range(4):
+        with open(folder / f"part{f}.txt", "w") as out:
+            while out.tell() < megabytes * 2**20 / 4:
+                out.write(" ".join(rng.choices(words, k=rng.randint(50, 400))) + f" {doc}\n\n")
+                doc += 1
+    return folder
+
+
+def _peak_python_memory_to_prepare(folder: Path, cache: Path) -> tuple[int, int]:
+    """(peak bytes Python allocated, characters of train) for load_corpus, tokenizer training
+    and tokenizing the train split, with 64 KiB reads."""
+    import tracemalloc
+
+    from minibert import Tokenizer
+    from minibert.data import tokenize_to_memmap
+    from minibert.data.text import iter_text_chunks
+
+    chunk = iter_text_chunks.__defaults__
+    iter_text_chunks.__defaults__ = (1 << 16,)  # small reads, so that they do not dominate
+    try:
+        tracemalloc.start()
+        corpus = load_corpus(folder)
+        tok = Tokenizer.train_from_iterator(corpus.splits["train"], vocab_size=400,
+                                            cache_dir=cache)
+        tokens = tokenize_to_memmap(corpus.splits["train"], tok, cache / "train.tok")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        iter_text_chunks.__defaults__ = chunk
+    assert tokens.n_docs == len(corpus.splits["train"])
+    return peak, sum(map(len, corpus.splits["train"]))
+
+
+def test_preparing_a_folder_holds_no_split_in_memory(tmp_path):
+    """load_corpus, tokenizer training and tokenizing: Python's peak memory is the same for a
+    corpus four times bigger, and far below its size (a split read into a list is all of it)."""
+    small = _peak_python_memory_to_prepare(_corpus_of(write(tmp_path / "s", {}), 2),
+                                           tmp_path / "cs")
+    big = _peak_python_memory_to_prepare(_corpus_of(write(tmp_path / "b", {}), 8),
+                                         tmp_path / "cb")
+    assert big[1] > 3.8 * small[1]
+    assert big[0] < 1.2 * small[0] and big[0] < 0.75 * big[1], (small, big)
+
+
+def test_a_sample_of_a_split_is_spread_over_all_of_it(tmp_path):
+    folder = write(tmp_path / "c", {"a.txt": text_docs("a", 20), "b.txt": text_docs("b", 20)})
+    train = load_corpus(folder, holdout_every=10).splits["train"]
+    whole = list(train)
+    sample = train.sample(train.n_chars // 4)
+    assert sample.k == 4 or sample.k == 5
+    assert list(sample) == list(sample) == whole[::sample.k]
+    assert list(sample)[-1].startswith("b document")  # from the last file too, not the first
+    assert list(train.sample(10**9)) == whole

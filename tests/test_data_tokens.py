@@ -241,3 +241,28 @@ def test_every_kind_of_damage_is_a_token_file_error(tok, tmp_path):
         else:
             wrong[name] = "opened without complaint"
     assert not wrong, wrong
+
+
+def test_a_streamed_split_tokenizes_and_trains_as_its_list(tmp_path, caplog):
+    """A `load_corpus` split gives the same token file as its documents in a list, and the
+    tokenizer trained on it is the one cached for the list (same key, no second training)."""
+    import logging
+
+    from minibert.data import load_corpus
+
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for f in range(2):
+        (folder / f"{f}.txt").write_text("\n\n".join(
+            f"document {f}-{i} about cats , dogs and rain number {i * 7}" for i in range(30)))
+    docs = load_corpus(folder).splits["train"]
+    listed = list(docs)
+    tok = Tokenizer.train_from_iterator(listed, vocab_size=120, cache_dir=tmp_path / "cache")
+    with caplog.at_level(logging.INFO, logger="minibert.tokenizer_train"):
+        again = Tokenizer.train_from_iterator(docs, vocab_size=120, cache_dir=tmp_path / "cache")
+    assert "reusing cached tokenizer" in caplog.text and again.fingerprint == tok.fingerprint
+    a = tokenize_to_memmap(docs, tok, tmp_path / "streamed.tok")
+    b = tokenize_to_memmap(listed, tok, tmp_path / "listed.tok")
+    assert a.n_docs == len(docs) == 57
+    assert (tmp_path / "streamed.tok").read_bytes() == (tmp_path / "listed.tok").read_bytes()
+    assert np.array_equal(a.doc_offsets, b.doc_offsets)

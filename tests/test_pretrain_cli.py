@@ -2,9 +2,11 @@
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -43,7 +45,7 @@ def test_end_to_end_outputs(data_dir, tmp_path, allocator_calls):
     assert len([r for r in rows if "eval_loss" in r]) == 2
     summary = json.loads((out / "eval.json").read_text())
     assert set(summary) == {"eval_loss", "eval_accuracy", "perplexity", "steps", "tokens_seen",
-                            "wall_seconds", "precision"}
+                            "wall_seconds", "train_seconds", "precision"}
     assert summary["precision"] == "fp32"
     assert summary["steps"] == 6 and summary["tokens_seen"] == 6 * 8 * 32
     assert not allocator_calls  # the allocator is left alone unless asked
@@ -365,3 +367,13 @@ def test_damaged_weights_checkpoints_and_a_full_disk_are_one_line(data_dir, tmp_
 
     export_checkpoint(out / "checkpoints" / "step_00000002", out / "final")
     assert minibert.BertForMaskedLM.from_pretrained(out / "final").config.vocab_size > 0
+
+
+def test_the_tokenizer_trains_on_a_sample_of_a_big_train_split(data_dir, tmp_path, monkeypatch,
+                                                                caplog):
+    monkeypatch.setattr(pretrain, "TOKENIZER_SAMPLE_CHARS", 20_000)
+    with caplog.at_level(logging.INFO, logger="pretrain"):
+        assert pretrain.main(_args(data_dir, tmp_path / "run", tmp_path / "cache",
+                                   "--max-steps", "1")) == 0
+    assert re.search(r"training the tokenizer on every \d+(st|nd|rd|th) document of train",
+                     caplog.text), caplog.text

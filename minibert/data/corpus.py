@@ -12,16 +12,24 @@ unread: a `valid.txt` beside it made the folder "WikiText", and training ran on
 8,104 tokens without a word. So `load_corpus` reads a folder as WikiText only
 when its text files are exactly WikiText splits, refuses any folder whose text files
 it would not all read, and returns per file what it read, for the log.
+
+A split is a `Documents` stream, not a list: iterating it reads the files again, one
+document at a time, so preparing a corpus far bigger than memory (tokenizer training,
+then tokenizing into a token file) needs memory for one batch of documents, not the corpus.
+`load_corpus` itself makes one pass to count documents and characters and to fingerprint
+each split.
 """
 from __future__ import annotations
 
+import hashlib
+import itertools
+import math
 import os
 from pathlib import Path
-from typing import NamedTuple, Union
+from typing import Iterable, Iterator, NamedTuple, Optional, Union
 
-from .text import (TEXT_SUFFIXES, check_holdout_every, hold_out, iter_documents, iter_lines,
-                   text_folder_files)
-from .wikitext import SPLITS, WIKITEXT_LAYOUTS, split_articles
+from .text import TEXT_SUFFIXES, check_holdout_every, iter_documents, iter_lines, text_folder_files
+from .wikitext import SPLITS, WIKITEXT_LAYOUTS, iter_articles
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -38,12 +46,71 @@ class CorpusFile(NamedTuple):
     n_chars: int
 
 
+class Documents:
+    """The documents of one split, read from its files each time it is iterated.
+
+    Iterating streams the files in order and holds one document at a time, so a split can
+    be far bigger than memory; iterate it as often as needed (each pass reads the disk
+    again). A text folder's two splits read the same files and each keeps its own
+    documents by index: every `holdout_every`-th document is `valid`, the others `train`.
+    `len()` (documents), `n_chars` and `fingerprint` (a hash of the documents' text, the
+    token cache's key) come from the scan `load_corpus` makes.
+    """
+
+    def __init__(self, files: list[Path], layout: str, split: str,
+                 holdout_every: Optional[int] = None) -> None:
+        self.files, self.layout, self.split = list(files), layout, split
+        self.holdout_every = holdout_every  # None: every document of the files
+        self.n_documents, self.n_chars, self.fingerprint = 0, 0, ""
+
+    def __iter__(self) -> Iterator[str]:
+        for i, doc in enumerate(self._all()):
+            if self.keeps(i):
+                yield doc
+
+    def _all(self) -> Iterator[str]:
+        """Every document of the files, both splits' for a text folder."""
+        for path in self.files:
+            yield from (iter_articles(iter_lines(path)) if self.layout == WIKITEXT
+                        else iter_documents(path))
+
+    def keeps(self, i: int) -> bool:
+        """Whether document `i` of the files (counted over all of them) is in this split."""
+        if self.holdout_every is None:
+            return True
+        return ((i + 1) % self.holdout_every == 0) == (self.split == "valid")
+
+    def __len__(self) -> int:
+        return self.n_documents
+
+    def sample(self, max_chars: int) -> "Iterable[str]":
+        """Every k-th document, k the smallest that keeps about `max_chars` characters or
+        fewer: a sample spread over the whole split (not its first files), read again at
+        each pass like the split. The whole split when it is that small already."""
+        every = max(1, math.ceil(self.n_chars / max_chars))
+        return _Every(self, every)
+
+    def __repr__(self) -> str:
+        return (f"Documents({self.split!r}: {self.n_documents:,} documents, {self.n_chars:,} "
+                f"characters in {len(self.files)} file(s))")
+
+
+class _Every:
+    """Every `k`-th document of `docs`, re-iterable (see `Documents.sample`)."""
+
+    def __init__(self, docs: Documents, k: int) -> None:
+        self.docs, self.k = docs, k
+
+    def __iter__(self) -> Iterator[str]:
+        return itertools.islice(iter(self.docs), 0, None, self.k)
+
+
 class Corpus(NamedTuple):
-    """What `load_corpus` read: `splits` maps a split name to its documents."""
+    """What `load_corpus` read: `splits` maps a split name to its `Documents`."""
 
     path: Path  # the folder the files are in
     layout: str  # "wikitext" or "text folder"
-    splits: dict[str, list[str]]
+    splits: dict[str, Documents]
     files: list[CorpusFile]
 
     def report(self) -> list[str]:
@@ -51,8 +118,8 @@ class Corpus(NamedTuple):
         lines = [f"{self.layout} corpus in {self.path}: {len(self.files)} files"]
         lines += [f"  {f.path} -> {f.split}: {f.n_documents:,} documents, "
                   f"{f.n_chars:,} characters" for f in self.files]
-        lines += [f"  split {name}: {len(docs):,} documents, "
-                  f"{sum(map(len, docs)):,} characters" for name, docs in self.splits.items()]
+        lines += [f"  split {name}: {len(docs):,} documents, {docs.n_chars:,} characters"
+                  for name, docs in self.splits.items()]
         return lines
 
 
@@ -78,7 +145,8 @@ def load_corpus(path: PathLike, *, holdout_every: int = 20) -> Corpus:
         corpus = load_corpus("data/")
         for line in corpus.report():
             logger.info(line)
-        train_docs = corpus.splits["train"]
+        for doc in corpus.splits["train"]:  # read from disk, one document at a time
+            ...
     """
     root = Path(path).expanduser()
     if not root.exists():
@@ -161,22 +229,48 @@ def _wikitext_layout(root: Path, files: list[Path]) -> dict[str, Path] | None:
 
 
 def _read_wikitext(root: Path, layout: dict[str, Path]) -> Corpus:
-    splits, files = {}, []
-    for split in SPLITS:  # train, valid, test, whatever the order of the files
-        if split in layout:
-            splits[split] = split_articles(iter_lines(layout[split]))
-            files.append(CorpusFile(layout[split], split, len(splits[split]),
-                                    sum(map(len, splits[split]))))
-    if not any(splits.values()):
+    # train, valid, test, whatever the order of the files
+    splits = {s: Documents([layout[s]], WIKITEXT, s) for s in SPLITS if s in layout}
+    files = _scan(list(splits.values()))
+    if not any(len(d) for d in splits.values()):
         raise ValueError(f"the WikiText files in {root} hold no text: "
                          f"{_names(list(layout.values()), root)}")
     return Corpus(root, WIKITEXT, splits, files)
 
 
 def _read_text_folder(root: Path, paths: list[Path], holdout_every: int) -> Corpus:
-    docs, files = [], []
-    for p in paths:
-        mine = list(iter_documents(p))
-        docs += mine
-        files.append(CorpusFile(p, "train+valid", len(mine), sum(map(len, mine))))
-    return Corpus(root, TEXT_FOLDER, hold_out(docs, holdout_every, root, len(paths)), files)
+    splits = {s: Documents(paths, TEXT_FOLDER, s, holdout_every) for s in ("train", "valid")}
+    files = _scan(list(splits.values()))
+    n_docs = sum(f.n_documents for f in files)
+    if n_docs < holdout_every:
+        raise ValueError(f"{root} holds {n_docs} documents (blank-line separated) in "
+                         f"{len(paths)} .txt file(s); at least {holdout_every} are needed to "
+                         f"hold one out for evaluation")
+    return Corpus(root, TEXT_FOLDER, splits, files)
+
+
+def _scan(splits: list[Documents]) -> list[CorpusFile]:
+    """One streaming pass over the files of `splits` (which either share their files or
+    have one each): count each split's documents and characters, hash its text."""
+    hashes = [hashlib.blake2b(digest_size=8) for _ in splits]
+    files, seen = [], set()
+    for docs in splits:
+        if tuple(docs.files) in seen:
+            continue
+        seen.add(tuple(docs.files))
+        sharing = [(d, h) for d, h in zip(splits, hashes) if d.files == docs.files]
+        i = 0
+        for path in docs.files:
+            n_file = chars_file = 0
+            for doc in Documents([path], docs.layout, docs.split)._all():
+                for d, h in sharing:
+                    if d.keeps(i):
+                        d.n_documents += 1
+                        d.n_chars += len(doc)
+                        h.update(doc.encode("utf-8", "surrogatepass"))
+                n_file, chars_file, i = n_file + 1, chars_file + len(doc), i + 1
+            split = docs.split if len(sharing) == 1 else "+".join(d.split for d, _ in sharing)
+            files.append(CorpusFile(path, split, n_file, chars_file))
+    for d, h in zip(splits, hashes):
+        d.fingerprint = h.hexdigest()
+    return files

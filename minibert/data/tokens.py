@@ -20,6 +20,7 @@ adds `[CLS]`/`[SEP]` later, where the block boundaries are known.
 """
 from __future__ import annotations
 
+import array
 import itertools
 import json
 import logging
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
+from .corpus import Documents
 from .text import iter_documents, text_file_named
 
 if TYPE_CHECKING:  # imported lazily: minibert.tokenizer itself imports minibert.data
@@ -178,7 +180,7 @@ def _read_header(path: Path, redo: str) -> dict:
 
 
 def tokenize_to_memmap(
-    source: Union[PathLike, Iterable[Union[str, "os.PathLike[str]"]]],
+    source: Union[PathLike, Documents, Iterable[Union[str, "os.PathLike[str]"]]],
     tokenizer: "Tokenizer",
     out_path: PathLike,
     *,
@@ -187,7 +189,8 @@ def tokenize_to_memmap(
     """Tokenize a corpus once into a token file at `out_path` and open it.
 
     Args:
-        source: a path (`str` or `Path`) to one text file, or an iterable of
+        source: a split of `load_corpus` (its documents, read as it goes), a path
+            (`str` or `Path`) to one text file, or an iterable of
             documents and text files. A `pathlib.Path` item is a text file; so is a
             `str` item that names an existing file, as in `Tokenizer.train`, so
             `["a.txt", "b.txt"]` reads two files in both. A `str` that looks like a
@@ -202,12 +205,15 @@ def tokenize_to_memmap(
 
     Returns:
         The new `TokenFile`.
+
+    Memory does not grow with the corpus: documents are read, encoded `batch_docs` at a
+    time and appended to the file; only one 8-byte length per document is kept.
     """
     out_path = Path(out_path)
     dtype = np.dtype("<u2") if tokenizer.vocab_size <= 1 << 16 else np.dtype("<u4")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
-    lengths: list[int] = []
+    lengths = array.array("q")  # 8 bytes a document, not a Python int's 28 + 8
     try:
         with open(tmp, "wb") as f:
             f.write(b"\0" * HEADER_BYTES)  # placeholder; the real header goes in last
@@ -228,7 +234,7 @@ def tokenize_to_memmap(
             offsets_offset = -(-ids_end // 8) * 8  # int64 offsets start 8-byte aligned
             f.write(b"\0" * (offsets_offset - ids_end))
             offsets = np.zeros(len(lengths) + 1, dtype="<i8")
-            np.cumsum(lengths, out=offsets[1:])
+            np.cumsum(np.frombuffer(lengths, dtype=np.int64), out=offsets[1:])
             f.write(offsets.tobytes())
             header = {
                 "format_version": FORMAT_VERSION,
@@ -267,6 +273,11 @@ def _encode_header(header: dict) -> bytes:
 
 def _documents(source) -> Iterator[str]:
     """Yield the documents of `source` (see `tokenize_to_memmap`)."""
+    if isinstance(source, Documents):  # documents already: none of them is a file name
+        if not len(source):
+            raise ValueError(f"the corpus given to tokenize_to_memmap is empty: {source!r}")
+        yield from source
+        return
     if isinstance(source, (str, os.PathLike)):
         if not os.path.isfile(source):
             hint = (" (a single str is read as a file name; to tokenize one text, pass [text])"

@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
-from typing import Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 from .text import iter_lines
 
@@ -68,7 +68,8 @@ def download_wikitext(
             `wikitext-2-v1`, `wikitext-103-v1`.
         cache_dir: where to keep the zip and the extracted folder; default
             `$MINIBERT_CACHE` or `~/.cache/minibert`.
-        url: the zip's address; default `https://wikitext.smerity.com/<name>.zip`.
+        url: the zip's address; default `<base>/<name>.zip`, where `<base>` is
+            `$MINIBERT_WIKITEXT_URL` (a mirror) or `https://wikitext.smerity.com`.
         timeout: seconds to wait for the server before giving up.
 
     A no-op (no network access at all) when the extracted folder is already there.
@@ -84,7 +85,8 @@ def download_wikitext(
         logger.info("WikiText %s already at %s", name, target)
         return target
 
-    url = url or f"{BASE_URL}/{name}.zip"
+    base = os.environ.get("MINIBERT_WIKITEXT_URL") or BASE_URL
+    url = url or f"{base.rstrip('/')}/{name}.zip"
     zip_path = cache / f"{name}.zip"
     if not (zip_path.is_file() and _zip_ok(zip_path, folder, expected)):
         part = cache / f"{name}.zip.part"
@@ -260,17 +262,20 @@ def load_wikitext(path: PathLike) -> dict[str, list[str]]:
     )
 
 
-def split_articles(lines) -> list[str]:
+def split_articles(lines: Iterable[str]) -> list[str]:
     """Group WikiText lines into articles at top-level ` = Title = ` headings."""
-    articles: list[str] = []
+    return list(iter_articles(lines))
+
+
+def iter_articles(lines: Iterable[str]) -> Iterator[str]:
+    """`split_articles`, one article at a time: memory holds one article, not the split."""
     current: list[str] = []
     for line in lines:
         if current and _is_title(line):
-            articles.append("\n".join(current))
+            yield "\n".join(current)
             current = []
         line = line.strip()
         if line:
             current.append(line)
     if current:
-        articles.append("\n".join(current))
-    return articles
+        yield "\n".join(current)
