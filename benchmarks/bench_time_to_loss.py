@@ -1,0 +1,333 @@
+"""How long until a model is as good as transformers' recipe makes it: minibert against
+transformers, eval loss against training time, on the same data.
+
+Both train on WikiText-2's `valid` split and are evaluated on the whole `test` split, through
+one tokenizer (WordPiece, 8,192 tokens, trained on `valid` exactly as the main job trains
+it) and the same packed 128-token blocks. The evaluation batches are the same for both:
+the main job's own (`MLMCollator`, 15%, seed 0), so the two losses are measured on the same
+masked tokens.
+
+* transformers: `BertForMaskedLM` (4 layers, hidden 256, 4 heads, FFN 1024, Post-LN, dropout
+  0.1) with `DataCollatorForLanguageModeling` at 15%, fused AdamW (0.9, 0.98, eps 1e-6,
+  weight decay 0.01 except biases and LayerNorm, as `Trainer` does), lr 5e-4 with 100 warmup
+  steps then linear decay, gradients clipped at 1.0 (`Trainer`'s default), batch 32 x 128,
+  1500 steps. Its final test loss is the target.
+* minibert: `examples/pretrain_wikitext.py` with its own defaults (plus any flags given).
+
+Training time excludes evaluation for both: transformers' loop times its steps only, and
+the main job logs `train_seconds`, the same measure. The step at which a run reaches the
+target is interpolated linearly between the two evaluations around the crossing.
+
+A step costs the same throughout a run (fixed batch and length), so the loss curves are
+taken from full runs (which may share the machine) and the seconds per step of every
+contestant are timed in one quiet window, side by side, by `report`:
+
+    # 1. transformers' whole recipe, once (about 40 min on 2 quiet cores): curve and target
+    python benchmarks/bench_time_to_loss.py transformers
+    # 2. minibert's main job (its defaults), evaluated every 100 steps; or with other flags
+    python benchmarks/bench_time_to_loss.py minibert --name defaults
+    python benchmarks/bench_time_to_loss.py minibert --name b16 -- --batch-size 16
+    # 3. time 40 steps of each now, print the table, draw time_to_loss.png
+    python benchmarks/bench_time_to_loss.py report --timed-steps 40
+
+`report` also prints the full transformers run's own measured time beside the
+extrapolation, the check that the extrapolation holds when that run had the machine to
+itself. Everything goes under `--out` (default `benchmarks/out/time_to_loss`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "wikitext-2"
+SEQ_LEN, BATCH, VOCAB = 128, 32, 8192
+HF_RECIPE = dict(steps=1500, lr=5e-4, warmup=100, betas=(0.9, 0.98), eps=1e-6,
+                 weight_decay=0.01, dropout=0.1, mlm_probability=0.15, max_grad_norm=1.0)
+
+
+def prepare(data_dir: Path, cache: Path):
+    """(tokenizer, train blocks, eval batches): what the main job builds from `data_dir` with
+    `--train-split valid --eval-split test`, the same tokenizer cache and seed 0."""
+    import minibert
+    from minibert.data import MLMCollator, PackedMLMDataset, load_corpus, tokenize_to_memmap
+    from minibert.engine import TrainConfig, eval_batches
+
+    splits = load_corpus(data_dir).splits
+    tok = minibert.Tokenizer.train_from_iterator(splits["valid"], vocab_size=VOCAB,
+                                                 cache_dir=cache)
+    sets = {}
+    for s in ("valid", "test"):
+        path = cache / "bench_tokens" / f"{tok.fingerprint[:16]}-{s}.tok"
+        tokens = tokenize_to_memmap(splits[s], tok, path)
+        sets[s] = PackedMLMDataset(tokens, SEQ_LEN)
+    cfg = TrainConfig(batch_size=BATCH, max_steps=1, eval_batches=10**6)
+    evals = list(eval_batches(sets["test"], MLMCollator(tok, mlm_probability=0.15, seed=0), cfg))
+    return tok, sets["valid"], evals
+
+
+# ---- transformers ---------------------------------------------------------------------------
+
+def hf_model_and_collator(tok):
+    import torch
+    import transformers
+
+    hc = transformers.BertConfig(
+        vocab_size=tok.vocab_size, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+        intermediate_size=1024, hidden_dropout_prob=HF_RECIPE["dropout"],
+        attention_probs_dropout_prob=HF_RECIPE["dropout"], pad_token_id=tok.pad_id)
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM(hc)
+    hf_tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok.backend, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]")
+    collator = transformers.DataCollatorForLanguageModeling(
+        hf_tok, mlm_probability=HF_RECIPE["mlm_probability"], return_tensors="pt")
+    return model, collator
+
+
+def hf_optimizer(model, steps: int):
+    import torch
+    import transformers
+
+    decay = [p for n, p in model.named_parameters() if "bias" not in n and "LayerNorm" not in n]
+    rest = [p for n, p in model.named_parameters() if "bias" in n or "LayerNorm" in n]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": HF_RECIPE["weight_decay"]},
+                             {"params": rest, "weight_decay": 0.0}], lr=HF_RECIPE["lr"],
+                            betas=HF_RECIPE["betas"], eps=HF_RECIPE["eps"], fused=True)
+    sched = transformers.get_linear_schedule_with_warmup(opt, HF_RECIPE["warmup"], steps)
+    return opt, sched
+
+
+def hf_evaluate(model, batches) -> float:
+    import torch
+    import torch.nn.functional as F
+
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for b in batches:
+            logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                           token_type_ids=b["token_type_ids"]).logits
+            pick = b["labels"] != -100
+            total += float(F.cross_entropy(logits[pick].float(), b["labels"][pick],
+                                           reduction="sum"))
+            count += int(pick.sum())
+    model.train()
+    return total / count
+
+
+def run_transformers(tok, train_set, evals, steps: int, eval_every: int,
+                     horizon: int = HF_RECIPE["steps"]) -> dict:
+    """Train with transformers' recipe for `steps` steps of a `horizon`-step schedule;
+    evaluate every `eval_every` steps (0: never). Returns the curve and the step times."""
+    import torch
+
+    model, collator = hf_model_and_collator(tok)
+    opt, sched = hf_optimizer(model, horizon)
+    g = torch.Generator().manual_seed(0)
+    order: list[int] = []
+    curve, step_seconds, trained = [], [], 0.0
+    model.train()
+    for step in range(1, steps + 1):
+        t0 = time.perf_counter()
+        if len(order) < BATCH:  # a fresh shuffle of the blocks each epoch
+            order = torch.randperm(len(train_set), generator=g).tolist()
+        idx, order = order[:BATCH], order[BATCH:]
+        batch = collator([{"input_ids": train_set[i]["input_ids"].tolist()} for i in idx])
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), HF_RECIPE["max_grad_norm"])
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        step_seconds.append(time.perf_counter() - t0)
+        trained += step_seconds[-1]
+        if eval_every and (step % eval_every == 0 or step == steps):
+            curve.append({"step": step, "train_seconds": round(trained, 2),
+                          "eval_loss": round(hf_evaluate(model, evals), 4)})
+            print(f"transformers step {step}: eval loss {curve[-1]['eval_loss']:.4f}, "
+                  f"{trained:.0f} s of training", flush=True)
+    return {"curve": curve, "step_seconds": step_seconds, "steps": steps,
+            "train_seconds": round(trained, 2)}
+
+
+# ---- minibert ---------------------------------------------------------------------------------
+
+def run_minibert(data_dir: Path, cache: Path, out: Path, extra: list[str],
+                 eval_every: int) -> dict:
+    """The main job as a user runs it, evaluated on the whole test split every `eval_every`."""
+    cmd = [sys.executable, str(ROOT / "examples" / "pretrain_wikitext.py"),
+           "--data-dir", str(data_dir), "--cache-dir", str(cache), "--out", str(out),
+           "--train-split", "valid", "--eval-split", "test", "--eval-every", str(eval_every),
+           "--eval-batches", "1000000", "--save-every", "0", "--log-every", "50",
+           "--no-progress", *extra]
+    print("running", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    curve = [{"step": r["step"], "train_seconds": r["train_seconds"],
+              "eval_loss": round(r["eval_loss"], 4)} for r in rows if "eval_loss" in r]
+    tps = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r]
+    return {"curve": curve, "args": extra, "tokens_per_s_median": sorted(tps)[len(tps) // 2],
+            "steps": curve[-1]["step"], "train_seconds": curve[-1]["train_seconds"]}
+
+
+# ---- the comparison ---------------------------------------------------------------------------
+
+def time_to(curve: list[dict], target: float, key: str = "train_seconds") -> float | None:
+    """`key` at which the eval loss first reaches `target`, linear between evaluations."""
+    prev = {"step": 0, "train_seconds": 0.0, "eval_loss": math.inf}
+    for point in curve:
+        if point["eval_loss"] <= target:
+            if math.isinf(prev["eval_loss"]):
+                return point[key]
+            frac = (prev["eval_loss"] - target) / (prev["eval_loss"] - point["eval_loss"])
+            return prev[key] + frac * (point[key] - prev[key])
+        prev = point
+    return None
+
+
+def cpu_model() -> str:
+    from minibert.runtime import environment_report
+
+    import torch
+
+    report = environment_report(torch.device("cpu"))
+    return (f"{report['device_name']}, {report['cpu_capability']}, bf16 native: "
+            f"{report['bf16_native']}, {report['torch_threads']} threads")
+
+
+def minibert_step_seconds(data_dir: Path, cache: Path, args: list[str], steps: int) -> float:
+    """Median seconds per step of the main job with `args`, timed now for `steps` steps."""
+    import shutil
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="timed-"))
+    try:
+        cmd = [sys.executable, str(ROOT / "examples" / "pretrain_wikitext.py"), "--data-dir",
+               str(data_dir), "--cache-dir", str(cache), "--out", str(out / "run"),
+               "--train-split", "valid", "--eval-split", "test", "--eval-batches", "1",
+               "--save-every", "0", "--log-every", "1", "--no-progress", *args,
+               "--max-steps", str(steps)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        rows = [json.loads(line) for line in open(out / "run" / "metrics.jsonl")]
+        seconds = [b - a for a, b in zip([0.0] + [r["train_seconds"] for r in rows if "loss" in r],
+                                         [r["train_seconds"] for r in rows if "loss" in r])]
+        return statistics.median(seconds[5:])
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def report(out: Path, data_dir: Path, tok, train_set, evals, timed_steps: int) -> None:
+    """The table: for each minibert run, the step at which it reaches transformers' final
+    loss, and the time that takes, against transformers' time for its 1500 steps. Times
+    are taken now, side by side: `timed_steps` steps of each (0: the runs' own times)."""
+    full = json.loads((out / "transformers.json").read_text())
+    target = full["curve"][-1]["eval_loss"]
+    lines = [f"target: transformers' final test loss {target:.4f} after {full['steps']} steps",
+             f"CPU: {cpu_model()}"]
+    hf_time = full["train_seconds"]
+    speeds = {"transformers": hf_time / full["steps"]}  # seconds per step
+    if timed_steps:
+        timed = run_transformers(tok, train_set, evals, timed_steps, eval_every=0)
+        now = statistics.median(timed["step_seconds"][5:])
+        hf_time, speeds["transformers"] = now * full["steps"], now
+        lines.append(f"transformers: {now:.3f} s/step now (median of {timed_steps - 5} steps) x "
+                     f"{full['steps']} steps = {hf_time / 60:.1f} min; its full run measured "
+                     f"{full['train_seconds'] / 60:.1f} min ({full.get('note', '')})")
+    rows = ["| run | main-job flags | reaches the target at | s/step now | time to the target "
+            "| sooner than transformers |", "|---|---|---|---|---|---|"]
+    for path in sorted(out.glob("minibert-*.json")):
+        run = json.loads(path.read_text())
+        name, flags = path.stem.removeprefix("minibert-"), " ".join(run["args"]) or "(defaults)"
+        at_step = time_to(run["curve"], target, key="step")
+        if at_step is None:
+            rows.append(f"| {name} | {flags} | not reached: {run['curve'][-1]['eval_loss']:.4f} "
+                        f"at step {run['steps']} | | | |")
+            continue
+        step_s = speeds[name] = (
+            minibert_step_seconds(data_dir, out / "cache", run["args"], timed_steps)
+            if timed_steps else run["train_seconds"] / run["steps"])
+        reached = at_step * step_s
+        rows.append(f"| {name} | {flags} | step {at_step:.0f} | {step_s:.3f} | "
+                    f"{reached / 60:.2f} min | **{hf_time / reached:.2f}x** |")
+    print("\n".join(lines + rows))
+    (out / "report.md").write_text("\n".join(lines + [""] + rows) + "\n")
+    plot(out, full, target, speeds)
+
+
+def plot(out: Path, full: dict, target: float, speeds: dict[str, float]) -> None:
+    """Eval loss against training time, each run's steps at its seconds per step now."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    plt.figure(figsize=(7, 4.5))
+    c = full["curve"]
+    plt.plot([p["step"] * speeds["transformers"] / 60 for p in c], [p["eval_loss"] for p in c],
+             "k.-", label="transformers (its recipe)")
+    for path in sorted(out.glob("minibert-*.json")):
+        name, c = path.stem.removeprefix("minibert-"), json.loads(path.read_text())["curve"]
+        if name in speeds:
+            plt.plot([p["step"] * speeds[name] / 60 for p in c], [p["eval_loss"] for p in c],
+                     ".-", label=f"minibert {name}")
+    plt.axhline(target, color="grey", lw=0.8, ls="--")
+    plt.ylim(top=min(8.0, plt.ylim()[1]))
+    plt.xlabel("training time, minutes (evaluation excluded)")
+    plt.ylabel("MLM loss on WikiText-2 test")
+    plt.legend(fontsize=8)
+    plt.tight_layout()
+    plt.savefig(out / "time_to_loss.png", dpi=110)
+    print(f"plot: {out / 'time_to_loss.png'}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("what", choices=["transformers", "minibert", "report"])
+    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "time_to_loss")
+    p.add_argument("--steps", type=int, default=HF_RECIPE["steps"], help="transformers' steps")
+    p.add_argument("--eval-every", type=int, help="default 150 for transformers, 100 for "
+                   "minibert")
+    p.add_argument("--name", default="defaults", help="minibert: the run's name")
+    p.add_argument("--timed-steps", type=int, default=40, help="report: transformers' steps "
+                   "timed now (0: use the full run's own time)")
+    args, extra = p.parse_known_args()
+    extra = [a for a in extra if a != "--"]
+    if not (args.data_dir / "valid.txt").is_file():
+        sys.exit(f"WikiText-2 (valid.txt, test.txt) not found in {args.data_dir}: pass --data-dir")
+    args.out.mkdir(parents=True, exist_ok=True)
+    cache = args.out / "cache"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.what == "minibert":
+        run = run_minibert(args.data_dir, cache, args.out / f"run-{args.name}", extra,
+                           args.eval_every or 100)
+        (args.out / f"minibert-{args.name}.json").write_text(json.dumps(run, indent=1))
+        return
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("transformers is not installed: pip install transformers")
+        return
+    tok, train_set, evals = prepare(args.data_dir, cache)
+    if args.what == "transformers":
+        run = run_transformers(tok, train_set, evals, args.steps, args.eval_every or 150)
+        run["cpu"] = cpu_model()
+        (args.out / "transformers.json").write_text(json.dumps(run))
+    else:
+        report(args.out, args.data_dir, tok, train_set, evals, args.timed_steps)
+
+
+if __name__ == "__main__":
+    main()
