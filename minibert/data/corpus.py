@@ -28,7 +28,8 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Optional, Union
 
-from .text import TEXT_SUFFIXES, check_holdout_every, iter_documents, iter_lines, text_folder_files
+from .text import (TEXT_SUFFIXES, check_enough_documents, check_holdout_every, iter_documents,
+                   iter_lines, text_folder_files)
 from .wikitext import SPLITS, WIKITEXT_LAYOUTS, iter_articles
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -71,8 +72,7 @@ class Documents:
     def _all(self) -> Iterator[str]:
         """Every document of the files, both splits' for a text folder."""
         for path in self.files:
-            yield from (iter_articles(iter_lines(path)) if self.layout == WIKITEXT
-                        else iter_documents(path))
+            yield from _read(path, self.layout)
 
     def keeps(self, i: int) -> bool:
         """Whether document `i` of the files (counted over all of them) is in this split."""
@@ -241,36 +241,36 @@ def _read_wikitext(root: Path, layout: dict[str, Path]) -> Corpus:
 def _read_text_folder(root: Path, paths: list[Path], holdout_every: int) -> Corpus:
     splits = {s: Documents(paths, TEXT_FOLDER, s, holdout_every) for s in ("train", "valid")}
     files = _scan(list(splits.values()))
-    n_docs = sum(f.n_documents for f in files)
-    if n_docs < holdout_every:
-        raise ValueError(f"{root} holds {n_docs} documents (blank-line separated) in "
-                         f"{len(paths)} .txt file(s); at least {holdout_every} are needed to "
-                         f"hold one out for evaluation")
+    check_enough_documents(sum(f.n_documents for f in files), holdout_every, root, len(paths))
     return Corpus(root, TEXT_FOLDER, splits, files)
 
 
+def _read(path: Path, layout: str) -> Iterator[str]:
+    """The documents of one file: WikiText articles, or blank-line separated documents."""
+    return iter_articles(iter_lines(path)) if layout == WIKITEXT else iter_documents(path)
+
+
 def _scan(splits: list[Documents]) -> list[CorpusFile]:
-    """One streaming pass over the files of `splits` (which either share their files or
-    have one each): count each split's documents and characters, hash its text."""
-    hashes = [hashlib.blake2b(digest_size=8) for _ in splits]
-    files, seen = [], set()
-    for docs in splits:
-        if tuple(docs.files) in seen:
-            continue
-        seen.add(tuple(docs.files))
-        sharing = [(d, h) for d, h in zip(splits, hashes) if d.files == docs.files]
-        i = 0
-        for path in docs.files:
+    """One streaming pass over the files of `splits`: count each split's documents and
+    characters and hash its text. Splits that read the same files (a text folder's two)
+    share the pass, each keeping its own documents."""
+    hashes = {id(d): hashlib.blake2b(digest_size=8) for d in splits}
+    groups: dict[tuple[Path, ...], list[Documents]] = {}
+    for d in splits:
+        groups.setdefault(tuple(d.files), []).append(d)
+    files = []
+    for paths, group in groups.items():
+        i = 0  # the document's index over all the group's files, as `keeps` counts it
+        for path in paths:
             n_file = chars_file = 0
-            for doc in Documents([path], docs.layout, docs.split)._all():
-                for d, h in sharing:
+            for doc in _read(path, group[0].layout):
+                for d in group:
                     if d.keeps(i):
                         d.n_documents += 1
                         d.n_chars += len(doc)
-                        h.update(doc.encode("utf-8", "surrogatepass"))
+                        hashes[id(d)].update(doc.encode("utf-8", "surrogatepass"))
                 n_file, chars_file, i = n_file + 1, chars_file + len(doc), i + 1
-            split = docs.split if len(sharing) == 1 else "+".join(d.split for d, _ in sharing)
-            files.append(CorpusFile(path, split, n_file, chars_file))
-    for d, h in zip(splits, hashes):
-        d.fingerprint = h.hexdigest()
+            files.append(CorpusFile(path, "+".join(d.split for d in group), n_file, chars_file))
+    for d in splits:
+        d.fingerprint = hashes[id(d)].hexdigest()
     return files

@@ -173,13 +173,18 @@ def check_holdout_every(holdout_every: int) -> None:
         raise ValueError(f"holdout_every={holdout_every!r} must be an integer >= 2")
 
 
+def check_enough_documents(n_docs: int, holdout_every: int, root: Path, n_files: int) -> None:
+    """Refuse a text folder too small to hold one document out for evaluation."""
+    if n_docs < holdout_every:
+        raise ValueError(f"{root} holds {n_docs} documents (blank-line separated) in "
+                         f"{n_files} .txt file(s); at least {holdout_every} are needed to "
+                         f"hold one out for evaluation")
+
+
 def hold_out(docs: list[str], holdout_every: int, root: Path,
              n_files: int) -> dict[str, list[str]]:
     """`{"train", "valid"}`: every `holdout_every`-th document of `docs` is held out."""
-    if len(docs) < holdout_every:
-        raise ValueError(f"{root} holds {len(docs)} documents (blank-line separated) in "
-                         f"{n_files} .txt file(s); at least {holdout_every} are needed to "
-                         f"hold one out for evaluation")
+    check_enough_documents(len(docs), holdout_every, root, n_files)
     return {"train": [d for i, d in enumerate(docs) if (i + 1) % holdout_every],
             "valid": [d for i, d in enumerate(docs) if (i + 1) % holdout_every == 0]}
 

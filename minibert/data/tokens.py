@@ -274,8 +274,6 @@ def _encode_header(header: dict) -> bytes:
 def _documents(source) -> Iterator[str]:
     """Yield the documents of `source` (see `tokenize_to_memmap`)."""
     if isinstance(source, Documents):  # documents already: none of them is a file name
-        if not len(source):
-            raise ValueError(f"the corpus given to tokenize_to_memmap is empty: {source!r}")
         yield from source
         return
     if isinstance(source, (str, os.PathLike)):
