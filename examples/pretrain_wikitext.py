@@ -81,7 +81,11 @@ def add_data_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     d.add_argument("--train-split", default="train")
     d.add_argument("--eval-split", default="valid")
     d.add_argument("--seq-len", type=int, default=128)
-    d.add_argument("--mask-prob", type=float, default=0.15)
+    d.add_argument("--mask-prob", type=float, default=0.15, help="share of tokens masked "
+                   "for training")
+    d.add_argument("--eval-mask-prob", type=float, default=0.15, help="share masked for "
+                   "evaluation; fixed apart from --mask-prob so that eval losses compare "
+                   "across training rates")
     d.add_argument("--whole-word-mask", action="store_true", help="mask whole words (a piece "
                    "and the ## pieces after it) instead of single tokens")
     return d
@@ -144,6 +148,10 @@ def prepare_data(args, ctx):
                 "--seq-len": args.seq_len, "--mask-prob": args.mask_prob,
                 "--whole-word-mask": args.whole_word_mask,
                 "tokenizer": tok.fingerprint}
+    # Checkpoints from before --eval-mask-prob existed evaluated at --mask-prob; leaving the
+    # key out when the two agree keeps those resumable.
+    if args.eval_mask_prob != args.mask_prob:
+        identity["--eval-mask-prob"] = args.eval_mask_prob
     return tok, sets[0], sets[1], identity
 
 
@@ -257,6 +265,7 @@ NUMBER_RULES = [
     ("seq_len", lambda v: v >= 3, "at least 3 ([CLS], one token, [SEP])"),
     ("vocab_size", lambda v: v >= 16, "at least 16 (the special tokens and some words)"),
     ("mask_prob", lambda v: 0 < v < 1, "between 0 and 1, e.g. 0.15"),
+    ("eval_mask_prob", lambda v: 0 < v < 1, "between 0 and 1, e.g. 0.15"),
     ("batch_size", lambda v: v >= 1, "at least 1"),
     ("micro_batch_size", lambda v: v >= 1, "at least 1"),
     ("max_steps", lambda v: v >= 1, "at least 1"),
@@ -394,9 +403,11 @@ def run(args, ctx) -> None:
              args.seq_len)
     collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed,
                           whole_word_mask=args.whole_word_mask)
-    # Evaluation always masks single tokens, so that eval losses compare across runs with
-    # and without --whole-word-mask (predicting a whole word is the harder task).
-    eval_collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed)
+    # Evaluation always masks single tokens at --eval-mask-prob, so that eval losses compare
+    # across runs with and without --whole-word-mask (predicting a whole word is the harder
+    # task) and across training masking rates (a 40% rate leaves less context per
+    # prediction, so its own loss is higher at equal quality; Wettig et al. 2023).
+    eval_collate = MLMCollator(tok, mlm_probability=args.eval_mask_prob, seed=args.seed)
     cfg, precision = train_config(args), resolve_precision(args.precision, ctx.device)
 
     def mlm_metrics(m) -> dict:

@@ -57,6 +57,28 @@ def test_end_to_end_outputs(data_dir, tmp_path, allocator_calls):
     transformers.BertForMaskedLM.from_pretrained(out / "final")
 
 
+def test_evaluation_masks_at_its_own_rate(data_dir, tmp_path, monkeypatch):
+    """Eval losses compare across training masking rates: the evaluation masks at
+    --eval-mask-prob (15% by default), not at the training --mask-prob."""
+    seen = []
+    real = pretrain.evaluate
+
+    def counting(model, batches, *a, **k):
+        batches = list(batches)
+        masked = sum(int((b["labels"] != -100).sum()) for b in batches)
+        tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+        seen.append(masked / tokens)
+        return real(model, batches, *a, **k)
+
+    monkeypatch.setattr(pretrain, "evaluate", counting)
+    for extra, share in [(["--mask-prob", "0.45"], 0.15),
+                         (["--mask-prob", "0.45", "--eval-mask-prob", "0.3"], 0.3)]:
+        seen.clear()
+        assert pretrain.main(_args(data_dir, tmp_path / str(share), tmp_path / "cache",
+                                   "--max-steps", "1", "--eval-batches", "8", *extra)) == 0
+        assert len(seen) == 1 and abs(seen[0] - share) < 0.05, (extra, seen)
+
+
 def _run(data_dir, out, cache, *extra):
     # MKL may use fewer threads than asked when the machine is busy (MKL_DYNAMIC), which
     # changes a matmul's summation order; these runs are compared bit for bit.
@@ -285,6 +307,8 @@ def test_resume_refuses_other_data_settings(data_dir, tmp_path, capsys):
     assert pretrain.main(_args(data_dir, out, cache, "--max-steps", "2")) == 0
     for extra, words in [(["--seq-len", "24"], "--seq-len: checkpoint 32, now 24"),
                          (["--mask-prob", "0.3"], "--mask-prob: checkpoint 0.15, now 0.3"),
+                         (["--eval-mask-prob", "0.3"], "--eval-mask-prob: checkpoint not set, "
+                          "now 0.3"),
                          (["--whole-word-mask"], "--whole-word-mask: checkpoint False, now True"),
                          (["--eval-split", "train"], "--eval-split: checkpoint 'valid'")]:
         err = _error_line(capsys, _args(data_dir, out, cache, "--max-steps", "4", "--resume",
