@@ -56,9 +56,12 @@ class Embeddings(nn.Module):
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.drop = Dropout(config.hidden_dropout)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor]) -> Tensor:
+    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor],
+                sparse_word_grad: bool = False) -> Tensor:
         T = input_ids.size(1)
-        x = self.word(input_ids) + self.position.weight[:T]  # (B, T, H) + (T, H) broadcast
+        word = F.embedding(input_ids, self.word.weight, self.word.padding_idx,
+                           sparse=sparse_word_grad)
+        x = word + self.position.weight[:T]  # (B, T, H) + (T, H) broadcast
         if token_type_ids is None:  # single-segment input: every token is segment 0
             x = x + self.token_type.weight[0]
         else:
@@ -184,11 +187,18 @@ class BertModel(PretrainedMixin, nn.Module):
         self.apply(lambda m: init_weights(m, config))
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                token_type_ids: Optional[Tensor] = None) -> BertOutput:
+                token_type_ids: Optional[Tensor] = None, *,
+                sparse_word_grad: bool = False) -> BertOutput:
         """input_ids, attention_mask (1 = real token, 0 = padding), token_type_ids: (B, T).
 
         Returns `last_hidden_state` (B, T, H), zero at padding positions, and
         `pooler_output` (B, H) or None.
+
+        `sparse_word_grad`: the word-embedding lookup hands back its gradient as a sparse
+        tensor, the rows of the batch's ids only, instead of a vocabulary-sized one that is
+        mostly zeros. Only for a caller that also uses the embedding matrix densely in the
+        same backward, as `BertForMaskedLM`'s tied decoder does: the two gradients then add
+        into one dense `.grad`. Alone it would leave a sparse `.grad`, which AdamW refuses.
         """
         check_inputs(self.config, input_ids, attention_mask, token_type_ids)
         keep = None if attention_mask is None else attention_mask.bool()  # (B, T)
@@ -199,7 +209,7 @@ class BertModel(PretrainedMixin, nn.Module):
         # the decision whether to unpad needs the same answer anyway.
         if keep is not None and bool(keep.all()):
             keep = None
-        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        x = self.embeddings(input_ids, token_type_ids, sparse_word_grad)  # (B, T, H)
         if keep is not None:
             x = unpad(x, keep)  # (N, H): the blocks skip the padding (see `unpad`)
         for block in self.blocks:

@@ -264,3 +264,39 @@ def test_bad_labels_and_positions():
         qa(ids, start_positions=torch.tensor([1, 2]), end_positions=torch.tensor([[1], [2]]))
     with pytest.raises(TypeError, match="start_positions must be integer token positions"):
         qa(ids, start_positions=torch.tensor([1.0, 2.0]), end_positions=torch.tensor([1, 2]))
+
+
+@pytest.mark.parametrize("n_predicted", [20, 0])
+def test_mlm_word_embedding_gradient_matches_transformers(n_predicted, tmp_path):
+    """BertForMaskedLM's lookup hands back a sparse gradient that meets the tied decoder's:
+    the weight's .grad must still be dense and equal transformers' on the same weights,
+    [PAD] row included (the lookup gives it none), and fused AdamW must take it."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = minibert.BertForMaskedLM(tiny_config(hidden_dropout=0.0, attention_dropout=0.0))
+    model.save_pretrained(tmp_path)
+    ref = transformers.BertForMaskedLM.from_pretrained(tmp_path, attn_implementation="eager")
+    ids, mask = random_batch(pad_from=20)
+    ids[0, 3] = 0  # [PAD] at an attended position: the lookup gives its row no gradient
+    labels = torch.full_like(ids, -100)
+    real = mask.view(-1).nonzero().view(-1)
+    picked = real[torch.randperm(len(real))[:n_predicted]]
+    labels.view(-1)[picked] = ids.view(-1)[picked]
+
+    for m in (model, ref):
+        if n_predicted:
+            m(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        else:
+            (m(input_ids=ids, attention_mask=mask).logits * mask[..., None]).sum().backward()
+    got = model.bert.embeddings.word.weight.grad
+    assert got.layout == torch.strided and not got.is_sparse
+    want = ref.bert.embeddings.word_embeddings.weight.grad
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True).step()
+
+
+def test_bert_model_alone_keeps_a_dense_lookup_gradient():
+    model = minibert.BertModel(tiny_config())
+    ids, mask = random_batch()
+    model(ids, mask).last_hidden_state.sum().backward()
+    assert not model.embeddings.word.weight.grad.is_sparse
