@@ -9,6 +9,8 @@ the counting and merging. Around it, minibert adds:
   reruns get the same ids, since the trainer breaks ties in hash order);
 * a filter that drops words over WordPiece's length limit before the trainer
   sees them (`_TrainingInput`);
+* the normalizer run in Python (`minibert.data.normalize`), so that the trainer,
+  fed normalized text, counts the same words about 1.4x sooner;
 * errors that say what to change (an empty corpus, a vocabulary too small for
   the alphabet).
 """
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequen
 import tokenizers
 from tokenizers import trainers
 
+from .data.normalize import FastEncoder
 from .data.text import iter_lines, text_file_named
 
 if TYPE_CHECKING:
@@ -127,7 +130,13 @@ def _train(cls: type["Tokenizer"], make_texts: Callable[[], Iterable[str]],
     # A second, identical pipeline decides what a word is: the one being trained is
     # locked by the Rust trainer while it pulls texts, so calling into it deadlocks.
     words_like = cls._bert_pipeline(None, lowercase, None)
-    backend.train_from_iterator(stats.texts(make_texts(), words_like), trainer)
+    texts = normalized(stats.texts(make_texts(), words_like), words_like)
+    # The texts arrive normalized, so the trainer runs without the normalizer meanwhile.
+    normalizer, backend.normalizer = backend.normalizer, None
+    try:
+        backend.train_from_iterator(texts, trainer)
+    finally:
+        backend.normalizer = normalizer
     if stats.n_skipped:
         logger.warning("skipped %d words longer than %d characters (the longest had %d): "
                        "they would only ever encode as [UNK]", stats.n_skipped,
@@ -151,6 +160,19 @@ def _train(cls: type["Tokenizer"], make_texts: Callable[[], Iterable[str]],
         tok._save_atomically(cache_path)
         logger.info("trained tokenizer (vocab %d) cached at %s", tok.vocab_size, cache_path)
     return tok
+
+
+def normalized(texts: Iterable[str], backend: tokenizers.Tokenizer) -> Iterator[str]:
+    """Each text as `backend`'s BERT normalizer makes it.
+
+    The trainer would normalize each text on the Rust side, tracking offsets it never uses;
+    normalized here (see `minibert.data.normalize`), the same words reach it about 1.4x
+    sooner. The few texts where context matters go through the Rust normalizer itself.
+    """
+    fast, rust = FastEncoder.of(backend), backend.normalizer.normalize_str
+    for text in texts:
+        out = fast.normalize(text) if fast is not None else None
+        yield out if out is not None else rust(text)
 
 
 # Characters the BERT normalizer turns into spaces (ASCII whitespace and Unicode's

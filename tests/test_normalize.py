@@ -115,3 +115,17 @@ def test_other_normalizers_are_left_to_rust(tokenizer, tmp_path):
     docs = ["ﬁne Ⅻ CAPITALS", "more text"]
     tf = tokenize_to_memmap(docs, tok, tmp_path / "t.tok")
     assert [list(tf.doc(d)) for d in range(tf.n_docs)] == _reference(tok, docs)
+
+
+def test_the_trainer_is_fed_what_the_rust_normalizer_makes(tokenizer):
+    """Tokenizer training feeds the WordPiece trainer text normalized in Python, with the
+    trainer's own normalizer off meanwhile: the text must be the Rust normalizer's, and
+    the trained tokenizer must come back with its normalizer."""
+    from minibert.tokenizer_train import normalized
+
+    texts = CASES + _random_texts(2000, seed=4)
+    rust = tokenizer.backend.normalizer.normalize_str
+    assert list(normalized(texts, tokenizer.backend)) == [rust(t) for t in texts]
+    assert isinstance(tokenizer.backend.normalizer, normalizers.BertNormalizer)
+    if tokenizer.backend.normalizer.lowercase:
+        assert tokenizer.encode("CAFÉ DOGS") == tokenizer.encode("cafe dogs")
