@@ -306,9 +306,9 @@ def test_resume_refuses_other_data_settings(data_dir, tmp_path, capsys):
     cache, out = tmp_path / "cache", tmp_path / "run"
     assert pretrain.main(_args(data_dir, out, cache, "--max-steps", "2")) == 0
     for extra, words in [(["--seq-len", "24"], "--seq-len: checkpoint 32, now 24"),
-                         (["--mask-prob", "0.3"], "--mask-prob: checkpoint 0.15, now 0.3"),
-                         (["--eval-mask-prob", "0.3"], "--eval-mask-prob: checkpoint not set, "
-                          "now 0.3"),
+                         (["--mask-prob", "0.15"], "--mask-prob: checkpoint 0.3, now 0.15"),
+                         (["--eval-mask-prob", "0.2"], "--eval-mask-prob: checkpoint 0.15, "
+                          "now 0.2"),
                          (["--whole-word-mask"], "--whole-word-mask: checkpoint False, now True"),
                          (["--eval-split", "train"], "--eval-split: checkpoint 'valid'")]:
         err = _error_line(capsys, _args(data_dir, out, cache, "--max-steps", "4", "--resume",
