@@ -108,12 +108,12 @@ class FastEncoder:
         ids: list = [None] * len(texts)
         if fast:
             encs = _encode_batch(self.bare)([normalized[i] for i in fast],
-                                               add_special_tokens=add_special_tokens)
+                                            add_special_tokens=add_special_tokens)
             for i, e in zip(fast, encs):
                 ids[i] = e.ids
         if slow:
             encs = _encode_batch(self.backend)([texts[i] for i in slow],
-                                                  add_special_tokens=add_special_tokens)
+                                               add_special_tokens=add_special_tokens)
             for i, e in zip(slow, encs):
                 ids[i] = e.ids
         return ids
