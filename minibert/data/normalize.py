@@ -1,6 +1,6 @@
 """BERT's text normalizer run in Python ahead of the Rust pipeline: the same ids, faster.
 
-Tokenizing a corpus spends about 40% of the Rust pipeline's time in `BertNormalizer`
+Tokenizing a corpus spends about a third of the Rust pipeline's time in `BertNormalizer`
 (cleaning control characters, spacing CJK characters, NFD and dropping accents,
 lowercasing), because the Rust side tracks every character's original offset through
 each of those steps, offsets a token file never stores. The normalizer works one
