@@ -6,7 +6,7 @@ lowercasing), because the Rust side tracks every character's original offset thr
 each of those steps, offsets a token file never stores. The normalizer works one
 character at a time, so this module asks the Rust normalizer once per distinct
 character what it makes of it, keeps the answers in a table, and normalizes whole
-documents with `str.translate` (a C loop; ASCII text runs at hundreds of MB/s). The
+documents with `str.translate` (a C loop, with a fast path for ASCII text). The
 normalized text then goes through a copy of the pipeline that has no normalizer.
 
 Per character is exact except where context matters, and those documents take the Rust
