@@ -9,14 +9,19 @@ so each is measured here on the same steps:
 * the threads: torch's default (one per core), one thread, and threads pinned to cores
   (`OMP_PROC_BIND=close OMP_PLACES=cores`).
 
-Workloads, one training step each (forward with 15% of tokens labelled, backward, fused
-AdamW):
+Workloads, one training step each (forward with 15% of tokens labelled unless said,
+backward, fused AdamW):
 * minibert BERT-base, bf16 autocast, 8 x 128, `math` attention, dropout 0.1 (the preset's,
   as in a transformers checkpoint), vocabulary 30,522;
 * transformers' BERT-base, the same but with its own (sdpa) attention, when installed;
 * minibert mini, fp32, 32 x 128, vocabulary 30,522;
-* minibert mini, fp32, 32 x 128, vocabulary 8,192: the model of the default pretraining job,
-  whose largest blocks (about 20 MB) stay below glibc's 32 MiB mmap ceiling.
+* minibert mini, fp32, 32 x 128, vocabulary 8,192, dropout 0.1, 15% masked: the default
+  pretraining job's model before its masking rate rose, whose largest blocks (about 20 MB)
+  stay below glibc's 32 MiB mmap ceiling;
+* the same with 30% masked and no dropout: the default pretraining job's step now, whose
+  sparse head's logits (about 40 MB) no longer stay below it;
+* transformers' mini, fp32, 32 x 128, vocabulary 8,192, 15% masked, dropout 0.1: the recipe
+  the main job is raced against in bench_time_to_loss.py.
 
 Allocator and OpenMP settings are fixed when a process starts, so every (workload, setting)
 pair runs in a fresh process; the pairs are run in rounds, so that slow spells of a shared
@@ -53,12 +58,17 @@ SETTINGS = {
     "keep_freed_memory, threads pinned": (True, None, {"OMP_PROC_BIND": "close",
                                                        "OMP_PLACES": "cores"}),
 }
-# name: (library, preset, batch of 128-token sequences, precision, vocabulary)
+# name: (library, preset, batch of 128-token sequences, precision, vocabulary, masked share,
+#        dropout)
 WORKLOADS = {
-    "minibert-base-bf16": ("minibert", "base", 8, "bf16", 30522),
-    "transformers-base-bf16": ("transformers", "base", 8, "bf16", 30522),
-    "mini-fp32": ("minibert", "mini", 32, "fp32", 30522),
-    "mini-v8192-fp32": ("minibert", "mini", 32, "fp32", 8192),
+    "minibert-base-bf16": ("minibert", "base", 8, "bf16", 30522, 0.15, 0.1),
+    "transformers-base-bf16": ("transformers", "base", 8, "bf16", 30522, 0.15, 0.1),
+    "mini-fp32": ("minibert", "mini", 32, "fp32", 30522, 0.15, 0.1),
+    "mini-v8192-fp32": ("minibert", "mini", 32, "fp32", 8192, 0.15, 0.1),
+    # The main job's own step (30% masked, no dropout), and transformers' step in the recipe
+    # the main job is raced against in bench_time_to_loss.py (15%, dropout 0.1).
+    "mini-v8192-m30-fp32": ("minibert", "mini", 32, "fp32", 8192, 0.3, 0.0),
+    "transformers-mini-v8192-fp32": ("transformers", "mini", 32, "fp32", 8192, 0.15, 0.1),
 }
 
 
@@ -100,21 +110,23 @@ def build(workload: str):
 
     import minibert
 
-    library, preset, batch, precision, vocab = WORKLOADS[workload]
+    library, preset, batch, precision, vocab, mask_share, dropout = WORKLOADS[workload]
     torch.manual_seed(0)
     config = minibert.BertConfig.preset(preset, vocab_size=vocab,
-                                        attention="math" if precision == "bf16" else "sdpa")
+                                        attention="math" if precision == "bf16" else "sdpa",
+                                        hidden_dropout=dropout, attention_dropout=dropout)
     if library == "transformers":
         import transformers
 
         model = transformers.BertForMaskedLM(transformers.BertConfig(
             vocab_size=config.vocab_size, hidden_size=config.hidden_size,
             num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
-            intermediate_size=config.intermediate_size, attn_implementation="sdpa"))
+            intermediate_size=config.intermediate_size, hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout, attn_implementation="sdpa"))
     else:
         model = minibert.BertForMaskedLM(config)
     model.train()
-    return model, make_batch(batch, 128, config.vocab_size, "cpu")
+    return model, make_batch(batch, 128, config.vocab_size, "cpu", mask_share)
 
 
 def child(workload: str, keep: bool, threads: int | None, steps: int, warmup: int) -> dict:
@@ -182,12 +194,13 @@ def main() -> None:
         return
 
     workloads = kept_workloads(args.workloads, args.emulated_bf16)
-    if "transformers-base-bf16" in workloads:
+    theirs = [w for w in workloads if WORKLOADS[w][0] == "transformers"]
+    if theirs:
         try:
             import transformers  # noqa: F401
         except ImportError:
-            print("transformers is not installed: skipping its workload")
-            workloads.remove("transformers-base-bf16")
+            print(f"transformers is not installed: skipping {', '.join(theirs)}")
+            workloads = [w for w in workloads if w not in theirs]
     table = settings()
     results: dict = {(w, s): [] for w in workloads for s in table}
     for r in range(args.rounds):

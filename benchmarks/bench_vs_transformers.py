@@ -109,13 +109,14 @@ def make_checkpoint(preset: str, path: Path) -> None:
     transformers.BertForMaskedLM(hc).save_pretrained(path)
 
 
-def make_batch(B: int, T: int, vocab: int, device: str):
+def make_batch(B: int, T: int, vocab: int, device: str, mask_share: float = 0.15):
+    """(B, T) ids with `mask_share` of the positions masked and labelled."""
     import torch
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, vocab, (B, T), generator=g)
     labels = torch.full_like(ids, -100)
-    pick = torch.rand(B, T, generator=g) < 0.15
+    pick = torch.rand(B, T, generator=g) < mask_share
     labels[pick] = ids[pick]
     ids[pick] = 4  # [MASK]
     mask = torch.ones(B, T, dtype=torch.long)

@@ -48,13 +48,19 @@ def test_end_to_end_outputs(data_dir, tmp_path, allocator_calls):
                             "wall_seconds", "train_seconds", "precision"}
     assert summary["precision"] == "fp32"
     assert summary["steps"] == 6 and summary["tokens_seen"] == 6 * 8 * 32
-    assert not allocator_calls  # the allocator is left alone unless asked
+    assert allocator_calls == [True]  # a CPU run keeps freed memory unless told not to
     assert (out / "checkpoints" / "step_00000006").is_dir()
     model = minibert.BertForMaskedLM.from_pretrained(out / "final")
     tok = minibert.Tokenizer.from_pretrained(out / "final")
     assert model.config.vocab_size == tok.vocab_size
     transformers = pytest.importorskip("transformers")
     transformers.BertForMaskedLM.from_pretrained(out / "final")
+
+
+def test_no_keep_freed_memory_leaves_the_allocator_alone(data_dir, tmp_path, allocator_calls):
+    assert pretrain.main(_args(data_dir, tmp_path / "run", tmp_path / "cache", "--max-steps",
+                               "1", "--no-keep-freed-memory")) == 0
+    assert not allocator_calls
 
 
 def test_evaluation_masks_at_its_own_rate(data_dir, tmp_path, monkeypatch):
@@ -216,7 +222,7 @@ def test_continued_pretraining_on_a_folder_of_text_files(data_dir, tmp_path, all
     args = _args(domain, out, cache, "--init-from", str(tmp_path / "base" / "final"),
                  "--max-steps", "3", "--keep-freed-memory")
     assert pretrain.main(args) == 0
-    assert allocator_calls == [True]
+    assert allocator_calls == [True, True]  # asked by both runs (the first by default)
     base_tok = minibert.Tokenizer.from_pretrained(tmp_path / "base" / "final")
     assert minibert.Tokenizer.from_pretrained(out / "final").fingerprint == base_tok.fingerprint
     assert json.loads((out / "eval.json").read_text())["steps"] == 3
