@@ -384,7 +384,7 @@ def test_bench_process_and_levers_skip_emulated_bf16_unless_asked(monkeypatch):
     process, levers = _benchmark("bench_process"), _benchmark("bench_levers")
     monkeypatch.setattr(precision, "cpu_bf16_native", lambda: False)
     assert process.kept_workloads(list(process.WORKLOADS), emulated_bf16=False) == \
-        ["mini-fp32", "mini-v8192-fp32"]
+        ["mini-fp32", "mini-v8192-fp32", "mini-v8192-m30-fp32", "transformers-mini-v8192-fp32"]
     assert process.kept_workloads(["mini-fp32"], emulated_bf16=False) == ["mini-fp32"]
     assert process.kept_workloads(list(process.WORKLOADS), True) == list(process.WORKLOADS)
     assert levers.runs_bf16(emulated_bf16=False) is False
