@@ -20,13 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from tokenizers import trainers
-
 import minibert
 from minibert.data import tokens
 from minibert.data.normalize import FastEncoder
-from minibert.tokenizer import SPECIAL_TOKENS
-from minibert.tokenizer_train import normalized
+from minibert.tokenizer_train import normalized, wordpiece_trainer
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2"
 
@@ -44,9 +41,7 @@ def timed(fn) -> float:
 
 def train(docs: list[str], in_python: bool) -> None:
     backend = minibert.Tokenizer._bert_pipeline(None, True, None)
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=8192, min_frequency=2, limit_alphabet=1000, show_progress=False,
-        special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##")
+    trainer = wordpiece_trainer(8192, min_frequency=2, limit_alphabet=1000)
     if in_python:
         words_like = minibert.Tokenizer._bert_pipeline(None, True, None)
         backend.normalizer = None

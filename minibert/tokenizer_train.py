@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequen
 import tokenizers
 from tokenizers import trainers
 
-from .data.normalize import FastEncoder
+from .data.normalize import PythonNormalizer
 from .data.text import iter_lines, text_file_named
 
 if TYPE_CHECKING:
@@ -121,11 +121,7 @@ def _train(cls: type["Tokenizer"], make_texts: Callable[[], Iterable[str]],
             return cls.from_pretrained(cache_path)
 
     backend = cls._bert_pipeline(None, lowercase, None)
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, limit_alphabet=limit_alphabet,
-        special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##",
-        show_progress=False,
-    )
+    trainer = wordpiece_trainer(vocab_size, min_frequency, limit_alphabet)
     stats = _TrainingInput()
     # A second, identical pipeline decides what a word is: the one being trained is
     # locked by the Rust trainer while it pulls texts, so calling into it deadlocks.
@@ -162,6 +158,17 @@ def _train(cls: type["Tokenizer"], make_texts: Callable[[], Iterable[str]],
     return tok
 
 
+def wordpiece_trainer(vocab_size: int, min_frequency: int,
+                      limit_alphabet: int) -> trainers.WordPieceTrainer:
+    """The WordPiece trainer with BERT's special tokens and its "##" continuation prefix."""
+    from .tokenizer import SPECIAL_TOKENS  # here: tokenizer.py imports this module
+
+    return trainers.WordPieceTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, limit_alphabet=limit_alphabet,
+        special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##",
+        show_progress=False)
+
+
 def normalized(texts: Iterable[str], backend: tokenizers.Tokenizer) -> Iterator[str]:
     """Each text as `backend`'s BERT normalizer makes it.
 
@@ -169,9 +176,9 @@ def normalized(texts: Iterable[str], backend: tokenizers.Tokenizer) -> Iterator[
     normalized here (see `minibert.data.normalize`), the same words reach it about 1.4x
     sooner. The few texts where context matters go through the Rust normalizer itself.
     """
-    fast, rust = FastEncoder.of(backend), backend.normalizer.normalize_str
+    fast, rust = PythonNormalizer.of(backend), backend.normalizer.normalize_str
     for text in texts:
-        out = fast.normalize(text) if fast is not None else None
+        out = fast(text) if fast is not None else None
         yield out if out is not None else rust(text)
 
 

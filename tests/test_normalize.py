@@ -8,7 +8,7 @@ from tokenizers import normalizers
 
 from minibert import Tokenizer
 from minibert.data import tokenize_to_memmap
-from minibert.data.normalize import FastEncoder
+from minibert.data.normalize import FastEncoder, PythonNormalizer
 
 # Text that reaches every branch: controls and odd whitespace (cleaned), capitals and
 # accents (lowercased, stripped), marks whose order NFD changes, a spacing mark of nonzero
@@ -73,24 +73,24 @@ def test_cases_match_the_rust_pipeline(tokenizer):
 
 def test_normalized_text_is_the_rust_normalizers(tokenizer):
     """Where the Python side normalizes, its text is exactly the Rust normalizer's."""
-    fast = FastEncoder.of(tokenizer.backend)
+    normalize = PythonNormalizer.of(tokenizer.backend)
     rust = tokenizer.backend.normalizer.normalize_str
     texts = CASES + _random_texts(3000, seed=3)
-    done = [(t, fast.normalize(t)) for t in texts]
+    done = [(t, normalize(t)) for t in texts]
     assert sum(out is not None for _, out in done) > len(texts) // 2
     for text, out in done:
         assert out is None or out == rust(text), text
 
 
 def test_context_cases_take_the_rust_pipeline(tokenizer):
-    fast = FastEncoder.of(tokenizer.backend)
-    assert fast.normalize("Café") is not None
-    assert fast.normalize("a [MASK] b") is None  # a special token in the raw text
+    normalize = PythonNormalizer.of(tokenizer.backend)
+    assert normalize("Café") is not None
+    assert normalize("a [MASK] b") is None  # a special token in the raw text
     if tokenizer.backend.normalizer.lowercase:  # and so strips accents, with NFD
-        assert fast.normalize("x\U0001d165") is None  # a spacing mark, combining class 216
+        assert normalize("x\U0001d165") is None  # a spacing mark, combining class 216
     else:  # no NFD, nothing moves: only special tokens are context
-        assert fast.normalize("x\U0001d16d\U0001d165") is not None
-        assert fast.normalize("[MA\x00SK]") is None  # [MASK] only once cleaned
+        assert normalize("x\U0001d16d\U0001d165") is not None
+        assert normalize("[MA\x00SK]") is None  # [MASK] only once cleaned
 
 
 def test_random_text_matches_the_rust_pipeline(tokenizer):

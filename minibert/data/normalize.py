@@ -59,17 +59,14 @@ class _Table(dict):
         return self[code]
 
 
-class FastEncoder:
-    """`encode_batch` for a BERT pipeline, with the normalizer run in Python.
+class PythonNormalizer:
+    """A pipeline's `BertNormalizer`, run per character through a table.
 
-    `FastEncoder.of(backend)` is None for a pipeline whose normalizer is not
+    `PythonNormalizer.of(backend)` is None for a pipeline whose normalizer is not
     `BertNormalizer` (nothing else is known to work per character).
     """
 
     def __init__(self, backend: tokenizers.Tokenizer) -> None:
-        self.backend = backend
-        self.bare = tokenizers.Tokenizer.from_str(backend.to_str())
-        self.bare.normalizer = None
         norm = backend.normalizer
         # BERT's convention: strip_accents=None follows lowercase; only stripping runs NFD.
         nfd = norm.strip_accents if norm.strip_accents is not None else norm.lowercase
@@ -78,13 +75,13 @@ class FastEncoder:
         self.special_starts = sorted({s[0] for s in self.specials if s})
 
     @classmethod
-    def of(cls, backend: Optional[tokenizers.Tokenizer]) -> Optional["FastEncoder"]:
+    def of(cls, backend: Optional[tokenizers.Tokenizer]) -> Optional["PythonNormalizer"]:
         if not isinstance(backend, tokenizers.Tokenizer) or \
                 not isinstance(backend.normalizer, normalizers.BertNormalizer):
             return None
         return cls(backend)
 
-    def normalize(self, text: str) -> Optional[str]:
+    def __call__(self, text: str) -> Optional[str]:
         """`text` as the Rust normalizer would make it, or None where context matters."""
         if text.isascii():  # no ASCII character needs context
             out = text.translate(self.table)
@@ -99,6 +96,24 @@ class FastEncoder:
     def _has_special(self, text: str) -> bool:
         return (any(c in text for c in self.special_starts)
                 and any(s in text for s in self.specials))
+
+
+class FastEncoder:
+    """`encode_batch` for a BERT pipeline: normalized by `PythonNormalizer`, then encoded by
+    a copy of the pipeline without its normalizer.
+
+    `FastEncoder.of(backend)` is None where `PythonNormalizer.of(backend)` is.
+    """
+
+    def __init__(self, backend: tokenizers.Tokenizer, normalize: PythonNormalizer) -> None:
+        self.backend, self.normalize = backend, normalize
+        self.bare = tokenizers.Tokenizer.from_str(backend.to_str())
+        self.bare.normalizer = None
+
+    @classmethod
+    def of(cls, backend: Optional[tokenizers.Tokenizer]) -> Optional["FastEncoder"]:
+        normalize = PythonNormalizer.of(backend)
+        return None if normalize is None else cls(backend, normalize)
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[int]]:
         """The ids `backend.encode_batch(texts)` gives, in order."""
