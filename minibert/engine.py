@@ -2,7 +2,8 @@
 
 One optimizer step of `train`:
 
-    1. `batches.next()`: this rank's share of the next global batch, cut into micro-batches;
+    1. `batches.next()`: this rank's share of the next global batch, cut into micro-batches
+       (and cut short during a sequence-length warmup, data/seq_warmup.py);
     2. count the predicted tokens of the *whole* global batch (all micro-batches, all ranks);
     3. forward + backward each micro-batch under autocast, scaling its loss so that the
        accumulated gradient is exactly that of the global batch (`micro_step_weight`);
@@ -32,6 +33,7 @@ from torch.utils.data import Dataset
 
 from .data.mlm import IGNORE_INDEX
 from .data.sampler import GlobalBatches
+from .data.seq_warmup import seq_len_at, truncate
 from .distributed import DistContext, all_reduce_sum, unwrap
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
 from .precision import PRECISIONS, autocast_context, measure_peak_flops, resolve_precision
@@ -73,6 +75,10 @@ class TrainConfig:
     auto_micro_batch: bool = False  # halve the micro-batch on out-of-memory and go on
     compile: bool = False
     progress: bool = True
+    # Sequence-length warmup (data/seq_warmup.py): over this many steps (or this fraction of
+    # decay_steps) batches grow from seq_len_start positions to their full length; 0 = off.
+    seq_len_warmup: Union[int, float] = 0
+    seq_len_start: int = 32
     peak_flops: Optional[float] = None  # FLOP/s for MFU; None = measure once at start
 
     def __post_init__(self) -> None:
@@ -99,6 +105,11 @@ class TrainConfig:
         if not self.weight_decay >= 0:
             raise ValueError(f"TrainConfig.weight_decay={self.weight_decay} must be >= 0")
         resolve_warmup(self.warmup, self.decay_steps or self.max_steps)  # raises on a bad one
+        try:
+            resolve_warmup(self.seq_len_warmup, self.decay_steps or self.max_steps)
+        except ValueError as e:
+            raise ValueError(f"TrainConfig.seq_len_warmup: {e}") from None
+        _check_int("seq_len_start", self.seq_len_start, 1)
 
 
 @dataclass
@@ -238,6 +249,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             set_seed(rank_seed(cfg.seed, ctx.rank))
     batches.seek(state.epoch, state.consumed)
     warmup = resolve_warmup(cfg.warmup, cfg.decay_steps)
+    seq_warmup = resolve_warmup(cfg.seq_len_warmup, cfg.decay_steps)
     model = _wrap(model, cfg, ctx, device)
     has_mlm_head = hasattr(raw, "head")  # a classifier's FLOPs are the encoder's alone
     bar = _progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step)
@@ -252,6 +264,10 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             examples = [train_set[i] for i in indices]
             micros = [collate(examples[i:i + micro], epoch=epoch)
                       for i in range(0, per_rank, micro)]
+            if seq_warmup and state.step < seq_warmup:
+                micros = [truncate(b, seq_len_at(state.step + 1, b["input_ids"].shape[1],
+                                                 cfg.seq_len_start, seq_warmup))
+                          for b in micros]
             counts = [count_targets(b) for b in micros]
             n_global = int(all_reduce_sum(torch.tensor(float(sum(counts)), device=device), ctx))
             set_lr(optimizer, _lr(cfg, warmup, state.step + 1, first=state.step == start_step))

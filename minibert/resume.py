@@ -85,6 +85,9 @@ def resume_run(raw: nn.Module, optimizer, scaler, cfg: "TrainConfig", data_ident
     if "train_state" not in saved:
         raise CheckpointError(f"checkpoint {last} was written by an older minibert and has no "
                               f"training state; it cannot be resumed, only read for weights")
+    # A setting added to TrainConfig after the checkpoint was written takes its default,
+    # which by convention is what training did before the setting existed.
+    saved["train_config"] = {**asdict(type(cfg)()), **saved["train_config"]}
     if cfg.decay_steps is None:  # the horizon is the run's, whatever max_steps is now
         cfg = replace(cfg, decay_steps=saved["train_config"]["decay_steps"])
     now = {**run_identity(raw, cfg), "data_identity": data_identity}

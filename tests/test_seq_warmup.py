@@ -1,0 +1,109 @@
+"""Sequence-length warmup: the schedule, the cut, and a training run that follows it exactly
+(its first step against the loss of a batch cut by hand, resume against an uninterrupted
+run, and checkpoints from before the setting existed)."""
+
+import json
+
+import pytest
+import torch
+
+import minibert
+from engine_utils import collator, tiny_corpus, tiny_model, train_config
+from minibert.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from minibert.data.sampler import GlobalBatches
+from minibert.data.seq_warmup import seq_len_at, truncate
+from minibert.engine import TrainConfig, train
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return tiny_corpus(tmp_path_factory.mktemp("corpus"))  # blocks of 32 tokens
+
+
+def test_the_schedule_grows_linearly_in_multiples_of_8():
+    lengths = [seq_len_at(s, 128, 32, 300) for s in range(1, 401)]
+    assert lengths[0] == 32 and lengths[299] == 128 and set(lengths[300:]) == {128}
+    assert lengths == sorted(lengths) and all(n % 8 == 0 for n in lengths)
+    assert lengths[150] == 80  # halfway: 32 + 96 * 150 / 300
+    assert seq_len_at(1, 16, 32, 10) == 16  # blocks shorter than the start are never cut
+    assert seq_len_at(1, 128, 3, 10) == 3  # a start below 8 is kept, not rounded to 0
+
+
+def test_truncate_cuts_every_position_tensor_and_refuses_unlabelled_positions():
+    batch = {"input_ids": torch.arange(12).view(2, 6), "attention_mask": torch.ones(2, 6),
+             "labels": torch.full((2, 6), -100), "task": "mlm"}
+    cut = truncate(batch, 4)
+    assert cut["input_ids"].tolist() == [[0, 1, 2, 3], [6, 7, 8, 9]]
+    assert cut["attention_mask"].shape == cut["labels"].shape == (2, 4)
+    assert cut["task"] == "mlm" and truncate(batch, 6) is batch
+    qa = {"input_ids": torch.zeros(2, 6, dtype=torch.long), "start_positions": torch.tensor([5, 1])}
+    with pytest.raises(ValueError, match="labelled per position"):
+        truncate(qa, 4)
+
+
+class Recording(minibert.BertForMaskedLM):
+    """Records the width of every batch it is given."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.widths = []
+
+    def forward(self, input_ids, *args, **kwargs):
+        self.widths.append(input_ids.shape[1])
+        return super().forward(input_ids, *args, **kwargs)
+
+
+def test_training_follows_the_schedule_and_its_first_step_is_the_cut_batch(corpus, tmp_path):
+    tok, ds = corpus
+    model = Recording(tiny_model(tok).config)
+    reference = Recording(model.config)
+    reference.load_state_dict(model.state_dict())
+    cfg = train_config(max_steps=6, seq_len_warmup=4, seq_len_start=8)
+    result = train(model, ds, collator(tok), cfg, tmp_path)
+    # 8 + 24 * (step - 1) / 4 = 8, 14, 20, 26 -> multiples of 8, halves up; then full blocks
+    assert model.widths == [8, 16, 24, 24, 32, 32]
+    assert result["tokens_seen"] == 16 * sum(model.widths)  # packed blocks: no padding
+    # Step 1's logged loss is the loss of the first global batch cut by hand to 8 positions.
+    _, indices = GlobalBatches(len(ds), 16, seed=0).next()
+    batch = collator(tok)([ds[i] for i in indices], epoch=0)
+    with torch.no_grad():
+        want = reference(**{k: v[:, :8] for k, v in batch.items()}).loss.item()
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert rows[0]["step"] == 1 and rows[0]["loss"] == pytest.approx(want, rel=1e-5)
+
+
+def test_resume_inside_the_warmup_is_exact(corpus, tmp_path):
+    tok, ds = corpus
+    reference = tiny_model(tok)
+    cfg = dict(seq_len_warmup=5, seq_len_start=8)
+    train(reference, ds, collator(tok), train_config(max_steps=8, **cfg), tmp_path / "ref")
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=3, decay_steps=8, **cfg),
+          tmp_path / "run")
+    resumed = tiny_model(tok, seed=7)
+    train(resumed, ds, collator(tok), train_config(max_steps=8, **cfg), tmp_path / "run",
+          resume=True)
+    assert all(torch.equal(p, q) for p, q in zip(resumed.parameters(), reference.parameters()))
+    with pytest.raises(ValueError, match="seq_len_warmup: checkpoint 5, now 0"):
+        train(tiny_model(tok), ds, collator(tok), train_config(max_steps=9, decay_steps=8),
+              tmp_path / "run", resume=True)
+
+
+def test_a_checkpoint_from_before_the_setting_resumes_without_it(corpus, tmp_path):
+    tok, ds = corpus
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2, decay_steps=4),
+          tmp_path)
+    # Rewrite the checkpoint as an older minibert wrote it: no warmup fields in its config.
+    state = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
+    for key in ("seq_len_warmup", "seq_len_start"):
+        del state["train_config"][key]
+    save_checkpoint(tmp_path / "checkpoints", 2, state)
+    result = train(tiny_model(tok), ds, collator(tok), train_config(max_steps=4), tmp_path,
+                   resume=True)
+    assert result["steps"] == 4
+
+
+def test_bad_warmup_settings_are_refused():
+    with pytest.raises(ValueError, match="seq_len_warmup: .*longer than the run"):
+        TrainConfig(max_steps=10, seq_len_warmup=20)
+    with pytest.raises(ValueError, match="seq_len_start"):
+        TrainConfig(seq_len_start=0)
