@@ -89,6 +89,14 @@ def add_data_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                    "across training rates")
     d.add_argument("--whole-word-mask", action="store_true", help="mask whole words (a piece "
                    "and the ## pieces after it) instead of single tokens")
+    d.add_argument("--seq-len-warmup", type=int, help="sequence-length warmup: training "
+                   "batches grow from --seq-len-start positions to --seq-len over this many "
+                   "steps (Li et al. 2022); default 30%% of the schedule (--decay-steps, else "
+                   "--max-steps), 0 = off. Together with 30%% masking, it reaches a given loss "
+                   "sooner (benchmarks/RESULTS.md)")
+    d.add_argument("--seq-len-start", type=int, help="positions per sequence at the first "
+                   "step of the sequence-length warmup; default 32 (no warmup for a --seq-len "
+                   "of 32 or less)")
     return d
 
 
@@ -266,6 +274,8 @@ def build_model(args, tok) -> minibert.BertForMaskedLM:
 NUMBER_RULES = [
     ("seq_len", lambda v: v >= 3, "at least 3 ([CLS], one token, [SEP])"),
     ("vocab_size", lambda v: v >= 16, "at least 16 (the special tokens and some words)"),
+    ("seq_len_warmup", lambda v: v >= 0, "0 (off) or more"),
+    ("seq_len_start", lambda v: v >= 8, "at least 8"),
     ("mask_prob", lambda v: 0 < v < 1, "between 0 and 1, e.g. 0.15"),
     ("eval_mask_prob", lambda v: 0 < v < 1, "between 0 and 1, e.g. 0.15"),
     ("batch_size", lambda v: v >= 1, "at least 1"),
@@ -312,9 +322,15 @@ def check_args(args, world_size: int) -> None:
     if getattr(args, "init_from", None):
         read_config(args.init_from)  # a missing folder, or a training checkpoint, said at once
     horizon = args.decay_steps or args.max_steps
-    if args.warmup_steps is not None and args.warmup_steps > horizon and not args.resume:
-        raise ValueError(f"--warmup-steps {args.warmup_steps} is longer than the schedule "
-                         f"({horizon} steps, --decay-steps or else --max-steps)")
+    for flag in ("warmup_steps", "seq_len_warmup"):
+        steps = getattr(args, flag)
+        if steps is not None and steps > horizon and not args.resume:
+            raise ValueError(f"--{flag.replace('_', '-')} {steps} is longer than the schedule "
+                             f"({horizon} steps, --decay-steps or else --max-steps)")
+    if args.seq_len_warmup != 0 and (args.seq_len_start or 0) > args.seq_len:
+        raise ValueError(f"--seq-len-start {args.seq_len_start} is longer than --seq-len "
+                         f"{args.seq_len}: the warmup would never shorten a batch; lower it, "
+                         f"or turn the warmup off with --seq-len-warmup 0")
 
 
 def train_config(args) -> TrainConfig:
@@ -325,7 +341,9 @@ def train_config(args) -> TrainConfig:
         schedule=args.schedule, weight_decay=args.weight_decay, adam_eps=args.adam_eps,
         max_grad_norm=args.max_grad_norm, precision=args.precision, seed=args.seed,
         log_every=args.log_every, eval_every=args.eval_every, eval_batches=args.eval_batches,
-        save_every=args.save_every, compile=args.compile, progress=not args.no_progress)
+        save_every=args.save_every, compile=args.compile, progress=not args.no_progress,
+        seq_len_warmup=args.seq_len_warmup if args.seq_len_warmup is not None else 0.3,
+        seq_len_start=args.seq_len_start or 32)
 
 
 def write_json(path: Path, obj) -> None:

@@ -57,6 +57,22 @@ def test_end_to_end_outputs(data_dir, tmp_path, allocator_calls):
     transformers.BertForMaskedLM.from_pretrained(out / "final")
 
 
+def test_sequence_length_warmup_by_default_and_as_asked(data_dir, tmp_path):
+    """Batches of 8 blocks: 30% of 6 steps (2) grow from 32 positions; here --seq-len is 64,
+    so steps 1-2 see 32 and 48 positions, then 64. The token count in eval.json says so."""
+    cache = tmp_path / "cache"
+    runs = {"default": [], "asked": ["--seq-len-warmup", "3", "--seq-len-start", "16"],
+            "off": ["--seq-len-warmup", "0"]}
+    seen = {}
+    for name, extra in runs.items():
+        out = tmp_path / name
+        assert pretrain.main(_args(data_dir, out, cache, *extra) + ["--seq-len", "64"]) == 0
+        seen[name] = json.loads((out / "eval.json").read_text())["tokens_seen"]
+    assert seen["default"] == 8 * (32 + 48 + 4 * 64)
+    assert seen["asked"] == 8 * (16 + 32 + 48 + 3 * 64)  # 16 + 48 * s / 3, multiples of 8
+    assert seen["off"] == 8 * 6 * 64
+
+
 def test_no_keep_freed_memory_leaves_the_allocator_alone(data_dir, tmp_path, allocator_calls):
     assert pretrain.main(_args(data_dir, tmp_path / "run", tmp_path / "cache", "--max-steps",
                                "1", "--no-keep-freed-memory")) == 0
@@ -160,6 +176,10 @@ def test_bad_input_gets_one_line(data_dir, tmp_path, capsys):
         (["--mask-prob", "1.5"], "--mask-prob 1.5 must be between 0 and 1"),
         (["--lr", "1e-6"], "--lr 1e-06 is below --min-lr 1e-05"),
         (["--warmup-steps", "9"], "--warmup-steps 9 is longer than the schedule"),
+        (["--seq-len-warmup", "9"], "--seq-len-warmup 9 is longer than the schedule"),
+        (["--seq-len-warmup", "-1"], "--seq-len-warmup -1 must be 0 (off) or more"),
+        (["--seq-len-start", "4"], "--seq-len-start 4 must be at least 8"),
+        (["--seq-len-start", "48"], "--seq-len-start 48 is longer than --seq-len 32"),
         (["--device", "cuda"] if not torch.cuda.is_available() else ["--preset", "huge"],
          "--device cuda" if not torch.cuda.is_available() else "huge"),
         (["--preset", "huge"], "unknown --preset 'huge'"),
