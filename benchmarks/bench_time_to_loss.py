@@ -208,25 +208,66 @@ def cpu_model() -> str:
             f"{report['bf16_native']}, {report['torch_threads']} threads")
 
 
-def minibert_step_seconds(data_dir: Path, cache: Path, args: list[str], steps: int) -> float:
-    """Median seconds per step of the main job with `args`, timed now for `steps` steps."""
-    import shutil
-    import tempfile
+def run_schedule(run_dir: Path, steps: int) -> tuple[int, int, int]:
+    """(sequence-length warmup steps, its start length, the schedule's horizon) of a finished
+    run of the main job, read from its last checkpoint. A run from before the warmup existed
+    has none; without its folder, its horizon is taken to be its `steps`."""
+    from minibert.checkpoint import latest_checkpoint, load_checkpoint
+    from minibert.optim import resolve_warmup
 
-    out = Path(tempfile.mkdtemp(prefix="timed-"))
-    try:
-        cmd = [sys.executable, str(ROOT / "examples" / "pretrain_wikitext.py"), "--data-dir",
-               str(data_dir), "--cache-dir", str(cache), "--out", str(out / "run"),
-               "--train-split", "valid", "--eval-split", "test", "--eval-batches", "1",
-               "--save-every", "0", "--log-every", "1", "--no-progress", *args,
-               "--max-steps", str(steps)]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        rows = [json.loads(line) for line in open(out / "run" / "metrics.jsonl")]
-        seconds = [b - a for a, b in zip([0.0] + [r["train_seconds"] for r in rows if "loss" in r],
-                                         [r["train_seconds"] for r in rows if "loss" in r])]
-        return statistics.median(seconds[5:])
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+    last = latest_checkpoint(run_dir / "checkpoints") if run_dir.is_dir() else None
+    if last is None:
+        return 0, 32, steps
+    saved = load_checkpoint(last)["train_config"]
+    horizon = saved["decay_steps"]
+    return (resolve_warmup(saved.get("seq_len_warmup", 0), horizon),
+            saved.get("seq_len_start", 32), horizon)
+
+
+class StepCost:
+    """Seconds per step of the main job with `args`, timed now: the median of each sequence
+    length its steps run at (a sequence-length warmup makes early steps shorter, and
+    cheaper), so that `seconds_to(step)` sums what each step costs."""
+
+    def __init__(self, data_dir: Path, cache: Path, run: dict, run_dir: Path,
+                 timed_steps: int):
+        import shutil
+        import tempfile
+
+        from minibert.data.seq_warmup import seq_len_at
+
+        args = run["args"]
+        self.warmup, start, horizon = run_schedule(run_dir, run["steps"])
+        self.length = lambda step: seq_len_at(step, SEQ_LEN, start, self.warmup)
+        steps = self.warmup + timed_steps if self.warmup else timed_steps
+        out = Path(tempfile.mkdtemp(prefix="timed-"))
+        try:
+            cmd = [sys.executable, str(ROOT / "examples" / "pretrain_wikitext.py"),
+                   "--data-dir", str(data_dir), "--cache-dir", str(cache), "--out",
+                   str(out / "run"), "--train-split", "valid", "--eval-split", "test",
+                   "--eval-batches", "1", "--save-every", "0", "--log-every", "1",
+                   "--no-progress", *args, "--max-steps", str(steps),
+                   # the run's own warmup, whatever the main job's default is now
+                   "--seq-len-warmup", str(self.warmup), "--seq-len-start", str(start)]
+            if "--decay-steps" not in args:
+                cmd += ["--decay-steps", str(horizon)]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            rows = [json.loads(line) for line in open(out / "run" / "metrics.jsonl")]
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+        clock = [0.0] + [r["train_seconds"] for r in rows if "loss" in r]
+        by_length: dict[int, list[float]] = {}
+        for step in range(6, len(clock)):  # the first 5 steps warm the process up
+            by_length.setdefault(self.length(step), []).append(clock[step] - clock[step - 1])
+        self.cost = {n: statistics.median(t) for n, t in by_length.items()}
+        self.peak_mb = max(r["peak_mem_mb"] for r in rows if "peak_mem_mb" in r)
+        self.full = self.cost[SEQ_LEN]  # seconds per step once blocks are whole
+
+    def seconds_to(self, step: float) -> float:
+        """Training seconds to reach `step` (fractional: linear within the last step)."""
+        whole = int(step)
+        early = sum(self.cost.get(self.length(s), self.full) for s in range(1, whole + 1))
+        return early + (step - whole) * self.cost.get(self.length(whole + 1), self.full)
 
 
 def report(out: Path, data_dir: Path, tok, train_set, evals, timed_steps: int) -> None:
@@ -238,31 +279,39 @@ def report(out: Path, data_dir: Path, tok, train_set, evals, timed_steps: int) -
     lines = [f"target: transformers' final test loss {target:.4f} after {full['steps']} steps",
              f"CPU: {cpu_model()}"]
     hf_time = full["train_seconds"]
-    speeds = {"transformers": hf_time / full["steps"]}  # seconds per step
+    hf_step = hf_time / full["steps"]  # seconds per step
+    clocks = {"transformers": lambda s: s * hf_step}  # step -> training seconds, per run
     if timed_steps:
         timed = run_transformers(tok, train_set, evals, timed_steps, eval_every=0)
         now = statistics.median(timed["step_seconds"][5:])
-        hf_time, speeds["transformers"] = now * full["steps"], now
+        hf_time = now * full["steps"]
+        clocks["transformers"] = lambda s: s * now
         lines.append(f"transformers: {now:.3f} s/step now (median of {timed_steps - 5} steps) x "
                      f"{full['steps']} steps = {hf_time / 60:.1f} min; its full run measured "
                      f"{full['train_seconds'] / 60:.1f} min ({full.get('note', '')})")
-    rows, reached = [], {}
+    rows, reached, peaks = [], {}, {}
     for path in sorted(out.glob("minibert-*.json")):
         run = json.loads(path.read_text())
         name, flags = path.stem.removeprefix("minibert-"), " ".join(run["args"]) or "(defaults)"
         at_step = time_to(run["curve"], target, key="step")
         if at_step is None:
             rows.append((name, f"| {name} | {flags} | not reached: "
-                         f"{run['curve'][-1]['eval_loss']:.4f} at step {run['steps']} | | | |"))
+                         f"{run['curve'][-1]['eval_loss']:.4f} at step {run['steps']} | | | | |"))
             continue
-        step_s = speeds[name] = (
-            minibert_step_seconds(data_dir, out / "cache", run["args"], timed_steps)
-            if timed_steps else run["train_seconds"] / run["steps"])
-        reached[name] = at_step * step_s
+        if timed_steps:
+            cost = StepCost(data_dir, out / "cache", run, out / f"run-{name}", timed_steps)
+            clocks[name], step_s = cost.seconds_to, cost.full
+            peaks[name] = f"{cost.peak_mb:,.0f}"
+        else:  # the run's own mean time per step
+            step_s = run["train_seconds"] / run["steps"]
+            clocks[name] = lambda s, per=step_s: s * per
+        reached[name] = clocks[name](at_step)
         rows.append((name, f"| {name} | {flags} | step {at_step:.0f} | {step_s:.3f} | "
-                     f"{reached[name] / 60:.2f} min | **{hf_time / reached[name]:.2f}x** |"))
-    header = ("| run | main-job flags | reaches the target at | s/step now | time to the target "
-              "| sooner than transformers |")
+                     f"{peaks.get(name, '')} | {reached[name] / 60:.2f} min | "
+                     f"**{hf_time / reached[name]:.2f}x** |"))
+    header = ("| run | main-job flags | reaches the target at | s/step now (whole blocks) | "
+              "peak RSS of the timed steps (MB) | time to the target | sooner than "
+              "transformers |")
     if timed_steps:
         # The main job keeps freed memory by default on a CPU (glibc mallopt), which spares
         # its steps the page faults of re-mapping large blocks; transformers' loop does not.
@@ -279,11 +328,11 @@ def report(out: Path, data_dir: Path, tok, train_set, evals, timed_steps: int) -
     table = [header, "|" + "---|" * (header.count("|") - 1)] + [r for _, r in rows]
     print("\n".join(lines + table))
     (out / "report.md").write_text("\n".join(lines + [""] + table) + "\n")
-    plot(out, full, target, speeds)
+    plot(out, full, target, clocks)
 
 
-def plot(out: Path, full: dict, target: float, speeds: dict[str, float]) -> None:
-    """Eval loss against training time, each run's steps at its seconds per step now."""
+def plot(out: Path, full: dict, target: float, clocks: dict) -> None:
+    """Eval loss against training time, each run's steps timed now (`clocks`)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -293,12 +342,12 @@ def plot(out: Path, full: dict, target: float, speeds: dict[str, float]) -> None
         return
     plt.figure(figsize=(7, 4.5))
     c = full["curve"]
-    plt.plot([p["step"] * speeds["transformers"] / 60 for p in c], [p["eval_loss"] for p in c],
-             "k.-", label="transformers (its recipe)")
+    plt.plot([clocks["transformers"](p["step"]) / 60 for p in c],
+             [p["eval_loss"] for p in c], "k.-", label="transformers (its recipe)")
     for path in sorted(out.glob("minibert-*.json")):
         name, c = path.stem.removeprefix("minibert-"), json.loads(path.read_text())["curve"]
-        if name in speeds:
-            plt.plot([p["step"] * speeds[name] / 60 for p in c], [p["eval_loss"] for p in c],
+        if name in clocks:
+            plt.plot([clocks[name](p["step"]) / 60 for p in c], [p["eval_loss"] for p in c],
                      ".-", label=f"minibert {name}")
     plt.axhline(target, color="grey", lw=0.8, ls="--")
     plt.ylim(top=min(8.0, plt.ylim()[1]))
