@@ -124,10 +124,11 @@ def add_training_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     t.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction,
                    help="reuse freed memory instead of returning it to the kernel (glibc), "
-                   "from the first training step: on by default on a CPU, where it makes "
-                   "the default job's steps 1.19x faster (its 30%% masking gives the sparse "
-                   "head blocks above glibc's 32 MiB mmap ceiling) and a BERT-base step "
-                   "1.13x; the resident set then never shrinks (benchmarks/bench_process.py)")
+                   "from the first training step: on by default on a CPU, where it made "
+                   "the default job's steps 1.02 - 1.19x faster, as the host's page faults "
+                   "were cheap or dear (its 30%% masking gives the sparse head blocks above "
+                   "glibc's 32 MiB mmap ceiling), and a BERT-base step 1.13x; the resident "
+                   "set then never shrinks (benchmarks/RESULTS.md)")
     return t
 
 
