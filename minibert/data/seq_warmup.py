@@ -14,9 +14,9 @@ Warmup for Training GPT Models", introduced it for stability at large batches an
 rates, and DeepSpeed ships it as truncation of each batch, as here. It pays in two ways:
 
 * an early step costs less, about in proportion to its tokens;
-* on the main job, the model learns to use nearby context sooner: the eval loss leaves the
-  plateau where it predicts from word frequencies alone in fewer steps than with full
-  blocks from the start (benchmarks/RESULTS.md, "Time to quality").
+* on the main job, the eval loss leaves the plateau where the model predicts from word
+  frequencies and topic alone about 100 steps sooner than with full blocks from the start,
+  and ends lower (benchmarks/RESULTS.md, "Time to quality").
 
 Truncation keeps the first L positions of every per-position tensor, masks and labels
 included, so the masking stays exactly that of the full block (a pure function of seed,
