@@ -4,6 +4,7 @@
 * `tokens`    tokenize a corpus once into a memory-mapped token file
 * `mlm`       pack it into `[CLS] ... [SEP]` blocks; pad and mask batches
 * `sampler`   deterministic, shardable, resumable batch order
+* `seq_warmup` sequence-length warmup: early batches cut to fewer positions
 * `text`      UTF-8 reading that replaces bad bytes instead of crashing; your own
                     folder of `.txt` files as a corpus
 * `corpus`    `load_corpus`: a folder read as WikiText or as text files by its
