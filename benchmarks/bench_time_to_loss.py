@@ -18,9 +18,11 @@ Training time excludes evaluation for both: transformers' loop times its steps o
 the main job logs `train_seconds`, the same measure. The step at which a run reaches the
 target is interpolated linearly between the two evaluations around the crossing.
 
-A step costs the same throughout a run (fixed batch and length), so the loss curves are
-taken from full runs (which may share the machine) and the seconds per step of every
-contestant are timed in one quiet window, side by side, by `report`:
+A step's cost depends only on its batch and sequence length, so the loss curves are taken
+from full runs (which may share the machine) and every contestant's steps are timed in one
+quiet window, side by side, by `report`. A run with a sequence-length warmup (the main
+job's default) is timed through its warmup and beyond, and the median cost of each length
+is summed up to the step where it reaches the target:
 
     # 1. transformers' whole recipe, once (about 40 min on 2 quiet cores): curve and target
     python benchmarks/bench_time_to_loss.py transformers
