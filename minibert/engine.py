@@ -39,8 +39,8 @@ from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
 from .precision import PRECISIONS, autocast_context, measure_peak_flops, resolve_precision
 from .resume import claim_out_dir, drop_rows_after, rank_seed, resume_run, save_run
 from .model import flops_per_token
-from .runtime import (StepMeter, StopFlag, log_environment, peak_memory_mb, reset_peak_memory,
-                      set_seed)
+from .runtime import (StepMeter, StopFlag, log_environment, peak_memory_mb,
+                      release_freed_memory, reset_peak_memory, set_seed)
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +75,7 @@ class TrainConfig:
     auto_micro_batch: bool = False  # halve the micro-batch on out-of-memory and go on
     compile: bool = False
     progress: bool = True
-    # Sequence-length warmup (data/seq_warmup.py): over this many steps (or this fraction of
-    # decay_steps) batches grow from seq_len_start positions to their full length; 0 = off.
+    # Steps (or a fraction of decay_steps) over which batches grow to full length; 0 = off.
     seq_len_warmup: Union[int, float] = 0
     seq_len_start: int = 32
     peak_flops: Optional[float] = None  # FLOP/s for MFU; None = measure once at start
@@ -105,10 +104,8 @@ class TrainConfig:
         if not self.weight_decay >= 0:
             raise ValueError(f"TrainConfig.weight_decay={self.weight_decay} must be >= 0")
         resolve_warmup(self.warmup, self.decay_steps or self.max_steps)  # raises on a bad one
-        try:
-            resolve_warmup(self.seq_len_warmup, self.decay_steps or self.max_steps)
-        except ValueError as e:
-            raise ValueError(f"TrainConfig.seq_len_warmup: {e}") from None
+        resolve_warmup(self.seq_len_warmup, self.decay_steps or self.max_steps,
+                       name="TrainConfig.seq_len_warmup")
         _check_int("seq_len_start", self.seq_len_start, 1)
 
 
@@ -264,10 +261,13 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             examples = [train_set[i] for i in indices]
             micros = [collate(examples[i:i + micro], epoch=epoch)
                       for i in range(0, per_rank, micro)]
-            if seq_warmup and state.step < seq_warmup:
-                micros = [truncate(b, seq_len_at(state.step + 1, b["input_ids"].shape[1],
-                                                 cfg.seq_len_start, seq_warmup))
-                          for b in micros]
+            if seq_warmup and state.step <= seq_warmup:  # data/seq_warmup.py
+                full = micros[0]["input_ids"].shape[1]
+                length, before = (seq_len_at(s, full, cfg.seq_len_start, seq_warmup)
+                                  for s in (state.step + 1, state.step))
+                micros = [truncate(b, length) for b in micros]
+                if length != before:  # a new shape: the blocks kept for the old one are stale
+                    release_freed_memory()
             counts = [count_targets(b) for b in micros]
             n_global = int(all_reduce_sum(torch.tensor(float(sum(counts)), device=device), ctx))
             set_lr(optimizer, _lr(cfg, warmup, state.step + 1, first=state.step == start_step))

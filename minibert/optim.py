@@ -117,28 +117,29 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def resolve_warmup(warmup: Union[int, float], total_steps: int) -> int:
+def resolve_warmup(warmup: Union[int, float], total_steps: int, name: str = "warmup") -> int:
     """Warmup length in steps from a step count (int) or a fraction of the run (float).
+    `name` is the setting's name in error messages.
 
     A float must lie in [0, 1) and is rounded to the nearest step: `0.06` of 10,000 steps is
     600 steps, the fraction RoBERTa used. An int is a step count in [0, total_steps].
     """
     _check_nonneg_int("total_steps", total_steps)
     if isinstance(warmup, bool):
-        raise ValueError(f"warmup={warmup!r} must be a step count (int) or a fraction (float)")
+        raise ValueError(f"{name}={warmup!r} must be a step count (int) or a fraction (float)")
     if isinstance(warmup, numbers.Integral):
         steps = int(warmup)
     elif isinstance(warmup, numbers.Real):
         if not 0.0 <= warmup < 1.0:
-            raise ValueError(f"warmup={warmup!r}: a float is a fraction of the run and must "
+            raise ValueError(f"{name}={warmup!r}: a float is a fraction of the run and must "
                              f"be in [0, 1); pass an int for a number of steps")
         steps = round(float(warmup) * total_steps)
     else:
-        raise ValueError(f"warmup={warmup!r} must be a step count (int) or a fraction (float)")
+        raise ValueError(f"{name}={warmup!r} must be a step count (int) or a fraction (float)")
     if steps < 0:
-        raise ValueError(f"warmup={warmup!r} must be >= 0")
+        raise ValueError(f"{name}={warmup!r} must be >= 0")
     if steps > total_steps:
-        raise ValueError(f"warmup of {steps} steps is longer than the run "
+        raise ValueError(f"{name} of {steps} steps is longer than the run "
                          f"(total_steps={total_steps}); shorten the warmup or run longer")
     return steps
 

@@ -214,13 +214,9 @@ def keep_freed_memory() -> bool:
     if _freed_memory_kept:
         return True
     import ctypes
-    import platform
 
-    if platform.libc_ver()[0] != "glibc" or "malloc" in os.environ.get("LD_PRELOAD", ""):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # the symbols of the running process
-    except (OSError, AttributeError, TypeError):
+    mallopt = _glibc_malloc("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # mallopt returns 1 on success. Trimming stops only for free space below the threshold,
@@ -233,6 +229,39 @@ def keep_freed_memory() -> bool:
     _freed_memory_kept = True
     logger.info("CPU allocator: freed memory is kept for reuse (glibc mallopt)")
     return True
+
+
+def release_freed_memory() -> bool:
+    """Hand the C allocator's free memory back to the kernel now (glibc `malloc_trim(0)`).
+
+    Why: glibc keeps freed blocks for reuse (always with `keep_freed_memory`, and below its
+    rising thresholds without it). When the shapes of a step change, the kept blocks often
+    no longer fit what the new step asks for, so the heap grows beside them and the
+    resident set climbs: a sequence-length warmup, whose batches change length about a dozen
+    times, doubled the main job's peak resident set (benchmarks/RESULTS.md, "Sequence-length
+    warmup"). Trimming once per change of shape returns the stale blocks; the new shape's
+    blocks are then faulted in once and reused. Returns False, doing nothing, where the C
+    library is not glibc.
+    """
+    malloc_trim = _glibc_malloc("malloc_trim")
+    if malloc_trim is None:
+        return False
+    malloc_trim(0)
+    return True
+
+
+def _glibc_malloc(name: str) -> Optional[Any]:
+    """glibc's function `name` when glibc's malloc serves this process, else None (another
+    C library, or an allocator preloaded with LD_PRELOAD, whose functions differ)."""
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc" or "malloc" in os.environ.get("LD_PRELOAD", ""):
+        return None
+    try:
+        return getattr(ctypes.CDLL(None), name)  # the symbols of the running process
+    except (OSError, AttributeError, TypeError):
+        return None
 
 
 # ---- MFU ------------------------------------------------------------------------

@@ -392,3 +392,29 @@ def test_bench_process_and_levers_skip_emulated_bf16_unless_asked(monkeypatch):
     monkeypatch.setattr(precision, "cpu_bf16_native", lambda: True)
     assert process.kept_workloads(list(process.WORKLOADS), False) == list(process.WORKLOADS)
     assert levers.runs_bf16(emulated_bf16=False) is True
+
+
+def test_release_freed_memory_hands_kept_blocks_back():
+    """200 MB freed in the middle of glibc's heap stays resident until trimmed: the block
+    still in use above it keeps free() from shrinking the heap."""
+    import ctypes
+    import platform
+
+    from minibert.runtime import current_memory_mb, release_freed_memory
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("malloc_trim is glibc's")
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size = 64 * 1024  # below glibc's mmap threshold: served from the heap
+    blocks = [libc.malloc(size) for _ in range(3200)]
+    for b in blocks:
+        ctypes.memset(b, 1, size)
+    for b in blocks[:-1]:
+        libc.free(b)
+    kept = current_memory_mb("cpu")
+    assert release_freed_memory()
+    released = current_memory_mb("cpu")
+    libc.free(blocks[-1])
+    assert kept - released > 100, (kept, released)

@@ -53,7 +53,12 @@ class Recording(minibert.BertForMaskedLM):
         return super().forward(input_ids, *args, **kwargs)
 
 
-def test_training_follows_the_schedule_and_its_first_step_is_the_cut_batch(corpus, tmp_path):
+def test_training_follows_the_schedule_and_its_first_step_is_the_cut_batch(corpus, tmp_path,
+                                                                           monkeypatch):
+    import minibert.engine
+
+    releases = []  # the allocator's kept memory is handed back at each change of length
+    monkeypatch.setattr(minibert.engine, "release_freed_memory", lambda: releases.append(1))
     tok, ds = corpus
     model = Recording(tiny_model(tok).config)
     reference = Recording(model.config)
@@ -62,6 +67,7 @@ def test_training_follows_the_schedule_and_its_first_step_is_the_cut_batch(corpu
     result = train(model, ds, collator(tok), cfg, tmp_path)
     # 8 + 24 * (step - 1) / 4 = 8, 14, 20, 26 -> multiples of 8, halves up; then full blocks
     assert model.widths == [8, 16, 24, 24, 32, 32]
+    assert len(releases) == 3  # 8 -> 16, 16 -> 24, 24 -> 32
     assert result["tokens_seen"] == 16 * sum(model.widths)  # packed blocks: no padding
     # Step 1's logged loss is the loss of the first global batch cut by hand to 8 positions.
     _, indices = GlobalBatches(len(ds), 16, seed=0).next()
@@ -103,7 +109,7 @@ def test_a_checkpoint_from_before_the_setting_resumes_without_it(corpus, tmp_pat
 
 
 def test_bad_warmup_settings_are_refused():
-    with pytest.raises(ValueError, match="seq_len_warmup: .*longer than the run"):
+    with pytest.raises(ValueError, match="seq_len_warmup of 20 steps is longer than the run"):
         TrainConfig(max_steps=10, seq_len_warmup=20)
     with pytest.raises(ValueError, match="seq_len_start"):
         TrainConfig(seq_len_start=0)
