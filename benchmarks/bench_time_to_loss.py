@@ -241,7 +241,7 @@ class StepCost:
         args = run["args"]
         self.warmup, start, horizon = run_schedule(run_dir, run["steps"])
         self.length = lambda step: seq_len_at(step, SEQ_LEN, start, self.warmup)
-        steps = self.warmup + timed_steps if self.warmup else timed_steps
+        steps = self.warmup + timed_steps
         out = Path(tempfile.mkdtemp(prefix="timed-"))
         try:
             cmd = [sys.executable, str(ROOT / "examples" / "pretrain_wikitext.py"),

@@ -272,7 +272,7 @@ def run(args, ctx) -> None:
     log.info("teacher: %s, %.1fM parameters; student: %s, %.1fM; alpha %g, T %g",
              args.teacher, rows["teacher"]["parameters"] / 1e6, args.student_preset,
              n_student / 1e6, args.alpha, args.temperature)
-    pretrain.keep_freed_memory(args, ctx)  # --keep-freed-memory, on by default on a CPU
+    pretrain.apply_keep_freed_memory(args, ctx)  # --keep-freed-memory, on by default on a CPU
     distilled = train(distiller, train_set, collate, cfg, args.out, ctx=ctx,
                       resume=args.resume, data_identity=distill_identity,
                       eval_fn=lambda m: mlm_metrics(m.student))

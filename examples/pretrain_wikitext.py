@@ -398,7 +398,7 @@ def start_run(args):
     return ctx
 
 
-def keep_freed_memory(args, ctx) -> None:
+def apply_keep_freed_memory(args, ctx) -> None:
     """--keep-freed-memory, on by default when training on a CPU. Made just before training,
     so that preparing the data, which frees large blocks once rather than every step, still
     hands its memory back."""
@@ -444,7 +444,7 @@ def run(args, ctx) -> None:
         return evaluate(m, eval_batches(eval_set, eval_collate, cfg, ctx), precision,
                         ctx.device, ctx)
 
-    keep_freed_memory(args, ctx)
+    apply_keep_freed_memory(args, ctx)
     result = train(model, train_set, collate, cfg, args.out, ctx=ctx, eval_fn=mlm_metrics,
                    resume=args.resume, data_identity=identity)
     if ctx.is_main and result["interrupted"]:
