@@ -7,7 +7,7 @@ One optimizer step of `train`:
     2. count the predicted tokens of the *whole* global batch (all micro-batches, all ranks);
     3. forward + backward each micro-batch under autocast, scaling its loss so that the
        accumulated gradient is exactly that of the global batch (`micro_step_weight`);
-    4. unscale (fp16), clip, and step AdamW, unless something is non-finite (`_skip_step`);
+    4. unscale (fp16), clip, and step AdamW, unless something is non-finite (recovery.py);
     5. log, evaluate and checkpoint when due; stop cleanly on SIGTERM / SIGINT.
 
 Everything that moves during a run is in one `TrainState` (step, tokens, data position,
@@ -33,20 +33,17 @@ from torch.utils.data import Dataset
 
 from .data.mlm import IGNORE_INDEX
 from .data.sampler import GlobalBatches
-from .data.seq_warmup import seq_len_at, truncate
+from .data.seq_warmup import cut_for_step
 from .distributed import DistContext, all_reduce_sum, unwrap
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
 from .precision import PRECISIONS, autocast_context, measure_peak_flops, resolve_precision
+from .recovery import TrainingError, back_off, skip_step
 from .resume import claim_out_dir, drop_rows_after, rank_seed, resume_run, save_run
 from .model import flops_per_token
-from .runtime import (StepMeter, StopFlag, log_environment, peak_memory_mb,
-                      release_freed_memory, reset_peak_memory, set_seed)
+from .runtime import (StepMeter, StopFlag, log_environment, release_freed_memory,
+                      reset_peak_memory, set_seed)
 
 logger = logging.getLogger(__name__)
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (diverged, or out of memory with nothing left to shrink)."""
 
 
 @dataclass
@@ -262,11 +259,9 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             micros = [collate(examples[i:i + micro], epoch=epoch)
                       for i in range(0, per_rank, micro)]
             if seq_warmup and state.step <= seq_warmup:  # data/seq_warmup.py
-                full = micros[0]["input_ids"].shape[1]
-                length, before = (seq_len_at(s, full, cfg.seq_len_start, seq_warmup)
-                                  for s in (state.step + 1, state.step))
-                micros = [truncate(b, length) for b in micros]
-                if length != before:  # a new shape: the blocks kept for the old one are stale
+                micros, new_length = cut_for_step(micros, state.step + 1, cfg.seq_len_start,
+                                                  seq_warmup)
+                if new_length:  # a new shape: the blocks kept for the old one are stale
                     release_freed_memory()
             counts = [count_targets(b) for b in micros]
             n_global = int(all_reduce_sum(torch.tensor(float(sum(counts)), device=device), ctx))
@@ -276,7 +271,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                 loss_sum = _accumulate(model, micros, counts, n_global, ctx, precision,
                                        device, scaler)
             except torch.OutOfMemoryError:
-                micro = _back_off(micros[0], micro, per_rank, cfg, state, optimizer, device)
+                micro = back_off(micros[0], micro, per_rank, cfg, state, optimizer, device)
                 batches.seek(**position)  # the same global batch again, in smaller pieces
                 continue
             # ---- 4: clip and step, unless something is not finite
@@ -292,7 +287,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             if math.isfinite(loss) and (math.isfinite(grad_norm) or precision == "fp16"):
                 _optimizer_step(optimizer, scaler, state)
             else:
-                _skip_step(optimizer, scaler, state, cfg, loss, grad_norm, ckpt_root)
+                skip_step(optimizer, scaler, state, cfg, loss, grad_norm, ckpt_root)
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
             state.tokens_seen += step_tokens
@@ -390,45 +385,6 @@ def _optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScal
     if scaler.is_enabled() and scaler.get_scale() < scale:
         state.skipped += 1
     state.bad_steps = 0
-
-
-def _skip_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-               state: TrainState, cfg: TrainConfig, loss: float, grad_norm: float,
-               ckpt_root: Path) -> None:
-    """A non-finite loss or gradient: no update, counted; too many in a row stop the run."""
-    if scaler.is_enabled():
-        # unscale_ has run this step; update() closes it (and halves the scale), without
-        # which the next unscale_ raises "unscale_() has already been called".
-        scaler.update()
-    state.bad_steps += 1
-    state.skipped += 1
-    logger.warning("step %d: non-finite loss %.4g or gradient norm %.4g, step skipped (%d in "
-                   "a row)", state.step + 1, loss, grad_norm, state.bad_steps)
-    if state.bad_steps >= cfg.max_bad_steps:
-        optimizer.zero_grad(set_to_none=True)
-        raise TrainingError(f"{state.bad_steps} consecutive steps had a non-finite loss or "
-                            f"gradient; stopping. The last good checkpoint is kept under "
-                            f"{ckpt_root}. Lower --lr, raise --warmup-steps, or use --norm pre")
-
-
-def _back_off(batch: dict, micro: int, per_rank: int, cfg: TrainConfig, state: TrainState,
-              optimizer: torch.optim.Optimizer, device: torch.device) -> int:
-    """Out of memory: the micro-batch to retry the step with, or a TrainingError."""
-    optimizer.zero_grad(set_to_none=True)
-    shape = tuple(batch["input_ids"].shape)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    if not cfg.auto_micro_batch or micro == 1:
-        raise TrainingError(f"out of memory at step {state.step + 1} with micro-batch {shape} "
-                            f"(peak {peak_memory_mb(device):.0f} MB); lower --micro-batch-size "
-                            f"(the global batch stays the same) or pass auto_micro_batch"
-                            ) from None
-    micro //= 2
-    while per_rank % micro:  # whole micro-batches only, so the global batch is unchanged
-        micro -= 1
-    logger.warning("out of memory with micro-batch %s: retrying the step with micro-batch %d "
-                   "(accumulation %d)", shape, micro, per_rank // micro)
-    return micro
 
 
 # Keys of train's result and of the log rows, which an evaluation must not overwrite.

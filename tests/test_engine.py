@@ -185,9 +185,10 @@ def test_training_time_leaves_out_evaluation_and_survives_resume(corpus, tmp_pat
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     seconds = [r["train_seconds"] for r in rows if "loss" in r]
     assert seconds == sorted(seconds) and seconds[-1] == result["train_seconds"]
-    # Rows after an evaluation: the window's tokens over its own step time, not 0.4 s more.
-    for r in [r for r in rows if "loss" in r][1:]:
-        assert r["tokens_per_s"] > 16 * 32 / 0.4, r
+    # Rows after an evaluation: the window's tokens over its own step time, not 0.4 s more
+    # (the time it implies is compared with the logged step time, so a slow machine passes).
+    for r, before in zip([r for r in rows if "loss" in r][1:], seconds):
+        assert abs(16 * 32 / r["tokens_per_s"] - (r["train_seconds"] - before)) < 0.1, r
     assert all("train_seconds" in r for r in rows if "eval_loss" in r)
     saved = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))["train_state"]
     assert saved["train_seconds"] == pytest.approx(result["train_seconds"], abs=1e-3)

@@ -11,7 +11,7 @@ import minibert
 from engine_utils import collator, tiny_corpus, tiny_model, train_config
 from minibert.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from minibert.data.sampler import GlobalBatches
-from minibert.data.seq_warmup import seq_len_at, truncate
+from minibert.data.seq_warmup import cut_for_step, seq_len_at, truncate
 from minibert.engine import TrainConfig, train
 
 
@@ -39,6 +39,21 @@ def test_truncate_cuts_every_position_tensor_and_refuses_unlabelled_positions():
     qa = {"input_ids": torch.zeros(2, 6, dtype=torch.long), "start_positions": torch.tensor([5, 1])}
     with pytest.raises(ValueError, match="labelled per position"):
         truncate(qa, 4)
+
+
+def test_a_step_is_cut_to_its_length_and_a_new_length_is_reported_once():
+    """Lengths 32, 32, 40, ... over a 24-step warmup from 32 to 128: `changed` is True
+    wherever L differs from the step before, and nowhere else (not at step 1)."""
+    micros = [{"input_ids": torch.zeros(2, 128, dtype=torch.long),
+               "labels": torch.full((2, 128), -100)} for _ in range(2)]
+    seen = []
+    for step in range(1, 30):
+        cut, changed = cut_for_step(micros, step, 32, 24)
+        width = cut[0]["input_ids"].shape[1]
+        assert all(b["input_ids"].shape[1] == b["labels"].shape[1] == width for b in cut)
+        assert changed == (step > 1 and width != seen[-1]), step
+        seen.append(width)
+    assert seen == [seq_len_at(s, 128, 32, 24) for s in range(1, 30)] and seen[-1] == 128
 
 
 class Recording(minibert.BertForMaskedLM):

@@ -56,3 +56,17 @@ def truncate(batch: dict, length: int) -> dict:
         return batch
     return {k: v[:, :length].contiguous() if isinstance(v, torch.Tensor) and v.dim() == 2
             and v.shape[1] == width else v for k, v in batch.items()}
+
+
+def cut_for_step(micros: list[dict], step: int, start: int,
+                 warmup_steps: int) -> tuple[list[dict], bool]:
+    """The micro-batches of optimizer step `step` (1-based) cut to L(step), and whether L
+    changed from the step before (a new shape, for which memory kept for the old is stale).
+
+    The full length is the first micro-batch's width: with packed blocks every micro-batch
+    has it; under dynamic padding a narrower micro-batch is left as it is.
+    """
+    full = micros[0]["input_ids"].shape[1]
+    length = seq_len_at(step, full, start, warmup_steps)
+    changed = length != seq_len_at(step - 1, full, start, warmup_steps)
+    return [truncate(b, length) for b in micros], changed
