@@ -45,6 +45,13 @@ from .runtime import (StepMeter, StopFlag, log_environment, release_freed_memory
 
 logger = logging.getLogger(__name__)
 
+# Steps between two hand-backs of the C allocator's free memory (runtime.release_freed_memory).
+# The number of masked tokens, hence the size of the MLM head's largest blocks, differs from
+# step to step, so blocks kept for reuse fit the next request less and less and the heap
+# grows beside them: the main job's resident set climbed from 1.2 to 2.6 GB over 300 steps.
+# A trim costs at most one step's page faults (freed pages are mapped again on next use).
+RELEASE_EVERY = 50
+
 
 @dataclass
 class TrainConfig:
@@ -318,6 +325,8 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             periodic = cfg.save_every and state.step % cfg.save_every == 0 and state.bad_steps == 0
             if periodic or stopping or state.step == cfg.max_steps:
                 save_run(ckpt_root, raw, optimizer, scaler, state, cfg, data_identity, ctx)
+            if state.step % RELEASE_EVERY == 0:
+                release_freed_memory()
             if stopping:
                 logger.warning("stopped by signal at step %d; checkpoint saved, resume with "
                                "--resume", state.step)

@@ -235,13 +235,14 @@ def release_freed_memory() -> bool:
     """Hand the C allocator's free memory back to the kernel now (glibc `malloc_trim(0)`).
 
     Why: glibc keeps freed blocks for reuse (always with `keep_freed_memory`, and below its
-    rising thresholds without it). When the shapes of a step change, the kept blocks often
-    no longer fit what the new step asks for, so the heap grows beside them and the
-    resident set climbs: a sequence-length warmup, whose batches change length about a dozen
-    times, doubled the main job's peak resident set (benchmarks/RESULTS.md, "Sequence-length
-    warmup"). Trimming once per change of shape returns the stale blocks; the new shape's
-    blocks are then faulted in once and reused. Returns False, doing nothing, where the C
-    library is not glibc.
+    rising thresholds without it). When the sizes a step asks for change, the kept blocks
+    often no longer fit, so the heap grows beside them and the resident set climbs: a
+    sequence-length warmup, whose batches change length about a dozen times, doubled the
+    main job's peak resident set, and the varying number of masked tokens alone took it
+    from 1.2 to 2.6 GB over 300 steps (benchmarks/RESULTS.md, "Sequence-length warmup").
+    The engine calls this at each change of length and every `engine.RELEASE_EVERY` steps;
+    the blocks still in use are then faulted in once more and reused. Returns False, doing
+    nothing, where the C library is not glibc.
     """
     malloc_trim = _glibc_malloc("malloc_trim")
     if malloc_trim is None:

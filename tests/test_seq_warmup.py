@@ -72,8 +72,12 @@ def test_training_follows_the_schedule_and_its_first_step_is_the_cut_batch(corpu
                                                                            monkeypatch):
     import minibert.engine
 
-    releases = []  # the allocator's kept memory is handed back at each change of length
-    monkeypatch.setattr(minibert.engine, "release_freed_memory", lambda: releases.append(1))
+    # The allocator's kept memory is handed back at each change of length, and every
+    # RELEASE_EVERY steps; recorded as the number of steps taken when it happens.
+    releases = []
+    monkeypatch.setattr(minibert.engine, "release_freed_memory",
+                        lambda: releases.append(len(model.widths)))
+    monkeypatch.setattr(minibert.engine, "RELEASE_EVERY", 5)
     tok, ds = corpus
     model = Recording(tiny_model(tok).config)
     reference = Recording(model.config)
@@ -82,7 +86,7 @@ def test_training_follows_the_schedule_and_its_first_step_is_the_cut_batch(corpu
     result = train(model, ds, collator(tok), cfg, tmp_path)
     # 8 + 24 * (step - 1) / 4 = 8, 14, 20, 26 -> multiples of 8, halves up; then full blocks
     assert model.widths == [8, 16, 24, 24, 32, 32]
-    assert len(releases) == 3  # 8 -> 16, 16 -> 24, 24 -> 32
+    assert releases == [1, 2, 4, 5]  # 8 -> 16, 16 -> 24, 24 -> 32; after step 5
     assert result["tokens_seen"] == 16 * sum(model.widths)  # packed blocks: no padding
     # Step 1's logged loss is the loss of the first global batch cut by hand to 8 positions.
     _, indices = GlobalBatches(len(ds), 16, seed=0).next()
