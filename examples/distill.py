@@ -187,13 +187,7 @@ def load_teacher(args) -> tuple[minibert.BertForMaskedLM, minibert.Tokenizer]:
                          f"would be initialised at random); pass a *ForMaskedLM checkpoint")
     teacher = minibert.BertForMaskedLM.from_pretrained(args.teacher)
     tok = minibert.Tokenizer.from_pretrained(args.teacher)
-    if tok.vocab_size > teacher.config.vocab_size:
-        raise ValueError(f"vocabulary mismatch: the tokenizer in {args.teacher} has "
-                         f"{tok.vocab_size} tokens but the teacher only "
-                         f"{teacher.config.vocab_size} embeddings; they do not belong together")
-    if args.seq_len > teacher.config.max_position_embeddings:
-        raise ValueError(f"--seq-len {args.seq_len} exceeds the teacher's "
-                         f"max_position_embeddings={teacher.config.max_position_embeddings}")
+    teacher.config.check_fits(args.seq_len, tok.vocab_size, what="the teacher")
     return teacher, tok
 
 

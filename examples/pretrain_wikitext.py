@@ -262,12 +262,7 @@ def build_model(args, tok) -> minibert.BertForMaskedLM:
         model = minibert.BertForMaskedLM(minibert.BertConfig.preset(
             args.preset, vocab_size=tok.vocab_size, pad_token_id=tok.pad_id,
             norm_position=args.norm or "post", **overrides))
-    if args.seq_len > model.config.max_position_embeddings:
-        raise ValueError(f"--seq-len {args.seq_len} exceeds the model's "
-                         f"max_position_embeddings={model.config.max_position_embeddings}")
-    if model.config.vocab_size < tok.vocab_size:
-        raise ValueError(f"the tokenizer has {tok.vocab_size} tokens but the model only "
-                         f"{model.config.vocab_size} embeddings")
+    model.config.check_fits(args.seq_len, tok.vocab_size)
     return model
 
 

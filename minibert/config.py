@@ -91,6 +91,19 @@ class BertConfig:
     def head_size(self) -> int:
         return self.hidden_size // self.num_heads
 
+    def check_fits(self, seq_len: int, vocab_size: int, what: str = "the model") -> None:
+        """Refuse, before any training, inputs a model of this config cannot embed: sequences
+        longer than its position table, or token ids from a larger vocabulary than its own
+        (`vocab_size` is the tokenizer's). `what` names the model in the message."""
+        if seq_len > self.max_position_embeddings:
+            raise ValueError(f"sequence length {seq_len} exceeds {what}'s "
+                             f"max_position_embeddings={self.max_position_embeddings}; use "
+                             f"sequences of at most {self.max_position_embeddings} tokens")
+        if vocab_size > self.vocab_size:
+            raise ValueError(f"vocabulary mismatch: the tokenizer has {vocab_size} tokens but "
+                             f"{what} only {self.vocab_size} embeddings; is the tokenizer "
+                             f"{what}'s own?")
+
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "BertConfig":
         """A compact-BERT size by name (tiny, mini, small, medium, base, large), with overrides.

@@ -92,3 +92,15 @@ def test_hf_dict_refuses_what_minibert_does_not_implement(key, value, word):
     d[key] = value
     with pytest.raises(ValueError, match=word):
         BertConfig.from_hf_dict(d)
+
+
+def test_check_fits_refuses_long_sequences_and_larger_vocabularies():
+    config = BertConfig.preset("tiny", vocab_size=100, max_position_embeddings=64)
+    config.check_fits(64, 100)
+    config.check_fits(32, 90)  # a smaller tokenizer fits: its ids are all embedded
+    with pytest.raises(ValueError, match="sequence length 65 exceeds the model's "
+                                         "max_position_embeddings=64"):
+        config.check_fits(65, 100)
+    with pytest.raises(ValueError, match="vocabulary mismatch: the tokenizer has 101 tokens "
+                                         "but the teacher only 100"):
+        config.check_fits(64, 101, what="the teacher")

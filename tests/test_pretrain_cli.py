@@ -183,7 +183,8 @@ def test_bad_input_gets_one_line(data_dir, tmp_path, capsys):
         (["--device", "cuda"] if not torch.cuda.is_available() else ["--preset", "huge"],
          "--device cuda" if not torch.cuda.is_available() else "huge"),
         (["--preset", "huge"], "unknown --preset 'huge'"),
-        (["--seq-len", "600"], "--seq-len 600 exceeds"),
+        (["--seq-len", "600"],
+         "sequence length 600 exceeds the model's max_position_embeddings=512"),
         (["--precision", "fp16"], "fp16 needs a CUDA device"),
         (["--resume"], "no intact checkpoint"),
     ]
