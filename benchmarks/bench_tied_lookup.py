@@ -1,10 +1,19 @@
-"""The tied word embedding's gradient on a CPU: sparse lookup gradient against dense.
+"""The tied word embedding's gradient on a CPU: three ways to build it, timed on base steps.
 
-`BertForMaskedLM` asks its word-embedding lookup for a sparse gradient on a CPU, which
-autograd adds into the tied decoder's dense one; the dense way builds a zero-filled
-vocabulary-sized gradient and adds two vocabulary-sized tensors every step. This script
-times base training steps (fp32, 8 x 128, vocabulary 30,522, 15% labelled, fused AdamW)
-both ways, alternating step by step in one process:
+The word-embedding matrix is both the lookup's table and the MLM decoder's weight, so a
+step gives it two gradients that must be summed:
+
+* dense: plain autograd; the lookup's gradient is a zero-filled vocabulary-sized tensor,
+  added to the decoder's;
+* sparse: the lookup's gradient is sparse (`F.embedding(..., sparse=True)`), and autograd
+  adds it to the decoder's out of place, into a fresh vocabulary-sized tensor;
+* hand-off: `minibert.levers.TiedWordGradient`, what `BertForMaskedLM` does on a CPU; the
+  decoder's backward hands its gradient to the lookup's, which adds its rows in place.
+
+Base training steps (fp32, 8 x 128, vocabulary 30,522, 15% labelled, fused AdamW), the ways
+alternated step by step in one process, the first round dropped as warm-up. The C
+allocator is left as it comes, unless `--keep-freed-memory`: the vocabulary-sized
+temporaries cost mostly the page faults of fresh memory, which that setting avoids.
 
     python benchmarks/bench_tied_lookup.py --steps 10
 """
@@ -16,8 +25,25 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 
 import minibert
+import minibert.heads
+from minibert.levers import TiedWordGradient
+from minibert.runtime import keep_freed_memory
+
+
+class SparseLookup:
+    """The sparse way, in TiedWordGradient's shape: autograd sums the two gradients."""
+
+    def lookup(self, ids, weight, padding_idx):
+        return F.embedding(ids, weight, padding_idx, sparse=True)
+
+    def decoder(self, h, weight, bias):
+        return F.linear(h, weight, bias)
+
+
+WAYS = {"dense": lambda: None, "sparse": SparseLookup, "hand-off": TiedWordGradient}
 
 
 def main() -> None:
@@ -26,7 +52,10 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=10, help="timed steps of each way")
+    p.add_argument("--keep-freed-memory", action="store_true")
     args = p.parse_args()
+    if args.keep_freed_memory:
+        keep_freed_memory()
     torch.manual_seed(0)
     model = minibert.BertForMaskedLM(minibert.BertConfig.preset(args.preset, attention="math"))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -34,13 +63,9 @@ def main() -> None:
     V = model.config.vocab_size
     ids = torch.randint(5, V, (args.batch_size, args.seq_len), generator=g)
     labels = torch.where(torch.rand(ids.shape, generator=g) < 0.15, ids, -100)
-    sparse_forward = model.bert.forward
-
-    def dense_forward(*a, sparse_word_grad=False, **k):
-        return sparse_forward(*a, sparse_word_grad=False, **k)
 
     def step(way: str) -> float:
-        model.bert.forward = sparse_forward if way == "sparse" else dense_forward
+        minibert.heads.TiedWordGradient = WAYS[way]  # what BertForMaskedLM builds per forward
         start = time.perf_counter()
         model(ids, labels=labels).loss.backward()
         assert not model.bert.embeddings.word.weight.grad.is_sparse
@@ -48,16 +73,21 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         return time.perf_counter() - start
 
-    times: dict[str, list[float]] = {"dense": [], "sparse": []}
+    times: dict[str, list[float]] = {way: [] for way in WAYS}
     for i in range(args.steps + 1):
-        for way in ("dense", "sparse"):
+        for way in WAYS:
             t = step(way)
             if i:  # the first round warms up
                 times[way].append(t)
-    d, s = statistics.median(times["dense"]), statistics.median(times["sparse"])
-    print(f"{args.preset}, {args.batch_size} x {args.seq_len}, fp32, median of {args.steps}: "
-          f"dense {d:.3f} s/step (best {min(times['dense']):.3f}), sparse {s:.3f} s/step "
-          f"(best {min(times['sparse']):.3f}): {1 - s / d:.0%} less per step")
+    minibert.heads.TiedWordGradient = TiedWordGradient
+    dense = statistics.median(times["dense"])
+    print(f"{args.preset}, {args.batch_size} x {args.seq_len}, fp32, allocator "
+          f"{'keeping freed memory' if args.keep_freed_memory else 'as it comes'}, "
+          f"median of {args.steps} steps:")
+    for way, ts in times.items():
+        m = statistics.median(ts)
+        print(f"  {way:9s} {m:.3f} s/step (best {min(ts):.3f}), {1 - m / dense:+.0%} less "
+              f"than dense")
 
 
 if __name__ == "__main__":

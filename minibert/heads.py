@@ -33,6 +33,7 @@ from torch import Tensor
 from .config import BertConfig
 from .data.mlm import IGNORE_INDEX
 from .hf import PretrainedMixin
+from .levers import TiedWordGradient
 from .model import BertModel, Dropout, init_weights
 
 
@@ -68,12 +69,15 @@ class MLMHead(nn.Module):
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
-    def forward(self, h: Tensor, word_embeddings: Tensor) -> Tensor:
+    def forward(self, h: Tensor, word_embeddings: Tensor,
+                tied: Optional[TiedWordGradient] = None) -> Tensor:
         """h: (..., H), word_embeddings: (V, H) -> logits (..., V)."""
         h = self.norm(F.gelu(self.dense(h)))
         # The decoder *is* the input embedding matrix (weight tying, Press & Wolf 2017): it
         # saves V x H parameters, and since there is only one tensor there is nothing to
         # re-tie after loading, moving or compiling the model.
+        if tied is not None:  # the same product, its weight gradient handed to the lookup
+            return tied.decoder(h, word_embeddings, self.bias)
         return F.linear(h, word_embeddings, self.bias)
 
 
@@ -100,20 +104,19 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
         `loss` is the mean cross-entropy over those N tokens (NaN when N == 0, as in torch).
         """
         decoder = self.bert.embeddings.word.weight  # (V, H), tied
-        # The lookup's gradient and the decoder's meet in one dense gradient. Built dense,
-        # the lookup's would cost a zero-filled (V, H) buffer and a (V, H) addition every
-        # step, memory traffic that a CPU pays for (10% of a BERT-base step); sparse, it is
-        # added straight into the decoder's. On a GPU that traffic is cheap, and compiled
-        # graphs keep to dense gradients.
-        sparse = (decoder.device.type == "cpu" and torch.is_grad_enabled()
-                  and not torch.compiler.is_compiling())
+        # The lookup's gradient and the decoder's meet in one (V, H) gradient. Left to
+        # autograd, that costs vocabulary-sized temporaries each step, memory a CPU pays
+        # for (10 - 13% of a BERT-base step); `TiedWordGradient` builds the sum in place.
+        # On a GPU that traffic is cheap, and compiled graphs keep to plain autograd.
+        tied = TiedWordGradient() if (decoder.device.type == "cpu" and torch.is_grad_enabled()
+                                      and not torch.compiler.is_compiling()) else None
         h = self.bert(input_ids, attention_mask, token_type_ids,
-                      sparse_word_grad=sparse).last_hidden_state  # (B, T, H)
+                      tied_word_grad=tied).last_hidden_state  # (B, T, H)
         if labels is None:
-            return MaskedLMOutput(None, self.head(h, decoder))
+            return MaskedLMOutput(None, self.head(h, decoder, tied))
         _check_shape("labels", labels, tuple(input_ids.shape), "the shape of input_ids")
         predicted = labels != IGNORE_INDEX  # (B, T) bool
-        logits = self.head(h[predicted], decoder)  # (N, H) -> (N, V)
+        logits = self.head(h[predicted], decoder, tied)  # (N, H) -> (N, V)
         loss = F.cross_entropy(logits.float(), labels[predicted])
         return MaskedLMOutput(loss, logits)
 

@@ -1,8 +1,8 @@
 """Speed levers: faster ways to compute what plain PyTorch already computes.
 
-Each lever here was kept because a benchmark measured it (`benchmarks/bench_levers.py`; the
-numbers, with the machine, are in `benchmarks/RESULTS.md`, "Speed levers kept, each
-measured"). Reading BERT, you can skip this file: every function says which plain call it
+Each lever here was kept because a benchmark measured it (`benchmarks/bench_levers.py`
+and `bench_tied_lookup.py`; the numbers, with the machine, are in `benchmarks/RESULTS.md`,
+"Speed levers kept, each measured" and "Against transformers"). Reading BERT, you can skip this file: every function says which plain call it
 replaces, and the tests check that both compute the same thing.
 """
 
@@ -37,3 +37,80 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     lanes = bits.view(torch.int16)[:n].view(x.shape)
     keep = (lanes & 0x7FFF) >= round(p * 32768)
     return torch.where(keep, x * (1.0 / (1.0 - p)), 0.0)
+
+
+class TiedWordGradient:
+    """One training step's gradient of the word embedding that the MLM decoder shares, built
+    on a CPU without a vocabulary-sized temporary.
+
+    Plain autograd gives the tied matrix two gradients, the decoder's (dense, V x H) and the
+    lookup's, and adds them. Dense, the lookup's is a zero-filled V x H buffer for a few
+    hundred rows; sparse, autograd still adds it out of place, into a fresh V x H tensor
+    (94 MB for BERT-base). On a CPU each such buffer is new memory the kernel maps page by
+    page: up to 10% of a BERT-base step where page faults are dear, 0 - 2% where they are
+    cheap (benchmarks/RESULTS.md, "Against transformers"). Here the decoder's backward
+    hands its dense gradient over, and the
+    lookup's backward, which autograd always runs later (the decoder's input depends on
+    the lookup's output), adds its rows into it in place with `index_add_`: the one V x H
+    tensor the step needs, and the weight's only gradient, so `.grad`, DDP's hooks and
+    accumulation see one ordinary dense gradient. Replaces `F.embedding(ids, weight,
+    padding_idx)` and `F.linear(h, weight, bias)`; the gradients are the same (tested
+    against transformers). Make one per forward pass.
+    """
+
+    def __init__(self) -> None:
+        self.grad: Tensor | None = None  # the decoder's weight gradient, until the lookup's
+
+    def lookup(self, ids: Tensor, weight: Tensor, padding_idx: int | None) -> Tensor:
+        """ids: (B, T), weight: (V, H) -> (B, T, H); the [PAD] row gets no gradient here."""
+        return _TiedLookup.apply(ids, weight, self, padding_idx)
+
+    def decoder(self, h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        """h: (..., H), weight: (V, H), bias: (V,) -> logits (..., V)."""
+        return _TiedDecoder.apply(h, weight, bias, self)
+
+
+class _TiedDecoder(torch.autograd.Function):
+    # custom_fwd / custom_bwd: the backward runs under the forward's autocast state, so its
+    # matmuls take the precision that F.linear's did (the tied path is CPU only).
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor, tied: TiedWordGradient) -> Tensor:
+        ctx.save_for_backward(h, weight)
+        ctx.tied = tied
+        return F.linear(h, weight, bias)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, grad_logits: Tensor):
+        h, weight = ctx.saved_tensors
+        g = grad_logits.reshape(-1, grad_logits.size(-1))  # (N, V), N = every leading dim
+        rows = h.reshape(-1, h.size(-1)).to(g.dtype)  # (N, H)
+        grad_weight = g.t().mm(rows).to(weight.dtype)  # (V, H), a fresh tensor
+        tied = ctx.tied
+        tied.grad = grad_weight if tied.grad is None else tied.grad + grad_weight
+        # No gradient for the weight from here: the lookup's backward returns the sum.
+        return g.mm(weight.to(g.dtype)).view(h.shape), None, g.sum(0), None
+
+
+class _TiedLookup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ids: Tensor, weight: Tensor, tied: TiedWordGradient,
+                padding_idx: int | None) -> Tensor:
+        ctx.save_for_backward(ids)
+        ctx.tied, ctx.padding_idx, ctx.weight_shape = tied, padding_idx, weight.shape
+        return F.embedding(ids, weight, padding_idx)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        (ids,) = ctx.saved_tensors
+        tied = ctx.tied
+        grad, tied.grad = tied.grad, None
+        if grad is None:  # the decoder was not part of this backward pass
+            grad = grad_out.new_zeros(ctx.weight_shape)
+        ids, rows = ids.reshape(-1), grad_out.reshape(-1, grad_out.size(-1))  # (B*T,), (B*T, H)
+        if ctx.padding_idx is not None:  # as F.embedding: the [PAD] row learns nothing here
+            keep = ids != ctx.padding_idx
+            ids, rows = ids[keep], rows[keep]
+        grad.index_add_(0, ids, rows.to(grad.dtype))
+        return None, grad, None, None

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import attention
-from .levers import dropout
+from .levers import TiedWordGradient, dropout
 from .config import BertConfig
 from .hf import PretrainedMixin
 
@@ -57,10 +57,12 @@ class Embeddings(nn.Module):
         self.drop = Dropout(config.hidden_dropout)
 
     def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor],
-                sparse_word_grad: bool = False) -> Tensor:
+                tied: Optional[TiedWordGradient] = None) -> Tensor:
         T = input_ids.size(1)
-        word = F.embedding(input_ids, self.word.weight, self.word.padding_idx,
-                           sparse=sparse_word_grad)
+        if tied is None:
+            word = F.embedding(input_ids, self.word.weight, self.word.padding_idx)
+        else:  # the MLM decoder shares this matrix: one gradient for both (levers.py)
+            word = tied.lookup(input_ids, self.word.weight, self.word.padding_idx)
         x = word + self.position.weight[:T]  # (B, T, H) + (T, H) broadcast
         if token_type_ids is None:  # single-segment input: every token is segment 0
             x = x + self.token_type.weight[0]
@@ -188,17 +190,16 @@ class BertModel(PretrainedMixin, nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None, *,
-                sparse_word_grad: bool = False) -> BertOutput:
+                tied_word_grad: Optional[TiedWordGradient] = None) -> BertOutput:
         """input_ids, attention_mask (1 = real token, 0 = padding), token_type_ids: (B, T).
 
         Returns `last_hidden_state` (B, T, H), zero at padding positions, and
         `pooler_output` (B, H) or None.
 
-        `sparse_word_grad`: the word-embedding lookup hands back its gradient as a sparse
-        tensor, the rows of the batch's ids only, instead of a vocabulary-sized one that is
-        mostly zeros. Only for a caller that also uses the embedding matrix densely in the
-        same backward, as `BertForMaskedLM`'s tied decoder does: the two gradients then add
-        into one dense `.grad`. Alone it would leave a sparse `.grad`, which AdamW refuses.
+        `tied_word_grad`: for a caller that also decodes with the word-embedding matrix, as
+        `BertForMaskedLM` does: the lookup adds its rows into the gradient that the same
+        object's `decoder` handed over, instead of autograd adding two vocabulary-sized
+        gradients (`levers.TiedWordGradient`).
         """
         check_inputs(self.config, input_ids, attention_mask, token_type_ids)
         keep = None if attention_mask is None else attention_mask.bool()  # (B, T)
@@ -209,7 +210,7 @@ class BertModel(PretrainedMixin, nn.Module):
         # the decision whether to unpad needs the same answer anyway.
         if keep is not None and bool(keep.all()):
             keep = None
-        x = self.embeddings(input_ids, token_type_ids, sparse_word_grad)  # (B, T, H)
+        x = self.embeddings(input_ids, token_type_ids, tied_word_grad)  # (B, T, H)
         if keep is not None:
             x = unpad(x, keep)  # (N, H): the blocks skip the padding (see `unpad`)
         for block in self.blocks:

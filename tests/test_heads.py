@@ -268,9 +268,10 @@ def test_bad_labels_and_positions():
 
 @pytest.mark.parametrize("n_predicted", [20, 0])
 def test_mlm_word_embedding_gradient_matches_transformers(n_predicted, tmp_path):
-    """BertForMaskedLM's lookup hands back a sparse gradient that meets the tied decoder's:
-    the weight's .grad must still be dense and equal transformers' on the same weights,
-    [PAD] row included (the lookup gives it none), and fused AdamW must take it."""
+    """BertForMaskedLM's lookup adds its rows into the gradient the tied decoder handed over
+    (levers.TiedWordGradient): the weight's .grad must be dense and equal transformers' on
+    the same weights, [PAD] row included (the lookup gives it none), and fused AdamW must
+    take it."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = minibert.BertForMaskedLM(tiny_config(hidden_dropout=0.0, attention_dropout=0.0))
@@ -293,6 +294,49 @@ def test_mlm_word_embedding_gradient_matches_transformers(n_predicted, tmp_path)
     want = ref.bert.embeddings.word_embeddings.weight.grad
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True).step()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_tied_word_gradient_is_autograds_without_a_vocabulary_sized_temporary(precision,
+                                                                             monkeypatch):
+    """The hand-off gives every parameter the gradient plain autograd gives (fp32: to
+    rounding; bf16 autocast: to bf16's precision), with a padded batch, over accumulated
+    backward passes; and in fp32 it zero-fills, copies or adds out of place no V x H
+    tensor, which is what autograd's sum of the two gradients costs. (Under bf16 both
+    ways cast the matrix and its gradient between dtypes, which are copies too.)"""
+    from torch.profiler import ProfilerActivity, profile
+
+    import minibert.heads
+
+    torch.manual_seed(0)
+    model = minibert.BertForMaskedLM(tiny_config(vocab_size=97, hidden_dropout=0.0,
+                                                 attention_dropout=0.0))
+    ids, mask = random_batch(vocab=97, pad_from=20)
+    ids[0, 5] = 0  # a [PAD] id at an attended position
+    labels = torch.where(torch.rand(ids.shape) < 0.3, ids, -100)
+    shape = [97, 32]
+
+    def grads(tied: bool):
+        model.zero_grad(set_to_none=True)
+        with monkeypatch.context() as mp:
+            if not tied:
+                mp.setattr(minibert.heads, "TiedWordGradient", lambda: None)
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, \
+                    torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
+                for _ in range(2):  # gradient accumulation: the second pass adds to .grad
+                    model(ids, mask, labels=labels).loss.backward()
+        temporaries = [e.name for e in prof.events() if e.input_shapes and
+                       e.input_shapes[0] == shape and e.name in
+                       ("aten::add", "aten::copy_", "aten::fill_", "aten::zero_")]
+        return {n: p.grad.clone() for n, p in model.named_parameters()}, temporaries
+
+    plain, plain_temporaries = grads(tied=False)
+    handed, temporaries = grads(tied=True)
+    if precision == "fp32":
+        assert plain_temporaries and not temporaries, (plain_temporaries, temporaries)
+    tol = dict(rtol=1e-5, atol=1e-6) if precision == "fp32" else dict(rtol=2e-2, atol=2e-3)
+    for name in plain:
+        torch.testing.assert_close(handed[name], plain[name], **tol, msg=name)
 
 
 def test_bert_model_alone_keeps_a_dense_lookup_gradient():
