@@ -16,6 +16,7 @@ allocator is left as it comes, unless `--keep-freed-memory`: the vocabulary-size
 temporaries cost mostly the page faults of fresh memory, which that setting avoids.
 
     python benchmarks/bench_tied_lookup.py --steps 10
+    python benchmarks/bench_tied_lookup.py --steps 1 --profile   # where each way's step goes
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=10, help="timed steps of each way")
     p.add_argument("--keep-freed-memory", action="store_true")
+    p.add_argument("--profile", action="store_true",
+                   help="then profile one step of each way: the top operators by self time")
     args = p.parse_args()
     if args.keep_freed_memory:
         keep_freed_memory()
@@ -79,6 +82,13 @@ def main() -> None:
             t = step(way)
             if i:  # the first round warms up
                 times[way].append(t)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        for way in WAYS:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                step(way)
+            print(f"--- {way}: one step, by self CPU time")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
     minibert.heads.TiedWordGradient = TiedWordGradient
     dense = statistics.median(times["dense"])
     print(f"{args.preset}, {args.batch_size} x {args.seq_len}, fp32, allocator "

@@ -2,7 +2,8 @@
 
 Each lever here was kept because a benchmark measured it (`benchmarks/bench_levers.py`
 and `bench_tied_lookup.py`; the numbers, with the machine, are in `benchmarks/RESULTS.md`,
-"Speed levers kept, each measured" and "Against transformers"). Reading BERT, you can skip this file: every function says which plain call it
+"Speed levers kept, each measured" and "Against transformers"). Reading BERT, you can skip
+this file: every function says which plain call it
 replaces, and the tests check that both compute the same thing.
 """
 
@@ -49,9 +50,9 @@ class TiedWordGradient:
     (94 MB for BERT-base). On a CPU each such buffer is new memory the kernel maps page by
     page: up to 10% of a BERT-base step where page faults are dear, 0 - 2% where they are
     cheap (benchmarks/RESULTS.md, "Against transformers"). Here the decoder's backward
-    hands its dense gradient over, and the
-    lookup's backward, which autograd always runs later (the decoder's input depends on
-    the lookup's output), adds its rows into it in place with `index_add_`: the one V x H
+    hands its dense gradient over, and the lookup's backward, which autograd always runs
+    later (the decoder's input depends on the lookup's output), adds its rows into it in
+    place with `index_add_`: the one V x H
     tensor the step needs, and the weight's only gradient, so `.grad`, DDP's hooks and
     accumulation see one ordinary dense gradient. Replaces `F.embedding(ids, weight,
     padding_idx)` and `F.linear(h, weight, bias)`; the gradients are the same (tested
