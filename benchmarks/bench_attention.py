@@ -9,6 +9,7 @@ median of a few more steps.
 
     python benchmarks/bench_attention.py                 # T = 512 ... 8192, ~5 min on 2 cores
     python benchmarks/bench_attention.py --lengths 512 1024 --repeats 2
+    python benchmarks/bench_attention.py --lengths 4096 --chunk-size auto   # tile measured here
 
 Prints a markdown table, writes JSON (and a PNG plot when matplotlib is installed).
 Targets: at T=4096 chunked peak memory <= 25% of math's; from T=2048 to 8192 chunked memory
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -64,18 +66,18 @@ def measure(backend: str, T: int, mode: str, device: str, dtype: str, chunk: int
     return {"seconds": round(statistics.median(times), 4)}
 
 
-def run_in_subprocess(backend: str, T: int, args: argparse.Namespace) -> dict:
+def run_in_subprocess(backend: str, T: int, chunk: int, args: argparse.Namespace) -> dict:
     """Memory and time, each from a fresh process.
 
     The memory process fixes glibc's mmap threshold, so every large buffer goes back to the
     OS when freed and the resident size follows the live tensors; that makes the many small
     temporaries slow, so time is measured in a second process with the default allocator.
     """
-    row = {"backend": backend, "T": T}
+    row = {"backend": backend, "T": T, "chunk": chunk}
     for mode in ("memory", "time"):
         cmd = [sys.executable, __file__, "--child", backend, str(T), mode,
                "--device", args.device, "--dtype", args.dtype,
-               "--chunk-size", str(args.chunk_size), "--repeats", str(args.repeats)]
+               "--chunk-size", str(chunk), "--repeats", str(args.repeats)]
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536") if mode == "memory" else None
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if done.returncode != 0:
@@ -86,16 +88,29 @@ def run_in_subprocess(backend: str, T: int, args: argparse.Namespace) -> dict:
     return row
 
 
+def chunk_for(T: int, args: argparse.Namespace) -> int:
+    """The tile at length T: the one given, or ('auto') the fastest measured here."""
+    if args.chunk_size != "auto":
+        return int(args.chunk_size)
+    import torch
+
+    from minibert.attention import pick_chunk_size
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # it logs every tile's time
+    return pick_chunk_size(4, 64, T, args.device, getattr(torch, args.dtype),
+                           repeats=args.repeats)
+
+
 def table(rows: list[dict], lengths: list[int]) -> str:
-    head = "| T | " + " | ".join(f"{b} MB" for b in BACKENDS) + " | " + \
+    head = "| T | chunk | " + " | ".join(f"{b} MB" for b in BACKENDS) + " | " + \
         " | ".join(f"{b} s" for b in BACKENDS) + " | chunked / math memory |"
-    lines = [head, "|" + "---|" * (2 * len(BACKENDS) + 2)]
+    lines = [head, "|" + "---|" * (2 * len(BACKENDS) + 3)]
     by = {(r["backend"], r["T"]): r for r in rows}
     for T in lengths:
         mem = [by[(b, T)]["peak_mb"] for b in BACKENDS]
         sec = [by[(b, T)]["seconds"] for b in BACKENDS]
         ratio = f"{mem[2] / mem[0]:.1%}" if mem[0] and mem[2] is not None else "n/a"
-        cells = [str(T)] + [f"{m:.0f}" if m is not None else "failed" for m in mem] + \
+        cells = [str(T), str(by[("chunked", T)]["chunk"])] + [f"{m:.0f}" if m is not None else "failed" for m in mem] + \
             [f"{s:.3f}" if s is not None else "failed" for s in sec] + [ratio]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -131,7 +146,9 @@ def main() -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--chunk-size", type=int, default=128)
+    p.add_argument("--chunk-size", default="128",
+                   help="the chunked backend's tile, or 'auto': minibert.attention."
+                   "pick_chunk_size measures the fastest at each length on this machine")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
     p.add_argument("--child", nargs=3, metavar=("BACKEND", "T", "MODE"), help=argparse.SUPPRESS)
@@ -139,13 +156,16 @@ def main() -> None:
     if args.child:
         backend, T, mode = args.child
         print(json.dumps(measure(backend, int(T), mode, args.device, args.dtype,
-                                 args.chunk_size, args.repeats)))
+                                 int(args.chunk_size), args.repeats)))
         return
 
+    if args.chunk_size != "auto" and not args.chunk_size.isdigit():
+        p.error(f"--chunk-size {args.chunk_size!r} must be a whole number or 'auto'")
     rows = []
     for T in args.lengths:
+        chunk = chunk_for(T, args)
         for b in BACKENDS:
-            rows.append(run_in_subprocess(b, T, args))
+            rows.append(run_in_subprocess(b, T, chunk, args))
             print(f"T={T:5d} {b:8s} {rows[-1]}", file=sys.stderr)
     print(f"\nattention forward+backward, batch 1, 4 heads x 64, {args.dtype} on {args.device}, "
           f"chunk {args.chunk_size}\n")

@@ -23,7 +23,10 @@ that all three agree to 1e-5 in the forward pass and 1e-4 in the gradients.
 
 from __future__ import annotations
 
+import logging
 import math
+import statistics
+import time
 from typing import Optional
 
 import torch
@@ -31,6 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .levers import dropout
+
+logger = logging.getLogger(__name__)
 
 
 def key_padding_bias(keep: Tensor, dtype: torch.dtype) -> Tensor:
@@ -217,6 +222,76 @@ class _ChunkedAttention(torch.autograd.Function):
                 dq[:, :, rows] += (ds @ kj).to(f32) * scale
                 dk[:, :, cols] += (ds.transpose(-2, -1) @ qi).to(f32) * scale
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+# ---------------------------------------------------------------------------------------------
+# The tile size, chosen by measurement
+# ---------------------------------------------------------------------------------------------
+# Every tile pays the same fixed cost (Python, kernel launches, the elementwise softmax
+# updates) beside its matmuls, whose work grows as c². A larger tile amortises that cost until
+# its (B, nh, c, c) temporaries fall out of cache or the matmul kernel stops getting faster,
+# and where that happens is the device's business: on a 2-core AVX2 CPU, T = 4096 took 1.04×
+# math's time at c = 128, 0.66× at 256 and 0.74× at 512 (benchmarks/RESULTS.md). So the tile
+# is measured on the machine at hand rather than fixed by what another machine preferred. The
+# candidates stop at 512, so the memory stays O(T · c) with a constant c, whatever wins.
+CHUNK_CANDIDATES = (64, 128, 256, 512)
+
+
+def time_chunk_sizes(num_heads: int, head_dim: int, seq_len: int, device: str = "cpu",
+                     dtype: torch.dtype = torch.float32,
+                     candidates: tuple[int, ...] = CHUNK_CANDIDATES,
+                     repeats: int = 3) -> dict[int, float]:
+    """Seconds of one chunked forward + backward pass per tile size, median of `repeats`.
+
+    One sequence (batch 1) of `seq_len` tokens with `num_heads` heads of `head_dim` dims, after
+    one warm-up pass per tile. Tiles longer than `seq_len` are left out (they would all be the
+    same single tile). The inputs come from a private generator, so the global RNG is untouched.
+    """
+    if not candidates or any(not isinstance(c, int) or c < 1 for c in candidates):
+        raise ValueError(f"candidates {candidates!r} must be a non-empty tuple of tile sizes >= 1")
+    if min(num_heads, head_dim, seq_len, repeats) < 1:
+        raise ValueError(f"num_heads {num_heads}, head_dim {head_dim}, seq_len {seq_len} and "
+                         f"repeats {repeats} must all be at least 1")
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v, grad = (torch.randn(1, num_heads, seq_len, head_dim, generator=gen, device=device,
+                                 dtype=dtype) for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    fits = [c for c in sorted(set(candidates)) if c <= seq_len] or [min(candidates)]
+    return {c: _median_seconds(q, k, v, grad, c, repeats) for c in fits}
+
+
+def _median_seconds(q: Tensor, k: Tensor, v: Tensor, grad: Tensor, chunk: int,
+                    repeats: int) -> float:
+    def sync() -> None:
+        if q.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    times = []
+    for i in range(repeats + 1):  # the first pass is a warm-up
+        sync()
+        t0 = time.perf_counter()
+        torch.autograd.grad(chunked_attention(q, k, v, None, 0.0, chunk), (q, k, v), grad)
+        sync()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def pick_chunk_size(num_heads: int, head_dim: int, seq_len: int, device: str = "cpu",
+                    dtype: torch.dtype = torch.float32,
+                    candidates: tuple[int, ...] = CHUNK_CANDIDATES, repeats: int = 3) -> int:
+    """The fastest `chunked_attention` tile for this shape on this device, by `time_chunk_sizes`.
+
+    Ties go to the smaller tile, which needs less memory. Measure once and pass the result as
+    `BertConfig.attention_chunk_size`, so the model, its checkpoints and a resumed run keep it
+    (a tile changes the rounding, so a run that re-measured could not resume exactly).
+    Timing takes about 20 s at seq_len 4096 on 2 CPU cores, and well under 1 s at 512.
+    """
+    timings = time_chunk_sizes(num_heads, head_dim, seq_len, device, dtype, candidates, repeats)
+    best = min(timings, key=lambda c: (timings[c], c))
+    logger.info("chunked attention at T=%d on %s: %s s -> tile %d", seq_len, device,
+                ", ".join(f"{c}: {t:.3f}" for c, t in timings.items()), best)
+    return best
 
 
 BACKENDS = {"math": math_attention, "sdpa": sdpa_attention, "chunked": chunked_attention}

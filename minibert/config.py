@@ -58,7 +58,7 @@ class BertConfig:
     # "sdpa": torch's fused kernel (default). "math": the explicit formula, for reading.
     # "chunked": exact attention in O(T * chunk) training memory (see attention.py).
     attention: str = "sdpa"
-    attention_chunk_size: int = 128
+    attention_chunk_size: int = 128  # the tile; attention.pick_chunk_size measures the best
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
