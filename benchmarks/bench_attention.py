@@ -110,7 +110,8 @@ def table(rows: list[dict], lengths: list[int]) -> str:
         mem = [by[(b, T)]["peak_mb"] for b in BACKENDS]
         sec = [by[(b, T)]["seconds"] for b in BACKENDS]
         ratio = f"{mem[2] / mem[0]:.1%}" if mem[0] and mem[2] is not None else "n/a"
-        cells = [str(T), str(by[("chunked", T)]["chunk"])] + [f"{m:.0f}" if m is not None else "failed" for m in mem] + \
+        cells = [str(T), str(by[("chunked", T)]["chunk"])] + \
+            [f"{m:.0f}" if m is not None else "failed" for m in mem] + \
             [f"{s:.3f}" if s is not None else "failed" for s in sec] + [ratio]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
