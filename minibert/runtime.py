@@ -290,6 +290,10 @@ class StepMeter:
         self.seconds += seconds
         self.flops += flops
 
+    def flops_per_s(self) -> float:
+        """The model FLOP/s of the steps since the last row."""
+        return self.flops / max(self.seconds, 1e-9)
+
     def take(self, peak_flops: float, device: torch.device) -> dict[str, float]:
         """The window's numbers, then a new window. Tokens/s and the ceiling count every rank."""
         tps = self.tokens / max(self.seconds, 1e-9)

@@ -169,6 +169,28 @@ def test_metrics_rows(corpus, tmp_path):
     assert evals[-1]["perplexity"] == pytest.approx(2.718281828 ** evals[-1]["eval_loss"])
 
 
+def test_a_ceiling_measured_on_a_busy_machine_is_measured_again(corpus, tmp_path, monkeypatch):
+    """The MFU ceiling is measured once at the start; if the machine was busy then, it comes
+    out low and the rows would log an MFU above 1. A row that beats the ceiling measures it
+    again and keeps the larger, so MFU stays a fraction; a sound ceiling is never re-measured."""
+    import minibert.engine
+
+    tok, ds = corpus
+    ceilings = iter([1e3, 1e13])  # busy at the start, quiet later
+    calls = []
+
+    def fake_peak(*args, **kwargs):
+        calls.append(args)
+        return next(ceilings)
+
+    monkeypatch.setattr(minibert.engine, "measure_peak_flops", fake_peak)
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=3, peak_flops=None),
+          tmp_path)
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert len(calls) == 2  # the start's, and once more at the first row; then 1e13 holds
+    assert all(0 < r["mfu"] < 1 for r in rows)
+
+
 def test_training_time_leaves_out_evaluation_and_survives_resume(corpus, tmp_path):
     """`train_seconds` and tokens/s count the steps only: an evaluation that takes 0.4 s after
     every step shows in the wall time, not in them. A resumed run adds to the saved total."""
