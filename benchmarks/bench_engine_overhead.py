@@ -10,6 +10,8 @@ trains the same model on the same batches twice, in one process, alternating:
 
     python benchmarks/bench_engine_overhead.py                 # mini, 32 x 128, fp32
     python benchmarks/bench_engine_overhead.py --precision bf16 --steps 60
+    python benchmarks/bench_engine_overhead.py --device cuda --preset base --precision bf16 \
+        --batch-size 128 --peak-flops 989e12     # MFU against a datasheet peak (H200, dense)
 
 bf16 on a CPU that emulates bf16 matmuls (no AMX or AVX512-BF16) runs, as asked, but far
 slower than fp32; the table's header then says "bf16 (emulated)".
@@ -31,6 +33,7 @@ import torch
 
 import minibert
 from minibert.data import MLMCollator, PackedMLMDataset, load_wikitext, tokenize_to_memmap
+from minibert.distributed import DistContext
 from minibert.engine import TrainConfig, autocast_context, train
 from minibert.model import flops_per_token as minibert_flops
 from minibert.precision import measure_peak_flops
@@ -56,30 +59,35 @@ def model_for(tok, preset: str) -> minibert.BertForMaskedLM:
         preset, vocab_size=tok.vocab_size, hidden_dropout=0.0, attention_dropout=0.0))
 
 
-def bare_tokens_per_s(model, batches, precision: str, steps: int) -> float:
+def bare_tokens_per_s(model, batches, precision: str, steps: int,
+                      device: torch.device) -> float:
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
                             fused=True)
-    cpu = torch.device("cpu")
+    batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
     times = []
     for i in range(steps + 2):
         batch = batches[i % len(batches)]
         t0 = time.perf_counter()
-        with autocast_context(precision, cpu):
+        with autocast_context(precision, device):
             loss = model(**batch).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # the kernels are queued; time their running
         times.append(time.perf_counter() - t0)
     tokens = batches[0]["input_ids"].numel()
     return tokens / statistics.median(times[2:])
 
 
-def engine_tokens_per_s(model, tok, ds, args, out: Path, peak: float) -> tuple[float, float]:
+def engine_tokens_per_s(model, tok, ds, args, out: Path, peak: float,
+                        device: torch.device) -> tuple[float, float]:
     """(tokens/s, MFU), each the median of what the engine logs, the first row dropped."""
     cfg = TrainConfig(batch_size=args.batch_size, max_steps=args.steps, lr=1e-4, warmup=0,
                       precision=args.precision, log_every=args.log_every, progress=False,
                       peak_flops=peak, save_every=0, keep_checkpoints=1)
-    train(model, ds, MLMCollator(tok, seed=0), cfg, out)
+    train(model, ds, MLMCollator(tok, seed=0), cfg, out, ctx=DistContext(device=device))
     rows = [json.loads(line) for line in open(out / "metrics.jsonl") if '"loss"' in line]
     return (statistics.median(r["tokens_per_s"] for r in rows[1:]),
             statistics.median(r["mfu"] for r in rows[1:]))
@@ -94,10 +102,15 @@ def main() -> None:
     p.add_argument("--precision", default="fp32")
     p.add_argument("--rounds", type=int, default=2, help="alternations of bare and engine")
     p.add_argument("--log-every", type=int, default=10, help="the engine's logging window")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--peak-flops", type=float, default=None,
+                   help="the MFU ceiling in FLOP/s (a datasheet number); default: measured")
     args = p.parse_args()
+    device = torch.device(args.device)
     # The ceiling the engine would measure at its start, measured once here for both.
-    peak = measure_peak_flops(torch.device("cpu"),
-                              torch.bfloat16 if args.precision == "bf16" else torch.float32)
+    measured = measure_peak_flops(device,
+                                  torch.bfloat16 if args.precision == "bf16" else torch.float32)
+    peak = args.peak_flops or measured
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         tok, ds = corpus(tmp, args.seq_len)
@@ -110,9 +123,9 @@ def main() -> None:
                                          mlm_fraction=0.15)
         for r in range(args.rounds):
             bare.append(bare_tokens_per_s(model_for(tok, args.preset), batches,
-                                          args.precision, args.steps))
+                                          args.precision, args.steps, device))
             tps, m = engine_tokens_per_s(model_for(tok, args.preset), tok, ds, args,
-                                         tmp / f"run{r}", peak)
+                                         tmp / f"run{r}", peak, device)
             engine.append(tps)
             engine_mfu.append(m)
             print(f"round {r}: bare {bare[-1]:,.0f} tok/s, engine {engine[-1]:,.0f} tok/s",
@@ -120,10 +133,14 @@ def main() -> None:
     b, e = statistics.median(bare), statistics.median(engine)
     from minibert.precision import cpu_bf16_native
 
-    emulated = " (emulated)" if args.precision == "bf16" and not cpu_bf16_native() else ""
+    emulated = " (emulated)" if args.precision == "bf16" and device.type == "cpu" and \
+        not cpu_bf16_native() else ""
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"\n{args.preset}, batch {args.batch_size} x {args.seq_len}, {args.precision}"
-          f"{emulated}, CPU\n")
-    print(f"matmul ceiling measured: {peak / 1e9:.0f} GFLOP/s\n")
+          f"{emulated}, {where}\n")
+    print(f"matmul ceiling measured: {measured / 1e9:,.0f} GFLOP/s" +
+          (f"; MFU below is against --peak-flops {peak / 1e9:,.0f} GFLOP/s"
+           if args.peak_flops else "") + "\n")
     print("| bare model step tok/s | engine (logged) tok/s | engine overhead | MFU bare / "
           "engine (logged) |")
     print("|---|---|---|---|")

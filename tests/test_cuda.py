@@ -1,5 +1,7 @@
 """CUDA-only paths: skipped on machines without a GPU, run by benchmarks/gpu_check.sh."""
 
+import math
+
 import pytest
 import torch
 
@@ -20,6 +22,35 @@ def test_fp16_training_with_grad_scaler(tmp_path):
     assert result["precision"] == "fp16"
     losses = [r["loss"] for r in _rows(tmp_path / "run")]
     assert losses[-1] < losses[0]
+
+
+def test_fp16_skips_a_nan_step_through_the_real_grad_scaler(tmp_path):
+    """fp16 with a real GradScaler and a NaN loss at step 3: that step changes no weight, the
+    run goes on to the end (no "unscale_() has already been called"), and the scale halved once
+    for every skipped step, the NaN one and any overflow while the scale calibrated."""
+    from engine_utils import collator, tiny_corpus, tiny_model, train_config
+    from minibert.checkpoint import latest_checkpoint, load_checkpoint
+    from minibert.engine import train
+
+    tok, ds = tiny_corpus(tmp_path)
+    model = tiny_model(tok).cuda()
+    forward, seen = model.forward, []
+
+    def nan_on_the_third_call(*args, **kwargs):
+        seen.append([p.detach().clone() for p in model.parameters()])
+        out = forward(*args, **kwargs)
+        return out._replace(loss=out.loss * float("nan")) if len(seen) == 3 else out
+
+    model.forward = nan_on_the_third_call
+    result = train(model, ds, collator(tok), train_config(precision="fp16", max_steps=5),
+                   tmp_path / "run", ctx=_cuda_ctx())
+    rows = _rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and len(seen) == 5
+    assert math.isnan(rows[2]["loss"]) and rows[2]["skipped"] > rows[1]["skipped"]
+    assert all(torch.equal(p, q) for p, q in zip(seen[2], seen[3]))  # step 3 changed nothing
+    assert not all(torch.equal(p, q) for p, q in zip(seen[3], seen[4]))  # step 4 trained
+    scaler = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))["scaler"]
+    assert scaler["scale"] == 65536.0 / 2 ** result["skipped_steps"]
 
 
 def test_bf16_is_the_default_on_cuda(tmp_path):
@@ -118,6 +149,53 @@ def test_real_out_of_memory_is_reported_with_the_micro_batch(tmp_path):
     finally:
         del hog
         torch.cuda.empty_cache()
+
+
+def test_a_real_out_of_memory_is_recovered_by_auto_micro_batch(tmp_path, caplog):
+    """With auto_micro_batch, a real allocation failure halves the micro-batch until the step
+    fits, and the run computes what the whole batch computes (accumulation is exact).
+
+    The memory left free is measured, not guessed: halfway between what one step needs with
+    the whole batch of 128 and with micro-batches of 16."""
+    from dataclasses import replace
+
+    from engine_utils import collator, tiny_corpus, tiny_model, train_config
+    from minibert.engine import train
+
+    tok, ds = tiny_corpus(tmp_path, seq_len=64)
+    cfg = train_config(batch_size=128, max_steps=2, auto_micro_batch=True)
+
+    def run(name, micro=None):
+        model = tiny_model(tok).cuda()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_reserved()
+        train(model, ds, collator(tok), replace(cfg, micro_batch_size=micro), tmp_path / name,
+              ctx=_cuda_ctx())
+        return model, torch.cuda.max_memory_reserved() - before
+
+    whole, whole_bytes = run("whole")
+    _, small_bytes = run("micro16", micro=16)
+    if whole_bytes < 2 * small_bytes:
+        pytest.fail(f"the whole batch needs {whole_bytes >> 20} MiB and micro-batches of 16 "
+                    f"{small_bytes >> 20} MiB: too close to squeeze one and not the other")
+    model = tiny_model(tok).cuda()
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    hog = torch.empty(max(free - (whole_bytes + small_bytes) // 2, 0), dtype=torch.uint8,
+                      device="cuda")
+    try:
+        with caplog.at_level("WARNING", logger="minibert"):
+            train(model, ds, collator(tok), cfg, tmp_path / "squeezed", ctx=_cuda_ctx())
+    finally:
+        del hog
+        torch.cuda.empty_cache()
+    assert "out of memory with micro-batch (128, 64)" in caplog.text
+    assert [r["step"] for r in _rows(tmp_path / "squeezed")] == [1, 2]
+    losses = [r["loss"] for r in _rows(tmp_path / "squeezed")]
+    assert losses == pytest.approx([r["loss"] for r in _rows(tmp_path / "whole")], rel=1e-5)
+    for p, q in zip(model.parameters(), whole.parameters()):
+        assert (p - q).norm() <= 1e-4 * q.norm() + 1e-7  # summation order differs, nothing else
 
 
 def _cuda_ctx():
