@@ -237,7 +237,8 @@ class _ChunkedAttention(torch.autograd.Function):
 CHUNK_CANDIDATES = (64, 128, 256, 512)
 
 
-def time_chunk_sizes(num_heads: int, head_dim: int, seq_len: int, device: str = "cpu",
+def time_chunk_sizes(num_heads: int, head_dim: int, seq_len: int,
+                     device: str | torch.device = "cpu",
                      dtype: torch.dtype = torch.float32,
                      candidates: tuple[int, ...] = CHUNK_CANDIDATES,
                      repeats: int = 3) -> dict[int, float]:
@@ -277,7 +278,8 @@ def _median_seconds(q: Tensor, k: Tensor, v: Tensor, grad: Tensor, chunk: int,
     return statistics.median(times)
 
 
-def pick_chunk_size(num_heads: int, head_dim: int, seq_len: int, device: str = "cpu",
+def pick_chunk_size(num_heads: int, head_dim: int, seq_len: int,
+                    device: str | torch.device = "cpu",
                     dtype: torch.dtype = torch.float32,
                     candidates: tuple[int, ...] = CHUNK_CANDIDATES, repeats: int = 3) -> int:
     """The fastest `chunked_attention` tile for this shape on this device, by `time_chunk_sizes`.
