@@ -36,7 +36,7 @@ from minibert.data import MLMCollator, PackedMLMDataset, load_wikitext, tokenize
 from minibert.distributed import DistContext
 from minibert.engine import TrainConfig, autocast_context, train
 from minibert.model import flops_per_token as minibert_flops
-from minibert.precision import measure_peak_flops
+from minibert.precision import MATMUL_DTYPES, measure_peak_flops
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2"
 
@@ -108,8 +108,7 @@ def main() -> None:
     args = p.parse_args()
     device = torch.device(args.device)
     # The ceiling the engine would measure at its start, measured once here for both.
-    measured = measure_peak_flops(device,
-                                  torch.bfloat16 if args.precision == "bf16" else torch.float32)
+    measured = measure_peak_flops(device, MATMUL_DTYPES[args.precision])
     peak = args.peak_flops or measured
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -220,9 +220,7 @@ def main() -> None:
         child_memory(*args.child_memory, args)
         return
 
-    import torch
-
-    from minibert.precision import measure_peak_flops
+    from minibert.precision import MATMUL_DTYPES, measure_peak_flops
     from minibert.runtime import keep_freed_memory
 
     if args.keep_freed_memory and not keep_freed_memory():
@@ -233,8 +231,8 @@ def main() -> None:
         args.tmp = tmp
         for preset in {CONFIGS[c][0] for c in args.configs}:
             make_checkpoint(preset, Path(tmp) / preset)
-        ceilings = {prec: measure_peak_flops(args.device, torch.bfloat16 if prec == "bf16"
-                                             else torch.float32) for prec in args.precisions}
+        ceilings = {prec: measure_peak_flops(args.device, MATMUL_DTYPES[prec])
+                    for prec in args.precisions}
         rows = []
         for name in args.configs:
             for prec in args.precisions:

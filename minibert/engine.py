@@ -36,8 +36,9 @@ from .data.sampler import GlobalBatches
 from .data.seq_warmup import cut_for_step
 from .distributed import DistContext, all_reduce_sum, unwrap
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
-from .precision import PRECISIONS, autocast_context, measure_peak_flops, resolve_precision
-from .recovery import TrainingError, back_off, skip_step
+from .precision import (MATMUL_DTYPES, PRECISIONS, autocast_context, measure_peak_flops,
+                        resolve_precision)
+from .recovery import TrainingError, back_off, optimizer_out_of_memory, skip_step
 from .resume import claim_out_dir, drop_rows_after, rank_seed, resume_run, save_run
 from .model import flops_per_token
 from .runtime import (StepMeter, StopFlag, log_environment, release_freed_memory,
@@ -234,7 +235,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                                        rank=ctx.rank, world_size=ctx.world_size, lengths=lengths)
     env = log_environment(device, precision) if ctx.is_main else {}
     # Measured before any RNG state is restored, so a resumed run draws what the original did.
-    peak_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    peak_dtype = MATMUL_DTYPES[precision]
     peak = cfg.peak_flops or measure_peak_flops(device, peak_dtype)
     ckpt_root, metrics_file = out_dir / "checkpoints", out_dir / "metrics.jsonl"
     data_identity = dict(data_identity or {})
@@ -292,7 +293,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             loss = totals[0] / max(n_global, 1)  # a batch with no targets has loss 0
             step_tokens, stopping = int(totals[1]), totals[2] > 0
             if math.isfinite(loss) and (math.isfinite(grad_norm) or precision == "fp16"):
-                _optimizer_step(optimizer, scaler, state)
+                _optimizer_step(optimizer, scaler, state, device)
             else:
                 skip_step(optimizer, scaler, state, cfg, loss, grad_norm, ckpt_root)
             optimizer.zero_grad(set_to_none=True)
@@ -312,9 +313,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             # ---- 5: log, evaluate, save
             if ctx.is_main and (state.step % cfg.log_every == 0 or state.step == cfg.max_steps):
                 if cfg.peak_flops is None and meter.flops_per_s() > peak * ctx.world_size:
-                    # Training beat the ceiling: the machine was busy when it was measured.
-                    # Measure again (under a second, outside the steps' time), keep the larger.
-                    peak = max(peak, measure_peak_flops(device, peak_dtype))
+                    peak = _remeasured(peak, device, peak_dtype)
                 row = {"step": state.step, "train_seconds": round(state.train_seconds, 3),
                        "loss": round(loss, 5),
                        "lr": optimizer.param_groups[0]["lr"], "grad_norm": round(grad_norm, 4),
@@ -386,14 +385,27 @@ def _lr(cfg: TrainConfig, warmup: int, step: int, first: bool) -> float:
                  total_steps=cfg.decay_steps, schedule=cfg.schedule)
 
 
+def _remeasured(peak: float, device: torch.device, dtype: torch.dtype) -> float:
+    """Training beat the MFU ceiling: the machine was busy when it was measured. Measure again
+    (under a second, outside the steps' time) and keep the larger; with no memory to spare for
+    the measuring matrices, keep the old one."""
+    try:
+        return max(peak, measure_peak_flops(device, dtype))
+    except torch.OutOfMemoryError:
+        return peak
+
+
 def _optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                    state: TrainState) -> None:
+                    state: TrainState, device: torch.device) -> None:
     """AdamW's update (through the scaler under fp16), and the counters that follow it."""
     # fp16: an overflow in the *scaled* gradients is the scaler's business: it skips the
     # step and halves the scale. That is calibration, not divergence, so it is counted as
     # skipped but does not bring the run closer to a stop.
     scale = scaler.get_scale() if scaler.is_enabled() else 0.0
-    scaler.step(optimizer)
+    try:
+        scaler.step(optimizer)  # the first step allocates AdamW's state
+    except torch.OutOfMemoryError:
+        raise optimizer_out_of_memory(state, device) from None
     scaler.update()
     if scaler.is_enabled() and scaler.get_scale() < scale:
         state.skipped += 1

@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 Device = Union[str, torch.device]
 PRECISIONS = ("fp32", "bf16", "fp16")
+# The dtype each precision's matmuls run in: autocast's dtype, and the MFU ceiling's.
+MATMUL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # "auto" takes bf16 on a CPU only if its matmuls run this much faster than fp32's: autocast
@@ -64,8 +66,7 @@ def autocast_context(precision: str, device: torch.device):
     """The one precision context of a run: autocast for bf16/fp16, nothing for fp32."""
     if precision == "fp32":
         return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
+    return torch.autocast(device.type, dtype=MATMUL_DTYPES[precision])
 
 
 def _read_cpuinfo() -> Optional[str]:

@@ -21,7 +21,6 @@ import random
 import signal
 import re
 import sys
-import time
 from typing import Any, Optional, Union
 
 import numpy as np

@@ -142,6 +142,36 @@ def test_non_finite_step_is_skipped_and_counted(corpus, tmp_path):
     assert not all(torch.equal(p, q) for p, q in zip(snapshots[1], snapshots[2]))
 
 
+def test_out_of_memory_in_the_optimizer_step_is_one_clear_error(corpus, tmp_path,
+                                                                 monkeypatch):
+    """AdamW's state is allocated at the first step, after the backward pass, where a smaller
+    micro-batch cannot help: the run stops with a TrainingError that says so, not a raw
+    OutOfMemoryError, and the checkpoint of the step before is kept."""
+    import minibert.engine
+
+    tok, ds = corpus
+    build = minibert.engine.build_optimizer
+
+    def failing_at_the_third_step(*args, **kwargs):
+        optimizer, calls = build(*args, **kwargs), []
+        step = optimizer.step
+
+        def step_or_fail(*a, **k):
+            calls.append(1)
+            if len(calls) == 3:
+                raise torch.OutOfMemoryError("fake: tried to allocate 2.00 GiB")
+            return step(*a, **k)
+
+        optimizer.step = step_or_fail
+        return optimizer
+
+    monkeypatch.setattr(minibert.engine, "build_optimizer", failing_at_the_third_step)
+    with pytest.raises(TrainingError, match="out of memory at step 3 in the optimizer step"):
+        train(tiny_model(tok), ds, collator(tok),
+              train_config(max_steps=4, save_every=1, auto_micro_batch=True), tmp_path)
+    assert latest_checkpoint(tmp_path / "checkpoints").name == "step_00000002"
+
+
 def test_consecutive_non_finite_steps_stop_the_run(corpus, tmp_path):
     tok, ds = corpus
     model = _nan_model(tok, bad_calls=set(range(3, 100)))
@@ -189,6 +219,12 @@ def test_a_ceiling_measured_on_a_busy_machine_is_measured_again(corpus, tmp_path
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert len(calls) == 2  # the start's, and once more at the first row; then 1e13 holds
     assert all(0 < r["mfu"] < 1 for r in rows)
+
+    def no_room(*args, **kwargs):
+        raise torch.OutOfMemoryError("fake: no room for the measuring matrices")
+
+    monkeypatch.setattr(minibert.engine, "measure_peak_flops", no_room)
+    assert minibert.engine._remeasured(5.0, torch.device("cpu"), torch.float32) == 5.0
 
 
 def test_training_time_leaves_out_evaluation_and_survives_resume(corpus, tmp_path):
