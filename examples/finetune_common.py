@@ -51,6 +51,8 @@ def add_finetune_args(p: argparse.ArgumentParser, *, out: str, unit: str = "exam
     m.add_argument("--preset", default="mini", help=f"without --init-from: {', '.join(PRESETS)}")
     m.add_argument("--vocab-size", type=int, default=8192, help="without --init-from")
     m.add_argument("--cache-dir", type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert")
+    m.add_argument("--dropout", type=float, help="hidden and attention dropout; default the "
+                   "checkpoint's, or 0.1 for random weights (BERT's)")
     t = p.add_argument_group("training")
     t.add_argument("--epochs", type=int, default=epochs, help=epochs_help)
     t.add_argument("--max-steps", type=int, help="stop after this many steps (overrides --epochs); "
@@ -104,6 +106,8 @@ def check_finetune_args(args, ctx: DistContext, positive: Sequence[str] = ()) ->
                          f"({learning_rate(args)})")
     if not args.weight_decay >= 0:
         raise ValueError(f"--weight-decay {args.weight_decay} must be 0 or more")
+    if args.dropout is not None and not 0 <= args.dropout < 1:
+        raise ValueError(f"--dropout {args.dropout} must lie in [0, 1)")
     per_rank, rest = divmod(args.batch_size, ctx.world_size)
     micro = args.micro_batch_size or per_rank
     if rest or per_rank == 0 or per_rank % micro:
@@ -255,6 +259,8 @@ def build_model(cls, args, tok, **head):
 
     A checkpoint of `cls` itself trained for other labels than `head["id2label"]` keeps
     its encoder and gets a new head: its classifier would score the wrong classes."""
+    dropout = {} if args.dropout is None else {"hidden_dropout": args.dropout,
+                                               "attention_dropout": args.dropout}
     if args.init_from:
         stored = read_config(args.init_from)
         old = stored.get("id2label") or {}
@@ -262,14 +268,14 @@ def build_model(cls, args, tok, **head):
                 [old[k] for k in sorted(old, key=int)] != list(head["id2label"]):
             log.info("%s classifies other labels; its classifier head is replaced",
                      args.init_from)
-            encoder = cls.from_pretrained(args.init_from).bert
+            encoder = cls.from_pretrained(args.init_from, **dropout).bert
             model = cls(encoder.config, **head)
             model.bert = encoder
         else:  # usually an MLM checkpoint: the task's head starts fresh
-            model = cls.from_pretrained(args.init_from, **head)
+            model = cls.from_pretrained(args.init_from, **head, **dropout)
     else:
         model = cls(minibert.BertConfig.preset(args.preset, vocab_size=tok.vocab_size,
-                                               pad_token_id=tok.pad_id), **head)
+                                               pad_token_id=tok.pad_id, **dropout), **head)
     model.config.check_fits(args.seq_len, tok.vocab_size)
     return model
 

@@ -182,6 +182,7 @@ def test_init_from_a_minibert_checkpoint(pair_task, tmp_path, allocator_calls):
     model = minibert.BertForSequenceClassification.from_pretrained(out / "final")
     assert model.id2label == ["2", "10"]  # sorted as numbers; "02" in the file is class 2
     assert model.config.hidden_size == 32  # the checkpoint's shape, not a preset's
+    assert model.config.hidden_dropout == model.config.attention_dropout == 0.1  # the checkpoint's
     assert minibert.Tokenizer.from_pretrained(out / "final").fingerprint == tok.fingerprint
     torch.testing.assert_close(model.bert.blocks[1].ffn.up.weight, mlm.bert.blocks[1].ffn.up.weight,
                                atol=1e-4, rtol=0)
@@ -195,8 +196,10 @@ def test_init_from_a_minibert_checkpoint(pair_task, tmp_path, allocator_calls):
     three.save_pretrained(tmp_path / "three")
     tok.save(tmp_path / "three")
     assert finetune.main(_pair_args(pair_task, out2, tmp_path / "three", "--max-steps",
-                                    "1")) == 0
-    assert minibert.BertForSequenceClassification.from_pretrained(out2 / "final").num_labels == 2
+                                    "1", "--dropout", "0.25")) == 0
+    again = minibert.BertForSequenceClassification.from_pretrained(out2 / "final")
+    assert again.num_labels == 2
+    assert again.config.hidden_dropout == again.config.attention_dropout == 0.25  # --dropout
 
 
 def test_init_from_a_transformers_checkpoint_with_vocab_txt(pair_task, tmp_path):
@@ -319,6 +322,7 @@ def test_bad_flags_and_existing_runs(task, run, tmp_path, capsys):
         (["--resume"], "no intact checkpoint"),
         (["--init-from", str(tmp_path / "nowhere")], "nowhere"),
         (["--warmup-ratio", "1.5"], "--warmup-ratio 1.5"),
+        (["--dropout", "1"], "--dropout 1.0 must lie in [0, 1)"),
     ]
     for extra, words in cases:
         assert words in _error_line(capsys, _args(task, out, *extra))

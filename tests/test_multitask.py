@@ -224,15 +224,15 @@ def test_bad_task_specs_are_one_line_and_write_nothing(spec, message, data, tmp_
 def test_two_processes_train_the_tasks_as_one_does(data, tmp_path):
     """Under torchrun each step leaves the other tasks' heads without gradients; DDP must
     accept that (it raised at the second step before). The same batches and tasks are
-    trained; only dropout differs (each rank draws its own masks), so the losses agree
-    closely rather than exactly."""
+    trained without dropout (each rank would draw its own masks), so the losses agree up
+    to the order of summation."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     script_path = Path(__file__).resolve().parents[1] / "examples" / "finetune_multitask.py"
-    steps = ("--max-steps", "6", "--log-every", "1", "--decay-steps", "6")
+    steps = ("--max-steps", "6", "--log-every", "1", "--decay-steps", "6", "--dropout", "0")
     one = tmp_path / "one"
     assert script.main(_args(data, one, ("mood", "ner"), *steps)) == 0
     env = dict(os.environ, OMP_NUM_THREADS="1",
@@ -249,4 +249,4 @@ def test_two_processes_train_the_tasks_as_one_does(data, tmp_path):
         return [r["loss"] for r in map(json.loads, open(out / "metrics.jsonl")) if "loss" in r]
 
     assert len(losses(one)) == len(losses(two)) == 6
-    assert losses(two) == pytest.approx(losses(one), rel=0.05)
+    assert losses(two) == pytest.approx(losses(one), rel=1e-4)
