@@ -160,8 +160,8 @@ def main() -> None:
                                  int(args.chunk_size), args.repeats)))
         return
 
-    if args.chunk_size != "auto" and not args.chunk_size.isdigit():
-        p.error(f"--chunk-size {args.chunk_size!r} must be a whole number or 'auto'")
+    if args.chunk_size != "auto" and not (args.chunk_size.isdigit() and int(args.chunk_size)):
+        p.error(f"--chunk-size {args.chunk_size!r} must be a whole number >= 1 or 'auto'")
     rows = []
     for T in args.lengths:
         chunk = chunk_for(T, args)

@@ -3,8 +3,8 @@
 #   1. tests/test_cuda.py: fp16 with a real GradScaler and a NaN step, CUDA peak memory,
 #      SDPA's flash kernel, chunked attention on CUDA, a real out-of-memory error, reported
 #      and recovered by auto_micro_batch;
-#   2. bf16 MFU on base at seq 128 as the engine logs it, against the measured matmul ceiling
-#      and against the H200's datasheet dense-bf16 peak (989 TFLOP/s; goal >= 50%);
+#   2. bf16 MFU on base at seq 128 as the engine logs it, against the H200's datasheet
+#      dense-bf16 peak (989 TFLOP/s; goal >= 50%), with the measured matmul ceiling beside it;
 #   3. minibert against transformers, base, bf16, seq 128 and 512;
 #   4. chunked against math attention at T = 4096, with the tile picked on the device.
 #
@@ -19,10 +19,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 out="${1:-benchmarks/out/gpu}"
-if ! found=$(python3 -c "import torch; print(torch.cuda.is_available())" 2>&1); then
-    echo "gpu_check: python3 cannot import torch: ${found##*$'\n'}" >&2
+# stdout only: a warning that importing torch prints on stderr must not hide the answer.
+if ! found=$(python3 -c "import torch; print(torch.cuda.is_available())" 2>/tmp/gpu_check.$$); then
+    echo "gpu_check: python3 cannot import torch: $(tail -n 1 /tmp/gpu_check.$$)" >&2
+    rm -f /tmp/gpu_check.$$
     exit 1
 fi
+rm -f /tmp/gpu_check.$$
 if [ "$found" != "True" ]; then
     echo "gpu_check: no CUDA device visible to torch; nothing to do."
     exit 0

@@ -13,8 +13,8 @@ they need and how readable they are:
   Read this one first.
 * `sdpa_attention` calls `torch.nn.functional.scaled_dot_product_attention`, which picks a
   fused kernel (FlashAttention, memory-efficient, or C++ math) for the device. The default.
-  (Training on a CPU with attention dropout, where torch has no fused kernel, it runs the
-  formula of `math_attention` with minibert's faster dropout.)
+  (Training in fp32 on a CPU with attention dropout, where torch has no fused kernel, it
+  runs the formula of `math_attention` with minibert's faster dropout.)
 * `chunked_attention` is exact attention in O(T · chunk) training memory, written in plain
   PyTorch so that a reader can see how the FlashAttention idea works: the derivation, then
   the forward pass, then the backward pass.
@@ -69,10 +69,11 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
 
     torch's fused CPU kernels have no dropout: with attention dropout, torch falls back to
     its own unfused formula and draws the mask with `bernoulli_`, 5.6% of a mini training
-    step. `math_attention` is the same formula with minibert's cheaper dropout, so a CPU
-    trains through it instead (benchmarks/RESULTS.md, "Speed levers kept, each measured").
+    step. `math_attention` is the same formula with minibert's cheaper dropout, so an fp32
+    step on a CPU trains through it instead (benchmarks/RESULTS.md, "Against transformers").
+    In bf16 it does not: torch's fallback computes the scores and softmax in fp32 there.
     """
-    if dropout_p > 0 and q.device.type == "cpu":
+    if dropout_p > 0 and q.device.type == "cpu" and q.dtype == torch.float32:
         return math_attention(q, k, v, bias, dropout_p)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
 

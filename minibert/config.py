@@ -55,7 +55,8 @@ class BertConfig:
     # "post": LayerNorm after each residual add (original BERT, transformers-compatible).
     # "pre": LayerNorm at the start of each branch, plus one final LayerNorm (Xiong et al. 2020).
     norm_position: str = "post"
-    # "sdpa": torch's fused kernel (default). "math": the explicit formula, for reading.
+    # "sdpa": torch's fused kernel (default; fp32 CPU training with dropout takes the formula).
+    # "math": the explicit formula, for reading.
     # "chunked": exact attention in O(T * chunk) training memory (see attention.py).
     attention: str = "sdpa"
     attention_chunk_size: int = 128  # the tile; attention.pick_chunk_size measures the best

@@ -108,6 +108,9 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.adam_eps={self.adam_eps} must be > 0")
         if not self.weight_decay >= 0:
             raise ValueError(f"TrainConfig.weight_decay={self.weight_decay} must be >= 0")
+        if self.peak_flops is not None and not self.peak_flops > 0:
+            raise ValueError(f"TrainConfig.peak_flops={self.peak_flops} must be > 0 (FLOP/s), "
+                             f"or None to measure it")
         resolve_warmup(self.warmup, self.decay_steps or self.max_steps)  # raises on a bad one
         resolve_warmup(self.seq_len_warmup, self.decay_steps or self.max_steps,
                        name="TrainConfig.seq_len_warmup")
@@ -236,7 +239,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     env = log_environment(device, precision) if ctx.is_main else {}
     # Measured before any RNG state is restored, so a resumed run draws what the original did.
     peak_dtype = MATMUL_DTYPES[precision]
-    peak = cfg.peak_flops or measure_peak_flops(device, peak_dtype)
+    peak = cfg.peak_flops or measure_peak_flops(device, peak_dtype)  # validated: None or > 0
     ckpt_root, metrics_file = out_dir / "checkpoints", out_dir / "metrics.jsonl"
     data_identity = dict(data_identity or {})
     if resume:
@@ -404,8 +407,8 @@ def _optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScal
     scale = scaler.get_scale() if scaler.is_enabled() else 0.0
     try:
         scaler.step(optimizer)  # the first step allocates AdamW's state
-    except torch.OutOfMemoryError:
-        raise optimizer_out_of_memory(state, device) from None
+    except torch.OutOfMemoryError as error:
+        raise optimizer_out_of_memory(error, state, device) from None
     scaler.update()
     if scaler.is_enabled() and scaler.get_scale() < scale:
         state.skipped += 1

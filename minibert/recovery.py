@@ -7,10 +7,10 @@ Two failures have a way back:
   as they were, and the step is counted; `max_bad_steps` such steps in a row mean the run
   has diverged, and it stops with `TrainingError` while the last good checkpoint is still
   on disk. Under fp16 the `GradScaler` is closed for the step, which also halves its scale.
-* **out of memory in the forward or backward pass** (`back_off`): the micro-batch is halved (to a divisor of the per-rank
-  batch, so the global batch and hence the exact gradient are unchanged) and the same global
-  batch is tried again; without `auto_micro_batch`, or at a micro-batch of one, the run
-  stops with a message that names the shape and what to change.
+* **out of memory in the forward or backward pass** (`back_off`): the micro-batch is halved
+  (to a divisor of the per-rank batch, so the global batch and hence the exact gradient are
+  unchanged) and the same global batch is tried again; without `auto_micro_batch`, or at a
+  micro-batch of one, the run stops with a message that names the shape and what to change.
 
 Out of memory in the optimizer step (`optimizer_out_of_memory`) has no way back: AdamW's state
 is as large as the weights, whatever the micro-batch, so the run stops with a TrainingError.
@@ -75,10 +75,13 @@ def back_off(batch: dict, micro: int, per_rank: int, cfg: TrainConfig, state: Tr
     return micro
 
 
-def optimizer_out_of_memory(state: TrainState, device: torch.device) -> TrainingError:
-    """Out of memory in the optimizer step: the error to stop the run with."""
+def optimizer_out_of_memory(error: torch.OutOfMemoryError, state: TrainState,
+                            device: torch.device) -> TrainingError:
+    """Out of memory in the optimizer step: the error to stop the run with, keeping the
+    first line of torch's (what it tried to allocate)."""
+    first = (str(error).strip().splitlines() or ["out of memory"])[0]
     return TrainingError(
         f"out of memory at step {state.step + 1} in the optimizer step (peak "
-        f"{peak_memory_mb(device):.0f} MB): AdamW keeps two fp32 tensors the size of the "
-        f"weights, made at the first step, and a smaller micro-batch does not shrink them; "
+        f"{peak_memory_mb(device):.0f} MB; {first}): AdamW keeps two fp32 tensors the size of "
+        f"the weights, made at the first step, and a smaller micro-batch does not shrink them; "
         f"train a smaller model or use a device with more memory")

@@ -70,7 +70,7 @@ def load_example(name: str):
 @pytest.fixture(autouse=True, scope="module")
 def quick_runs():
     """For the script tests (import it into the test module): no peak-FLOPs timing, which the
-    engine does once per run for its MFU column and is not what they test, and one thread:
+    engine does at the start of a run for its MFU column and is not what they test, and one thread:
     these models are too small to gain from more, and spinning OpenMP threads slow down many
     times over when another process shares the cores."""
     import minibert.engine

@@ -42,13 +42,14 @@ def test_fp16_skips_a_nan_step_through_the_real_grad_scaler(tmp_path):
         return out._replace(loss=out.loss * float("nan")) if len(seen) == 3 else out
 
     model.forward = nan_on_the_third_call
-    result = train(model, ds, collator(tok), train_config(precision="fp16", max_steps=5),
+    result = train(model, ds, collator(tok), train_config(precision="fp16", max_steps=8),
                    tmp_path / "run", ctx=_cuda_ctx())
     rows = _rows(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and len(seen) == 5
+    assert [r["step"] for r in rows] == list(range(1, 9)) and len(seen) == 8
     assert math.isnan(rows[2]["loss"]) and rows[2]["skipped"] > rows[1]["skipped"]
     assert all(torch.equal(p, q) for p, q in zip(seen[2], seen[3]))  # step 3 changed nothing
-    assert not all(torch.equal(p, q) for p, q in zip(seen[3], seen[4]))  # step 4 trained
+    # and training went on after it (a step may still overflow while the scale calibrates)
+    assert not all(torch.equal(p, q) for p, q in zip(seen[3], model.parameters()))
     scaler = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))["scaler"]
     assert scaler["scale"] == 65536.0 / 2 ** result["skipped_steps"]
 
@@ -176,6 +177,7 @@ def test_a_real_out_of_memory_is_recovered_by_auto_micro_batch(tmp_path, caplog)
               ctx=_cuda_ctx())
         return model, torch.cuda.max_memory_reserved() - before
 
+    run("warm-up")  # one-time allocations (the cuBLAS workspace...) out of the measurements
     whole, whole_bytes = run("whole")
     _, small_bytes = run("micro16", micro=16)
     if whole_bytes < 2 * small_bytes:

@@ -166,7 +166,8 @@ def test_out_of_memory_in_the_optimizer_step_is_one_clear_error(corpus, tmp_path
         return optimizer
 
     monkeypatch.setattr(minibert.engine, "build_optimizer", failing_at_the_third_step)
-    with pytest.raises(TrainingError, match="out of memory at step 3 in the optimizer step"):
+    with pytest.raises(TrainingError, match="out of memory at step 3 in the optimizer step "
+                                            r"\(peak .* MB; fake: tried to allocate 2.00 GiB\)"):
         train(tiny_model(tok), ds, collator(tok),
               train_config(max_steps=4, save_every=1, auto_micro_batch=True), tmp_path)
     assert latest_checkpoint(tmp_path / "checkpoints").name == "step_00000002"

@@ -162,7 +162,7 @@ def test_a_rank_without_saved_rng_state_gets_its_own_stream(corpus, tmp_path, mo
 @pytest.mark.parametrize("field,value,message", [
     ("max_grad_norm", 0.0, "max_grad_norm"), ("max_grad_norm", -1.0, "max_grad_norm"),
     ("adam_eps", 0.0, "adam_eps"), ("decay_steps", 0, "decay_steps"),
-    ("weight_decay", -0.1, "weight_decay")])
+    ("weight_decay", -0.1, "weight_decay"), ("peak_flops", 0.0, "peak_flops")])
 def test_settings_that_would_train_nothing_are_refused(field, value, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**{field: value})

@@ -169,7 +169,8 @@ def test_init_from_a_minibert_checkpoint(pair_task, tmp_path, allocator_calls):
     texts = [t for t, _ in sentences(64, 2, ("neg", "pos"))]
     tok = minibert.Tokenizer.train_from_iterator(texts, vocab_size=150, use_cache=False)
     config = minibert.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=2,
-                                 num_heads=4, intermediate_size=64, max_position_embeddings=64)
+                                 num_heads=4, intermediate_size=64, max_position_embeddings=64,
+                                 hidden_dropout=0.05, attention_dropout=0.05)
     torch.manual_seed(1)
     mlm = minibert.BertForMaskedLM(config)
     mlm.save_pretrained(ckpt)
@@ -177,12 +178,13 @@ def test_init_from_a_minibert_checkpoint(pair_task, tmp_path, allocator_calls):
     out = tmp_path / "run"
     # A learning rate so small that two steps leave the encoder where the checkpoint put it.
     assert finetune.main(_pair_args(pair_task, out, ckpt, "--max-steps", "2", "--lr", "1e-7",
-                                    "--precision", "bf16", "--keep-freed-memory")) == 0
+                                    "--precision", "bf16", "--keep-freed-memory",
+                                    "--dropout", "0.25")) == 0
     assert allocator_calls == [True]
     model = minibert.BertForSequenceClassification.from_pretrained(out / "final")
     assert model.id2label == ["2", "10"]  # sorted as numbers; "02" in the file is class 2
     assert model.config.hidden_size == 32  # the checkpoint's shape, not a preset's
-    assert model.config.hidden_dropout == model.config.attention_dropout == 0.1  # the checkpoint's
+    assert model.config.hidden_dropout == model.config.attention_dropout == 0.25  # --dropout
     assert minibert.Tokenizer.from_pretrained(out / "final").fingerprint == tok.fingerprint
     torch.testing.assert_close(model.bert.blocks[1].ffn.up.weight, mlm.bert.blocks[1].ffn.up.weight,
                                atol=1e-4, rtol=0)
@@ -196,10 +198,10 @@ def test_init_from_a_minibert_checkpoint(pair_task, tmp_path, allocator_calls):
     three.save_pretrained(tmp_path / "three")
     tok.save(tmp_path / "three")
     assert finetune.main(_pair_args(pair_task, out2, tmp_path / "three", "--max-steps",
-                                    "1", "--dropout", "0.25")) == 0
+                                    "1")) == 0
     again = minibert.BertForSequenceClassification.from_pretrained(out2 / "final")
     assert again.num_labels == 2
-    assert again.config.hidden_dropout == again.config.attention_dropout == 0.25  # --dropout
+    assert again.config.hidden_dropout == again.config.attention_dropout == 0.05  # the checkpoint's
 
 
 def test_init_from_a_transformers_checkpoint_with_vocab_txt(pair_task, tmp_path):
