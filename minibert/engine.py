@@ -38,7 +38,8 @@ from .distributed import DistContext, all_reduce_sum, unwrap
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
 from .precision import (MATMUL_DTYPES, PRECISIONS, autocast_context, measure_peak_flops,
                         resolve_precision)
-from .recovery import TrainingError, back_off, optimizer_out_of_memory, skip_step
+from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.engine.TrainingError)
+from .recovery import back_off, optimizer_out_of_memory, skip_step
 from .resume import claim_out_dir, drop_rows_after, rank_seed, resume_run, save_run
 from .model import flops_per_token
 from .runtime import (StepMeter, StopFlag, log_environment, release_freed_memory,
