@@ -243,13 +243,15 @@ def run(args, ctx) -> None:
     tok, train_set, eval_set, identity = pretrain.prepare_data(args, ctx)
     collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed,
                           whole_word_mask=args.whole_word_mask)
+    # Scored as the main job scores: single tokens at --eval-mask-prob, whatever trains.
+    eval_collate = MLMCollator(tok, mlm_probability=args.eval_mask_prob, seed=args.seed)
     cfg = pretrain.train_config(args)
     # The distillation's own settings join the run identity that --resume compares.
     distill_identity = {**identity, "--alpha": args.alpha, "--temperature": args.temperature,
                         "teacher": teacher_digest(teacher)}
 
     def mlm_metrics(model: nn.Module) -> dict[str, float]:
-        return evaluate(model, eval_batches(eval_set, collate, cfg, ctx), precision,
+        return evaluate(model, eval_batches(eval_set, eval_collate, cfg, ctx), precision,
                         ctx.device, ctx)
 
     teacher.to(ctx.device)

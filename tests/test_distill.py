@@ -187,6 +187,23 @@ def _timeless(rows):
     return {k: {f: v for f, v in r.items() if f != "wall_seconds"} for k, r in rows.items()}
 
 
+def test_evaluation_masks_at_eval_mask_prob_like_the_main_job(data_dir, teacher_dir, cache,
+                                                              tmp_path, monkeypatch):
+    """Every row (teacher, distilled, baseline) is scored at --eval-mask-prob, 15% unless
+    set, whatever --mask-prob trains at: the main job's eval losses compare with these."""
+    rates = []
+    real = distill.eval_batches
+
+    def spy(eval_set, collate, *args):
+        rates.append(collate.mlm_probability)
+        return real(eval_set, collate, *args)
+
+    monkeypatch.setattr(distill, "eval_batches", spy)
+    assert distill.main(_args(data_dir, teacher_dir, tmp_path / "run", cache,
+                              "--mask-prob", "0.4", "--eval-mask-prob", "0.2")) == 0
+    assert rates and set(rates) == {0.2}
+
+
 def test_end_to_end_three_rows_and_exact_resume(data_dir, teacher_dir, cache, tmp_path, capsys):
     out = tmp_path / "run"
     assert distill.main(_args(data_dir, teacher_dir, out, cache, "--save-every", "2")) == 0
