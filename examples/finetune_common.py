@@ -29,7 +29,7 @@ from minibert.data import (LabelMap, encode_classification, encode_token_classif
                            read_conll, read_table, word_predictions)
 from minibert.distributed import DistContext, barrier, cleanup, init_distributed
 from minibert.engine import TrainConfig, TrainingError
-from minibert.hf import read_config
+from minibert.hf import read_config, require_safetensors
 from minibert.metrics import accuracy, classification_scores, span_f1, spans
 from minibert.precision import resolve_precision
 from minibert.predict import Predictions
@@ -93,6 +93,7 @@ def check_finetune_args(args, ctx: DistContext, positive: Sequence[str] = ()) ->
     `positive` names the script's own flags that must be at least 1 too."""
     if not args.init_from and args.preset not in PRESETS:
         raise ValueError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    require_safetensors()  # the model is saved at the end: said now, not after training
     for flag in ("epochs", "max_steps", "decay_steps", "batch_size", "micro_batch_size",
                  "log_every", *positive):
         if (value := getattr(args, flag)) is not None and value < 1:

@@ -33,7 +33,7 @@ from minibert.data import (DownloadError, MLMCollator, PackedMLMDataset, TokenFi
 from minibert.rundir import open_run
 from minibert.data.wikitext import WIKITEXT_VARIANTS
 from minibert.distributed import barrier, cleanup, init_distributed
-from minibert.hf import read_config
+from minibert.hf import read_config, require_safetensors
 from minibert.engine import TrainConfig, TrainingError, eval_batches, evaluate, train
 from minibert.precision import resolve_precision
 from minibert.tokenizer import default_cache_dir
@@ -82,7 +82,7 @@ def add_data_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     d.add_argument("--eval-split", default="valid")
     d.add_argument("--seq-len", type=int, default=128)
     d.add_argument("--mask-prob", type=float, default=0.3, help="share of tokens masked "
-                   "for training; 30%% reaches a given loss in about 1.45x fewer steps than "
+                   "for training; 30%% reaches a given loss in about 1.46x fewer steps than "
                    "BERT's 15%% here (benchmarks/RESULTS.md, Wettig et al. 2023)")
     d.add_argument("--eval-mask-prob", type=float, default=0.15, help="share masked for "
                    "evaluation; fixed apart from --mask-prob so that eval losses compare "
@@ -307,6 +307,7 @@ def check_args(args, world_size: int) -> None:
     if args.preset not in PRESETS:
         raise ValueError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
     check_numbers(args, NUMBER_RULES)
+    require_safetensors()  # the model is saved at the end: said now, not after training
     if args.min_lr > args.lr:
         raise ValueError(f"--lr {args.lr} is below --min-lr {args.min_lr}, the rate the "
                          f"schedule decays to; lower --min-lr as well")

@@ -23,6 +23,7 @@ beside an old config; `export_checkpoint` turns a training checkpoint into such 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -166,6 +167,14 @@ _MODEL_FILES = {CONFIG_FILE, WEIGHTS_FILE, PRE_LN_WEIGHTS_FILE, INDEX_FILE, TORC
                 "pytorch_model.bin.index.json"}
 _SHARD_FILE = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
 _LFS_POINTER = b"version https://git-lfs"
+
+
+def require_safetensors() -> None:
+    """For a script that saves a model folder when it ends: call it before training, so that
+    a missing safetensors is said at the start, not after hours of work."""
+    if importlib.util.find_spec("safetensors") is None:
+        raise ImportError("this run saves its model with safetensors when it ends, and "
+                          "safetensors is not installed: pip install 'minibert[examples]'")
 
 
 def read_config(path: PathLike) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 import csv
 import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -328,6 +329,11 @@ def test_bad_flags_and_existing_runs(task, run, tmp_path, capsys):
     ]
     for extra, words in cases:
         assert words in _error_line(capsys, _args(task, out, *extra))
+    fresh = tmp_path / "fresh"
+    with pytest.MonkeyPatch.context() as mp:  # the model is saved at the end: said at the start
+        mp.setitem(sys.modules, "safetensors", None)
+        assert "safetensors is not installed" in _error_line(capsys, _args(task, fresh))
+    assert not fresh.exists()
     before = (run / "eval.json").read_bytes()
     assert "already holds a run" in _error_line(capsys, _args(task, run))
     assert (run / "eval.json").read_bytes() == before

@@ -199,6 +199,19 @@ def test_bad_input_gets_one_line(data_dir, tmp_path, capsys):
     assert "split 'test' not found" in _error_line(capsys, wrong_split)
 
 
+def test_missing_safetensors_is_said_before_training_not_after(data_dir, tmp_path, capsys,
+                                                                monkeypatch):
+    """The model folder is written at the end; without safetensors a run would train for
+    its whole length and then fail. It is refused at the start instead, touching nothing."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # as if not installed
+    out = tmp_path / "run"
+    err = _error_line(capsys, _args(data_dir, out, tmp_path / "cache"))
+    assert "safetensors is not installed" in err and "minibert[examples]" in err
+    assert not out.exists()
+
+
 def _digest(folder: Path) -> dict:
     return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}
