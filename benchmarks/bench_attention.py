@@ -89,16 +89,26 @@ def run_in_subprocess(backend: str, T: int, chunk: int, args: argparse.Namespace
 
 
 def chunk_for(T: int, args: argparse.Namespace) -> int:
-    """The tile at length T: the one given, or ('auto') the fastest measured here."""
+    """The tile at length T: the one given, or ('auto') the fastest measured on this device,
+    in a process of its own like every measurement (this one then never holds a GPU context
+    of its own, which a GPU in exclusive-process mode would refuse to the measuring ones)."""
     if args.chunk_size != "auto":
         return int(args.chunk_size)
+    cmd = [sys.executable, __file__, "--pick", str(T), "--device", args.device, "--dtype",
+           args.dtype, "--repeats", str(args.repeats)]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # its log lines pass through
+    if done.returncode != 0:
+        sys.exit(f"picking the tile at T={T} failed (exit {done.returncode})")
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+def pick(T: int, device: str, dtype: str, repeats: int) -> int:
     import torch
 
     from minibert.attention import pick_chunk_size
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # it logs every tile's time
-    return pick_chunk_size(4, 64, T, args.device, getattr(torch, args.dtype),
-                           repeats=args.repeats)
+    return pick_chunk_size(4, 64, T, device, getattr(torch, dtype), repeats=repeats)
 
 
 def table(rows: list[dict], lengths: list[int]) -> str:
@@ -153,7 +163,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
     p.add_argument("--child", nargs=3, metavar=("BACKEND", "T", "MODE"), help=argparse.SUPPRESS)
+    p.add_argument("--pick", type=int, metavar="T", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.pick:
+        print(pick(args.pick, args.device, args.dtype, args.repeats))
+        return
     if args.child:
         backend, T, mode = args.child
         print(json.dumps(measure(backend, int(T), mode, args.device, args.dtype,
