@@ -54,6 +54,6 @@ check mfu 90 python3 benchmarks/bench_engine_overhead.py --device cuda --preset 
     --peak-flops 989e12
 check vs_transformers 120 python3 benchmarks/bench_vs_transformers.py --device cuda \
     --configs base base512 --precisions bf16 --steps 10 --no-memory --out "$out"
-check attention 90 python3 benchmarks/bench_attention.py --device cuda --lengths 4096 \
+check attention 110 python3 benchmarks/bench_attention.py --device cuda --lengths 4096 \
     --chunk-size auto --out "$out"
 exit $status
