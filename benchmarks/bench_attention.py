@@ -108,7 +108,10 @@ def pick(T: int, device: str, dtype: str, repeats: int) -> int:
     from minibert.attention import pick_chunk_size
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # it logs every tile's time
-    return pick_chunk_size(4, 64, T, device, getattr(torch, dtype), repeats=repeats)
+    t0 = time.perf_counter()
+    tile = pick_chunk_size(4, 64, T, device, getattr(torch, dtype), repeats=repeats)
+    print(f"T={T}: picking the tile took {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return tile
 
 
 def table(rows: list[dict], lengths: list[int]) -> str:

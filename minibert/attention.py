@@ -68,9 +68,10 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
     """PyTorch's fused kernel. With no padding mask it may use FlashAttention on CUDA.
 
     torch's fused CPU kernels have no dropout: with attention dropout, torch falls back to
-    its own unfused formula and draws the mask with `bernoulli_`, 5.6% of a mini training
-    step. `math_attention` is the same formula with minibert's cheaper dropout, so an fp32
-    step on a CPU trains through it instead (benchmarks/RESULTS.md, "Against transformers").
+    its own unfused formula and draws the mask with `bernoulli_`, one element at a time.
+    `math_attention` is the same formula with minibert's cheaper dropout, so an fp32 step on
+    a CPU trains through it instead: 1.3 - 1.4x faster in the call alone, 2.34x -> 2.55 - 2.77x
+    transformers' mini step (benchmarks/RESULTS.md, "Against transformers").
     In bf16 it does not: torch's fallback computes the scores and softmax in fp32 there.
     """
     if dropout_p > 0 and q.device.type == "cpu" and q.dtype == torch.float32:
@@ -245,7 +246,11 @@ class _ChunkedAttention(torch.autograd.Function):
 # math's time at c = 128, 0.66× at 256 and 0.74× at 512 (benchmarks/RESULTS.md). So the tile
 # is measured on the machine at hand rather than fixed by what another machine preferred. The
 # candidates stop at 512, so the memory stays O(T · c) with a constant c, whatever wins.
+# A larger tile needs more memory and must be clearly faster to win: the same tile timed
+# in two processes differed by up to a third at c = 512 (0.75 and 1.01 s, RESULTS.md), while
+# picks between 256 and 512 came down to 5%.
 CHUNK_CANDIDATES = (64, 128, 256, 512)
+LARGER_TILE_GAIN = 0.9  # a larger tile wins only in under 90% of the smaller one's time
 
 
 def time_chunk_sizes(num_heads: int, head_dim: int, seq_len: int,
@@ -295,13 +300,18 @@ def pick_chunk_size(num_heads: int, head_dim: int, seq_len: int,
                     candidates: tuple[int, ...] = CHUNK_CANDIDATES, repeats: int = 3) -> int:
     """The fastest `chunked_attention` tile for this shape on this device, by `time_chunk_sizes`.
 
-    Ties go to the smaller tile, which needs less memory. Measure once and pass the result as
+    From the smallest up, a larger tile replaces the best so far only in under
+    `LARGER_TILE_GAIN` of its time: a difference within timing noise is not worth the
+    memory. Measure once and pass the result as
     `BertConfig.attention_chunk_size`, so the model, its checkpoints and a resumed run keep it
     (a tile changes the rounding, so a run that re-measured could not resume exactly).
-    Timing takes about 20 s at seq_len 4096 on 2 CPU cores, and well under 1 s at 512.
+    Timing takes about 20 s at seq_len 4096 on 2 CPU cores, and under 1 s at 512.
     """
     timings = time_chunk_sizes(num_heads, head_dim, seq_len, device, dtype, candidates, repeats)
-    best = min(timings, key=lambda c: (timings[c], c))
+    best = min(timings)
+    for c in sorted(timings):
+        if timings[c] < LARGER_TILE_GAIN * timings[best]:
+            best = c
     logger.info("chunked attention at T=%d on %s: %s s -> tile %d", seq_len, device,
                 ", ".join(f"{c}: {t:.3f}" for c, t in timings.items()), best)
     return best
