@@ -4,6 +4,10 @@ Each reader checks what it reads and raises `ValueError` (or `FileNotFoundError`
 naming the file, the line or the question id, and what is wrong, so that a bad file
 ends a run with one readable line before any work is done. Labels stay text here;
 `LabelMap` turns them into class ids.
+
+Reading is strict, because a lenient reader trains on the wrong data and exits 0: a column
+or JSON key given twice is refused rather than the first (or last) taken, a flag is parsed
+rather than truth-tested (`bool("False")` is True), and only `\n` ends a line.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import csv
 import io
 import json
 import os
+import re
 from pathlib import Path
 from typing import Iterable, NamedTuple, Union
 
@@ -55,11 +60,7 @@ def read_table(path: PathLike, columns: list[str]) -> list[tuple[int, list[str]]
     rows, line = [], 1
     try:
         header = [h.strip() for h in next(reader)]
-        missing = [c for c in columns if c not in header]
-        if missing:
-            raise ValueError(f"{path}: no column {missing[0]!r} in the header (columns found: "
-                             f"{', '.join(map(repr, header))})")
-        where = [header.index(c) for c in columns]
+        where = _columns(header, columns, path)
         line = reader.line_num + 1
         for fields in reader:
             line, start = reader.line_num + 1, line  # a quoted CSV field may span lines
@@ -82,12 +83,38 @@ def read_table(path: PathLike, columns: list[str]) -> list[tuple[int, list[str]]
     return rows
 
 
+def _columns(header: list[str], columns: list[str], path: Path) -> list[int]:
+    """The index of each of `columns` in `header`: each must be there exactly once.
+
+    A name given twice is refused only when it is asked for; taking its first column would
+    train on whichever the file did not mean.
+    """
+    if not header:  # csv reads a blank line as no fields at all
+        raise ValueError(f"{path}, line 1: blank, but the first line must be the header "
+                         f"naming the columns")
+    at = {c: [i for i, h in enumerate(header) if h == c] for c in columns}
+    missing = [c for c in columns if not at[c]]
+    if missing:
+        raise ValueError(f"{path}: no column{'s' if len(missing) > 1 else ''} "
+                         f"{', '.join(map(repr, missing))} in the header (columns found: "
+                         f"{', '.join(map(repr, header))})")
+    for c in columns:
+        if len(at[c]) > 1:
+            numbers = [str(i + 1) for i in at[c]]
+            times = "twice" if len(numbers) == 2 else f"{len(numbers)} times"
+            raise ValueError(f"{path}: the header names {c!r} {times} (columns "
+                             f"{', '.join(numbers[:-1])} and {numbers[-1]}, counting from 1); "
+                             f"rename one so that the file says which to read")
+    return [at[c][0] for c in columns]
+
+
 def _is_int(x: str) -> bool:
-    try:
-        int(x)
-        return True
-    except ValueError:
-        return False
+    """Whether `x` is written as a whole number: an optional sign, then ASCII digits.
+
+    Not `int(x)`, which also reads "1_0" as 10 and Arabic-Indic digits, so that labels the
+    file keeps apart would become one class.
+    """
+    return re.fullmatch(r"[+-]?[0-9]+", x) is not None
 
 
 class LabelMap:
@@ -144,6 +171,9 @@ class LabelMap:
 
 # ---------------------------------------------------------------- CoNLL
 
+_SPACE = " \t\r\f\v"  # ASCII whitespace within a line
+
+
 class Sentence(NamedTuple):
     words: list[str]
     labels: list[str]  # one per word
@@ -154,9 +184,12 @@ def read_conll(path: PathLike) -> list[Sentence]:
     """Sentences of a CoNLL-style file: one word per line, a blank line between sentences.
 
     A line holding a tab is split at tabs (so a word may contain spaces), any other at
-    whitespace; the word is the first column and the label the last, so both
+    ASCII whitespace; the word is the first column and the label the last, so both
     `EU NNP B-NP B-ORG` (CoNLL-2003) and `EU<TAB>B-ORG` read as (EU, B-ORG).
-    `-DOCSTART-` lines end a sentence and are otherwise ignored.
+    `-DOCSTART-` lines end a sentence and are otherwise ignored. Only `\n` (or `\r\n`)
+    ends a line and only ASCII whitespace separates columns: `str.splitlines` and
+    `str.split()` also break at U+2028, U+0085 or a no-break space, which would shift the
+    line numbers or cut "New\u00a0York" to "New".
     """
     path = Path(path)
     text = _read_utf8(path, "one 'word label' per line, a blank line between sentences")
@@ -164,8 +197,10 @@ def read_conll(path: PathLike) -> list[Sentence]:
     words: list[str] = []
     labels: list[str] = []
     first = 0
-    for n, line in enumerate(text.splitlines() + [""], start=1):  # "": ends the last one
-        fields = [f.strip() for f in line.split("\t")] if "\t" in line else line.split()
+    for n, line in enumerate(text.split("\n") + [""], start=1):  # "": ends the last one
+        line = line.removesuffix("\r")
+        fields = [f.strip(_SPACE) for f in line.split("\t")] if "\t" in line else \
+            [f for f in re.split(f"[{_SPACE}]+", line) if f]
         if not any(fields) or fields[0] == "-DOCSTART-":
             if words:
                 sentences.append(Sentence(words, labels, first))
@@ -202,15 +237,17 @@ def read_squad(path: PathLike, version_2: bool = False) -> list[QAExample]:
     Every answer's text must stand at its `answer_start` in the context, so spans
     found from characters are the ones the file means. A v1.1 file (`version_2=False`)
     must answer every question; in v2.0, `is_impossible` questions have no answers
-    (their `plausible_answers` are ignored).
+    (their `plausible_answers` are ignored). `is_impossible` is a JSON boolean or the
+    text "true" or "false", in any case; a key the reader uses may not come twice.
     """
     path = Path(path)
     text = _read_utf8(path, "SQuAD JSON: {\"data\": [{\"paragraphs\": [...]}]}")
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=_Object.from_pairs)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}, line {e.lineno}: not JSON ({e.msg})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+    if not isinstance(doc, dict) or not isinstance(_get(doc, "data", path, "the top level"),
+                                                   list):
         raise ValueError(f"{path}: no 'data' list at the top level; expected SQuAD JSON "
                          f"(v1.1 or v2.0)")
     examples: list[QAExample] = []
@@ -221,34 +258,110 @@ def read_squad(path: PathLike, version_2: bool = False) -> list[QAExample]:
             context = _field(para, "context", str, path, where)
             for q, qa in enumerate(_field(para, "qas", list, path, where)):
                 qid = str(_field(qa, "id", (str, int), path, f"{where}.qas[{q}]"))
-                where_q = f"question {qid!r}"
                 if qid in seen:
-                    raise ValueError(f"{path}: {where_q} appears twice; ids must be unique")
+                    raise ValueError(f"{path}: question {qid!r} appears twice; ids must be "
+                                     f"unique")
                 seen.add(qid)
-                question = _field(qa, "question", str, path, where_q)
-                impossible = bool(qa.get("is_impossible", False))
-                if impossible and not version_2:
-                    raise ValueError(f"{path}: {where_q} is marked is_impossible, a SQuAD 2.0 "
-                                     f"question; read the file with version_2=True")
-                answers = [] if impossible else [
-                    _answer(ans, context, path, where_q)
-                    for ans in _field(qa, "answers", list, path, where_q)]
-                if not impossible and not answers:
-                    raise ValueError(f"{path}: {where_q} has no answers" + (
-                        "; mark it is_impossible if the context does not answer it"
-                        if version_2 else ""))
-                examples.append(QAExample(qid, question, context, answers, impossible))
+                examples.append(_question(qa, qid, context, version_2, path))
     if not examples:
         raise ValueError(f"{path} holds no questions")
     return examples
 
 
+def _question(qa: dict, qid: str, context: str, version_2: bool, path: Path) -> QAExample:
+    """One question of a paragraph, its flag and answers checked."""
+    where = f"question {qid!r}"
+    question = _field(qa, "question", str, path, where)
+    if not question.strip():
+        raise ValueError(f"{path}: {where} has an empty question")
+    impossible = _impossible(qa, path, where)
+    if impossible and not version_2:
+        raise ValueError(f"{path}: {where} is marked is_impossible "
+                         f"({_json(qa['is_impossible'])}), a SQuAD 2.0 question; read the "
+                         f"file with version_2=True")
+    if impossible:
+        # Answers beside a true flag mean one of the two is wrong (a "False" read by
+        # truthiness looked just like this): refuse rather than drop the answers.
+        answers = _get(qa, "answers", path, where) if "answers" in qa else []
+        if answers != []:
+            held = (f"{len(answers)} answer{'s' if len(answers) != 1 else ''}"
+                    if isinstance(answers, list) else f"answers {_json(answers)}")
+            raise ValueError(f"{path}: {where} is marked is_impossible "
+                             f"({_json(qa['is_impossible'])}) but has {held}; an unanswerable "
+                             f"question's answers must be [] (SQuAD 2.0 keeps its guesses in "
+                             f"plausible_answers)")
+        return QAExample(qid, question, context, [], True)
+    answers = [_answer(ans, context, path, where)
+               for ans in _field(qa, "answers", list, path, where)]
+    if not answers:
+        raise ValueError(f"{path}: {where} has no answers" + (
+            "; mark it is_impossible if the context does not answer it" if version_2 else ""))
+    return QAExample(qid, question, context, answers, False)
+
+
+def _impossible(qa: dict, path: Path, where: str) -> bool:
+    """`qa`'s is_impossible flag, False when it has none.
+
+    Parsed, never `bool(value)`: `bool("False")` is True, so a file of string flags
+    trained every answerable question towards "no answer" and still exited 0.
+    """
+    if "is_impossible" not in qa:
+        return False
+    value = _get(qa, "is_impossible", path, where)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ValueError(f"{path}: {where} has is_impossible {_json(value)}; write true or false "
+                     f"(a JSON boolean, or the text \"true\" or \"false\")")
+
+
+class _Object(dict):
+    """A JSON object that remembers the keys it was given more than once, and how often.
+
+    `json.loads` keeps the last of two equal keys silently; `_get` refuses a key the
+    reader uses when it came twice, since nothing says which one the file means.
+    """
+    repeated: dict[str, int]
+
+    @classmethod
+    def from_pairs(cls, pairs: list[tuple[str, object]]) -> "_Object":
+        obj = cls(pairs)
+        obj.repeated = {}
+        if len(obj) < len(pairs):
+            counts: dict[str, int] = {}
+            for key, _ in pairs:
+                counts[key] = counts.get(key, 0) + 1
+            obj.repeated = {k: n for k, n in counts.items() if n > 1}
+        return obj
+
+
+def _get(obj: dict, key: str, path: Path, where: str):
+    """`obj[key]` (None if absent); an error if the file gave `key` more than once."""
+    n = getattr(obj, "repeated", {}).get(key)
+    if n is not None:
+        raise ValueError(f"{path}: {where} holds {key!r} {'twice' if n == 2 else f'{n} times'}; "
+                         f"JSON keeps only the last, so delete the one that is wrong")
+    return obj.get(key)
+
+
+def _json(value) -> str:
+    """`value` as the file spells it (true, null, "text"), cut short if long."""
+    shown = json.dumps(value, ensure_ascii=False)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
 def _field(obj, key: str, kind, path: Path, where: str):
-    """`obj[key]`, which must exist and be of `kind`."""
-    value = obj.get(key) if isinstance(obj, dict) else None
-    if not isinstance(value, kind):
+    """`obj[key]`, which must be there once and be of `kind`.
+
+    A bool is refused although Python counts it an int: `"answer_start": true` would
+    read as 1.
+    """
+    value = _get(obj, key, path, where) if isinstance(obj, dict) else None
+    if isinstance(value, bool) or not isinstance(value, kind):
+        there = isinstance(obj, dict) and key in obj
         raise ValueError(f"{path}: {where} has no {key!r} "
-                         + ("field" if value is None else f"of the right type (got {value!r})"))
+                         + (f"of the right type (got {value!r})" if there else "field"))
     return value
 
 

@@ -1,0 +1,215 @@
+"""minibert.data.task_files reads strictly: no first match, no truthiness, no lenient parse.
+
+Each test writes a small file that an earlier reader took silently and read wrongly (a second
+`sentence` column, `"is_impossible": "False"`, a JSON key given twice, ...), and checks that
+it is now refused with a message naming the file, the place and the value, or read exactly.
+"""
+import json
+
+import pytest
+
+from minibert.data.task_files import LabelMap, QAExample, Sentence, read_conll, read_squad, \
+    read_table
+
+
+def write(path, content):
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    return path
+
+
+def message(call, *args, **kwargs) -> str:
+    with pytest.raises(ValueError) as err:
+        call(*args, **kwargs)
+    return str(err.value)
+
+
+# ---------------------------------------------------------------- tables
+
+@pytest.mark.parametrize("name,content,column,where", [
+    # two `sentence` columns: the first used to be read, whichever the file meant
+    ("train.tsv", "sentence\tlabel\tsentence\nold text\tpos\tnew text\n", "sentence",
+     "columns 1 and 3"),
+    ("train.csv", "label,sentence,id,label\npos,great,1,neg\n", "label", "columns 1 and 4"),
+    # names are compared after stripping, as they are looked up
+    ("train.tsv", "sentence\t sentence \tlabel\tsentence\na\tb\tpos\tc\n", "sentence",
+     "columns 1, 2 and 4"),
+], ids=["tsv", "csv", "stripped"])
+def test_a_requested_column_named_twice_is_refused(tmp_path, name, content, column, where):
+    path = write(tmp_path / name, content)
+    got = message(read_table, path, ["sentence", "label"])
+    assert got.startswith(f"{path}: the header names {column!r} ")
+    assert where in got and "rename one" in got
+
+
+def test_a_duplicate_among_unrequested_columns_is_read(tmp_path):
+    path = write(tmp_path / "train.tsv", "id\tsentence\tid\tlabel\tx\tx\n"
+                                         "1\tgreat\t2\t0\t\t\n7\tawful\t8\tneg\ta\tb\n")
+    assert read_table(path, ["label", "sentence"]) == [(2, ["0", "great"]),
+                                                       (3, ["neg", "awful"])]
+
+
+def test_every_missing_column_is_named(tmp_path):
+    path = write(tmp_path / "train.tsv", "text\tgold\nfine\tpos\n")
+    got = message(read_table, path, ["sentence", "label"])
+    assert got == f"{path}: no columns 'sentence', 'label' in the header " \
+                  f"(columns found: 'text', 'gold')"
+
+
+def test_a_blank_first_line_is_not_taken_for_an_empty_header(tmp_path):
+    path = write(tmp_path / "train.csv", "\nsentence,label\ngreat,pos\n")
+    assert message(read_table, path, ["sentence", "label"]) == \
+        f"{path}, line 1: blank, but the first line must be the header naming the columns"
+
+
+def test_integer_labels_are_plain_digits(tmp_path):
+    # int() also reads "1_0" as 10 and "٣" as 3: those labels would have merged with others.
+    labels = LabelMap.from_labels(["10", "1_0", "2"], tmp_path / "train.tsv")
+    assert labels.names == ["10", "1_0", "2"] and not labels.integers
+    arabic = LabelMap.from_labels(["3", "\u0663", "+3", "-03"], tmp_path / "train.tsv")
+    assert arabic.names == ["+3", "-03", "3", "\u0663"] and not arabic.integers
+    numbers = LabelMap.from_labels(["3", "+3", "-03", "10"], tmp_path / "train.tsv")
+    assert numbers.names == ["-3", "3", "10"] and numbers.integers
+
+
+# ---------------------------------------------------------------- CoNLL
+
+def test_conll_lines_are_counted_at_newlines_only(tmp_path):
+    # str.splitlines also breaks at U+2028, U+0085, \f, ...: the line numbers drifted and a
+    # word holding one was cut in two.
+    path = write(tmp_path / "train.txt", "EU\tB-ORG\nNew\u2028York\tB-LOC\nrejects\n")
+    assert message(read_conll, path) == (
+        f"{path}, line 3: one column ('rejects') but a word needs its label in the last "
+        f"column, after whitespace or a tab")
+    ok = write(tmp_path / "ok.txt", "EU B-ORG\r\ncaf\x85e\tO\r\n\r\nPeter B-PER\r\n")
+    assert read_conll(ok) == [Sentence(["EU", "caf\x85e"], ["B-ORG", "O"], 1),
+                              Sentence(["Peter"], ["B-PER"], 4)]
+
+
+def test_conll_columns_split_at_ascii_whitespace_only(tmp_path):
+    # str.split() splits at a no-break space too: "New\u00a0York B-LOC" read as the word
+    # "New", with "York" dropped as a middle column.
+    path = write(tmp_path / "train.txt", "New\u00a0York B-LOC\nsaid\u3000so O\n")
+    assert read_conll(path) == [Sentence(["New\u00a0York", "said\u3000so"], ["B-LOC", "O"], 1)]
+
+
+# ---------------------------------------------------------------- SQuAD
+
+CONTEXT = "The cat sat on the mat in New York City."
+
+
+def squad_file(tmp_path, *qas, name="train.json"):
+    doc = {"version": "v2.0", "data": [{"title": "t", "paragraphs": [
+        {"context": CONTEXT, "qas": list(qas)}]}]}
+    return write(tmp_path / name, json.dumps(doc))
+
+
+def qa(qid="q1", answer=("cat", 4), **fields):
+    return {"id": qid, "question": "What sat?",
+            "answers": [{"text": answer[0], "answer_start": answer[1]}], **fields}
+
+
+def test_is_impossible_strings_are_parsed_not_truth_tested(tmp_path):
+    path = squad_file(tmp_path, qa("a", is_impossible="false"), qa("b", is_impossible="False"),
+                      qa("c", is_impossible=False), qa("d"),
+                      qa("e", is_impossible="TRUE", answers=[]),
+                      qa("f", is_impossible=True, answers=[]),
+                      {"id": "g", "question": "What sat?", "is_impossible": "true"})
+    got = read_squad(path, version_2=True)
+    assert [(x.id, x.answers, x.is_impossible) for x in got] == [
+        ("a", [("cat", 4)], False), ("b", [("cat", 4)], False), ("c", [("cat", 4)], False),
+        ("d", [("cat", 4)], False), ("e", [], True), ("f", [], True), ("g", [], True)]
+    assert all(type(x.is_impossible) is bool for x in got)
+    # answerable in a SQuAD 1.1 read too: "false" is not a 2.0 mark
+    assert read_squad(squad_file(tmp_path, qa("a", is_impossible="false"))) == [
+        QAExample("a", "What sat?", CONTEXT, [("cat", 4)], False)]
+
+
+@pytest.mark.parametrize("value,shown", [
+    ("maybe", '"maybe"'), (1, "1"), (0, "0"), (None, "null"), ("", '""'), (" false", '" false"'),
+    ("yes", '"yes"'), ([], "[]"), ("0", '"0"')])
+@pytest.mark.parametrize("version_2", [True, False])
+def test_is_impossible_other_values_are_refused_showing_the_value(tmp_path, value, shown,
+                                                                  version_2):
+    path = squad_file(tmp_path, qa("q5"), qa("q6", is_impossible=value))
+    got = message(read_squad, path, version_2=version_2)
+    assert got == (f"{path}: question 'q6' has is_impossible {shown}; write true or false "
+                   f"(a JSON boolean, or the text \"true\" or \"false\")")
+
+
+@pytest.mark.parametrize("value,shown", [(True, "true"), ("True", '"True"'),
+                                         ("TRUE", '"TRUE"')])
+def test_a_v1_read_of_a_2_0_mark_states_the_value(tmp_path, value, shown):
+    path = squad_file(tmp_path, qa("q2", is_impossible=value, answers=[]))
+    got = message(read_squad, path)
+    assert got == (f"{path}: question 'q2' is marked is_impossible ({shown}), a SQuAD 2.0 "
+                   f"question; read the file with version_2=True")
+
+
+def test_an_impossible_question_with_answers_is_refused(tmp_path):
+    # What a string flag used to do: every answer of a question thrown away, silently.
+    path = squad_file(tmp_path, qa("q3", is_impossible=True))
+    got = message(read_squad, path, version_2=True)
+    assert got == (f"{path}: question 'q3' is marked is_impossible (true) but has 1 answer; "
+                   f"an unanswerable question's answers must be [] (SQuAD 2.0 keeps its "
+                   f"guesses in plausible_answers)")
+
+
+@pytest.mark.parametrize("answer_start", [True, False, 4.0, "4"])
+def test_answer_start_is_an_integer_not_a_boolean(tmp_path, answer_start):
+    # True is an int to isinstance: "he" at True (1) matched "The cat" and was read.
+    path = squad_file(tmp_path, qa(answer=("he", answer_start)))
+    got = message(read_squad, path)
+    assert got == (f"{path}: question 'q1''s answer has no 'answer_start' of the right type "
+                   f"(got {answer_start!r})")
+
+
+def test_an_id_is_text_or_an_integer_not_a_boolean(tmp_path):
+    path = squad_file(tmp_path, qa(qid=True))
+    assert message(read_squad, path) == (
+        f"{path}: data[0].paragraphs[0].qas[0] has no 'id' of the right type (got True)")
+    ids = read_squad(squad_file(tmp_path, qa(qid=7), qa(qid="q8")))
+    assert [x.id for x in ids] == ["7", "q8"]
+
+
+def test_a_null_field_is_not_called_missing(tmp_path):
+    path = squad_file(tmp_path, {"id": "q4", "question": None, "answers": []})
+    assert message(read_squad, path) == \
+        f"{path}: question 'q4' has no 'question' of the right type (got None)"
+
+
+def test_an_empty_question_is_refused(tmp_path):
+    path = squad_file(tmp_path, qa(question=" \t"))
+    assert message(read_squad, path) == f"{path}: question 'q1' has an empty question"
+
+
+@pytest.mark.parametrize("text,where,key", [
+    # json keeps the last of two keys: this file was read as answerable (false), silently
+    ('{"data": [{"paragraphs": [{"context": "The cat sat.", "qas": [{"id": "q1", '
+     '"question": "What sat?", "is_impossible": true, "is_impossible": false, '
+     '"answers": [{"text": "cat", "answer_start": 4}]}]}]}]}',
+     "question 'q1'", "is_impossible"),
+    ('{"data": [{"paragraphs": [{"context": "A dog.", "context": "The cat sat.", "qas": ['
+     '{"id": "q1", "question": "What sat?", "answers": [{"text": "cat", '
+     '"answer_start": 4}]}]}]}]}',
+     "data[0].paragraphs[0]", "context"),
+    ('{"data": [{"paragraphs": [{"context": "The cat sat.", "qas": [{"id": "q1", '
+     '"question": "What sat?", "answers": [{"text": "cat", "answer_start": 9, '
+     '"answer_start": 4}]}]}]}]}',
+     "question 'q1''s answer", "answer_start"),
+    ('{"data": [], "data": [{"paragraphs": []}]}', "the top level", "data"),
+], ids=["is_impossible", "context", "answer_start", "data"])
+def test_a_json_key_given_twice_is_refused_where_it_is_read(tmp_path, text, where, key):
+    path = write(tmp_path / "dev.json", text)
+    assert message(read_squad, path, version_2=True) == (
+        f"{path}: {where} holds {key!r} twice; JSON keeps only the last, so delete the one "
+        f"that is wrong")
+
+
+def test_a_json_key_given_twice_that_is_not_read_is_fine(tmp_path):
+    path = write(tmp_path / "dev.json",
+                 '{"version": "1", "version": "2", "data": [{"title": "a", "title": "b", '
+                 '"paragraphs": [{"context": "The cat sat.", "qas": [{"id": "q1", '
+                 '"question": "What sat?", "answers": [{"text": "cat", "answer_start": 4}], '
+                 '"plausible_answers": [], "plausible_answers": []}]}]}]}')
+    assert read_squad(path) == [QAExample("q1", "What sat?", "The cat sat.", [("cat", 4)],
+                                          False)]
