@@ -1,7 +1,8 @@
 """Sentence embeddings: one vector per text from a BERT encoder's last hidden states.
 
     enc = SentenceEncoder.from_pretrained("runs/mini/final", pooling="mean", normalize=True)
-    vectors = enc.encode(["a cat sat on the mat", "dogs ran far away"])   # (2, H)
+    vectors = enc.encode(["a cat sat on the mat", "dogs ran far away"])   # (2, H), unit rows
+    raw = enc.encode(["a cat sat on the mat"], normalize=False)          # (1, H), this call only
     scores = cosine_similarity(vectors[:1], vectors)                     # (1, 2)
 
 The pooling follows sentence-transformers (Reimers & Gurevych 2019, "Sentence-BERT"), so a
@@ -58,6 +59,16 @@ def pool(hidden: Tensor, attention_mask: Tensor, pooling: str) -> Tensor:
     return hidden.masked_fill(mask == 0, float("-inf")).amax(dim=1)
 
 
+def check_normalize(normalize: Optional[bool], default: bool) -> bool:
+    """The normalisation one call uses: `default` for None, else `normalize` (a bool)."""
+    if normalize is None:
+        return default
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize={normalize!r} must be True, False or None (None: the "
+                        f"encoder's default, normalize={default})")
+    return normalize
+
+
 def cosine_similarity(a: Tensor, b: Tensor) -> Tensor:
     """Cosine similarity of every row of a (N, H) with every row of b (M, H): (N, M).
 
@@ -83,6 +94,11 @@ class SentenceEncoder(nn.Module):
 
     `forward` maps a padded batch to (B, H) embeddings with gradients, for research code
     that trains them; `encode` maps a list of texts to (N, H) for inference.
+
+    `normalize` is the default for both: whether each embedding is scaled to unit L2 norm.
+    Either method takes `normalize=True` or `False` to override it for that call only, as
+    sentence-transformers' `encode(..., normalize_embeddings=...)` does; the attribute
+    `self.normalize` is never changed by a call.
     """
 
     def __init__(self, model: BertModel, tokenizer: Tokenizer, pooling: str = "mean",
@@ -95,7 +111,7 @@ class SentenceEncoder(nn.Module):
         self.model = model
         self.tokenizer = tokenizer
         self.pooling = check_pooling(pooling)
-        self.normalize = bool(normalize)
+        self.normalize = check_normalize(normalize, False)
 
     @classmethod
     def from_pretrained(cls, path: PathLike, pooling: str = "mean", normalize: bool = False,
@@ -120,24 +136,38 @@ class SentenceEncoder(nn.Module):
         return self.model.config.hidden_size
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor,
-                token_type_ids: Optional[Tensor] = None) -> Tensor:
-        """input_ids, attention_mask (1 = real token), token_type_ids: (B, T) -> (B, H)."""
+                token_type_ids: Optional[Tensor] = None,
+                normalize: Optional[bool] = None) -> Tensor:
+        """input_ids, attention_mask (1 = real token), token_type_ids: (B, T) -> (B, H).
+
+        normalize: scale each row to unit L2 norm; None (the default) uses `self.normalize`.
+        """
+        normalize = check_normalize(normalize, self.normalize)
         hidden = self.model(input_ids, attention_mask, token_type_ids).last_hidden_state
         emb = pool(hidden, attention_mask, self.pooling)  # (B, H)
-        return F.normalize(emb, dim=-1) if self.normalize else emb
+        return F.normalize(emb, dim=-1) if normalize else emb
 
     def encode(self, texts: Sequence[str], batch_size: int = 32,
-               max_length: Optional[int] = None) -> Tensor:
+               max_length: Optional[int] = None, normalize: Optional[bool] = None) -> Tensor:
         """Embed `texts`: a float32 (N, H) tensor on the CPU, row i for texts[i].
+
+        texts: N strings (a list, not one bare string); N = 0 gives a (0, H) tensor.
+        batch_size: texts per forward pass; it does not change the result.
+        max_length: tokens per text, [CLS] and [SEP] included; default the model's
+            max_position_embeddings. A longer text keeps its first tokens and its [SEP], as
+            transformers truncates.
+        normalize: True scales every row to unit L2 norm (then a dot product is the cosine
+            similarity), False returns the pooled vectors as they are, None (the default)
+            uses the encoder's default, `self.normalize` (the constructor's `normalize`).
+            The choice holds for this call only; `self.normalize` is left unchanged.
 
         Runs in eval mode (the module's mode is restored afterwards) without gradients, on
         the model's device. Texts are batched longest first, so each batch pads to similar
-        lengths; the padding does not change the result. A text longer than `max_length`
-        tokens (default the model's max_position_embeddings) keeps its first tokens and
-        its [SEP], as transformers truncates.
+        lengths; the padding does not change the result.
         """
         if isinstance(texts, str):
             raise TypeError("encode expects a list of strings; for one text use encode([text])")
+        normalize = check_normalize(normalize, self.normalize)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
         limit = self.model.config.max_position_embeddings
@@ -164,7 +194,8 @@ class SentenceEncoder(nn.Module):
                     batch, lengths = pad_batch([ids[i] for i in rows], self.tokenizer.pad_id)
                     input_ids = torch.from_numpy(batch).to(device)  # (B, T)
                     mask = (torch.arange(batch.shape[1]) < torch.from_numpy(lengths)[:, None])
-                    out[rows] = self(input_ids, mask.long().to(device)).float().cpu()
+                    emb = self(input_ids, mask.long().to(device), normalize=normalize)
+                    out[rows] = emb.float().cpu()  # (B, H)
         finally:
             self.train(was_training)
         return out

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import minibert
 from minibert.sentence import SentenceEncoder, cosine_similarity, nearest
@@ -103,6 +104,77 @@ def test_normalize_gives_unit_rows_in_the_reference_direction(hf_folder):
     torch.testing.assert_close(got.norm(dim=1), torch.ones(len(TEXTS)))
     want = reference(hf_folder, TEXTS, "mean")
     torch.testing.assert_close(got, want / want.norm(dim=1, keepdim=True), atol=1e-5, rtol=0)
+
+
+def encoders(folder, pooling="mean"):
+    """Two encoders on the same weights: built without and with normalisation."""
+    return (SentenceEncoder.from_pretrained(folder, pooling=pooling),
+            SentenceEncoder.from_pretrained(folder, pooling=pooling, normalize=True))
+
+
+def assert_not_unit_norm(x):
+    # A guard: rows that were unit norm already would make normalising look like a no-op.
+    assert not torch.allclose(x.norm(dim=1), torch.ones(len(x)), atol=1e-3)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_per_call_normalize_true_overrides_a_raw_encoder(mlm_folder, pooling):
+    raw, _ = encoders(mlm_folder, pooling)
+    plain = raw.encode(TEXTS)
+    assert_not_unit_norm(plain)
+    got = raw.encode(TEXTS, batch_size=3, normalize=True)
+    assert got.shape == (len(TEXTS), 32) and got.dtype == torch.float32
+    torch.testing.assert_close(got.norm(dim=1), torch.ones(len(TEXTS)))
+    torch.testing.assert_close(got, F.normalize(plain, dim=-1), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_per_call_normalize_false_overrides_a_normalising_encoder(mlm_folder, pooling):
+    raw, normed = encoders(mlm_folder, pooling)
+    got = normed.encode(TEXTS, batch_size=3, normalize=False)
+    assert_not_unit_norm(got)
+    torch.testing.assert_close(got, raw.encode(TEXTS), atol=1e-5, rtol=0)
+
+
+def test_default_normalize_follows_the_constructor(hf_folder):
+    raw, normed = encoders(hf_folder)
+    plain, unit = raw.encode(TEXTS), normed.encode(TEXTS)
+    assert_not_unit_norm(plain)
+    torch.testing.assert_close(unit, F.normalize(plain, dim=-1), atol=1e-6, rtol=0)
+    # None spelled out is the default too.
+    torch.testing.assert_close(raw.encode(TEXTS, normalize=None), plain, atol=0, rtol=0)
+    torch.testing.assert_close(normed.encode(TEXTS, normalize=None), unit, atol=0, rtol=0)
+
+
+def test_per_call_normalize_leaves_the_default_unchanged(mlm_folder):
+    raw, normed = encoders(mlm_folder)
+    plain, unit = raw.encode(TEXTS), normed.encode(TEXTS)
+    raw.encode(TEXTS, normalize=True)
+    normed.encode(TEXTS, normalize=False)
+    assert raw.normalize is False and normed.normalize is True
+    torch.testing.assert_close(raw.encode(TEXTS), plain, atol=0, rtol=0)
+    torch.testing.assert_close(normed.encode(TEXTS), unit, atol=0, rtol=0)
+
+
+def test_forward_takes_normalize_per_call_too(mlm_folder, tok):
+    raw, normed = encoders(mlm_folder)
+    ids = torch.tensor([tok.encode("the cat sat"), tok.encode("dogs ran far")])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        plain = raw.eval()(ids, mask)
+        torch.testing.assert_close(normed.eval()(ids, mask, normalize=False), plain)
+        torch.testing.assert_close(raw(ids, mask, normalize=True), F.normalize(plain, dim=-1))
+        torch.testing.assert_close(normed(ids, mask), F.normalize(plain, dim=-1))
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0.0])
+def test_normalize_must_be_a_bool_or_none(mlm_folder, tok, value):
+    enc = SentenceEncoder.from_pretrained(mlm_folder)
+    with pytest.raises(TypeError, match=f"normalize={value!r} must be True, False or None"):
+        enc.encode(TEXTS, normalize=value)
+    ids = torch.tensor([tok.encode("the cat sat")])
+    with pytest.raises(TypeError, match=f"normalize={value!r} must be True, False or None"):
+        enc(ids, torch.ones_like(ids), normalize=value)
 
 
 @pytest.mark.parametrize("pooling", ["mean", "max"])
