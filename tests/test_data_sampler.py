@@ -187,24 +187,69 @@ def test_global_batches_ranks_partition_the_batch_and_resume_exactly():
 
     one = GlobalBatches(50, 8, seed=3)
     ranks = [GlobalBatches(50, 8, seed=3, rank=r, world_size=2) for r in range(2)]
-    for _ in range(14):  # 6 batches per epoch (2 examples dropped): crosses two epochs
+    for _ in range(16):  # 7 batches per epoch (the last of 2): crosses two epochs
         epoch, whole = one.next()
         parts = [b.next() for b in ranks]
         assert [e for e, _ in parts] == [epoch, epoch]
         assert parts[0][1] + parts[1][1] == whole
     assert one.position() == {"epoch": 2, "consumed": 16}
 
-    # An interrupted reader continues from its saved position with the same batches.
+    # An interrupted reader continues from its saved position with the same batches, also
+    # from the end of an epoch whose last batch was small.
     ref = GlobalBatches(50, 8, seed=3)
-    first = [ref.next() for _ in range(9)]
-    resumed = GlobalBatches(50, 8, seed=3)
-    interrupted = GlobalBatches(50, 8, seed=3)
-    head = [interrupted.next() for _ in range(4)]
-    resumed.seek(**interrupted.position())
-    assert head + [resumed.next() for _ in range(5)] == first
-    # Every example of an epoch appears at most once.
+    first = [ref.next() for _ in range(10)]
+    for cut in (4, 7):
+        resumed, interrupted = GlobalBatches(50, 8, seed=3), GlobalBatches(50, 8, seed=3)
+        head = [interrupted.next() for _ in range(cut)]
+        resumed.seek(**interrupted.position())
+        assert head + [resumed.next() for _ in range(10 - cut)] == first
+    # Every example of an epoch appears exactly once.
     epoch0 = [i for e, b in first if e == 0 for i in b]
-    assert len(epoch0) == len(set(epoch0)) == 48
+    assert sorted(epoch0) == list(range(50))
+
+
+@pytest.mark.parametrize("lengths", [None, "grouped"])
+def test_every_example_is_trained_on_every_epoch(lengths):
+    """39 examples at batch 8: four full batches and one of 7, in every epoch. (Length
+    grouping used to drop the 7 shortest examples in every epoch, never training on them.)"""
+    from minibert.data.sampler import GlobalBatches, batches_per_epoch
+
+    sizes = list(range(1, 40)) if lengths else None  # example i has i + 1 tokens
+    batches = GlobalBatches(39, 8, seed=0, lengths=sizes)
+    assert batches_per_epoch(39, 8) == 5
+    last_batches = []
+    for epoch in range(3):
+        seen = [batches.next() for _ in range(5)]
+        assert {e for e, _ in seen} == {epoch}
+        assert [len(b) for _, b in seen] == [8, 8, 8, 8, 7]  # the small one comes last
+        assert sorted(i for _, b in seen for i in b) == list(range(39))
+        last_batches.append(sorted(seen[-1][1]))
+    if lengths is None:  # a plain shuffle: other examples in the small batch each epoch
+        assert last_batches[0] != last_batches[1] != last_batches[2]
+    else:  # one length group: the 7 shortest, sorted together
+        assert last_batches[0] == list(range(7))
+
+
+def test_a_last_batch_smaller_than_the_world_is_dropped_and_changes(caplog):
+    """With 2 processes, 33 examples at batch 8 leave one example over: a process would have
+    nothing to compute, so that example is dropped, logged, and another one each epoch."""
+    from minibert.data.sampler import GlobalBatches, batches_per_epoch
+
+    with caplog.at_level("WARNING", logger="minibert.data.sampler"):
+        ranks = [GlobalBatches(33, 8, seed=0, rank=r, world_size=2) for r in range(2)]
+    assert "1 example(s)" in caplog.text
+    assert batches_per_epoch(33, 8, world_size=2) == 4
+    dropped = []
+    for epoch in range(3):
+        seen = [i for _ in range(4) for r in ranks for i in r.next()[1]]
+        assert len(seen) == len(set(seen)) == 32
+        dropped.append(set(range(33)) - set(seen))
+    assert len({min(d) for d in dropped}) > 1
+    # 34 examples leave 2 over: one for each process, nothing dropped.
+    assert batches_per_epoch(34, 8, world_size=2) == 5
+    two = [GlobalBatches(34, 8, seed=0, rank=r, world_size=2) for r in range(2)]
+    seen = [i for _ in range(5) for r in two for i in r.next()[1]]
+    assert sorted(seen) == list(range(34))
 
 
 def test_global_batches_refuse_bad_positions_and_small_sets():

@@ -21,10 +21,13 @@ Kept apart from `mlm.py` because neither sampler knows anything about masking.
 """
 from __future__ import annotations
 
+import logging
 from typing import Iterator, Sequence
 
 import numpy as np
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 def _epoch_rng(seed: int, epoch: int) -> np.random.Generator:
@@ -199,9 +202,14 @@ class GlobalBatches:
     """The run's global batches in order, from a saved position: the training loop's data.
 
     Epoch `e` is cut into global batches of `batch_size` example indices, by a plain shuffle
-    (`ShardedSampler`, packed pretraining blocks) or, given `lengths`, by length groups
-    (`LengthGroupedBatchSampler`, fine-tuning); the last partial batch of an epoch is
-    dropped so every step sees exactly `batch_size` examples. Both orders are functions of
+    (packed pretraining blocks) or, given `lengths`, by length groups (fine-tuning: the
+    shuffled examples are cut into groups of `group_batches` batches, each group is sorted by
+    length, and the sorted groups are cut into batches, so a batch pads little). Every
+    example is used once per epoch: when `batch_size` does not divide the number of
+    examples, the epoch's last batch is smaller, and the engine's weights keep its gradient
+    exact (`engine.micro_step_weight`). Only a last batch with fewer examples than processes
+    is dropped, since a process with nothing to compute cannot take part in the step; the
+    shuffle changes it every epoch, and it is logged. Both orders are functions of
     (seed, epoch) alone, so the position is two integers:
 
         epoch      the epoch the next batch comes from
@@ -214,7 +222,8 @@ class GlobalBatches:
     """
 
     def __init__(self, num_examples: int, batch_size: int, *, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, lengths: Sequence[int] | None = None) -> None:
+                 world_size: int = 1, lengths: Sequence[int] | None = None,
+                 group_batches: int = 50) -> None:
         if batch_size < 1 or batch_size % world_size:
             raise ValueError(f"batch_size={batch_size} must be a positive multiple of "
                              f"world_size={world_size}")
@@ -224,39 +233,53 @@ class GlobalBatches:
         if lengths is not None and len(lengths) != num_examples:
             raise ValueError(f"lengths has {len(lengths)} entries for {num_examples} examples")
         self.num_examples, self.batch_size, self.seed = num_examples, batch_size, seed
-        self.rank, self.world_size, self.lengths = rank, world_size, lengths
+        self.rank, self.world_size, self.group_batches = rank, world_size, group_batches
+        self.lengths = None if lengths is None else np.asarray(lengths, dtype=np.int64)
         self.epoch, self.consumed = 0, 0
         self._cached: tuple[int, list[np.ndarray]] | None = None  # (epoch, its batches)
+        dropped = num_examples - self.examples_per_epoch()
+        if dropped and rank == 0:
+            logger.warning("each epoch's last batch would hold %d example(s), fewer than the "
+                           "%d processes: it is dropped (other examples each epoch)", dropped,
+                           world_size)
+
+    def examples_per_epoch(self) -> int:
+        """Examples one epoch uses: all of them, but a last batch smaller than the world."""
+        full, rest = divmod(self.num_examples, self.batch_size)
+        return self.num_examples if rest >= self.world_size else full * self.batch_size
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """All global batches of `epoch` in order, each `(batch_size,)` example indices."""
+        """All global batches of `epoch` in order, each `(batch_size,)` example indices but
+        the last, which may be smaller (and comes last, so positions stay whole batches)."""
         if self._cached is None or self._cached[0] != epoch:
-            if self.lengths is None:
-                sampler = ShardedSampler(self.num_examples, self.batch_size, seed=self.seed)
-                sampler.set_epoch(epoch)
-                order = sampler.order()
-                n = len(order) // self.batch_size * self.batch_size
-                batches = list(order[:n].reshape(-1, self.batch_size))
-            else:
-                sampler = LengthGroupedBatchSampler(self.lengths, self.batch_size,
-                                                    seed=self.seed, drop_last=True)
-                sampler.set_epoch(epoch)
-                batches = [np.asarray(b, dtype=np.int64) for b in sampler.batches()]
-            self._cached = (epoch, batches)
+            B, rng = self.batch_size, _epoch_rng(self.seed, epoch)
+            order = rng.permutation(self.num_examples)
+            if self.lengths is not None:  # sort each group by length, longest first
+                group = B * self.group_batches
+                order = np.concatenate([
+                    chunk[np.argsort(-self.lengths[chunk], kind="stable")]
+                    for chunk in (order[g:g + group] for g in range(0, len(order), group))])
+            order = order[:self.examples_per_epoch()]
+            batches = [order[b:b + B] for b in range(0, len(order), B)]
+            last = [batches.pop()] if len(batches[-1]) < B else []
+            if self.lengths is not None:
+                # Shuffle the full batches, so training does not go from long to short; the
+                # longest goes first, so an out-of-memory error shows at the first step.
+                batches = [batches[i] for i in rng.permutation(len(batches))]
+                longest = max(range(len(batches)), key=lambda i: self.lengths[batches[i]].max())
+                batches.insert(0, batches.pop(longest))
+            self._cached = (epoch, batches + last)
         return self._cached[1]
 
     def next(self) -> tuple[int, list[int]]:
         """(epoch, this rank's example indices) of the next global batch; moves the position."""
-        batches = self.epoch_batches(self.epoch)
-        b = self.consumed // self.batch_size
-        if b >= len(batches):  # the epoch is used up: the next one starts
+        if self.consumed >= self.examples_per_epoch():  # the epoch is used up
             self.epoch, self.consumed = self.epoch + 1, 0
-            return self.next()
-        share = self.batch_size // self.world_size
-        mine = batches[b][self.rank * share:(self.rank + 1) * share]  # this rank's slice
-        epoch = self.epoch
-        self.consumed += self.batch_size
-        return epoch, mine.tolist()
+        batch = self.epoch_batches(self.epoch)[self.consumed // self.batch_size]
+        # This rank's contiguous slice; a smaller last batch is split as evenly as it goes.
+        mine = np.array_split(batch, self.world_size)[self.rank]
+        self.consumed += len(batch)
+        return self.epoch, mine.tolist()
 
     def position(self) -> dict[str, int]:
         """Where the next batch comes from: `{"epoch", "consumed"}`, for a checkpoint."""
@@ -264,7 +287,8 @@ class GlobalBatches:
 
     def seek(self, epoch: int, consumed: int) -> None:
         """Continue from a saved `position()`."""
-        if epoch < 0 or consumed < 0 or consumed % self.batch_size:
+        if epoch < 0 or consumed < 0 or (consumed % self.batch_size and
+                                         consumed != self.examples_per_epoch()):
             raise ValueError(f"position (epoch {epoch}, consumed {consumed}) is not a "
                              f"whole number of batches of {self.batch_size} into an epoch")
         self.epoch, self.consumed = int(epoch), int(consumed)
@@ -376,3 +400,11 @@ class TaskMixtureBatches:
                              f"task mixture: epoch 0 and whole batches of {self.batch_size}")
         self.done = consumed // self.batch_size
         self.drawn = np.bincount(self.tasks_of(0, self.done), minlength=len(self.sizes))
+
+
+def batches_per_epoch(num_examples: int, batch_size: int, world_size: int = 1) -> int:
+    """Global batches (optimizer steps) in one epoch of `GlobalBatches`: every example once,
+    the last batch smaller when `batch_size` does not divide `num_examples`, except a last
+    batch with fewer examples than processes, which is dropped (see `GlobalBatches`)."""
+    full, rest = divmod(num_examples, batch_size)
+    return full + (1 if rest >= world_size else 0)
