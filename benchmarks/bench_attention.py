@@ -37,7 +37,7 @@ def measure(backend: str, T: int, mode: str, device: str, dtype: str, chunk: int
     import torch
 
     from minibert.attention import attention
-    from minibert.runtime import current_memory_mb, peak_memory_mb, reset_peak_memory
+    from minibert.memory import current_memory_mb, peak_memory_mb, reset_peak_memory
 
     torch.manual_seed(0)
     dt = getattr(torch, dtype)

@@ -17,7 +17,7 @@ Four measurements, each printed as a markdown table:
     python benchmarks/bench_levers.py                       # about 3 minutes on 2 cores
     python benchmarks/bench_levers.py --keep-freed-memory   # see bench_process.py
 
-`--keep-freed-memory` first calls `minibert.runtime.keep_freed_memory()`, so that freed
+`--keep-freed-memory` first calls `minibert.memory.keep_freed_memory()`, so that freed
 buffers are reused instead of faulted in again on every step (`bench_process.py`).
 
 The numbers in benchmarks/RESULTS.md come from a CPU that multiplies bf16 matrices natively
@@ -45,9 +45,9 @@ import minibert
 import minibert.attention as A
 import minibert.model as M
 import minibert.precision
-from minibert import runtime
+from minibert import environment
 from minibert.engine import autocast_context
-from minibert.runtime import keep_freed_memory
+from minibert.memory import keep_freed_memory
 
 OURS = A.dropout
 CPU = torch.device("cpu")
@@ -226,7 +226,7 @@ if __name__ == "__main__":
     bf16 = runs_bf16(args.emulated_bf16)
     native = minibert.precision.cpu_bf16_native()
     emulated = "" if native else " (bf16 matmuls emulated on this CPU)"
-    print(f"CPU: {runtime.environment_report('cpu')['device_name']}{emulated}\n")
+    print(f"CPU: {environment.environment_report('cpu')['device_name']}{emulated}\n")
     if bf16:
         step_table()
     else:

@@ -3,7 +3,7 @@
 Neither is part of the model, yet on a CPU each can move a training step by tens of percent,
 so each is measured here on the same steps:
 
-* the allocator: glibc's malloc as it comes, `minibert.runtime.keep_freed_memory()` (the
+* the allocator: glibc's malloc as it comes, `minibert.memory.keep_freed_memory()` (the
   example scripts' `--keep-freed-memory`), and jemalloc / tcmalloc loaded with LD_PRELOAD, when
   they are installed (Debian: `apt install libjemalloc2 libtcmalloc-minimal4`);
 * the threads: torch's default (one per core), one thread, and threads pinned to cores
@@ -136,7 +136,7 @@ def child(workload: str, keep: bool, threads: int | None, steps: int, warmup: in
     import torch
 
     from minibert.precision import autocast_context
-    from minibert.runtime import keep_freed_memory, peak_memory_mb
+    from minibert.memory import keep_freed_memory, peak_memory_mb
 
     if keep:
         assert keep_freed_memory(), "keep_freed_memory() needs glibc"

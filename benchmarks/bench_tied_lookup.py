@@ -7,7 +7,7 @@ step gives it two gradients that must be summed:
   added to the decoder's;
 * sparse: the lookup's gradient is sparse (`F.embedding(..., sparse=True)`), and autograd
   adds it to the decoder's out of place, into a fresh vocabulary-sized tensor;
-* hand-off: `minibert.levers.TiedWordGradient`, what `BertForMaskedLM` does on a CPU; the
+* hand-off: `minibert.kernels.TiedWordGradient`, what `BertForMaskedLM` does on a CPU; the
   decoder's backward hands its gradient to the lookup's, which adds its rows in place.
 
 Base training steps (fp32, 8 x 128, vocabulary 30,522, 15% labelled, fused AdamW), the ways
@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 import minibert
 import minibert.heads
-from minibert.levers import TiedWordGradient
-from minibert.runtime import keep_freed_memory
+from minibert.kernels import TiedWordGradient
+from minibert.memory import keep_freed_memory
 
 
 class SparseLookup:

@@ -35,7 +35,7 @@ is summed up to the step where it reaches the target:
 `report` also prints the full transformers run's own measured time beside the
 extrapolation, the check that the extrapolation holds when that run had the machine to
 itself. The main job keeps freed memory for reuse on a CPU by default (glibc's allocator,
-`minibert.runtime.keep_freed_memory`), and transformers' loop does not; so `report` then
+`minibert.memory.keep_freed_memory`), and transformers' loop does not; so `report` then
 times transformers again with the same setting, and adds the ratio against that as a last
 column. Everything goes under `--out` (default `benchmarks/out/time_to_loss`).
 """
@@ -201,7 +201,7 @@ def time_to(curve: list[dict], target: float, key: str = "train_seconds") -> flo
 
 
 def cpu_model() -> str:
-    from minibert.runtime import environment_report
+    from minibert.environment import environment_report
 
     import torch
 
@@ -318,7 +318,7 @@ def report(out: Path, data_dir: Path, tok, train_set, evals, timed_steps: int) -
         # The main job keeps freed memory by default on a CPU (glibc mallopt), which spares
         # its steps the page faults of re-mapping large blocks; transformers' loop does not.
         # Timed last, because the setting cannot be undone in this process.
-        from minibert.runtime import keep_freed_memory
+        from minibert.memory import keep_freed_memory
 
         if keep_freed_memory():
             kept = statistics.median(run_transformers(tok, train_set, evals, timed_steps,

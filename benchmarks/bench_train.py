@@ -158,7 +158,7 @@ def build_step(settings: dict, args):
 
 
 def child(label: str, mode: str, args) -> dict:
-    from minibert.runtime import current_memory_mb, peak_memory_mb, reset_peak_memory
+    from minibert.memory import current_memory_mb, peak_memory_mb, reset_peak_memory
 
     settings = dict(cumulative_rows(False, skips_bf16(args)))[label]
     step = build_step(settings, args)

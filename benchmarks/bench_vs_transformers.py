@@ -14,7 +14,7 @@ is measured in a separate fresh process per library (see `bench_attention.py` fo
 
 On a CPU the step time of both libraries depends on the C allocator: by default glibc hands
 large freed blocks back to the kernel, and each step then pays page faults to get them
-again. `--keep-freed-memory` calls `minibert.runtime.keep_freed_memory()` (the example
+again. `--keep-freed-memory` calls `minibert.memory.keep_freed_memory()` (the example
 scripts' `--keep-freed-memory`) before any step, for both libraries alike, since they share
 the process. Peak memory is measured the same way with or without it: in processes that run
 with `MALLOC_MMAP_THRESHOLD_=65536` and never keep freed memory, so that what a step frees
@@ -182,7 +182,7 @@ def peak_memory(variant: str, name: str, precision: str, args) -> float:
 
 
 def child_memory(variant: str, name: str, precision: str, args) -> None:
-    from minibert.runtime import current_memory_mb, peak_memory_mb, reset_peak_memory
+    from minibert.memory import current_memory_mb, peak_memory_mb, reset_peak_memory
 
     preset, B, T = CONFIGS[name]
     model, opt = build(variant, Path(args.tmp) / preset, args.device)
@@ -221,7 +221,7 @@ def main() -> None:
         return
 
     from minibert.precision import MATMUL_DTYPES, measure_peak_flops
-    from minibert.runtime import keep_freed_memory
+    from minibert.memory import keep_freed_memory
 
     if args.keep_freed_memory and not keep_freed_memory():
         raise SystemExit("--keep-freed-memory needs glibc's malloc")

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 
 import minibert
-from minibert import runtime
+from minibert import memory
 from minibert.atomic import write_files_atomically
 from minibert.checkpoint import CheckpointError
 from minibert.config import PRESETS
@@ -132,7 +132,7 @@ def run_script(args, prepare: Callable[[Any, DistContext], Any],
         ctx = init_distributed(args.device)
         logging.basicConfig(level=logging.INFO if ctx.is_main else logging.WARNING,
                             format="%(message)s", stream=sys.stdout)
-        if args.keep_freed_memory and not runtime.keep_freed_memory():
+        if args.keep_freed_memory and not memory.keep_freed_memory():
             log.warning("--keep-freed-memory has no effect here: it needs glibc's malloc")
         data = prepare(args, ctx)
         with open_run(args.out, args.resume, main=ctx.is_main):

@@ -401,7 +401,7 @@ def apply_keep_freed_memory(args, ctx) -> None:
     asked = args.keep_freed_memory
     if asked is False or (asked is None and ctx.device.type != "cpu"):
         return
-    if not minibert.runtime.keep_freed_memory() and asked:
+    if not minibert.memory.keep_freed_memory() and asked:
         log.warning("--keep-freed-memory has no effect here: it needs glibc's malloc")
 
 

@@ -5,7 +5,7 @@
 """
 
 from .config import BertConfig
-from .runtime import set_seed
+from .rng import set_seed
 from .tokenizer import Tokenizer
 from .model import BertModel, BertOutput
 from .heads import (

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .levers import dropout
+from .kernels import dropout
 
 logger = logging.getLogger(__name__)
 

@@ -22,124 +22,40 @@ import contextlib
 import json
 import logging
 import math
+import signal
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
-from .data.mlm import IGNORE_INDEX
+from .data.mlm import IGNORE_INDEX, count_targets
 from .data.sampler import GlobalBatches
 from .data.seq_warmup import cut_for_step
 from .distributed import DistContext, all_reduce_sum, unwrap
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
-from .precision import (MATMUL_DTYPES, PRECISIONS, autocast_context, measure_peak_flops,
-                        resolve_precision)
+from .precision import MATMUL_DTYPES, autocast_context, resolve_precision
 from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.engine.TrainingError)
 from .recovery import back_off, optimizer_out_of_memory, skip_step
-from .resume import claim_out_dir, drop_rows_after, rank_seed, resume_run, save_run
+from .resume import claim_out_dir, drop_rows_after, resume_run, save_run
 from .model import flops_per_token
-from .runtime import (StepMeter, StopFlag, log_environment, release_freed_memory,
-                      reset_peak_memory, set_seed)
+from .environment import log_environment
+from .memory import release_freed_memory, reset_peak_memory
+from .meters import StepMeter, measure_peak_flops
+from .rng import rank_seed, set_seed
+from .state import TrainConfig, TrainState
 
 logger = logging.getLogger(__name__)
 
-# Steps between two hand-backs of the C allocator's free memory (runtime.release_freed_memory).
+# Steps between two hand-backs of the C allocator's free memory (memory.release_freed_memory).
 # The number of masked tokens, hence the size of the MLM head's largest blocks, differs from
 # step to step, so blocks kept for reuse fit the next request less and less and the heap
 # grows beside them: the main job's resident set climbed from 1.2 to 2.6 GB over 300 steps.
 # A trim costs at most one step's page faults (freed pages are mapped again on next use).
 RELEASE_EVERY = 50
-
-
-@dataclass
-class TrainConfig:
-    """Everything about a run that is not the model. Stored in every checkpoint."""
-
-    batch_size: int = 32  # global: sequences per optimizer step, over all ranks
-    micro_batch_size: Optional[int] = None  # per rank and forward pass; None = batch / world
-    max_steps: int = 1000  # where this run stops; may change on resume
-    decay_steps: Optional[int] = None  # the schedule's horizon; None = max_steps of the start
-    lr: float = 5e-4
-    min_lr: float = 0.0  # the rate at the horizon, and after it
-    warmup: Union[int, float] = 0.1  # optimizer steps, or a fraction of decay_steps
-    schedule: str = "linear"
-    weight_decay: float = 0.01
-    adam_eps: float = 1e-6
-    max_grad_norm: float = 1.0
-    precision: str = "auto"  # see precision.resolve_precision
-    seed: int = 0
-    log_every: int = 10
-    eval_every: int = 0  # 0 = only at the end
-    eval_batches: int = 50  # global batches of the evaluation set per evaluation
-    save_every: int = 0  # 0 = only at the end
-    keep_checkpoints: int = 3
-    max_bad_steps: int = 5  # consecutive non-finite steps before the run is stopped
-    auto_micro_batch: bool = False  # halve the micro-batch on out-of-memory and go on
-    compile: bool = False
-    progress: bool = True
-    # Steps (or a fraction of decay_steps) over which batches grow to full length; 0 = off.
-    seq_len_warmup: Union[int, float] = 0
-    seq_len_start: int = 32
-    peak_flops: Optional[float] = None  # MFU ceiling, FLOP/s; None = measured, again if beaten
-
-    def __post_init__(self) -> None:
-        for name in ("batch_size", "max_steps", "log_every", "eval_batches", "keep_checkpoints",
-                     "max_bad_steps"):
-            _check_int(name, getattr(self, name), 1)
-        for name in ("eval_every", "save_every"):
-            _check_int(name, getattr(self, name), 0)
-        for name in ("micro_batch_size", "decay_steps"):
-            if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), 1)
-        if self.precision not in ("auto",) + PRECISIONS:
-            raise ValueError(f"TrainConfig.precision={self.precision!r} is not one of "
-                             f"{('auto',) + PRECISIONS}")
-        if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, "
-                             f"min_lr={self.min_lr}")
-        # Each of these makes a run that exits 0 and trains nothing, or trains backwards.
-        if not self.max_grad_norm > 0:
-            raise ValueError(f"TrainConfig.max_grad_norm={self.max_grad_norm} must be > 0: 0 "
-                             f"clips every gradient to nothing, and a negative norm flips it")
-        if not self.adam_eps > 0:
-            raise ValueError(f"TrainConfig.adam_eps={self.adam_eps} must be > 0")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"TrainConfig.weight_decay={self.weight_decay} must be >= 0")
-        if self.peak_flops is not None and not self.peak_flops > 0:
-            raise ValueError(f"TrainConfig.peak_flops={self.peak_flops} must be > 0 (FLOP/s), "
-                             f"or None to measure it")
-        resolve_warmup(self.warmup, self.decay_steps or self.max_steps)  # raises on a bad one
-        resolve_warmup(self.seq_len_warmup, self.decay_steps or self.max_steps,
-                       name="TrainConfig.seq_len_warmup")
-        _check_int("seq_len_start", self.seq_len_start, 1)
-
-
-@dataclass
-class TrainState:
-    """Everything that moves during a run, saved with each checkpoint and restored whole."""
-
-    step: int = 0  # optimizer steps taken (skipped ones included)
-    tokens_seen: int = 0  # non-padding tokens over all ranks
-    epoch: int = 0  # the data position: the epoch of the next global batch,
-    consumed: int = 0  # and the examples of that epoch already used, over all ranks
-    skipped: int = 0  # steps not applied: non-finite, or an fp16 overflow
-    bad_steps: int = 0  # consecutive non-finite steps; the run stops at max_bad_steps
-    # Seconds spent training, over every start of the run: evaluation, checkpoint saves and
-    # logging excluded, so time-to-loss curves compare runs that evaluate at different rates.
-    train_seconds: float = 0.0
-
-
-def count_targets(batch: dict[str, torch.Tensor]) -> int:
-    """Predicted items in a batch, the unit its loss is a mean over: masked tokens (MLM),
-    labelled positions (token classification), examples (classification, and QA, whose
-    batches carry `start_positions` instead of `labels`)."""
-    if "labels" not in batch:
-        return int(batch["start_positions"].shape[0])
-    return int((batch["labels"] != IGNORE_INDEX).sum())
 
 
 def micro_step_weight(n_micro: int, n_global: int, world_size: int) -> float:
@@ -208,7 +124,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
           out_dir: Union[str, Path], ctx: DistContext = DistContext(),
           eval_set: Optional[Dataset] = None, resume: bool = False, overwrite: bool = False,
           data_identity: Optional[dict] = None, lengths: Optional[Sequence[int]] = None,
-          eval_fn: Optional[Callable[[nn.Module], dict[str, float]]] = None,
+          eval_fn: Optional[Callable[[nn.Module], Mapping[str, Any]]] = None,
           batches: Optional[GlobalBatches] = None) -> dict[str, Any]:
     """Train `model` on `train_set` (examples that `collate` turns into batches).
 
@@ -220,8 +136,12 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     the data is (corpus fingerprint, sequence length, tokenizer...), compared on `resume`
     with the configs (resume.py). A fresh start into a folder holding a run is refused
     unless `overwrite`. Evaluation: `eval_set` gives `evaluate`'s MLM metrics; other tasks
-    pass `eval_fn(model) -> metrics`. `lengths` (tokens per example) groups examples of
-    similar length into each batch (fine-tuning); without, the order is a plain shuffle.
+    pass `eval_fn(model) -> scores`, a mapping whose numbers are logged and added to the
+    result, and which is returned whole (tables, predictions) as result["scores"], the last
+    evaluation's. A run stopped by SIGTERM / SIGINT saves a checkpoint and returns with
+    result["interrupted"] and the signal's number in result["stop_signal"]. `lengths`
+    (tokens per example) groups examples of similar length into each batch (fine-tuning);
+    without, the order is a plain shuffle.
     `batches` replaces that order with one of your own (`next`, `position`, `seek`, as
     `GlobalBatches`), e.g. `TaskMixtureBatches`; a batch may then carry a non-tensor value
     (a task name), passed to the model as it is.
@@ -243,23 +163,26 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     peak = cfg.peak_flops or measure_peak_flops(device, peak_dtype)  # validated: None or > 0
     ckpt_root, metrics_file = out_dir / "checkpoints", out_dir / "metrics.jsonl"
     data_identity = dict(data_identity or {})
+    state = TrainState(optimizer=optimizer, scaler=scaler)
     if resume:
-        saved, cfg = resume_run(raw, optimizer, scaler, cfg, data_identity, ckpt_root, ctx)
-        state = TrainState(**saved)
+        cfg = resume_run(raw, state, cfg, data_identity, ckpt_root, ctx)
         if ctx.is_main:
             drop_rows_after(metrics_file, state.step)
     else:
         claim_out_dir(out_dir, overwrite, ctx)
-        state, cfg = TrainState(), replace(cfg, decay_steps=cfg.decay_steps or cfg.max_steps)
+        cfg = replace(cfg, decay_steps=cfg.decay_steps or cfg.max_steps)
         if ctx.rank > 0:  # DDP puts rank 0's weights everywhere; dropout must differ by rank
             set_seed(rank_seed(cfg.seed, ctx.rank))
     batches.seek(state.epoch, state.consumed)
+    micro = state.micro_batch_size or micro  # a micro-batch an earlier start backed off to
     warmup = resolve_warmup(cfg.warmup, cfg.decay_steps)
     seq_warmup = resolve_warmup(cfg.seq_len_warmup, cfg.decay_steps)
     model = _wrap(model, cfg, ctx, device)
     has_mlm_head = hasattr(raw, "head")  # a classifier's FLOPs are the encoder's alone
     bar = _progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step)
     meter, start_step, run_start = StepMeter(), state.step, time.perf_counter()
+    scores: Optional[Mapping[str, Any]] = None  # the last evaluation's, returned whole
+    stop_signal: Optional[int] = None
     reset_peak_memory(device)
     with StopFlag() as stop:
         while state.step < cfg.max_steps:
@@ -268,8 +191,10 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             position = batches.position()
             epoch, indices = batches.next()
             examples = [train_set[i] for i in indices]
+            # An epoch's last batch may be smaller (data/sampler.py): its micro-batches are
+            # then fewer or smaller, and the weights below still make its gradient exact.
             micros = [collate(examples[i:i + micro], epoch=epoch)
-                      for i in range(0, per_rank, micro)]
+                      for i in range(0, len(examples), micro)]
             if seq_warmup and state.step <= seq_warmup:  # data/seq_warmup.py
                 micros, new_length = cut_for_step(micros, state.step + 1, cfg.seq_len_start,
                                                   seq_warmup)
@@ -284,6 +209,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                                        device, scaler)
             except torch.OutOfMemoryError:
                 micro = back_off(micros[0], micro, per_rank, cfg, state, optimizer, device)
+                state.micro_batch_size = micro  # saved, so a resumed run keeps it
                 batches.seek(**position)  # the same global batch again, in smaller pieces
                 continue
             # ---- 4: clip and step, unless something is not finite
@@ -325,16 +251,17 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                 _log_row(metrics_file, row, bar)
             if cfg.eval_every and state.step % cfg.eval_every == 0 and \
                     state.step < cfg.max_steps and (eval_set is not None or eval_fn is not None):
-                result = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision)
+                scores = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision)
                 if ctx.is_main:
                     _log_row(metrics_file, {"step": state.step, "train_seconds": round(
-                        state.train_seconds, 3), **result}, bar)
+                        state.train_seconds, 3), **_numbers(scores)}, bar)
             periodic = cfg.save_every and state.step % cfg.save_every == 0 and state.bad_steps == 0
             if periodic or stopping or state.step == cfg.max_steps:
-                save_run(ckpt_root, raw, optimizer, scaler, state, cfg, data_identity, ctx)
+                save_run(ckpt_root, raw, state, cfg, data_identity, ctx)
             if state.step % RELEASE_EVERY == 0:
                 release_freed_memory()
-            if stopping:
+            if stopping:  # this rank's signal, or another rank's (told through the all-reduce)
+                stop_signal = stop.signal or signal.SIGTERM
                 logger.warning("stopped by signal at step %d; checkpoint saved, resume with "
                                "--resume", state.step)
                 break
@@ -345,13 +272,15 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                               "wall_seconds": round(time.perf_counter() - run_start, 2),
                               "train_seconds": round(state.train_seconds, 3),
                               "interrupted": state.step < cfg.max_steps, "precision": precision,
-                              "environment": env, "steps_this_run": state.step - start_step}
+                              "environment": env, "steps_this_run": state.step - start_step,
+                              "stop_signal": stop_signal}
     if (eval_set is not None or eval_fn is not None) and state.step == cfg.max_steps:
-        metrics = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision)
-        result.update(metrics)
+        scores = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision)
         if ctx.is_main:
             _log_row(metrics_file, {"step": state.step, "train_seconds": result["train_seconds"],
-                                    **metrics}, None)
+                                    **_numbers(scores)}, None)
+    result.update(_numbers(scores or {}))
+    result["scores"] = scores
     return result
 
 
@@ -418,22 +347,58 @@ def _optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScal
 
 # Keys of train's result and of the log rows, which an evaluation must not overwrite.
 _RUN_KEYS = frozenset({"step", "steps", "tokens_seen", "skipped_steps", "wall_seconds",
-                       "train_seconds",
-                       "interrupted", "precision", "environment", "steps_this_run"})
+                       "train_seconds", "interrupted", "stop_signal", "precision", "environment",
+                       "steps_this_run", "scores"})
 
 
-def _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision) -> dict[str, float]:
+def _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx,
+              precision) -> Mapping[str, Any]:
+    """One evaluation: `evaluate`'s MLM metrics, or whatever `eval_fn` scores (a mapping whose
+    numbers are logged; the rest, e.g. per-class tables or predictions, is kept for the
+    caller in `train`'s result["scores"])."""
     if eval_fn is not None:  # called in eval mode, without gradients, then back to train
         raw.eval()
         with torch.no_grad():
-            metrics = eval_fn(raw)
+            scores = eval_fn(raw)
         raw.train()
-        if _RUN_KEYS & set(metrics):
-            raise ValueError(f"eval_fn returned {sorted(_RUN_KEYS & set(metrics))}, names that "
+        if not isinstance(scores, Mapping):
+            raise TypeError(f"eval_fn must return a mapping of scores, got "
+                            f"{type(scores).__name__}")
+        if _RUN_KEYS & set(scores):
+            raise ValueError(f"eval_fn returned {sorted(_RUN_KEYS & set(scores))}, names that "
                              f"train's result already uses for the run; rename them (e.g. "
                              f"'entity_precision')")
-        return metrics
+        return scores
     return evaluate(model, eval_batches(eval_set, collate, cfg, ctx), precision, ctx.device, ctx)
+
+
+def _numbers(scores: Mapping[str, Any]) -> dict[str, float]:
+    """The scores a log row holds: the numbers (not booleans, tables or predictions)."""
+    return {k: v for k, v in scores.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class StopFlag:
+    """Set by SIGTERM / SIGINT; the loop finishes its step, saves and returns."""
+
+    def __init__(self) -> None:
+        self.signal: Optional[int] = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopFlag":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.signal = signum
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 # ---- small pieces -----------------------------------------------------------------------------
@@ -459,11 +424,6 @@ def _wrap(model: nn.Module, cfg: TrainConfig, ctx: DistContext, device: torch.de
             model, device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=getattr(model, "unused_parameters_per_step", False))
     return torch.compile(model) if cfg.compile else model
-
-
-def _check_int(name: str, value: Any, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"TrainConfig.{name}={value!r} must be an integer >= {low}")
 
 
 def _progress_bar(enabled: bool, total: int, initial: int):

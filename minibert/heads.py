@@ -32,8 +32,8 @@ from torch import Tensor
 
 from .config import BertConfig
 from .data.mlm import IGNORE_INDEX
-from .hf import PretrainedMixin
-from .levers import TiedWordGradient
+from .pretrained import PretrainedMixin
+from .kernels import TiedWordGradient
 from .model import BertModel, Dropout, init_weights
 
 

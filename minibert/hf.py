@@ -17,8 +17,9 @@ Loading never runs pickled code: safetensors holds only tensors, and `pytorch_mo
 read with `torch.load(weights_only=True)`, which refuses arbitrary objects. A damaged file,
 or a shard index pointing outside its folder, is one error naming the file.
 
-`save_pretrained` replaces the whole folder in one step, so a crash never leaves new weights
-beside an old config; `export_checkpoint` turns a training checkpoint into such a folder.
+`PretrainedMixin` (pretrained.py) gives the model classes `from_pretrained` and
+`save_pretrained` on top of these functions; `export.export_checkpoint` turns a training
+checkpoint into such a folder. This module imports neither the model nor its heads.
 """
 
 from __future__ import annotations
@@ -29,17 +30,12 @@ import logging
 import os
 import re
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Union
 
 import torch
 from torch import Tensor
 
-from .atomic import replace_folder
-from .checkpoint import META_FILE, STATE_FILE, load_checkpoint
-from .config import BertConfig
-
-if TYPE_CHECKING:
-    from .tokenizer import Tokenizer
+from .checkpoint import META_FILE, STATE_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -163,9 +159,9 @@ PRE_LN_WEIGHTS_FILE = "minibert-preln.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # sharded: {"weight_map": {name: shard file}}
 TORCH_FILE = "pytorch_model.bin"
 # The files of an export, which save_pretrained replaces; everything else in the folder stays.
-_MODEL_FILES = {CONFIG_FILE, WEIGHTS_FILE, PRE_LN_WEIGHTS_FILE, INDEX_FILE, TORCH_FILE,
+MODEL_FILES = {CONFIG_FILE, WEIGHTS_FILE, PRE_LN_WEIGHTS_FILE, INDEX_FILE, TORCH_FILE,
                 "pytorch_model.bin.index.json"}
-_SHARD_FILE = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
+SHARD_FILE = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
 _LFS_POINTER = b"version https://git-lfs"
 
 
@@ -188,7 +184,7 @@ def read_config(path: PathLike) -> dict[str, Any]:
     if not cfg.is_file():
         if (path / META_FILE).is_file() and (path / STATE_FILE).is_file():
             raise FileNotFoundError(f"{path} is a training checkpoint, not a model folder; "
-                                    f"export it with minibert.hf.export_checkpoint("
+                                    f"export it with minibert.export.export_checkpoint("
                                     f"{str(path)!r}, OUT) and load OUT")
         steps = sorted(p.name for p in path.glob("step_*") if (p / META_FILE).is_file())
         if steps:
@@ -281,7 +277,7 @@ def _load_torch_file(file: Path) -> dict[str, Tensor]:
                 raise ValueError(f"{file} holds pickled objects other than tensors; refusing "
                                  f"to unpickle them, since that could run arbitrary code. "
                                  f"Re-save the weights as a plain state dict or as "
-                                 f"safetensors. ({_gist(e)})") from None
+                                 f"safetensors. ({error_gist(e)})") from None
             raise _damaged(file, "PyTorch checkpoint", e) from None
     if not isinstance(sd, dict) or not all(isinstance(t, Tensor) for t in sd.values()):
         raise ValueError(f"{file} does not hold a state dict (name -> tensor)")
@@ -294,11 +290,11 @@ def _damaged(file: Path, kind: str, error: Exception) -> ValueError:
         if f.read(len(_LFS_POINTER)) == _LFS_POINTER:
             return ValueError(f"{file} is a Git LFS pointer, not the weights: run `git lfs "
                               f"pull` in the clone it came from, or download the file itself")
-    return ValueError(f"{file} is damaged or not a {kind} ({_gist(error)}); download or "
+    return ValueError(f"{file} is damaged or not a {kind} ({error_gist(error)}); download or "
                       f"export it again")
 
 
-def _gist(error: Exception) -> str:
+def error_gist(error: Exception) -> str:
     """The informative line of a torch or safetensors error (torch's first lines give advice
     about weights_only=False, which would run code from the file)."""
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
@@ -306,141 +302,3 @@ def _gist(error: Exception) -> str:
         if ln.startswith(("Unsupported", "WeightsUnpickler error: Unsupported", "size mismatch")):
             return ln.removeprefix("WeightsUnpickler error: ").split(". Please")[0][:300]
     return lines[0][:300] if lines else type(error).__name__
-
-
-class PretrainedMixin:
-    """`from_pretrained` / `save_pretrained` for the public model classes."""
-
-    config: BertConfig
-
-    @classmethod
-    def _init_kwargs(cls, hf_config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-        """Constructor arguments beyond the config (e.g. num_labels); may consume overrides."""
-        return {}
-
-    def _hf_config_extras(self) -> dict[str, Any]:
-        return {}
-
-    @classmethod
-    def from_pretrained(cls, path: PathLike, **config_overrides: Any):
-        """Load a checkpoint directory in transformers' layout (or one minibert saved).
-
-        Overrides apply on top of the stored config, e.g. `attention="chunked"` or
-        `hidden_dropout=0.0`. Weights missing for a head or pooler are freshly initialised
-        (with a warning); weights missing from the encoder are an error. A classifier is read
-        only from a checkpoint of its own class (or one that names no class).
-        """
-        hf_config = read_config(path)
-        init_kwargs = cls._init_kwargs(hf_config, config_overrides)
-        config = BertConfig.from_hf_dict(hf_config, **config_overrides)
-        model = cls(config, **init_kwargs)
-        sd = read_weights(path)
-        # The sequence and token classifiers share transformers' name `classifier.`, but one
-        # reads the pooled [CLS] and the other every token: one's trained head is no start
-        # for the other (and with another number of labels would not even fit).
-        stored = hf_config.get("architectures") or []
-        if stored and cls.__name__ not in stored:
-            sd = {k: t for k, t in sd.items() if not k.startswith("classifier.")}
-        load_hf_state_dict(model, sd)
-        return model
-
-    def save_pretrained(self, path: PathLike, tokenizer: Optional["Tokenizer"] = None) -> None:
-        """Write the folder `path`: config.json and the weights, replacing an earlier export.
-
-        A Post-LN model's folder loads in transformers unchanged. A Pre-LN model's is
-        minibert-only (model_type "minibert-preln", weights in minibert-preln.safetensors),
-        which transformers refuses instead of misreading. `tokenizer` is saved into the same
-        folder in the same step. Other files already in `path` are kept, and a crash leaves
-        the complete old folder or the complete new one (see `atomic.replace_folder`).
-        """
-        try:
-            from safetensors.torch import save_file
-        except ImportError:
-            raise ImportError("save_pretrained writes safetensors: pip install 'minibert[hf]'"
-                              ) from None
-        config = self.config.to_hf_dict()
-        config.update(architectures=[type(self).__name__], tie_word_embeddings=True,
-                      **self._hf_config_extras())
-        state = to_hf_state_dict(self)
-        weights = PRE_LN_WEIGHTS_FILE if self.config.norm_position == "pre" else WEIGHTS_FILE
-
-        def write(folder: Path) -> None:
-            save_file(state, str(folder / weights), metadata={"format": "pt"})
-            (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n",
-                                              encoding="utf-8")
-            if tokenizer is not None:
-                tokenizer.save(folder)
-
-        replace_folder(Path(path), write,
-                       owns=lambda name: name in _MODEL_FILES or bool(_SHARD_FILE.match(name)))
-
-
-# ---- training checkpoint -> model folder ----------------------------------------------------
-
-EXPORTABLE = ("BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",
-              "BertForQuestionAnswering", "BertModel")
-
-
-def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
-                      model_class: Optional[str] = None) -> Path:
-    """Write the model of a training checkpoint (`checkpoints/step_N`) as a model folder.
-
-    The class is `model_class`, else the one the checkpoint records, else the one its weight
-    names show (older checkpoints, see `_class_from_names`). A classifier's number of labels
-    comes from its weights.
-    The folder loads with `from_pretrained` (and, for Post-LN, in transformers). Returns it.
-    """
-    from . import heads
-    from .model import BertModel  # model.py and heads.py import this module: not at the top
-
-    checkpoint_dir = Path(checkpoint_dir)
-    state = load_checkpoint(checkpoint_dir)  # verified against meta.json, read weights-only
-    weights, config = state.get("model"), state.get("model_config")
-    if not isinstance(weights, dict) or not isinstance(config, dict):
-        raise ValueError(f"checkpoint {checkpoint_dir} has no 'model' and 'model_config' "
-                         f"entries; export handles checkpoints of minibert's training loop")
-    name = model_class or state.get("model_class") or _class_from_names(weights)
-    if name not in EXPORTABLE:
-        raise ValueError(f"model_class={name!r} is not one of {EXPORTABLE}")
-    try:
-        bert_config = BertConfig(**config)
-    except TypeError as e:
-        raise ValueError(f"checkpoint {checkpoint_dir}: its model_config does not fit this "
-                         f"minibert's BertConfig ({e})") from None
-    kwargs = {}
-    if name in ("BertForSequenceClassification", "BertForTokenClassification") and \
-            "classifier.weight" in weights:
-        kwargs["num_labels"] = weights["classifier.weight"].shape[0]  # (C, H)
-    model = (BertModel if name == "BertModel" else getattr(heads, name))(bert_config, **kwargs)
-    own = model.state_dict()
-    missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {checkpoint_dir} does not hold a {name} (missing "
-                         f"{missing[:2]}, unexpected {unexpected[:2]}); pass model_class= "
-                         f"one of {EXPORTABLE}")
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as e:
-        raise ValueError(f"checkpoint {checkpoint_dir}: its weights do not fit its "
-                         f"model_config ({_gist(e)})") from None
-    model.save_pretrained(out_dir)
-    return Path(out_dir)
-
-
-def _class_from_names(weights: dict[str, Tensor]) -> str:
-    """The model class a minibert state dict belongs to, from its parameter names.
-
-    The two classifiers share the name `classifier.`; they differ in the pooler, which the
-    sequence classifier always has (its input is the pooled [CLS]) and the token classifier
-    never has (as in transformers). So a classifier without `bert.pooler.` is a token
-    classifier.
-    """
-    if any(k.startswith("qa_outputs.") for k in weights):
-        return "BertForQuestionAnswering"
-    if any(k.startswith("classifier.") for k in weights):
-        if any(k.startswith("bert.pooler.") for k in weights):
-            return "BertForSequenceClassification"
-        return "BertForTokenClassification"
-    if any(k.startswith("embeddings.") for k in weights):
-        return "BertModel"
-    return "BertForMaskedLM"

@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import attention
-from .levers import TiedWordGradient, dropout
+from .kernels import TiedWordGradient, dropout
 from .config import BertConfig
-from .hf import PretrainedMixin
+from .pretrained import PretrainedMixin
 
 
 class BertOutput(NamedTuple):
@@ -36,7 +36,7 @@ class BertOutput(NamedTuple):
 
 
 class Dropout(nn.Dropout):
-    """nn.Dropout with the cheaper CPU mask of `levers.dropout`."""
+    """nn.Dropout with the cheaper CPU mask of `kernels.dropout`."""
 
     def forward(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, self.training)
@@ -61,7 +61,7 @@ class Embeddings(nn.Module):
         T = input_ids.size(1)
         if tied is None:
             word = F.embedding(input_ids, self.word.weight, self.word.padding_idx)
-        else:  # the MLM decoder shares this matrix: one gradient for both (levers.py)
+        else:  # the MLM decoder shares this matrix: one gradient for both (kernels.py)
             word = tied.lookup(input_ids, self.word.weight, self.word.padding_idx)
         x = word + self.position.weight[:T]  # (B, T, H) + (T, H) broadcast
         if token_type_ids is None:  # single-segment input: every token is segment 0
@@ -199,7 +199,7 @@ class BertModel(PretrainedMixin, nn.Module):
         `tied_word_grad`: for a caller that also decodes with the word-embedding matrix, as
         `BertForMaskedLM` does: the lookup adds its rows into the gradient that the same
         object's `decoder` handed over, instead of autograd adding two vocabulary-sized
-        gradients (`levers.TiedWordGradient`).
+        gradients (`kernels.TiedWordGradient`).
         """
         check_inputs(self.config, input_ids, attention_mask, token_type_ids)
         keep = None if attention_mask is None else attention_mask.bool()  # (B, T)

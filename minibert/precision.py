@@ -5,8 +5,8 @@
 * `cpu_bf16_native`, `cpu_bf16_speedup`: whether this CPU multiplies bf16 matrices in
   hardware, and how much faster than fp32 it does so. bf16 is the fast precision on GPUs
   and on CPUs with AMX or AVX512-BF16; elsewhere torch emulates it, tens of times slower.
-* `measure_peak_flops`: the achievable matmul rate of a device in a dtype, bounded in
-  time: the ceiling of model FLOPs utilisation, and the probe `cpu_bf16_speedup` uses.
+
+`cpu_bf16_speedup` probes with `meters.measure_peak_flops`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import contextlib
 import functools
 import logging
 import re
-import time
 from typing import Optional, Union
 
 import torch
+
+from .meters import measure_peak_flops
 
 logger = logging.getLogger(__name__)
 
@@ -121,61 +122,6 @@ def cpu_bf16_speedup() -> float:
     finally:
         torch.set_num_threads(threads)
     return bf16 / fp32
-
-
-def _synchronize(device: torch.device) -> None:
-    module = getattr(torch, device.type, None) if device.type != "cpu" else None
-    if module is not None and hasattr(module, "synchronize"):
-        module.synchronize(device)
-
-
-def measure_peak_flops(device: Device, dtype: torch.dtype = torch.float32,
-                       max_n: int = 4096, budget_s: float = 0.3) -> float:
-    """Achievable matmul FLOP/s on `device` in `dtype`: the MFU denominator, measured.
-
-    Returns the best rate of square (n x n) @ (n x n) products (2 n^3 FLOPs each): a
-    ceiling, and the rate least disturbed by whatever else runs on the machine at the time.
-    This is what the hardware actually delivers on a large, well shaped matmul, usually
-    somewhat below the datasheet peak; pass a datasheet number to `mfu` instead when
-    comparing with published MFU figures.
-
-    The cost is bounded by time, not by a fixed size, because rates differ by 1000x between
-    devices and dtypes: a CPU that emulates bf16 multiplies at ~1.3 GFLOP/s, where one
-    2048^3 product takes 13 s. n starts at 128 and doubles, up to `max_n`, while one product
-    takes under `budget_s / 8` (so the next, 8x the work, takes at most `budget_s`); products
-    of the final size then repeat until `budget_s` has passed since the start. At most about
-    2 x `budget_s` in all, 0.6 s at the default, on any device. Growing by the time taken
-    rather than predicting it from the small sizes' rates matters on a busy machine, where a
-    small multi-threaded product waits milliseconds for its threads to be scheduled.
-    """
-    device = _device(device)
-    # A private generator: measuring must not move the global RNG that training draws from.
-    gen = torch.Generator(device=device).manual_seed(0)
-
-    def matrices(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.randn(n, n, device=device, generator=gen).to(dtype),
-                torch.randn(n, n, device=device, generator=gen).to(dtype))
-
-    def seconds(a: torch.Tensor, b: torch.Tensor) -> float:
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        _synchronize(device)
-        return max(time.perf_counter() - t0, 1e-9)
-
-    n = 128
-    a, b = matrices(n)
-    torch.mm(a, b)  # warm-up: kernel selection, lazy initialisation, caches
-    _synchronize(device)
-    start = time.perf_counter()
-    last = seconds(a, b)
-    while 2 * n <= max_n and last < budget_s / 8:
-        n *= 2
-        a, b = matrices(n)
-        last = seconds(a, b)
-    rates = [2.0 * n**3 / last]
-    while time.perf_counter() - start < budget_s:
-        rates.append(2.0 * n**3 / seconds(a, b))
-    return max(rates)
 
 
 def _device(device: Device) -> torch.device:

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from .engine import count_targets
+from .data.mlm import count_targets
 from .precision import autocast_context
 
 # Outputs with one value per token although they have only two dimensions, (B, T):
@@ -59,7 +59,7 @@ def predict(model: nn.Module, examples: Sequence[Mapping], collate: Callable[[li
 
     The model runs in eval mode (no dropout) without gradients and gets its training mode
     back. When the batches carry targets, `loss` is the mean over all of them: each batch's
-    mean loss weighted by its number of targets (`engine.count_targets`: examples, or
+    mean loss weighted by its number of targets (`data.mlm.count_targets`: examples, or
     labelled tokens), so it is the loss of the whole set, not a mean of batch means.
     """
     device = torch.device(device)

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .runtime import peak_memory_mb
+from .memory import peak_memory_mb
 
-if TYPE_CHECKING:  # engine.py imports this module
-    from .engine import TrainConfig, TrainState
+if TYPE_CHECKING:  # only for the annotations
+    from .state import TrainConfig, TrainState
 
 logger = logging.getLogger(__name__)
 

@@ -9,10 +9,11 @@
   its run identity with this run's.
 * `drop_rows_after`: the log rows a killed run wrote after its last checkpoint go.
 
-The *run identity* is everything that decides what a run computes: the model config, the
-training settings but those in `RESUME_MAY_CHANGE`, and the data's identity given by the
-caller (a corpus fingerprint, `--seq-len`, the tokenizer...). The saved data position only
-means something on the same data, so a resume with any of them changed is refused by name.
+The *run identity* (state.py) is everything that decides what a run computes: the model
+config, the training settings but those in `RESUME_MAY_CHANGE`, and the data's identity
+given by the caller (a corpus fingerprint, `--seq-len`, the tokenizer...). The saved data
+position only means something on the same data, so a resume with any of them changed is
+refused by name.
 """
 
 from __future__ import annotations
@@ -24,31 +25,15 @@ import os
 import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch.nn as nn
 
 from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
-from .distributed import DistContext, all_gather_objects, barrier, unwrap
-from .runtime import rng_state, set_rng_state, set_seed
+from .distributed import DistContext, all_gather_objects, barrier
+from .state import TrainConfig, TrainState, check_identity, run_identity
 
-if TYPE_CHECKING:
-    from .engine import TrainConfig, TrainState
 
 logger = logging.getLogger(__name__)
-
-
-# Fields that may change between a run and its resumption without changing what it computes.
-RESUME_MAY_CHANGE = frozenset({
-    "max_steps", "micro_batch_size", "auto_micro_batch", "log_every", "eval_every",
-    "eval_batches", "save_every", "keep_checkpoints", "max_bad_steps", "compile", "progress",
-    "peak_flops"})
-
-
-def rank_seed(seed: int, rank: int) -> int:
-    """A seed for `rank`'s own random stream, a function of (seed, rank) (SeedSequence)."""
-    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
 
 
 def claim_out_dir(out_dir: Path, overwrite: bool, ctx: DistContext) -> None:
@@ -67,17 +52,11 @@ def claim_out_dir(out_dir: Path, overwrite: bool, ctx: DistContext) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
 
 
-def run_identity(model: nn.Module, cfg: "TrainConfig") -> dict[str, Any]:
-    """The model and training settings that decide what a run computes (see RESUME_MAY_CHANGE)."""
-    return {"model_config": asdict(unwrap(model).config),
-            "train_config": {k: v for k, v in asdict(cfg).items() if k not in RESUME_MAY_CHANGE}}
-
-
-def resume_run(raw: nn.Module, optimizer, scaler, cfg: "TrainConfig", data_identity: dict,
-               ckpt_root: Path, ctx: DistContext) -> tuple[dict[str, int], "TrainConfig"]:
-    """Load the newest checkpoint into the model, optimizer, scaler and RNGs, after checking
-    that it belongs to this run; returns its TrainState fields and `cfg` with the run's
-    horizon (`decay_steps`), which a resumed run keeps whatever `max_steps` is now."""
+def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identity: dict,
+               ckpt_root: Path, ctx: DistContext) -> TrainConfig:
+    """Load the newest checkpoint into the model and `state` (counters, optimizer, scaler,
+    RNGs), after checking that it belongs to this run; returns `cfg` with the run's horizon
+    (`decay_steps`), which a resumed run keeps whatever `max_steps` is now."""
     last = latest_checkpoint(ckpt_root)
     if last is None:
         raise FileNotFoundError(f"--resume: no intact checkpoint under {ckpt_root}")
@@ -93,55 +72,24 @@ def resume_run(raw: nn.Module, optimizer, scaler, cfg: "TrainConfig", data_ident
     now = {**run_identity(raw, cfg), "data_identity": data_identity}
     check_identity(saved, now, last)
     raw.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
-    scaler.load_state_dict(saved["scaler"])
-    rngs = saved["rng"]
-    if ctx.rank < len(rngs):
-        set_rng_state(rngs[ctx.rank])
-    else:  # more ranks than the checkpoint had: a stream of its own, not a copy of rank 0's
-        logger.warning("rank %d has no saved RNG state (the run had %d ranks); seeding it "
-                       "from (seed, rank)", ctx.rank, len(rngs))
-        set_seed(rank_seed(cfg.seed, ctx.rank))
-    logger.info("resumed from %s (step %d)", last, saved["train_state"]["step"])
-    return saved["train_state"], cfg
+    state.load_state_dict(saved, rank=ctx.rank, seed=cfg.seed)
+    if cfg.micro_batch_size != saved["train_config"]["micro_batch_size"]:
+        state.micro_batch_size = None  # the resume chose another micro-batch: it wins
+    logger.info("resumed from %s (step %d)", last, state.step)
+    return cfg
 
 
-def check_identity(saved: dict, now: dict, path: Path) -> None:
-    """Refuse to resume when any setting of the run identity differs, naming each one."""
-    diffs = []
-    for section, label in (("model_config", "model "), ("train_config", ""),
-                           ("data_identity", "")):
-        old = saved.get(section, {}) if section != "train_config" else \
-            {k: v for k, v in saved[section].items() if k not in RESUME_MAY_CHANGE}
-        new = now[section]
-        for key in sorted(set(old) | set(new), key=str):
-            if old.get(key, _UNSET) != new.get(key, _UNSET):
-                diffs.append(f"{label}{key}: checkpoint {_show(old.get(key, _UNSET))}, now "
-                             f"{_show(new.get(key, _UNSET))}")
-    if diffs:
-        raise ValueError(f"cannot resume from {path}: the settings differ from the "
-                         f"checkpoint's ({'; '.join(diffs)}); use the original settings or a "
-                         f"new --out directory")
-
-
-_UNSET = object()
-
-
-def _show(value: Any) -> str:
-    return "not set" if value is _UNSET else repr(value)
-
-
-def save_run(ckpt_root: Path, raw: nn.Module, optimizer, scaler, state: "TrainState",
-             cfg: "TrainConfig", data_identity: dict, ctx: DistContext) -> None:
-    """Write the checkpoint of `state.step`: weights, optimizer, RNGs, state and identity."""
-    rngs = all_gather_objects(rng_state(), ctx)  # every rank takes part in the gathering
+def save_run(ckpt_root: Path, raw: nn.Module, state: TrainState, cfg: TrainConfig,
+             data_identity: dict, ctx: DistContext) -> None:
+    """Write the checkpoint of `state.step`: weights, the TrainState (with every rank's RNG
+    state) and the run identity."""
+    moving = state.state_dict()
+    moving["rng"] = all_gather_objects(moving["rng"], ctx)  # every rank takes part
     if ctx.is_main:
         save_checkpoint(ckpt_root, state.step, {
-            "model": raw.state_dict(), "model_class": type(raw).__name__,
-            "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "rng": rngs,
-            "train_state": asdict(state), "model_config": asdict(raw.config),
-            "train_config": asdict(cfg), "data_identity": data_identity},
-            keep=cfg.keep_checkpoints)
+            "model": raw.state_dict(), "model_class": type(raw).__name__, **moving,
+            "model_config": asdict(raw.config), "train_config": asdict(cfg),
+            "data_identity": data_identity}, keep=cfg.keep_checkpoints)
     barrier(ctx)
 
 

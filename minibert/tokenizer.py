@@ -34,15 +34,11 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from .atomic import write_files_atomically
 from .data.text import iter_lines
+from .special_tokens import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK
 from .tokenizer_train import PathLike, default_cache_dir, train_on_files, train_on_texts
 
 __all__ = ["Encoding", "Explanation", "SPECIAL_TOKENS", "Tokenizer", "default_cache_dir",
            "truncated_lengths", "wordpiece"]
-
-PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
-# Order matters for trained vocabularies: [PAD] must be id 0 so that zero-filled
-# buffers are padding, as in every BERT checkpoint.
-SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 
 TRUNCATION = ("longest_first", "only_first", "only_second")
 

@@ -22,16 +22,18 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
 
 import tokenizers
 from tokenizers import trainers
 
 from .data.normalize import PythonNormalizer
+from .special_tokens import SPECIAL_TOKENS
 from .data.text import iter_lines, text_file_named
 
-if TYPE_CHECKING:
-    from .tokenizer import Tokenizer
+# The Tokenizer class (tokenizer.py) is passed in as `cls`, so that the two modules do not
+# import each other; the functions return an instance of it.
+TokenizerT = TypeVar("TokenizerT")
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +49,8 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "minibert"
 
 
-def train_on_files(cls: type["Tokenizer"], files: Union[PathLike, Sequence[PathLike]],
-                   vocab_size: int, *, use_cache: bool, **settings) -> "Tokenizer":
+def train_on_files(cls: type[TokenizerT], files: Union[PathLike, Sequence[PathLike]],
+                   vocab_size: int, *, use_cache: bool, **settings) -> TokenizerT:
     """`Tokenizer.train`: every file must exist; the cache key hashes their bytes."""
     if isinstance(files, (str, os.PathLike)):
         files = [files]
@@ -77,8 +79,8 @@ def train_on_files(cls: type["Tokenizer"], files: Union[PathLike, Sequence[PathL
     return _train(cls, lines, chunks if use_cache else None, vocab_size, **settings)
 
 
-def train_on_texts(cls: type["Tokenizer"], texts: Iterable[str], vocab_size: int, *,
-                   use_cache: bool, **settings) -> "Tokenizer":
+def train_on_texts(cls: type[TokenizerT], texts: Iterable[str], vocab_size: int, *,
+                   use_cache: bool, **settings) -> TokenizerT:
     """`Tokenizer.train_from_iterator`: texts that can be read twice (a list, or a split of
     `load_corpus`, which streams from disk) are hashed for the cache, then trained on; an
     iterator can be read once only, so it is trained on without the cache."""
@@ -94,11 +96,10 @@ def train_on_texts(cls: type["Tokenizer"], texts: Iterable[str], vocab_size: int
                   **settings)
 
 
-def _train(cls: type["Tokenizer"], make_texts: Callable[[], Iterable[str]],
+def _train(cls: type[TokenizerT], make_texts: Callable[[], Iterable[str]],
            make_chunks: Optional[Callable[[], Iterator[bytes]]], vocab_size: int, *,
            lowercase: bool, min_frequency: int, limit_alphabet: int,
-           cache_dir: Optional[PathLike]) -> "Tokenizer":
-    from .tokenizer import SPECIAL_TOKENS  # here: tokenizer.py imports this module
+           cache_dir: Optional[PathLike]) -> TokenizerT:
 
     n_special = len(SPECIAL_TOKENS)
     if not isinstance(vocab_size, int) or vocab_size <= n_special:
@@ -161,7 +162,6 @@ def _train(cls: type["Tokenizer"], make_texts: Callable[[], Iterable[str]],
 def wordpiece_trainer(vocab_size: int, min_frequency: int,
                       limit_alphabet: int) -> trainers.WordPieceTrainer:
     """The WordPiece trainer with BERT's special tokens and its "##" continuation prefix."""
-    from .tokenizer import SPECIAL_TOKENS  # here: tokenizer.py imports this module
 
     return trainers.WordPieceTrainer(
         vocab_size=vocab_size, min_frequency=min_frequency, limit_alphabet=limit_alphabet,

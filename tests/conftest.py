@@ -14,10 +14,10 @@ def allocator_calls(monkeypatch):
     peak-memory tests need glibc's default behaviour; test_runtime.py tests the real
     setting in processes of its own, and scripts run as subprocesses make the real call.
     """
-    import minibert.runtime
+    import minibert.memory
 
     calls = []
-    monkeypatch.setattr(minibert.runtime, "keep_freed_memory",
+    monkeypatch.setattr(minibert.memory, "keep_freed_memory",
                         lambda: calls.append(True) or True)
     return calls
 

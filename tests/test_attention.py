@@ -137,7 +137,7 @@ def test_chunked_saves_no_quadratic_tensor():
 
 
 def test_dropout_statistics_gradient_and_reproducibility():
-    from minibert.levers import dropout
+    from minibert.kernels import dropout
 
     # Never zero, so that y == 0 marks exactly the dropped elements. An exact 0.0 from randn
     # (in 3 of 30 generator states tried, at this size) made the test fail now and then,
@@ -163,7 +163,7 @@ def test_dropout_statistics_gradient_and_reproducibility():
 def test_sdpa_with_dropout_on_a_cpu_is_the_formula_with_minibert_dropout(monkeypatch):
     """torch's fused CPU kernels have no dropout, and its fallback draws the mask with
     bernoulli_; `sdpa` trains on a CPU through `math_attention` instead, with the cheaper
-    `levers.dropout`: the same numbers for the same seed. Without dropout it stays fused."""
+    `kernels.dropout`: the same numbers for the same seed. Without dropout it stays fused."""
     q, k, v = _qkv(T=40)
     keep = _keep(2, 40, [40, 31])
     torch.manual_seed(5)

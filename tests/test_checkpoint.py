@@ -20,7 +20,7 @@ from minibert.checkpoint import (
     step_dir,
 )
 from minibert.optim import build_optimizer
-from minibert.runtime import rng_state
+from minibert.rng import rng_state
 
 
 _CONFIG = tiny_config(hidden_dropout=0.0, attention_dropout=0.0)  # same forward twice

@@ -65,7 +65,7 @@ def test_bf16_is_the_default_on_cuda(tmp_path):
 
 
 def test_peak_memory_tracks_cuda_allocations():
-    from minibert.runtime import current_memory_mb, peak_memory_mb, reset_peak_memory
+    from minibert.memory import current_memory_mb, peak_memory_mb, reset_peak_memory
 
     reset_peak_memory("cuda")
     base = current_memory_mb("cuda")

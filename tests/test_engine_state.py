@@ -12,6 +12,7 @@ from engine_utils import collator, tiny_corpus, tiny_model, train_config
 from minibert.checkpoint import latest_checkpoint, load_checkpoint
 from minibert.distributed import DistContext
 from minibert.engine import TrainConfig, TrainState, train
+from minibert.rng import rank_seed
 from minibert.optim import build_optimizer
 
 
@@ -152,11 +153,12 @@ def test_a_rank_without_saved_rng_state_gets_its_own_stream(corpus, tmp_path, mo
         model = tiny_model(tok)
         optimizer = build_optimizer(model, 1e-3)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
-        resume.resume_run(model, optimizer, scaler, train_config(max_steps=4), {},
-                       tmp_path / "checkpoints", ctx)
+        state = TrainState(optimizer=optimizer, scaler=scaler)
+        resume.resume_run(model, state, train_config(max_steps=4), {},
+                          tmp_path / "checkpoints", ctx)
         draws[rank] = torch.rand(8)
     assert not torch.equal(draws[0], draws[1])
-    assert resume.rank_seed(0, 1) != resume.rank_seed(0, 2) != resume.rank_seed(1, 1)
+    assert rank_seed(0, 1) != rank_seed(0, 2) != rank_seed(1, 1)
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -169,7 +171,7 @@ def test_settings_that_would_train_nothing_are_refused(field, value, message):
 
 
 def test_count_targets_knows_each_task_s_unit():
-    from minibert.engine import count_targets
+    from minibert.data.mlm import count_targets
 
     assert count_targets({"labels": torch.tensor([[1, -100, 2], [-100, -100, 3]])}) == 3
     assert count_targets({"labels": torch.tensor([0, 1, 1])}) == 3

@@ -9,8 +9,9 @@ import torch
 
 import minibert
 from conftest import hf_config, random_batch, tiny_config
-from minibert import hf
+from minibert import export, hf
 from minibert.checkpoint import save_checkpoint
+from minibert.export import export_checkpoint
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -218,7 +219,7 @@ def test_outputs_carry_transformers_field_names():
 ])
 def test_class_from_names_tells_every_model_apart(cls_name, kwargs):
     weights = getattr(minibert, cls_name)(tiny_config(), **kwargs).state_dict()
-    assert hf._class_from_names(weights) == cls_name
+    assert export._class_from_names(weights) == cls_name
 
 
 @pytest.mark.parametrize("cls_name, kwargs", [
@@ -230,7 +231,7 @@ def test_export_checkpoint_of_the_new_heads(cls_name, kwargs, tmp_path):
     # No model_class recorded (an older checkpoint): the class comes from the names.
     state = {"model": model.state_dict(), "model_config": asdict(model.config), "step": 7}
     ckpt = save_checkpoint(tmp_path / "checkpoints", 7, state)
-    hf.export_checkpoint(ckpt, tmp_path / "export")
+    export_checkpoint(ckpt, tmp_path / "export")
     assert json.loads((tmp_path / "export" / "config.json").read_text())["architectures"] == \
         [cls_name]
     ours = getattr(minibert, cls_name).from_pretrained(tmp_path / "export").eval()
@@ -269,7 +270,7 @@ def test_bad_labels_and_positions():
 @pytest.mark.parametrize("n_predicted", [20, 0])
 def test_mlm_word_embedding_gradient_matches_transformers(n_predicted, tmp_path):
     """BertForMaskedLM's lookup adds its rows into the gradient the tied decoder handed over
-    (levers.TiedWordGradient): the weight's .grad must be dense and equal transformers' on
+    (kernels.TiedWordGradient): the weight's .grad must be dense and equal transformers' on
     the same weights, [PAD] row included (the lookup gives it none), and fused AdamW must
     take it."""
     transformers = pytest.importorskip("transformers")

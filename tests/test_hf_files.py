@@ -17,6 +17,7 @@ import minibert.atomic
 import minibert.hf as hf
 from conftest import random_batch, tiny_config
 from minibert.checkpoint import save_checkpoint
+from minibert.export import export_checkpoint
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -255,7 +256,7 @@ def test_export_checkpoint_loads_in_minibert_and_transformers(cls_name, extra, t
     kwargs = {"num_labels": 3} if cls_name == "BertForSequenceClassification" else {}
     model = _random_model(getattr(minibert, cls_name), **kwargs)
     ckpt = _training_checkpoint(tmp_path, model, **extra)
-    hf.export_checkpoint(ckpt, tmp_path / "export")
+    export_checkpoint(ckpt, tmp_path / "export")
     ours = getattr(minibert, cls_name).from_pretrained(tmp_path / "export").eval()
     theirs = getattr(transformers, cls_name).from_pretrained(tmp_path / "export").eval()
     ids, mask = random_batch()
@@ -268,9 +269,9 @@ def test_export_checkpoint_loads_in_minibert_and_transformers(cls_name, extra, t
 def test_export_with_the_wrong_class_says_which(tmp_path):
     ckpt = _training_checkpoint(tmp_path, _random_model(minibert.BertForSequenceClassification))
     with pytest.raises(ValueError, match="BertForMaskedLM.*model_class"):
-        hf.export_checkpoint(ckpt, tmp_path / "export", model_class="BertForMaskedLM")
+        export_checkpoint(ckpt, tmp_path / "export", model_class="BertForMaskedLM")
     with pytest.raises(ValueError, match="'Bert'.*BertForMaskedLM"):
-        hf.export_checkpoint(ckpt, tmp_path / "export", model_class="Bert")
+        export_checkpoint(ckpt, tmp_path / "export", model_class="Bert")
     assert not (tmp_path / "export").exists()
 
 

@@ -427,7 +427,7 @@ def test_damaged_weights_checkpoints_and_a_full_disk_are_one_line(data_dir, tmp_
     err = _error_line(capsys, _args(data_dir, out, cache, "--max-steps", "2"))
     assert "could not write" in err and "MB are free" in err
     monkeypatch.undo()
-    from minibert.hf import export_checkpoint
+    from minibert.export import export_checkpoint
 
     export_checkpoint(out / "checkpoints" / "step_00000002", out / "final")
     assert minibert.BertForMaskedLM.from_pretrained(out / "final").config.vocab_size > 0

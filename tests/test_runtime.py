@@ -17,23 +17,13 @@ import torch
 import minibert
 from minibert.model import flops_per_token
 from conftest import tiny_config
+import minibert.meters as meters
 import minibert.precision as precision
-from minibert.precision import (
-    cpu_bf16_native,
-    cpu_bf16_speedup,
-    measure_peak_flops,
-    resolve_precision,
-)
-from minibert.runtime import (
-    environment_report,
-    log_environment,
-    mfu,
-    peak_memory_mb,
-    reset_peak_memory,
-    rng_state,
-    set_rng_state,
-    set_seed,
-)
+from minibert.environment import environment_report, log_environment
+from minibert.memory import peak_memory_mb, reset_peak_memory
+from minibert.meters import measure_peak_flops, mfu
+from minibert.precision import cpu_bf16_native, cpu_bf16_speedup, resolve_precision
+from minibert.rng import rng_state, set_rng_state, set_seed
 
 
 def _draws():
@@ -109,7 +99,8 @@ def test_cpu_peak_memory_rises_with_allocation_and_resets():
 # process-wide and permanent).
 _FAULTS = """
 import resource, sys, torch
-from minibert.runtime import environment_report, keep_freed_memory
+from minibert.environment import environment_report
+from minibert.memory import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else False
 assert environment_report("cpu")["freed_memory_kept"] == kept
 print(kept)
@@ -178,7 +169,7 @@ def test_mfu_arithmetic_and_measured_peak():
 
 
 def _simulated_matmuls(monkeypatch, flops_per_s: float) -> list:
-    """Replace torch.mm and the clock of runtime.py by a simulated device of a given speed.
+    """Replace torch.mm and the clock of meters.py by a simulated device of a given speed.
 
     Each (m, k) @ (k, n) product is recorded and advances the clock by 2 m k n / flops_per_s
     instead of running, so what `measure_peak_flops` would cost on that device is counted
@@ -192,7 +183,7 @@ def _simulated_matmuls(monkeypatch, flops_per_s: float) -> list:
         return a
 
     monkeypatch.setattr(torch, "mm", mm)
-    monkeypatch.setattr(precision, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(meters, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     return calls
 
 
@@ -290,7 +281,7 @@ def test_environment_report_and_warnings(caplog):
     assert report["torch_cuda"] == torch.version.cuda
     assert report["bf16_supported"] is True and report["device_name"]
     assert report["torch_threads"] == torch.get_num_threads() and report["cpu_count"] >= 1
-    with caplog.at_level(logging.INFO, logger="minibert.runtime"):
+    with caplog.at_level(logging.INFO, logger="minibert.environment"):
         assert log_environment("cpu", "fp32")["warnings"] == []
     assert "environment:" in caplog.text and "WARNING" not in caplog.text
 
@@ -298,7 +289,7 @@ def test_environment_report_and_warnings(caplog):
     torch.set_num_threads(report["cpu_count"] + 2)
     try:
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="minibert.runtime"):
+        with caplog.at_level(logging.WARNING, logger="minibert.environment"):
             log_environment("cpu")
         assert "oversubscription" in caplog.text
     finally:
@@ -314,7 +305,7 @@ def test_environment_says_whether_bf16_is_native_and_warns_when_emulated(monkeyp
     report = environment_report("cpu")
     assert report["bf16_native"] is False
     assert report["bf16_supported"] is True  # autocast runs; it is slow, not refused
-    with caplog.at_level(logging.WARNING, logger="minibert.runtime"):
+    with caplog.at_level(logging.WARNING, logger="minibert.environment"):
         assert log_environment("cpu", "fp32")["warnings"] == []
         report = log_environment("cpu", "bf16")
     warnings = report["warnings"]
@@ -330,7 +321,7 @@ def test_environment_says_whether_bf16_is_native_and_warns_when_emulated(monkeyp
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_environment_warns_when_cuda_is_requested_without_cuda(caplog):
-    with caplog.at_level(logging.WARNING, logger="minibert.runtime"):
+    with caplog.at_level(logging.WARNING, logger="minibert.environment"):
         report = log_environment("cuda", "bf16")
     assert report["warnings"] and "cuda" in caplog.text
     assert report["device_available"] is False
@@ -400,7 +391,7 @@ def test_release_freed_memory_hands_kept_blocks_back():
     import ctypes
     import platform
 
-    from minibert.runtime import current_memory_mb, release_freed_memory
+    from minibert.memory import current_memory_mb, release_freed_memory
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("malloc_trim is glibc's")

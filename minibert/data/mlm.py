@@ -125,6 +125,15 @@ def pad_batch(sequences: Sequence, pad_id: int, pad_to_multiple_of: Optional[int
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
+def count_targets(batch: Mapping[str, torch.Tensor]) -> int:
+    """Predicted items in a batch, the unit its loss is a mean over: masked tokens (MLM),
+    labelled positions (token classification), examples (classification, and QA, whose
+    batches carry `start_positions` instead of `labels`)."""
+    if "labels" not in batch:
+        return int(batch["start_positions"].shape[0])
+    return int((batch["labels"] != IGNORE_INDEX).sum())
+
+
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser (Steele et al. 2014): a bijective scrambling of uint64."""
     x = x + _GOLDEN

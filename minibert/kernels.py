@@ -1,10 +1,10 @@
-"""Speed levers: faster ways to compute what plain PyTorch already computes.
+"""Kernels: faster hand-written versions of what plain PyTorch already computes.
 
-Each lever here was kept because a benchmark measured it (`benchmarks/bench_levers.py`
+Each kernel here was kept because a benchmark measured it (`benchmarks/bench_levers.py`
 and `bench_tied_lookup.py`; the numbers, with the machine, are in `benchmarks/RESULTS.md`,
 "Speed levers kept, each measured" and "Against transformers"). Reading BERT, you can skip
-this file: every function says which plain call it
-replaces, and the tests check that both compute the same thing.
+this file: every function says which plain call it replaces, and the tests check that both
+compute the same thing.
 """
 
 from __future__ import annotations

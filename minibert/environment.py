@@ -1,0 +1,129 @@
+"""What a run executes on, and the mismatches that silently cost speed.
+
+`environment_report` gathers versions, the device, bf16 support, threads and CPUs;
+`environment_warnings` turns its mismatches into sentences (a CUDA device without a CUDA
+build, more threads than CPUs, bf16 emulated on this CPU); `log_environment` logs both at
+the start of a run, and the engine stores the report with the run's result.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from typing import Any, Optional, Union
+
+import torch
+
+from . import precision as _precision
+from .memory import freed_memory_kept
+
+logger = logging.getLogger(__name__)
+
+Device = Union[str, torch.device]
+
+
+def _cpu_count() -> int:
+    """CPUs this process may run on (the affinity mask, which containers restrict)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            match = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.MULTILINE)
+        if match:
+            return match.group(1).strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def environment_report(device: Device) -> dict[str, Any]:
+    """What this run executes on: versions, device, bf16 support, threads, CPUs.
+
+    `bf16_supported`: bf16 autocast runs on the device (always on a CPU). `bf16_native`: its
+    bf16 matmuls run in hardware, not emulated, so bf16 can be faster than fp32.
+    """
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    report: dict[str, Any] = {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,  # None for a CPU-only build of torch
+        "python": sys.version.split()[0],
+        "device": str(device),
+        "device_name": None,
+        "device_available": True,
+        "bf16_supported": None,
+        "bf16_native": None,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": _cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "freed_memory_kept": freed_memory_kept(),  # see keep_freed_memory
+    }
+    if device.type == "cpu":
+        report["device_name"] = _cpu_name()
+        report["bf16_supported"] = True  # always runs on a CPU, emulated where not native
+        report["bf16_native"] = _precision.cpu_bf16_native()
+    elif device.type == "cuda":
+        report["device_available"] = torch.cuda.is_available()
+        if report["device_available"]:
+            report["device_name"] = torch.cuda.get_device_name(device)
+            try:  # emulated bf16 (pre-Ampere GPUs) is far too slow to count as support
+                report["bf16_supported"] = torch.cuda.is_bf16_supported(including_emulation=False)
+            except TypeError:  # older torch without the argument
+                report["bf16_supported"] = torch.cuda.is_bf16_supported()
+            report["bf16_native"] = report["bf16_supported"]
+    else:
+        module = getattr(torch, device.type, None)
+        report["device_available"] = bool(module and module.is_available())
+    return report
+
+
+def environment_warnings(report: dict[str, Any], precision: Optional[str] = None) -> list[str]:
+    """The mismatches in an `environment_report`, one sentence each (empty when all is well)."""
+    if precision is not None and precision not in _precision.PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not one of {_precision.PRECISIONS}")
+    warnings = []
+    if report["device"].startswith("cuda") and report["torch_cuda"] is None:
+        warnings.append(f"device {report['device']} was requested but torch "
+                        f"{report['torch']} is built without CUDA; install a CUDA build")
+    elif not report["device_available"]:
+        warnings.append(f"device {report['device']} was requested but is not available")
+    if report["torch_threads"] > report["cpu_count"]:
+        warnings.append(f"torch uses {report['torch_threads']} threads on "
+                        f"{report['cpu_count']} CPUs; oversubscription slows every op, "
+                        f"set torch.set_num_threads({report['cpu_count']}) or OMP_NUM_THREADS")
+    if precision == "bf16" and report["bf16_supported"] is False:
+        warnings.append(f"bf16 was requested but {report['device_name']} does not support "
+                        f"it; use fp16 or fp32")
+    elif precision == "bf16" and report["device"] == "cpu" and report["bf16_native"] is False:
+        speedup = report.get("bf16_matmul_speedup")  # measured by log_environment
+        cost = ("a bf16 run will be far slower than fp32" if speedup is None else
+                f"a bf16 matmul runs {1 / speedup:.0f}x slower than fp32 here")
+        if speedup is None or speedup < 1:
+            warnings.append(f"bf16 matmuls are emulated on {report['device_name']} (no AMX "
+                            f"or AVX512-BF16 instructions): {cost}; use fp32")
+    return warnings
+
+
+def log_environment(device: Device, precision: Optional[str] = None) -> dict[str, Any]:
+    """Log the environment report and a warning for each mismatch; return the report.
+
+    The returned dict has the warnings under "warnings", ready to be stored with the run.
+    """
+    report = environment_report(device)
+    if precision == "bf16" and report["bf16_native"] is False and report["device"] == "cpu":
+        # how much slower, for the warning
+        report["bf16_matmul_speedup"] = _precision.cpu_bf16_speedup()
+    report["warnings"] = environment_warnings(report, precision)
+    logger.info("environment: %s", ", ".join(f"{k}={v}" for k, v in report.items()
+                                              if k != "warnings"))
+    for message in report["warnings"]:
+        logger.warning(message)
+    return report

@@ -1,0 +1,113 @@
+"""What a run measures about its own speed: throughput, model FLOPs utilisation (MFU), and
+the matmul ceiling MFU is a fraction of.
+
+* `measure_peak_flops`: the achievable matmul rate of a device in a dtype, bounded in time.
+* `mfu`: model FLOPs (`model.flops_per_token`) per second over that ceiling.
+* `StepMeter`: the tokens, seconds and FLOPs of the steps between two log rows.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Union
+
+import torch
+
+from .memory import peak_memory_mb, reset_peak_memory
+
+Device = Union[str, torch.device]
+
+
+def _synchronize(device: torch.device) -> None:
+    module = getattr(torch, device.type, None) if device.type != "cpu" else None
+    if module is not None and hasattr(module, "synchronize"):
+        module.synchronize(device)
+
+
+def measure_peak_flops(device: Device, dtype: torch.dtype = torch.float32,
+                       max_n: int = 4096, budget_s: float = 0.3) -> float:
+    """Achievable matmul FLOP/s on `device` in `dtype`: the MFU denominator, measured.
+
+    Returns the best rate of square (n x n) @ (n x n) products (2 n^3 FLOPs each): a
+    ceiling, and the rate least disturbed by whatever else runs on the machine at the time.
+    This is what the hardware actually delivers on a large, well shaped matmul, usually
+    somewhat below the datasheet peak; pass a datasheet number to `mfu` instead when
+    comparing with published MFU figures.
+
+    The cost is bounded by time, not by a fixed size, because rates differ by 1000x between
+    devices and dtypes: a CPU that emulates bf16 multiplies at ~1.3 GFLOP/s, where one
+    2048^3 product takes 13 s. n starts at 128 and doubles, up to `max_n`, while one product
+    takes under `budget_s / 8` (so the next, 8x the work, takes at most `budget_s`); products
+    of the final size then repeat until `budget_s` has passed since the start. At most about
+    2 x `budget_s` in all, 0.6 s at the default, on any device. Growing by the time taken
+    rather than predicting it from the small sizes' rates matters on a busy machine, where a
+    small multi-threaded product waits milliseconds for its threads to be scheduled.
+    """
+    device = _device(device)
+    # A private generator: measuring must not move the global RNG that training draws from.
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def matrices(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.randn(n, n, device=device, generator=gen).to(dtype),
+                torch.randn(n, n, device=device, generator=gen).to(dtype))
+
+    def seconds(a: torch.Tensor, b: torch.Tensor) -> float:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        _synchronize(device)
+        return max(time.perf_counter() - t0, 1e-9)
+
+    n = 128
+    a, b = matrices(n)
+    torch.mm(a, b)  # warm-up: kernel selection, lazy initialisation, caches
+    _synchronize(device)
+    start = time.perf_counter()
+    last = seconds(a, b)
+    while 2 * n <= max_n and last < budget_s / 8:
+        n *= 2
+        a, b = matrices(n)
+        last = seconds(a, b)
+    rates = [2.0 * n**3 / last]
+    while time.perf_counter() - start < budget_s:
+        rates.append(2.0 * n**3 / seconds(a, b))
+    return max(rates)
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation: the fraction of `peak_flops` that training turns into model
+    FLOPs (`tokens_per_s * flops_per_token / peak_flops`, in [0, 1] for a sound peak)."""
+    if not peak_flops > 0:
+        raise ValueError(f"peak_flops={peak_flops!r} must be > 0")
+    return tokens_per_s * flops_per_token / peak_flops
+
+
+class StepMeter:
+    """Tokens, seconds and model FLOPs of the steps since the last log row: throughput, MFU
+    and peak memory. Only the steps' own time counts: an evaluation or a checkpoint save
+    between two rows does not lower the throughput of the next."""
+
+    def __init__(self) -> None:
+        self.tokens, self.seconds, self.flops = 0, 0.0, 0.0
+
+    def add(self, tokens: int, seconds: float, flops: float) -> None:
+        self.tokens += tokens
+        self.seconds += seconds
+        self.flops += flops
+
+    def flops_per_s(self) -> float:
+        """The model FLOP/s of the steps since the last row."""
+        return self.flops / max(self.seconds, 1e-9)
+
+    def take(self, peak_flops: float, device: torch.device) -> dict[str, float]:
+        """The window's numbers, then a new window. Tokens/s and the ceiling count every rank."""
+        tps = self.tokens / max(self.seconds, 1e-9)
+        row = {"tokens_per_s": round(tps, 1),
+               "mfu": round(mfu(tps, self.flops / max(self.tokens, 1), peak_flops), 4),
+               "peak_mem_mb": round(peak_memory_mb(device), 1)}
+        self.__init__()
+        reset_peak_memory(device)
+        return row
+
+
+def _device(device: Device) -> torch.device:
+    return device if isinstance(device, torch.device) else torch.device(device)

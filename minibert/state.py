@@ -1,0 +1,194 @@
+"""The state of a training run, below the loop: what it was asked to do (`TrainConfig`),
+everything that moves while it runs (`TrainState`), and what makes two runs the same run
+(the *run identity*).
+
+`TrainState` is the one place that knows what a checkpoint holds of a run in motion: its
+`state_dict()` gives the counters, the data position, the micro-batch in use, the optimizer,
+the gradient scaler and the random generators, and `load_state_dict()` puts them all back,
+so a resumed run continues exactly where the checkpoint left it (lingua's `TrainState` is
+the model). The weights and the run identity join them in `resume.save_run`.
+
+The *run identity* is everything that decides what a run computes: the model config, the
+training settings but those in `RESUME_MAY_CHANGE`, and the data's identity given by the
+caller. A resume with any of them changed is refused by name (`check_identity`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+import torch.nn as nn
+
+from .distributed import unwrap
+from .optim import resolve_warmup
+from .precision import PRECISIONS
+from .rng import rank_seed, rng_state, set_rng_state, set_seed
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainConfig:
+    """Everything about a run that is not the model. Stored in every checkpoint."""
+
+    batch_size: int = 32  # global: sequences per optimizer step, over all ranks
+    micro_batch_size: Optional[int] = None  # per rank and forward pass; None = batch / world
+    max_steps: int = 1000  # where this run stops; may change on resume
+    decay_steps: Optional[int] = None  # the schedule's horizon; None = max_steps of the start
+    lr: float = 5e-4
+    min_lr: float = 0.0  # the rate at the horizon, and after it
+    warmup: Union[int, float] = 0.1  # optimizer steps, or a fraction of decay_steps
+    schedule: str = "linear"
+    weight_decay: float = 0.01
+    adam_eps: float = 1e-6
+    max_grad_norm: float = 1.0
+    precision: str = "auto"  # see precision.resolve_precision
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 0  # 0 = only at the end
+    eval_batches: int = 50  # global batches of the evaluation set per evaluation
+    save_every: int = 0  # 0 = only at the end
+    keep_checkpoints: int = 3
+    max_bad_steps: int = 5  # consecutive non-finite steps before the run is stopped
+    auto_micro_batch: bool = False  # halve the micro-batch on out-of-memory and go on
+    compile: bool = False
+    progress: bool = True
+    # Steps (or a fraction of decay_steps) over which batches grow to full length; 0 = off.
+    seq_len_warmup: Union[int, float] = 0
+    seq_len_start: int = 32
+    peak_flops: Optional[float] = None  # MFU ceiling, FLOP/s; None = measured, again if beaten
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "max_steps", "log_every", "eval_batches", "keep_checkpoints",
+                     "max_bad_steps"):
+            _check_int(name, getattr(self, name), 1)
+        for name in ("eval_every", "save_every"):
+            _check_int(name, getattr(self, name), 0)
+        for name in ("micro_batch_size", "decay_steps"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 1)
+        if self.precision not in ("auto",) + PRECISIONS:
+            raise ValueError(f"TrainConfig.precision={self.precision!r} is not one of "
+                             f"{('auto',) + PRECISIONS}")
+        if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, "
+                             f"min_lr={self.min_lr}")
+        # Each of these makes a run that exits 0 and trains nothing, or trains backwards.
+        if not self.max_grad_norm > 0:
+            raise ValueError(f"TrainConfig.max_grad_norm={self.max_grad_norm} must be > 0: 0 "
+                             f"clips every gradient to nothing, and a negative norm flips it")
+        if not self.adam_eps > 0:
+            raise ValueError(f"TrainConfig.adam_eps={self.adam_eps} must be > 0")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"TrainConfig.weight_decay={self.weight_decay} must be >= 0")
+        if self.peak_flops is not None and not self.peak_flops > 0:
+            raise ValueError(f"TrainConfig.peak_flops={self.peak_flops} must be > 0 (FLOP/s), "
+                             f"or None to measure it")
+        resolve_warmup(self.warmup, self.decay_steps or self.max_steps)  # raises on a bad one
+        resolve_warmup(self.seq_len_warmup, self.decay_steps or self.max_steps,
+                       name="TrainConfig.seq_len_warmup")
+        _check_int("seq_len_start", self.seq_len_start, 1)
+
+
+@dataclass
+class TrainState:
+    """Everything that moves during a run, saved with each checkpoint and restored whole.
+
+    The counters are plain fields; `optimizer` and `scaler` are the run's own objects, held
+    here so that `state_dict` / `load_state_dict` cover them and the random generators in one
+    call.
+    """
+
+    step: int = 0  # optimizer steps taken (skipped ones included)
+    tokens_seen: int = 0  # non-padding tokens over all ranks
+    epoch: int = 0  # the data position: the epoch of the next global batch,
+    consumed: int = 0  # and the examples of that epoch already used, over all ranks
+    skipped: int = 0  # steps not applied: non-finite, or an fp16 overflow
+    bad_steps: int = 0  # consecutive non-finite steps; the run stops at max_bad_steps
+    # Seconds spent training, over every start of the run: evaluation, checkpoint saves and
+    # logging excluded, so time-to-loss curves compare runs that evaluate at different rates.
+    train_seconds: float = 0.0
+    # The micro-batch in use when an out-of-memory error made the run halve it
+    # (recovery.back_off); None: TrainConfig.micro_batch_size. A resumed run keeps it, so
+    # it does not run out of memory again to find it, unless the resume sets another one.
+    micro_batch_size: Optional[int] = None
+    optimizer: Optional[torch.optim.Optimizer] = field(default=None, repr=False, compare=False)
+    scaler: Optional[torch.amp.GradScaler] = field(default=None, repr=False, compare=False)
+
+    def counters(self) -> dict[str, Any]:
+        """The plain fields: what `TrainState(**counters)` rebuilds."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("optimizer", "scaler")}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint holds of the run in motion, under the checkpoint's own keys:
+        `train_state` (the counters), `optimizer`, `scaler` and `rng` (this process's
+        generators; `resume.save_run` gathers one per rank into a list)."""
+        return {"train_state": self.counters(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(), "rng": rng_state()}
+
+    def load_state_dict(self, saved: dict[str, Any], rank: int = 0, seed: int = 0) -> None:
+        """Put back what `state_dict` gave (`rng` as saved: one state per rank). A rank the
+        checkpoint has no generator state for gets a stream of its own from (seed, rank)."""
+        known = set(self.counters())
+        for name, value in saved["train_state"].items():
+            if name in known:
+                setattr(self, name, value)
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scaler.load_state_dict(saved["scaler"])
+        rngs = saved["rng"]
+        if rank < len(rngs):
+            set_rng_state(rngs[rank])
+        else:  # more ranks than the checkpoint had: a stream of its own, not a copy of rank 0's
+            logger.warning("rank %d has no saved RNG state (the run had %d ranks); seeding it "
+                           "from (seed, rank)", rank, len(rngs))
+            set_seed(rank_seed(seed, rank))
+
+
+# ---- the run identity -------------------------------------------------------------------------
+
+# Fields that may change between a run and its resumption without changing what it computes.
+RESUME_MAY_CHANGE = frozenset({
+    "max_steps", "micro_batch_size", "auto_micro_batch", "log_every", "eval_every",
+    "eval_batches", "save_every", "keep_checkpoints", "max_bad_steps", "compile", "progress",
+    "peak_flops"})
+
+
+def run_identity(model: nn.Module, cfg: "TrainConfig") -> dict[str, Any]:
+    """The model and training settings that decide what a run computes (see RESUME_MAY_CHANGE)."""
+    return {"model_config": asdict(unwrap(model).config),
+            "train_config": {k: v for k, v in asdict(cfg).items() if k not in RESUME_MAY_CHANGE}}
+
+
+def check_identity(saved: dict, now: dict, path: Path) -> None:
+    """Refuse to resume when any setting of the run identity differs, naming each one."""
+    diffs = []
+    for section, label in (("model_config", "model "), ("train_config", ""),
+                           ("data_identity", "")):
+        old = saved.get(section, {}) if section != "train_config" else \
+            {k: v for k, v in saved[section].items() if k not in RESUME_MAY_CHANGE}
+        new = now[section]
+        for key in sorted(set(old) | set(new), key=str):
+            if old.get(key, _UNSET) != new.get(key, _UNSET):
+                diffs.append(f"{label}{key}: checkpoint {_show(old.get(key, _UNSET))}, now "
+                             f"{_show(new.get(key, _UNSET))}")
+    if diffs:
+        raise ValueError(f"cannot resume from {path}: the settings differ from the "
+                         f"checkpoint's ({'; '.join(diffs)}); use the original settings or a "
+                         f"new --out directory")
+
+
+_UNSET = object()
+
+
+def _show(value: Any) -> str:
+    return "not set" if value is _UNSET else repr(value)
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"TrainConfig.{name}={value!r} must be an integer >= {low}")
