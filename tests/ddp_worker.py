@@ -16,6 +16,8 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     tok = Tokenizer.from_pretrained(data / "tokenizer")
     ds = PackedMLMDataset(TokenFile.open(data / "corpus.tok", tok), seq_len=32)
+    if len(sys.argv) > 3:  # the first n examples only
+        ds = torch.utils.data.Subset(ds, list(range(int(sys.argv[3]))))
     ctx = init_distributed("cpu")
     model = tiny_model(tok)
     train(model, ds, collator(tok), train_config(micro_batch_size=4), out, ctx=ctx)

@@ -371,3 +371,100 @@ def test_classification_with_length_grouping_and_eval_fn(tmp_path):
     assert result["accuracy"] == 0.5 and calls == [False, False]  # eval mode, twice
     rows = [json.loads(line) for line in open(tmp_path / "grouped" / "metrics.jsonl")]
     assert [r["step"] for r in rows if "accuracy" in r] == [6, 12]
+
+
+def test_eval_fn_scores_come_back_whole(corpus, tmp_path):
+    """An evaluation's tables and predictions come back in result["scores"]; only its
+    numbers are logged and added to the result."""
+    tok, ds = corpus
+    seen = []
+
+    def eval_fn(model):
+        seen.append(len(seen))
+        return {"accuracy": 0.25 * len(seen), "per_class": {"a": 1.0}, "preds": [1, 0],
+                "ok": True}
+
+    def constant(model):
+        return 0.5
+
+    result = train(tiny_model(tok), ds, collator(tok), train_config(max_steps=4, eval_every=2),
+                   tmp_path, eval_fn=eval_fn)
+    assert result["scores"] == {"accuracy": 0.5, "per_class": {"a": 1.0}, "preds": [1, 0],
+                                "ok": True}  # the last evaluation's, whole
+    assert result["accuracy"] == 0.5 and "preds" not in result and "ok" not in result
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["accuracy"] for r in rows if "accuracy" in r] == [0.25, 0.5]
+    assert not any("per_class" in r or "ok" in r for r in rows)
+    with pytest.raises(TypeError, match="mapping"):
+        train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2, warmup=1),
+              tmp_path / "b", eval_fn=constant)
+
+
+def _subset(ds, n):
+    return torch.utils.data.Subset(ds, list(range(n)))
+
+
+def test_accumulation_is_exact_with_a_smaller_last_batch(corpus, tmp_path):
+    """37 examples at batch 16: every third step is the epoch's last batch, of 5 examples.
+    Its micro-batches of 4 and 1 must give what one batch of 5 gives."""
+    tok, ds = corpus
+    small = _subset(ds, 37)
+    full, accum = tiny_model(tok), tiny_model(tok)
+    train(full, small, collator(tok), train_config(), tmp_path / "full")
+    train(accum, small, collator(tok), train_config(micro_batch_size=4), tmp_path / "accum")
+    a, b = _losses(tmp_path / "full"), _losses(tmp_path / "accum")
+    assert len(a) == 6 and a[-1] < a[0]
+    assert all(abs(x - y) <= 1e-6 * abs(y) for x, y in zip(a, b))
+    # fp32 rounding in AdamW's early steps, as with whole batches (~1e-6); weighting the
+    # micro-batches of 4 and 1 equally instead would differ by about 1e-2.
+    assert _max_rel_diff(full, accum) <= 2e-6
+    state = load_checkpoint(latest_checkpoint(tmp_path / "full" / "checkpoints"))["train_state"]
+    assert (state["epoch"], state["consumed"]) == (1, 37)  # two whole epochs, none dropped
+
+
+def test_resume_at_a_smaller_last_batch_is_exact(corpus, tmp_path):
+    tok, ds = corpus
+    small = _subset(ds, 37)
+    reference = tiny_model(tok, dropout=0.1)
+    train(reference, small, collator(tok), train_config(), tmp_path / "ref")
+    first = tiny_model(tok, dropout=0.1)
+    result = train(first, small, collator(tok), train_config(max_steps=3, decay_steps=6),
+                   tmp_path / "run")
+    assert result["steps"] == 3  # its last step was the epoch's batch of 5
+    resumed = tiny_model(tok, seed=123, dropout=0.1)
+    train(resumed, small, collator(tok), train_config(), tmp_path / "run", resume=True)
+    assert _losses(tmp_path / "run") == _losses(tmp_path / "ref")
+    assert all(torch.equal(p, q) for p, q in zip(resumed.parameters(), reference.parameters()))
+
+
+def test_a_resumed_run_keeps_the_micro_batch_it_backed_off_to(corpus, tmp_path):
+    """The micro-batch an out-of-memory error halved to is saved with the state: the resumed
+    run starts with it instead of running out of memory again to find it, unless the resume
+    sets a micro-batch of its own."""
+    tok, ds = corpus
+    sizes = []
+
+    def limited(model):
+        forward = model.forward
+
+        def small_batches_only(input_ids, *args, **kwargs):
+            sizes.append(input_ids.shape[0])
+            if input_ids.shape[0] > 4:
+                raise torch.OutOfMemoryError("fake: tried to allocate 2.00 GiB")
+            return forward(input_ids, *args, **kwargs)
+
+        model.forward = small_batches_only
+        return model
+
+    cfg = train_config(max_steps=2, auto_micro_batch=True)
+    train(limited(tiny_model(tok)), ds, collator(tok), cfg, tmp_path)
+    state = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))["train_state"]
+    assert state["micro_batch_size"] == 4
+    sizes.clear()
+    train(limited(tiny_model(tok)), ds, collator(tok), replace(cfg, max_steps=3), tmp_path,
+          resume=True)
+    assert sizes == [4, 4, 4, 4]  # no attempt at 16 or 8
+    sizes.clear()
+    train(limited(tiny_model(tok)), ds, collator(tok),
+          replace(cfg, max_steps=4, micro_batch_size=2), tmp_path, resume=True)
+    assert sizes == [2] * 8
