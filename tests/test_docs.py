@@ -120,3 +120,13 @@ def test_qa_doc_snippet_runs(tmp_path, monkeypatch):
     model.save_pretrained("runs/squad/final", tokenizer=tok)
     (block,) = python_blocks(ROOT / "docs" / "qa.md")
     exec(compile(block, "docs/qa.md python block 1", "exec"), {})
+
+
+def test_readme_shows_the_two_commands_first():
+    """The README says what minibert is and shows its two commands within its first 120 words
+    of prose (headings and code not counted); the features and numbers come after."""
+    text = (ROOT / "README.md").read_text()
+    before = text[:text.index("```bash")]
+    prose = [ln for ln in before.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert len(" ".join(prose).split()) <= 120
+    assert "examples/pretrain_wikitext.py" in text[:text.index("## ", text.index("```bash"))]
