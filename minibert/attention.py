@@ -70,8 +70,8 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
     torch's fused CPU kernels have no dropout: with attention dropout, torch falls back to
     its own unfused formula and draws the mask with `bernoulli_`, one element at a time.
     `math_attention` is the same formula with minibert's cheaper dropout, so an fp32 step on
-    a CPU trains through it instead: 1.3 - 1.4x faster in the call alone, 2.34x -> 2.55 - 2.77x
-    transformers' mini step (benchmarks/RESULTS.md, "Against transformers").
+    a CPU trains through it instead: faster in the call alone, and enough to widen minibert's
+    lead over transformers' mini step (benchmarks/RESULTS.md, "Against transformers").
     In bf16 it does not: torch's fallback computes the scores and softmax in fp32 there.
     """
     if dropout_p > 0 and q.device.type == "cpu" and q.dtype == torch.float32:
@@ -242,13 +242,14 @@ class _ChunkedAttention(torch.autograd.Function):
 # Every tile pays the same fixed cost (Python, kernel launches, the elementwise softmax
 # updates) beside its matmuls, whose work grows as c². A larger tile amortises that cost until
 # its (B, nh, c, c) temporaries fall out of cache or the matmul kernel stops getting faster,
-# and where that happens is the device's business: on a 2-core AVX2 CPU, T = 4096 took 1.04×
-# math's time at c = 128, 0.66× at 256 and 0.74× at 512 (benchmarks/RESULTS.md). So the tile
-# is measured on the machine at hand rather than fixed by what another machine preferred. The
-# candidates stop at 512, so the memory stays O(T · c) with a constant c, whatever wins.
-# A larger tile needs more memory and must be clearly faster to win: the same tile timed
-# in two processes differed by up to a third at c = 512 (0.75 and 1.01 s, RESULTS.md), while
-# picks between 256 and 512 came down to 5%.
+# and where that happens is the device's business: on one 2-core AVX2 CPU at T = 4096, c = 128
+# ran level with math, 256 clearly faster and 512 between the two (benchmarks/RESULTS.md,
+# "Attention backends: memory and time against sequence length"). So the tile is measured on
+# the machine at hand rather than fixed by what another machine preferred. The candidates
+# stop at 512, so the memory stays O(T · c) with a constant c, whatever wins.
+# A larger tile needs more memory and must be clearly faster to win: there, the same 512 tile
+# timed in two processes differed by far more than the margin by which a pick had preferred
+# it to 256 (same section).
 CHUNK_CANDIDATES = (64, 128, 256, 512)
 LARGER_TILE_GAIN = 0.9  # a larger tile wins only in under 90% of the smaller one's time
 
@@ -305,7 +306,8 @@ def pick_chunk_size(num_heads: int, head_dim: int, seq_len: int,
     memory. Measure once and pass the result as
     `BertConfig.attention_chunk_size`, so the model, its checkpoints and a resumed run keep it
     (a tile changes the rounding, so a run that re-measured could not resume exactly).
-    Timing takes about 20 s at seq_len 4096 on 2 CPU cores, and under 1 s at 512.
+    Timing costs a warm-up and `repeats` passes per tile, most at long sequences on a small
+    CPU (benchmarks/RESULTS.md, "Attention backends: memory and time against sequence length").
     """
     timings = time_chunk_sizes(num_heads, head_dim, seq_len, device, dtype, candidates, repeats)
     best = min(timings)

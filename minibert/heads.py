@@ -106,8 +106,9 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
         decoder = self.bert.embeddings.word.weight  # (V, H), tied
         # The lookup's gradient and the decoder's meet in one (V, H) gradient. Left to
         # autograd, that costs vocabulary-sized temporaries each step, new memory a CPU
-        # maps page by page (0 - 10% of a BERT-base step, as the host makes page faults
-        # cheap or dear); `TiedWordGradient` builds the sum in place.
+        # maps page by page (little to a sizeable share of a BERT-base step, as the host makes
+        # page faults cheap or dear: benchmarks/RESULTS.md, "Against transformers");
+        # `TiedWordGradient` builds the sum in place.
         # On a GPU that traffic is cheap, and compiled graphs keep to plain autograd.
         tied = TiedWordGradient() if (decoder.device.type == "cpu" and torch.is_grad_enabled()
                                       and not torch.compiler.is_compiling()) else None

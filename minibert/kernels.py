@@ -48,8 +48,8 @@ class TiedWordGradient:
     lookup's, and adds them. Dense, the lookup's is a zero-filled V x H buffer for a few
     hundred rows; sparse, autograd still adds it out of place, into a fresh V x H tensor
     (94 MB for BERT-base). On a CPU each such buffer is new memory the kernel maps page by
-    page: up to 10% of a BERT-base step where page faults are dear, 0 - 2% where they are
-    cheap (benchmarks/RESULTS.md, "Against transformers"). Here the decoder's backward
+    page: a sizeable share of a BERT-base step where page faults are dear, little where they
+    are cheap (benchmarks/RESULTS.md, "Against transformers"). Here the decoder's backward
     hands its dense gradient over, and the lookup's backward, which autograd always runs
     later (the decoder's input depends on the lookup's output), adds its rows into it in
     place with `index_add_`: the one V x H

@@ -108,9 +108,9 @@ def keep_freed_memory() -> bool:
     on first touch. A training step allocates the same large buffers every time, so it pays
     those page faults every step, tens of thousands of them for BERT-base (counted, with the
     speed-up without them, by `benchmarks/bench_process.py`; numbers in benchmarks/RESULTS.md,
-    "Process settings"). With mmap off (`M_MMAP_MAX = 0`) and trimming off
-    (`M_TRIM_THRESHOLD`), freed blocks stay in malloc's heap and the next step reuses them,
-    already mapped.
+    "Process settings: the allocator and the threads"). With mmap off (`M_MMAP_MAX = 0`) and
+    trimming off (`M_TRIM_THRESHOLD`), freed blocks stay in malloc's heap and the next step
+    reuses them, already mapped.
 
     It pays when a step has blocks above 32 MiB, such as the gradient of a 30,522 x 768
     embedding (94 MB) or the sparse head's logits over a 30k vocabulary; a step whose blocks
@@ -152,9 +152,10 @@ def release_freed_memory() -> bool:
     Why: glibc keeps freed blocks for reuse (always with `keep_freed_memory`, and below its
     rising thresholds without it). When the sizes a step asks for change, the kept blocks
     often no longer fit, so the heap grows beside them and the resident set climbs: a
-    sequence-length warmup, whose batches change length about a dozen times, doubled the
-    main job's peak resident set, and the varying number of masked tokens alone took it
-    from 1.2 to 2.6 GB over 300 steps (benchmarks/RESULTS.md, "Sequence-length warmup").
+    sequence-length warmup, whose batches change length about a dozen times, raised the
+    main job's peak resident set far above a run without one, and the varying number of
+    masked tokens alone kept it climbing after the warmup (benchmarks/RESULTS.md,
+    "Sequence-length warmup, and the learning-rate warmup's length").
     The engine calls this at each change of length and every `engine.RELEASE_EVERY` steps;
     the blocks still in use are then faulted in once more and reused. Returns False, doing
     nothing, where the C library is not glibc.

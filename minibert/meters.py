@@ -34,14 +34,15 @@ def measure_peak_flops(device: Device, dtype: torch.dtype = torch.float32,
     somewhat below the datasheet peak; pass a datasheet number to `mfu` instead when
     comparing with published MFU figures.
 
-    The cost is bounded by time, not by a fixed size, because rates differ by 1000x between
-    devices and dtypes: a CPU that emulates bf16 multiplies at ~1.3 GFLOP/s, where one
-    2048^3 product takes 13 s. n starts at 128 and doubles, up to `max_n`, while one product
-    takes under `budget_s / 8` (so the next, 8x the work, takes at most `budget_s`); products
-    of the final size then repeat until `budget_s` has passed since the start. At most about
-    2 x `budget_s` in all, 0.6 s at the default, on any device. Growing by the time taken
-    rather than predicting it from the small sizes' rates matters on a busy machine, where a
-    small multi-threaded product waits milliseconds for its threads to be scheduled.
+    The cost is bounded by time, not by a fixed size, because rates differ by orders of
+    magnitude between devices and dtypes: where a CPU emulates bf16, one 2048^3 product
+    alone takes many seconds (benchmarks/RESULTS.md, its opening section on the machines).
+    n starts at 128 and doubles, up to `max_n`, while one product takes under `budget_s / 8`
+    (so the next, 8x the work, takes at most `budget_s`); products of the final size then
+    repeat until `budget_s` has passed since the start. At most about 2 x `budget_s` in all,
+    0.6 s at the default, on any device. Growing by the time taken rather than predicting it
+    from the small sizes' rates matters on a busy machine, where a small multi-threaded
+    product can wait longer for its threads to be scheduled than it takes to compute.
     """
     device = _device(device)
     # A private generator: measuring must not move the global RNG that training draws from.

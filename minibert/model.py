@@ -116,7 +116,8 @@ def unpad(x: Tensor, keep: Tensor) -> Tensor:
     every layer but attention works on each token alone (embeddings' norm, projections,
     feed-forward, LayerNorms), so a padded batch can run them on its real tokens only and
     save the work of the padding (measured by benchmarks/bench_unpadding.py; the numbers are
-    in benchmarks/RESULTS.md, "Unpadding"). The real tokens' outputs are exactly the same.
+    in benchmarks/RESULTS.md, "Speed levers kept, each measured", under Unpadding). The real
+    tokens' outputs are exactly the same.
     """
     return x[keep]
 

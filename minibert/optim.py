@@ -93,7 +93,8 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.01,
     `set_lr(optimizer, lr_at(step, ...))`. The fused kernel (one pass over each tensor
     for the whole update) is used wherever torch has it: CUDA, and the CPU since torch 2.4,
     where it is several times faster than the multi-tensor `foreach` kernel (measured in
-    benchmarks/RESULTS.md); `foreach` is the fallback. All compute the same update.
+    benchmarks/RESULTS.md, "Speed levers kept, each measured"); `foreach` is the fallback.
+    All compute the same update.
     """
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr >= 0:
         raise ValueError(f"lr={lr!r} must be a number >= 0")

@@ -30,8 +30,9 @@ MATMUL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.fl
 
 
 # "auto" takes bf16 on a CPU only if its matmuls run this much faster than fp32's: autocast
-# adds a cast of every weight and of activations where fp32 and bf16 ops meet (a few percent
-# of a BERT-base step, see benchmarks/RESULTS.md), and a 0.1 s probe is noisy on a busy machine.
+# adds a cast of every weight and of activations where fp32 and bf16 ops meet (a small share
+# of a BERT-base step: benchmarks/RESULTS.md, "Process settings: the allocator and the
+# threads"), and a 0.1 s probe is noisy on a busy machine.
 _BF16_AUTO_MIN_SPEEDUP = 1.5
 
 
@@ -112,7 +113,8 @@ def cpu_bf16_speedup() -> float:
     Two `measure_peak_flops` runs of 0.1 s each, on one thread: on a shared machine a small
     multi-threaded product waits for its slowest thread to be scheduled, and that wait
     would be timed instead of the arithmetic; the ratio per core is what decides. Above 1,
-    bf16 multiplies faster; about 0.01 where it is emulated on an AVX2 CPU.
+    bf16 multiplies faster; far below 1 where it is emulated (benchmarks/RESULTS.md, its
+    opening section on the machines).
     """
     cpu, threads = torch.device("cpu"), torch.get_num_threads()
     torch.set_num_threads(1)

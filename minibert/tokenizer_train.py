@@ -10,7 +10,8 @@ the counting and merging. Around it, minibert adds:
 * a filter that drops words over WordPiece's length limit before the trainer
   sees them (`_TrainingInput`);
 * the normalizer run in Python (`minibert.data.normalize`), so that the trainer,
-  fed normalized text, counts the same words about 1.4x sooner;
+  fed normalized text, counts the same words sooner (benchmarks/RESULTS.md, "Data
+  preparation speed: BERT's normalizer in Python");
 * errors that say what to change (an empty corpus, a vocabulary too small for
   the alphabet).
 """
@@ -173,8 +174,8 @@ def normalized(texts: Iterable[str], backend: tokenizers.Tokenizer) -> Iterator[
     """Each text as `backend`'s BERT normalizer makes it.
 
     The trainer would normalize each text on the Rust side, tracking offsets it never uses;
-    normalized here (see `minibert.data.normalize`), the same words reach it about 1.4x
-    sooner. The few texts where context matters go through the Rust normalizer itself.
+    normalized here (see `minibert.data.normalize`), the same words reach it sooner. The
+    few texts where context matters go through the Rust normalizer itself.
     """
     fast, rust = PythonNormalizer.of(backend), backend.normalizer.normalize_str
     for text in texts:

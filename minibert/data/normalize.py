@@ -1,9 +1,10 @@
 """BERT's text normalizer run in Python ahead of the Rust pipeline: the same ids, faster.
 
-Tokenizing a corpus spends about a third of the Rust pipeline's time in `BertNormalizer`
+Tokenizing a corpus spends a large share of the Rust pipeline's time in `BertNormalizer`
 (cleaning control characters, spacing CJK characters, NFD and dropping accents,
-lowercasing), because the Rust side tracks every character's original offset through
-each of those steps, offsets a token file never stores. The normalizer works one
+lowercasing; benchmarks/RESULTS.md, "Data preparation speed: BERT's normalizer in
+Python"), because the Rust side tracks every character's original offset through each of
+those steps, offsets a token file never stores. The normalizer works one
 character at a time, so this module asks the Rust normalizer once per distinct
 character what it makes of it, keeps the answers in a table, and normalizes whole
 documents with `str.translate` (a C loop, with a fast path for ASCII text). The

@@ -15,8 +15,8 @@ rates, and DeepSpeed ships it as truncation of each batch, as here. It pays in t
 
 * an early step costs less, about in proportion to its tokens;
 * on the main job, the eval loss leaves the plateau where the model predicts from word
-  frequencies and topic alone about 100 steps sooner than with full blocks from the start,
-  and ends lower (benchmarks/RESULTS.md, "Time to quality").
+  frequencies and topic alone sooner than with full blocks from the start, and ends lower
+  (benchmarks/RESULTS.md, "Sequence-length warmup, and the learning-rate warmup's length").
 
 Truncation keeps the first L positions of every per-position tensor, masks and labels
 included, so the masking stays exactly that of the full block (a pure function of seed,

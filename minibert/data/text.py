@@ -2,7 +2,7 @@
 written so that a crash never leaves half a file.
 
 Web-scraped corpora regularly contain a few bytes that are not valid UTF-8. A
-pipeline that crashes on byte 3,141,592,653 of a 500 MB file wastes an hour, so
+pipeline that crashes on byte 3,141,592,653 of a 5 GB file wastes an hour, so
 every reader in minibert decodes with replacement (U+FFFD) and reports how many
 bytes it replaced in one warning per file, instead of raising.
 """
@@ -15,7 +15,7 @@ from typing import Iterator, Optional, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-# 4 MiB chunks keep memory flat on 500 MB files while amortising Python overhead.
+# 4 MiB chunks keep memory flat however large the file, while amortising Python overhead.
 _CHUNK_BYTES = 1 << 22
 _REPLACEMENT_UTF8 = "\ufffd".encode("utf-8")
 

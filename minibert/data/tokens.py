@@ -209,8 +209,8 @@ def tokenize_to_memmap(
 
     Memory does not grow with the corpus: documents are read, encoded `batch_docs` at a
     time and appended to the file; only one 8-byte length per document is kept. A BERT
-    pipeline's normalizer runs in Python (`minibert.data.normalize`): the same ids, about
-    1.4x sooner.
+    pipeline's normalizer runs in Python (`minibert.data.normalize`): the same ids, sooner
+    (benchmarks/RESULTS.md, "Data preparation speed: BERT's normalizer in Python").
     """
     out_path = Path(out_path)
     dtype = np.dtype("<u2") if tokenizer.vocab_size <= 1 << 16 else np.dtype("<u4")
