@@ -40,6 +40,21 @@ from .kernels import dropout
 logger = logging.getLogger(__name__)
 
 
+def window_bias(keep: Optional[Tensor], T: int, window: int, dtype: torch.dtype,
+                device: torch.device) -> Tensor:
+    """The bias of a local (sliding-window) layer: query i sees key j only when |i - j| <=
+    `window` and j is a real token. (B or 1, 1, T, T) in `dtype`, 0 or the dtype's minimum.
+
+    One bias for both rules, built from a boolean mask, so a key outside the window *and*
+    on padding gets the minimum once, not twice (which would overflow to -inf).
+    """
+    pos = torch.arange(T, device=device)
+    allowed = (pos[:, None] - pos[None, :]).abs() <= window  # (T, T): the band
+    allowed = allowed[None, None] if keep is None else allowed & keep[:, None, None, :]
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
 def key_padding_bias(keep: Tensor, dtype: torch.dtype) -> Tensor:
     """(B, T) bool mask, True for real tokens -> (B, 1, 1, T) additive bias in `dtype`.
 
@@ -124,7 +139,8 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
 
 
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
-                      dropout_p: float = 0.0, chunk_size: int = 128) -> Tensor:
+                      dropout_p: float = 0.0, chunk_size: int = 128,
+                      window: Optional[int] = None) -> Tensor:
     """Exact attention whose training memory is O(T · chunk_size) instead of O(T²).
 
     Queries and keys are processed in tiles of `chunk_size` with an online softmax, and the
@@ -134,12 +150,14 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
     chunk's probabilities for the backward pass.
 
     (B, nh, T, hs) x3 -> (B, nh, T, hs). Lengths need not be multiples of `chunk_size`.
+    With a `window` (a local layer), tiles with no (query, key) pair within `window` of
+    each other are never computed: the work grows as T · window instead of T².
     """
     # The dropout seed comes from torch's global generator, so `set_seed` makes it repeatable.
     seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
     if bias is not None:
         bias = bias.to(_stats_dtype(q))
-    return _ChunkedAttention.apply(q, k, v, bias, chunk_size, dropout_p, seed)
+    return _ChunkedAttention.apply(q, k, v, bias, chunk_size, dropout_p, seed, window)
 
 
 def _tile_keep_mask(seed: int, tile: int, shape: torch.Size, p: float, device: torch.device,
@@ -156,15 +174,34 @@ def _stats_dtype(x: Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def _scores(qi: Tensor, kj: Tensor, bias: Optional[Tensor], cols: slice, scale: float) -> Tensor:
+def _outside(rows: slice, cols: slice, T: int, window: Optional[int]) -> bool:
+    """True when no query of `rows` is within `window` of a key of `cols`: a skipped tile."""
+    if window is None:
+        return False
+    r1, c1 = min(rows.stop, T) - 1, min(cols.stop, T) - 1  # the last row and column
+    return cols.start - r1 > window or rows.start - c1 > window
+
+
+def _scores(qi: Tensor, kj: Tensor, bias: Optional[Tensor], rows: slice, cols: slice,
+            scale: float, window: Optional[int] = None) -> Tensor:
+    """One tile's scaled scores plus its bias: (B, nh, cq, ck), in the statistics dtype. A
+    tile that the window's edge cuts gets the dtype's minimum outside the band."""
     s = (qi @ kj.transpose(-2, -1)).to(_stats_dtype(qi)) * scale  # (B, nh, cq, ck)
-    return s if bias is None else s + bias[..., cols]
+    if bias is not None:
+        s = s + bias[..., cols]
+    if window is not None:
+        r = torch.arange(rows.start, rows.start + qi.size(2), device=s.device)
+        c = torch.arange(cols.start, cols.start + kj.size(2), device=s.device)
+        far = (r[:, None] - c[None, :]).abs() > window  # (cq, ck)
+        if bool(far.any()):
+            s = s.masked_fill(far, torch.finfo(s.dtype).min)
+    return s
 
 
 class _ChunkedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], chunk: int,
-                dropout_p: float, seed: int) -> Tensor:
+                dropout_p: float, seed: int, window: Optional[int]) -> Tensor:
         B, nh, T, hs = q.shape
         scale = 1.0 / math.sqrt(hs)
         n_blocks = (T + chunk - 1) // chunk
@@ -180,7 +217,9 @@ class _ChunkedAttention(torch.autograd.Function):
             acc = torch.zeros(qi.shape, dtype=f32, device=q.device)
             for j in range(n_blocks):
                 cols = slice(j * chunk, (j + 1) * chunk)
-                s = _scores(qi, k[:, :, cols], bias, cols, scale)
+                if _outside(rows, cols, T, window):
+                    continue
+                s = _scores(qi, k[:, :, cols], bias, rows, cols, scale, window)
                 m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
                 p = torch.exp(s - m_new)
                 correction = torch.exp(m - m_new)  # rescales what was summed under the old max
@@ -194,13 +233,13 @@ class _ChunkedAttention(torch.autograd.Function):
             row_max[:, :, rows] = m
             log_sum[:, :, rows] = torch.log(row_sum)
         ctx.save_for_backward(q, k, v, bias, out, row_max, log_sum)
-        ctx.chunk, ctx.dropout_p, ctx.seed = chunk, dropout_p, seed
+        ctx.chunk, ctx.dropout_p, ctx.seed, ctx.window = chunk, dropout_p, seed, window
         return out
 
     @staticmethod
     def backward(ctx, d_out: Tensor):
         q, k, v, bias, out, row_max, log_sum = ctx.saved_tensors
-        chunk, dropout_p, seed = ctx.chunk, ctx.dropout_p, ctx.seed
+        chunk, dropout_p, seed, window = ctx.chunk, ctx.dropout_p, ctx.seed, ctx.window
         B, nh, T, hs = q.shape
         scale = 1.0 / math.sqrt(hs)
         n_blocks = (T + chunk - 1) // chunk
@@ -219,9 +258,12 @@ class _ChunkedAttention(torch.autograd.Function):
             m_i, log_l_i = row_max[:, :, rows], log_sum[:, :, rows]  # (B, nh, cq, 1)
             for j in range(n_blocks):
                 cols = slice(j * chunk, (j + 1) * chunk)
+                if _outside(rows, cols, T, window):
+                    continue
                 kj, vj = k[:, :, cols], v[:, :, cols]
                 # (S - m) first: exact even where S and m are both the bias minimum
-                p = torch.exp((_scores(qi, kj, bias, cols, scale) - m_i) - log_l_i)  # (B,nh,cq,ck)
+                s = _scores(qi, kj, bias, rows, cols, scale, window)
+                p = torch.exp((s - m_i) - log_l_i)  # (B, nh, cq, ck)
                 dp = (d_oi @ vj.transpose(-2, -1)).to(f32)  # (B, nh, cq, ck)
                 if dropout_p > 0:
                     keep = _tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p,
@@ -233,7 +275,7 @@ class _ChunkedAttention(torch.autograd.Function):
                 ds = (p * (dp - D[:, :, rows])).to(q.dtype)  # dS: (B, nh, cq, ck)
                 dq[:, :, rows] += (ds @ kj).to(f32) * scale
                 dk[:, :, cols] += (ds.transpose(-2, -1) @ qi).to(f32) * scale
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,9 +365,21 @@ BACKENDS = {"math": math_attention, "sdpa": sdpa_attention, "chunked": chunked_a
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], backend: str,
-              dropout_p: float = 0.0, chunk_size: int = 128) -> Tensor:
-    """Dispatch to one backend. `keep` is the (B, T) bool mask of real tokens, or None."""
-    bias = None if keep is None else key_padding_bias(keep, q.dtype)
+              dropout_p: float = 0.0, chunk_size: int = 128,
+              window: Optional[int] = None) -> Tensor:
+    """Dispatch to one backend. `keep` is the (B, T) bool mask of real tokens, or None;
+    `window`: a local layer's reach (query i sees keys j with |i - j| <= window), or None
+    for global attention.
+
+    math and sdpa take the window as part of one (B, 1, T, T) bias (`window_bias`), the
+    memory they spend on scores anyway; chunked skips the tiles outside the window, so a
+    local layer costs O(T · window) there, and adds the band only to the tiles it cuts.
+    """
     if backend == "chunked":
-        return chunked_attention(q, k, v, bias, dropout_p, chunk_size)
+        bias = None if keep is None else key_padding_bias(keep, q.dtype)
+        return chunked_attention(q, k, v, bias, dropout_p, chunk_size, window)
+    if window is not None:
+        bias = window_bias(keep, q.size(2), window, q.dtype, q.device)
+    else:
+        bias = None if keep is None else key_padding_bias(keep, q.dtype)
     return BACKENDS[backend](q, k, v, bias, dropout_p)

@@ -61,12 +61,14 @@ class QuestionAnsweringModelOutput(NamedTuple):
 # ---- masked language modelling ---------------------------------------------------------------
 
 class MLMHead(nn.Module):
-    """Transform (dense, GELU, LayerNorm), then the decoder tied to the word embeddings."""
+    """Transform (dense, GELU, LayerNorm), then the decoder tied to the word embeddings.
+
+    The decoder keeps its bias when `config.bias` is off, as ModernBERT's does."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, h: Tensor, word_embeddings: Tensor,
@@ -125,6 +127,37 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
 
 # ---- classification: one label per sequence or per token -------------------------------------
 
+class Transform(nn.Module):
+    """`task_head="transform"` (ModernBERT's heads): the MLM head's dense, GELU and LayerNorm
+    before a classifier, on every kind of task. It replaces BERT's tanh pooler for
+    sequences and adds a layer before the token and span classifiers. (..., H) -> (..., H)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.norm(F.gelu(self.dense(h)))
+
+
+def _transform(config: BertConfig) -> Optional[Transform]:
+    if config.task_head != "transform":
+        return None
+    head = Transform(config)
+    head.apply(lambda m: init_weights(m, config))
+    return head
+
+
+def pool(h: Tensor, attention_mask: Optional[Tensor], how: str) -> Tensor:
+    """(B, T, H) -> (B, H): the [CLS] vector, or the mean over real tokens."""
+    if how == "cls":
+        return h[:, 0]
+    if attention_mask is None:
+        return h.mean(dim=1)
+    m = attention_mask.to(h.dtype)[..., None]  # (B, T, 1)
+    return (h * m).sum(dim=1) / m.sum(dim=1)
+
 class _Labelled(PretrainedMixin):
     """The class names of a classifier, saved as id2label / label2id in config.json so that
     predictions read back as names, in minibert and in transformers."""
@@ -167,7 +200,8 @@ class BertForSequenceClassification(_Labelled, nn.Module):
         super().__init__()
         self._set_labels(num_labels, id2label, minimum=1)
         self.config = config
-        self.bert = BertModel(config, add_pooler=True)
+        self.head = _transform(config)  # None: BERT's pooler reads [CLS] instead
+        self.bert = BertModel(config, add_pooler=self.head is None)
         self.drop = Dropout(config.hidden_dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         init_weights(self.classifier, config)
@@ -179,7 +213,12 @@ class BertForSequenceClassification(_Labelled, nn.Module):
 
         logits: (B, C).
         """
-        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output  # (B, H)
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        if self.head is None:
+            pooled = out.pooler_output  # (B, H): tanh(W h_[CLS] + b)
+        else:
+            pooled = self.head(pool(out.last_hidden_state, attention_mask,
+                                    self.config.classifier_pooling))  # (B, H)
         logits = self.classifier(self.drop(pooled))  # (B, C)
         if labels is None:
             return SequenceClassifierOutput(None, logits)
@@ -201,6 +240,7 @@ class BertForTokenClassification(_Labelled, nn.Module):
         self._set_labels(num_labels, id2label, minimum=2)
         self.config = config
         self.bert = BertModel(config, add_pooler=False)
+        self.head = _transform(config)
         self.drop = Dropout(config.hidden_dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         init_weights(self.classifier, config)
@@ -214,6 +254,8 @@ class BertForTokenClassification(_Labelled, nn.Module):
         label (NaN when none does, as in torch); a label on padding is ignored.
         """
         h = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
+        if self.head is not None:
+            h = self.head(h)
         logits = self.classifier(self.drop(h))  # (B, T, C)
         if labels is None:
             return TokenClassifierOutput(None, logits)
@@ -275,6 +317,7 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
         super().__init__()
         self.config = config
         self.bert = BertModel(config, add_pooler=False)
+        self.head = _transform(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)  # transformers' name and layout
         init_weights(self.qa_outputs, config)
 
@@ -292,6 +335,8 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
         `loss` is (mean start cross-entropy + mean end cross-entropy) / 2.
         """
         h = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
+        if self.head is not None:
+            h = self.head(h)
         start_logits, end_logits = self.qa_outputs(h).unbind(-1)  # (B, T, 2) -> 2 x (B, T)
         keep = None if attention_mask is None else attention_mask.bool()  # (B, T)
         if keep is not None:  # the softmax over positions must not see padding

@@ -68,9 +68,39 @@ _RENAMES = [
 ]
 _QKV = re.compile(r"^bert\.blocks\.(\d+)\.attn\.qkv\.(weight|bias)$")
 
+# The same for transformers' ModernBERT, whose encoder is "model." and which keeps Q, K and V
+# fused as minibert does. Its MLM decoder is tied to the word embeddings and only its bias is
+# stored; its classifiers (sequence, token, span) are all called "classifier".
+_MODERN_RENAMES = [
+    (r"^bert\.embeddings\.word\.", "model.embeddings.tok_embeddings."),
+    (r"^bert\.embeddings\.norm\.", "model.embeddings.norm."),
+    (r"^bert\.blocks\.(\d+)\.attn_norm\.", r"model.layers.\1.attn_norm."),
+    (r"^bert\.blocks\.(\d+)\.attn\.qkv\.", r"model.layers.\1.attn.Wqkv."),
+    (r"^bert\.blocks\.(\d+)\.attn\.out\.", r"model.layers.\1.attn.Wo."),
+    (r"^bert\.blocks\.(\d+)\.ffn_norm\.", r"model.layers.\1.mlp_norm."),
+    (r"^bert\.blocks\.(\d+)\.ffn\.up\.", r"model.layers.\1.mlp.Wi."),
+    (r"^bert\.blocks\.(\d+)\.ffn\.down\.", r"model.layers.\1.mlp.Wo."),
+    (r"^bert\.final_norm\.", "model.final_norm."),
+    (r"^head\.bias$", "decoder.bias"),
+    (r"^head\.", "head."),
+    (r"^classifier\.", "classifier."),
+    (r"^qa_outputs\.", "classifier."),
+]
 
-def hf_names(name: str) -> list[str]:
-    """transformers' name(s) for one minibert parameter name (three for a fused QKV)."""
+
+def is_modernbert(model: torch.nn.Module) -> bool:
+    """Whether `model` is stored in transformers' ModernBERT layout (every modern switch)."""
+    return model.config.model_type() == "modernbert"
+
+
+def hf_names(name: str, modern: bool = False) -> list[str]:
+    """transformers' name(s) for one minibert parameter name (three for a fused QKV in BERT's
+    layout; `modern`: ModernBERT's)."""
+    if modern:
+        for pattern, repl in _MODERN_RENAMES:
+            if re.match(pattern, name):
+                return [re.sub(pattern, repl, name)]
+        return [name]
     m = _QKV.match(name)
     if m:
         layer, kind = m.groups()
@@ -82,12 +112,16 @@ def hf_names(name: str) -> list[str]:
     return [name]
 
 
-def _canonical(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+def _canonical(sd: dict[str, Tensor], modern: bool = False) -> dict[str, Tensor]:
     """Bring a transformers state dict to one form: `bert.`-prefixed, weight/bias names.
 
     A checkpoint saved from a bare `BertModel` has no `bert.` prefix; very old ones (the
-    original TF conversions) call LayerNorm parameters gamma and beta.
+    original TF conversions) call LayerNorm parameters gamma and beta. A bare ModernBERT
+    has no `model.` prefix.
     """
+    if modern:
+        return {("model." + k if k.startswith(("embeddings.", "layers.", "final_norm."))
+                 else k): t for k, t in sd.items()}
     out = {}
     for key, t in sd.items():
         key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", key)
@@ -104,28 +138,29 @@ def _model_prefix(model: torch.nn.Module) -> str:
 
 
 def to_hf_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
-    """The model's weights under transformers' names (fused QKV split into three)."""
-    prefix = _model_prefix(model)
+    """The model's weights under transformers' names (BERT's fused QKV split into three)."""
+    prefix, modern = _model_prefix(model), is_modernbert(model)
     out: dict[str, Tensor] = {}
     for name, t in model.state_dict().items():
-        names = hf_names(prefix + name)
+        names = hf_names(prefix + name, modern)
         for hf_name, part in zip(names, t.chunk(len(names), dim=0)):
-            if type(model).__name__ == "BertModel":
-                hf_name = hf_name.removeprefix("bert.")  # transformers' BertModel has no prefix
+            if type(model).__name__ == "BertModel":  # transformers' bare models: no prefix
+                hf_name = hf_name.removeprefix("model." if modern else "bert.")
             out[hf_name] = part.detach().to("cpu").contiguous().clone()
     return out
 
 
 def load_hf_state_dict(model: torch.nn.Module, sd: dict[str, Tensor]) -> None:
     """Copy a transformers-layout state dict into `model`, with clear errors and warnings."""
-    sd = _canonical(sd)
+    modern = is_modernbert(model)
+    sd = _canonical(sd, modern)
     if "cls.predictions.bias" not in sd and "cls.predictions.decoder.bias" in sd:
         sd["cls.predictions.bias"] = sd["cls.predictions.decoder.bias"]
     prefix = _model_prefix(model)
     own = model.state_dict()
     new, missing = {}, []
     for name, param in own.items():
-        names = hf_names(prefix + name)
+        names = hf_names(prefix + name, modern)
         if not all(n in sd for n in names):
             missing.append(name)
             continue
@@ -141,7 +176,7 @@ def load_hf_state_dict(model: torch.nn.Module, sd: dict[str, Tensor]) -> None:
     broken = [n for n in missing if not n.startswith(fresh)]
     if broken:
         raise ValueError(f"checkpoint lacks {len(broken)} encoder weight(s), e.g. "
-                         f"{[hf_names(prefix + n)[0] for n in broken[:3]]}; is it a BERT "
+                         f"{[hf_names(prefix + n, modern)[0] for n in broken[:3]]}; is it a BERT "
                          f"checkpoint with the same number of layers?")
     if missing:
         logger.warning("newly initialised (not in the checkpoint), train before use: %s",

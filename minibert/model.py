@@ -1,7 +1,10 @@
 """The BERT encoder: embeddings, encoder blocks (Pre-LN or Post-LN) and BertModel.
 
 Reading order: `Embeddings` -> `SelfAttention` -> `Block` (with the Pre-LN / Post-LN switch)
--> `BertModel`; at the end, `flops_per_token`, what a training step of it costs. The task
+-> `BertModel`; at the end, `flops_per_token`, what a training step of it costs. The modern
+switches of `BertConfig` (rotary positions, GeGLU, no biases, sliding-window layers) are
+branches of these same classes, so classic BERT and ModernBERT differ only where a
+config field says so. The task
 heads that sit on the encoder (masked LM, sequence and token classification, question
 answering) are in `minibert/heads.py`.
 
@@ -25,9 +28,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import attention
-from .kernels import TiedWordGradient, dropout
 from .config import BertConfig
+from .kernels import TiedWordGradient, dropout
 from .pretrained import PretrainedMixin
+from .rope import apply_rope, rope_angles
 
 
 class BertOutput(NamedTuple):
@@ -43,7 +47,11 @@ class Dropout(nn.Dropout):
 
 
 class Embeddings(nn.Module):
-    """Token + learned absolute position + segment (token type) embeddings, then LayerNorm."""
+    """Token + learned absolute position + segment (token type) embeddings, then LayerNorm.
+
+    With `position="rope"` there is no position table: positions enter every attention
+    layer as rotations instead (rope.py). With `type_vocab_size=0` there are no segments.
+    """
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -51,9 +59,11 @@ class Embeddings(nn.Module):
         # BERT; the tied MLM decoder still trains it.
         self.word = nn.Embedding(config.vocab_size, config.hidden_size,
                                  padding_idx=config.pad_token_id)
-        self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.position = (nn.Embedding(config.max_position_embeddings, config.hidden_size)
+                         if config.position == "learned" else None)
+        self.token_type = (nn.Embedding(config.type_vocab_size, config.hidden_size)
+                           if config.type_vocab_size else None)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
         self.drop = Dropout(config.hidden_dropout)
 
     def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor],
@@ -63,8 +73,12 @@ class Embeddings(nn.Module):
             word = F.embedding(input_ids, self.word.weight, self.word.padding_idx)
         else:  # the MLM decoder shares this matrix: one gradient for both (kernels.py)
             word = tied.lookup(input_ids, self.word.weight, self.word.padding_idx)
-        x = word + self.position.weight[:T]  # (B, T, H) + (T, H) broadcast
-        if token_type_ids is None:  # single-segment input: every token is segment 0
+        x = word
+        if self.position is not None:
+            x = x + self.position.weight[:T]  # (B, T, H) + (T, H) broadcast
+        if self.token_type is None:
+            pass
+        elif token_type_ids is None:  # single-segment input: every token is segment 0
             x = x + self.token_type.weight[0]
         else:
             x = x + self.token_type(token_type_ids)
@@ -72,17 +86,24 @@ class Embeddings(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention with one fused Q/K/V projection."""
+    """Multi-head self-attention with one fused Q/K/V projection.
 
-    def __init__(self, config: BertConfig):
+    Block `layer`'s queries see every key (a global layer) or only the keys within
+    `config.window(layer)` positions (a local, sliding-window layer, as in ModernBERT and
+    Longformer); with `position="rope"` queries and keys are rotated by their positions.
+    """
+
+    def __init__(self, config: BertConfig, layer: int = 0):
         super().__init__()
         self.num_heads = config.num_heads
         self.backend = config.attention
         self.chunk_size = config.attention_chunk_size
         self.dropout_p = config.attention_dropout
+        self.window = config.window(layer)
+        self.rope_theta = config.rope_base(layer) if config.position == "rope" else None
         # One (H -> 3H) matmul instead of three (H -> H): the same math, one kernel launch.
-        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
-        self.out = nn.Linear(config.hidden_size, config.hidden_size)
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.bias)
+        self.out = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
 
     def forward(self, x: Tensor, keep: Optional[Tensor]) -> Tensor:
         """x: (B, T, H), or (N, H) for the N real tokens of an unpadded batch (see `unpad`);
@@ -100,9 +121,12 @@ class SelfAttention(nn.Module):
         q, k, v = qkv.split(H, dim=-1)  # 3 x (B, T, H)
         # split H into nh heads of hs dims and move heads next to batch: (B, nh, T, hs)
         q, k, v = (t.view(B, T, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
+        if self.rope_theta is not None:  # rotate by position: t is the column in the grid
+            cos, sin = rope_angles(T, q.size(-1), self.rope_theta, q.device)  # (T, hs)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = attention(q, k, v, keep, self.backend,
                       dropout_p=self.dropout_p if self.training else 0.0,
-                      chunk_size=self.chunk_size)  # (B, nh, T, hs)
+                      chunk_size=self.chunk_size, window=self.window)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, H)  # heads side by side again: (B, T, H)
         if unpadded:
             y = unpad(y, keep)  # (N, H)
@@ -133,27 +157,46 @@ def repad(x: Tensor, keep: Tensor) -> Tensor:
 
 
 class FeedForward(nn.Module):
-    """Position-wise MLP: H -> I -> H with BERT's exact (erf) GELU."""
+    """Position-wise MLP: H -> I -> H with BERT's exact (erf) GELU, or GeGLU.
+
+    GeGLU (Shazeer 2020, "GLU Variants Improve Transformer"; ModernBERT's MLP) gates the
+    activation with a second linear map of the same input:
+
+        FFN(x) = (GELU(x W) ∘ (x V)) W_o
+
+    W and V are the two halves of one (H -> 2I) matrix, so the up projection is still one
+    matmul. The gate lets each unit scale its own output by the input, which trains to a
+    lower loss at equal parameters; with three matrices instead of two, I is usually cut to
+    2/3 of BERT's to keep the parameter count (config.MODERN_PRESETS).
+    """
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.up = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.down = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.gated = config.mlp == "geglu"
+        width = 2 * config.intermediate_size if self.gated else config.intermediate_size
+        self.up = nn.Linear(config.hidden_size, width, bias=config.bias)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.bias)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.gated:
+            a, gate = self.up(x).chunk(2, dim=-1)  # 2 x (B, T, I): x W and x V
+            return self.down(F.gelu(a) * gate)  # (B, T, H)
         return self.down(F.gelu(self.up(x)))  # (B, T, H) -> (B, T, I) -> (B, T, H)
 
 
 class Block(nn.Module):
     """One encoder layer: self-attention and feed-forward, each a residual branch."""
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, layer: int = 0):
         super().__init__()
         self.pre_norm = config.norm_position == "pre"
-        self.attn = SelfAttention(config)
-        self.attn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.attn = SelfAttention(config, layer)
+        # ModernBERT's first block takes the embeddings' LayerNorm output as it is: a second
+        # norm of an already normalised input would only rescale it.
+        skip = self.pre_norm and layer == 0 and not config.first_block_attn_norm
+        self.attn_norm = None if skip else _layer_norm(config)
         self.ffn = FeedForward(config)
-        self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ffn_norm = _layer_norm(config)
         self.drop = Dropout(config.hidden_dropout)
 
     def forward(self, x: Tensor, keep: Optional[Tensor]) -> Tensor:
@@ -166,7 +209,8 @@ class Block(nn.Module):
             # warmup. Post-LN puts a LayerNorm on the residual path itself; its gradients
             # at the last layers are large at initialisation, which is why original BERT
             # needs warmup and can diverge at high learning rates.
-            x = x + self.drop(self.attn(self.attn_norm(x), keep))
+            h = x if self.attn_norm is None else self.attn_norm(x)
+            x = x + self.drop(self.attn(h, keep))
             x = x + self.drop(self.ffn(self.ffn_norm(x)))
         else:
             # Post-LN, the original BERT (and transformers' layout): add, then normalise.
@@ -182,10 +226,9 @@ class BertModel(PretrainedMixin, nn.Module):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
         # Pre-LN leaves the residual stream un-normalised, so the stack ends with a LayerNorm.
-        self.final_norm = (nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-                           if config.norm_position == "pre" else None)
+        self.final_norm = _layer_norm(config) if config.norm_position == "pre" else None
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if add_pooler else None
         self.apply(lambda m: init_weights(m, config))
 
@@ -224,11 +267,16 @@ class BertModel(PretrainedMixin, nn.Module):
         return BertOutput(x, pooled)
 
 
+def _layer_norm(config: BertConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
+
+
 def init_weights(module: nn.Module, config: BertConfig) -> None:
     """BERT's initialisation: N(0, initializer_range) weights, zero biases, unit LayerNorms."""
     if isinstance(module, nn.Linear):
         nn.init.normal_(module.weight, std=config.initializer_range)
-        nn.init.zeros_(module.bias)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
     elif isinstance(module, nn.Embedding):
         nn.init.normal_(module.weight, std=config.initializer_range)
         if module.padding_idx is not None:
@@ -236,7 +284,8 @@ def init_weights(module: nn.Module, config: BertConfig) -> None:
                 module.weight[module.padding_idx].zero_()
     elif isinstance(module, nn.LayerNorm):
         nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
 
 
 def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional[Tensor],
@@ -259,6 +308,9 @@ def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional
     if B == 0 or T == 0:  # would otherwise fail deep inside attention, in a reshape
         raise ValueError(f"input_ids is empty, shape {(B, T)}; the model needs at least one "
                          f"sequence of at least one token")
+    if token_type_ids is not None and config.type_vocab_size == 0:
+        raise ValueError("token_type_ids were given, but this model has no segment embeddings "
+                         "(type_vocab_size=0, as ModernBERT); leave them out")
     if T > config.max_position_embeddings:
         raise ValueError(f"sequence length {T} exceeds max_position_embeddings="
                          f"{config.max_position_embeddings}; truncate the input or build the "
@@ -298,7 +350,8 @@ def flops_per_token(config: BertConfig, seq_len: int,
     as in both papers.
 
     N counts matmul weights only: per layer Q, K, V and output projections (4 H^2) and the
-    feed-forward (2 H I). The MLM head (transform H^2, decoder V H, the tied embedding
+    feed-forward (2 H I, or 3 H I with GeGLU). A local (sliding-window) layer's query meets
+    at most 2 w + 1 keys, so its attention term counts min(T, 2 w + 1) instead of T. The MLM head (transform H^2, decoder V H, the tied embedding
     matrix used as a matmul) runs on every token when `mlm_fraction` is None (dense head)
     and on that fraction of tokens only with minibert's sparse head (pass the masking
     probability, e.g. 0.15): counting it for every token would overstate the work done.
@@ -311,7 +364,10 @@ def flops_per_token(config: BertConfig, seq_len: int,
                          f"of tokens the MLM head predicts), or None for a dense head")
     L, H, I, V = (config.num_layers, config.hidden_size, config.intermediate_size,
                   config.vocab_size)
-    n_encoder = L * (4 * H * H + 2 * H * I)
+    ffn = 3 if config.mlp == "geglu" else 2
+    n_encoder = L * (4 * H * H + ffn * H * I)
     n_head = H * H + V * H
     head_fraction = 1.0 if mlm_fraction is None else float(mlm_fraction)
-    return 6.0 * (n_encoder + head_fraction * n_head) + 12.0 * L * H * seq_len
+    keys = sum(seq_len if config.window(i) is None else min(seq_len, 2 * config.window(i) + 1)
+               for i in range(L))  # keys each query meets, summed over layers
+    return 6.0 * (n_encoder + head_fraction * n_head) + 12.0 * H * keys

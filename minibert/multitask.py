@@ -86,6 +86,10 @@ class BertMultiTask(nn.Module):
         super().__init__()
         if not tasks:
             raise ValueError("BertMultiTask needs at least one task")
+        if config.task_head != "bert":
+            raise ValueError(f"BertMultiTask builds BERT's heads (a pooler and linear "
+                             f"classifiers); task_head={config.task_head!r} is not supported "
+                             f"here, use the single-task classes")
         self.config = config
         self.bert = BertModel(config, add_pooler=True)
         self.heads = nn.ModuleDict()

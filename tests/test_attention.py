@@ -75,7 +75,7 @@ def test_chunked_dropout_equals_math_with_the_same_mask():
     keep = _keep(1, 20, [17])
     bias = key_padding_bias(keep, torch.float64)
     p, chunk, seed = 0.3, 8, 1234
-    out = _ChunkedAttention.apply(q, k, v, bias, chunk, p, seed)
+    out = _ChunkedAttention.apply(q, k, v, bias, chunk, p, seed, None)
     n = math.ceil(20 / chunk)
     full = torch.zeros(1, 2, 20, 20, dtype=torch.float64)
     for i in range(n):
@@ -96,7 +96,7 @@ def test_chunked_dropout_gradcheck():
     q, k, v = _qkv(B=1, nh=2, T=10, hs=4, dtype=torch.float64)
     bias = key_padding_bias(_keep(1, 10, [7]), torch.float64)
     assert torch.autograd.gradcheck(
-        lambda a, b, c: _ChunkedAttention.apply(a, b, c, bias, 4, 0.3, 7), (q, k, v))
+        lambda a, b, c: _ChunkedAttention.apply(a, b, c, bias, 4, 0.3, 7, None), (q, k, v))
 
 
 def test_chunked_runs_in_bfloat16():

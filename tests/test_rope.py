@@ -1,0 +1,57 @@
+"""Rotary position embeddings against the formula, written independently with complex
+numbers, and the property they exist for: scores depend on relative positions only."""
+
+import math
+
+import torch
+
+from minibert.rope import apply_rope, rope_angles
+
+
+def _rope_by_complex_numbers(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Pair (x_i, x_{i+hs/2}) as the complex number x_i + j x_{i+hs/2}, at position t
+    multiplied by exp(j t theta^(-2i/hs)): RoFormer's rotation, in the half-split layout."""
+    *_, T, hs = x.shape
+    half = hs // 2
+    z = torch.complex(x[..., :half].double(), x[..., half:].double())
+    t = torch.arange(T, dtype=torch.float64)[:, None]
+    i = torch.arange(half, dtype=torch.float64)[None, :]
+    z = z * torch.polar(torch.ones(T, half, dtype=torch.float64), t * theta ** (-2 * i / hs))
+    return torch.cat((z.real, z.imag), dim=-1).float()
+
+
+def test_rope_is_the_rotation_of_the_formula():
+    x = torch.randn(2, 3, 17, 8)
+    cos, sin = rope_angles(17, 8, 10000.0, torch.device("cpu"))
+    assert torch.allclose(apply_rope(x, cos, sin), _rope_by_complex_numbers(x, 10000.0),
+                          atol=1e-5)
+    cos, sin = rope_angles(17, 8, 160000.0, torch.device("cpu"))
+    assert torch.allclose(apply_rope(x, cos, sin), _rope_by_complex_numbers(x, 160000.0),
+                          atol=1e-5)
+    assert torch.equal(apply_rope(x, cos, sin)[..., 0, :], x[..., 0, :])  # position 0: no turn
+
+
+def test_rope_scores_depend_on_the_offset_only():
+    torch.manual_seed(0)
+    q, k = torch.randn(16), torch.randn(16)
+    cos, sin = rope_angles(40, 16, 10000.0, torch.device("cpu"))
+
+    def score(m, n):
+        qm = apply_rope(q.expand(1, 1, 40, 16), cos, sin)[0, 0, m]
+        kn = apply_rope(k.expand(1, 1, 40, 16), cos, sin)[0, 0, n]
+        return float(qm @ kn)
+
+    assert math.isclose(score(3, 7), score(20, 24), rel_tol=1e-4)
+    assert math.isclose(score(9, 2), score(37, 30), rel_tol=1e-4)
+    assert not math.isclose(score(3, 7), score(3, 8), rel_tol=1e-3)
+    # The norm of every vector is kept: rotations.
+    rotated = apply_rope(q.expand(1, 1, 40, 16), cos, sin)[0, 0]
+    assert torch.allclose(rotated.norm(dim=-1), q.norm().expand(40), rtol=1e-5)
+
+
+def test_rope_keeps_the_dtype_and_computes_in_fp32():
+    x = torch.randn(1, 2, 64, 8)
+    cos, sin = rope_angles(64, 8, 10000.0, torch.device("cpu"))
+    y = apply_rope(x.bfloat16(), cos, sin)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, apply_rope(x.bfloat16().float(), cos, sin).bfloat16())
