@@ -308,9 +308,6 @@ def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional
     if B == 0 or T == 0:  # would otherwise fail deep inside attention, in a reshape
         raise ValueError(f"input_ids is empty, shape {(B, T)}; the model needs at least one "
                          f"sequence of at least one token")
-    if token_type_ids is not None and config.type_vocab_size == 0:
-        raise ValueError("token_type_ids were given, but this model has no segment embeddings "
-                         "(type_vocab_size=0, as ModernBERT); leave them out")
     if T > config.max_position_embeddings:
         raise ValueError(f"sequence length {T} exceeds max_position_embeddings="
                          f"{config.max_position_embeddings}; truncate the input or build the "
@@ -327,7 +324,12 @@ def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional
                              f"match")
     if token_type_ids is not None and token_type_ids.numel() > 0:
         lo, hi = torch.aminmax(token_type_ids)
-        if lo < 0 or hi >= config.type_vocab_size:
+        if config.type_vocab_size == 0 and (lo != 0 or hi != 0):
+            # All zeros is one segment, what collators send; a second segment is not seen.
+            raise ValueError("token_type_ids mark a second segment, but this model has no "
+                             "segment embeddings (type_vocab_size=0, as ModernBERT): it "
+                             "cannot tell the two texts of a pair apart; leave them out")
+        if config.type_vocab_size and (lo < 0 or hi >= config.type_vocab_size):
             raise ValueError(f"token_type_ids must lie in [0, type_vocab_size="
                              f"{config.type_vocab_size}), found values from {int(lo)} to "
                              f"{int(hi)}")
@@ -351,8 +353,9 @@ def flops_per_token(config: BertConfig, seq_len: int,
 
     N counts matmul weights only: per layer Q, K, V and output projections (4 H^2) and the
     feed-forward (2 H I, or 3 H I with GeGLU). A local (sliding-window) layer's query meets
-    at most 2 w + 1 keys, so its attention term counts min(T, 2 w + 1) instead of T. The MLM head (transform H^2, decoder V H, the tied embedding
-    matrix used as a matmul) runs on every token when `mlm_fraction` is None (dense head)
+    at most 2 w + 1 keys, so its attention term counts min(T, 2 w + 1) instead of T. The
+    MLM head (transform H^2, decoder V H, the tied embedding matrix used as a matmul) runs
+    on every token when `mlm_fraction` is None (dense head)
     and on that fraction of tokens only with minibert's sparse head (pass the masking
     probability, e.g. 0.15): counting it for every token would overstate the work done.
     The pooler is not used in pretraining and is not counted.

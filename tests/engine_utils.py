@@ -31,6 +31,13 @@ def tiny_model(tok, seed: int = 0, dropout: float = 0.0, **overrides):
     return minibert.BertForMaskedLM(config)
 
 
+# ModernBERT's switches on the tiny model (a local window of 8 over 32 positions, so the
+# sliding-window layers do cut), for the exactness tests of the modern encoder.
+MODERN_TINY = dict(norm_position="pre", position="rope", mlp="geglu", bias=False,
+                   first_block_attn_norm=False, type_vocab_size=0, task_head="transform",
+                   global_every=2, local_window=8, intermediate_size=352)
+
+
 def train_config(**overrides) -> TrainConfig:
     # fp32: the exactness tests compare bits, and "auto" picks bf16 on a CPU with native bf16.
     fields = dict(batch_size=16, max_steps=6, lr=2e-3, warmup=2, log_every=1,

@@ -9,29 +9,31 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_utils import collator, tiny_corpus, tiny_model, train_config
+from engine_utils import MODERN_TINY, collator, tiny_corpus, tiny_model, train_config
 from minibert.distributed import unwrap
 from minibert.engine import train
 
 HERE = Path(__file__).parent
 
 
-@pytest.mark.parametrize("n_examples", [None, 37])
-def test_two_gloo_processes_match_one(tmp_path, n_examples):
+@pytest.mark.parametrize("n_examples,arch", [(None, "classic"), (37, "classic"),
+                                             (None, "modern")])
+def test_two_gloo_processes_match_one(tmp_path, n_examples, arch):
     """37 examples at batch 16: every third step is an epoch's last batch of 5, split 3 + 2
-    over the processes, whose micro-batches (4) then hold 3 and 2 examples."""
+    over the processes, whose micro-batches (4) then hold 3 and 2 examples. "modern": the
+    tiny model with ModernBERT's switches."""
     tok, ds = tiny_corpus(tmp_path)
     tok.save(tmp_path / "tokenizer")
     if n_examples is not None:
         ds = torch.utils.data.Subset(ds, list(range(n_examples)))
-    single = tiny_model(tok)
+    single = tiny_model(tok, **(MODERN_TINY if arch == "modern" else {}))
     train(single, ds, collator(tok), train_config(), tmp_path / "one")
 
     path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(HERE / "ddp_worker.py"), str(tmp_path), str(tmp_path / "two"),
-           *([str(n_examples)] if n_examples else [])]
+           str(n_examples or "all"), arch]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine_utils import collator, tiny_corpus, tiny_model, train_config
+from engine_utils import MODERN_TINY, collator, tiny_corpus, tiny_model, train_config
 from minibert.checkpoint import latest_checkpoint, load_checkpoint
 from minibert.engine import TrainConfig, TrainingError, micro_step_weight, train
 
@@ -31,10 +31,11 @@ def _max_rel_diff(m1, m2):
                for p, q in zip(m1.parameters(), m2.parameters()))
 
 
-def test_accumulation_is_exact(corpus, tmp_path):
+@pytest.mark.parametrize("arch", [{}, MODERN_TINY], ids=["classic", "modern"])
+def test_accumulation_is_exact(corpus, tmp_path, arch):
     """Batch 16 in one micro-batch == 4 micro-batches of 4 (dropout 0, fp32)."""
     tok, ds = corpus
-    full, accum = tiny_model(tok), tiny_model(tok)
+    full, accum = tiny_model(tok, **arch), tiny_model(tok, **arch)
     train(full, ds, collator(tok), train_config(), tmp_path / "full")
     train(accum, ds, collator(tok), train_config(micro_batch_size=4), tmp_path / "accum")
     a, b = _losses(tmp_path / "full"), _losses(tmp_path / "accum")
@@ -50,9 +51,10 @@ def test_mean_of_means_would_not_be_exact():
     assert weights == [1 / 8, 7 / 8]  # not [1/2, 1/2]
 
 
-def test_resume_after_sigterm_is_exact(corpus, tmp_path):
+@pytest.mark.parametrize("arch", [{}, MODERN_TINY], ids=["classic", "modern"])
+def test_resume_after_sigterm_is_exact(corpus, tmp_path, arch):
     tok, ds = corpus
-    uninterrupted = tiny_model(tok, dropout=0.1)
+    uninterrupted = tiny_model(tok, dropout=0.1, **arch)
     train(uninterrupted, ds, collator(tok), train_config(), tmp_path / "ref")
 
     collate = collator(tok)
@@ -64,11 +66,11 @@ def test_resume_after_sigterm_is_exact(corpus, tmp_path):
             os.kill(os.getpid(), signal.SIGTERM)
         return collate(examples, epoch=epoch)
 
-    first = tiny_model(tok, dropout=0.1)
+    first = tiny_model(tok, dropout=0.1, **arch)
     result = train(first, ds, collate_and_preempt, train_config(), tmp_path / "run")
     assert result["interrupted"] and result["steps"] == 3
     assert latest_checkpoint(tmp_path / "run" / "checkpoints").name == "step_00000003"
-    resumed = tiny_model(tok, seed=123, dropout=0.1)  # different init: all of it is restored
+    resumed = tiny_model(tok, seed=123, dropout=0.1, **arch)  # all of it is restored
     result = train(resumed, ds, collate, train_config(), tmp_path / "run", resume=True)
     assert result["steps"] == 6 and result["steps_this_run"] == 3
     assert _losses(tmp_path / "run") == _losses(tmp_path / "ref")

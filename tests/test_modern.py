@@ -169,9 +169,10 @@ def test_without_bias_there_is_no_bias_but_the_decoder_s():
     assert biases == ["head.bias"]
     assert not any(n.startswith("bert.embeddings.position") for n, _ in model.named_parameters())
     assert model.bert.blocks[0].attn_norm is None and model.bert.blocks[1].attn_norm is not None
+    ids = torch.ones(1, 4, dtype=torch.long)
+    model(ids, token_type_ids=torch.zeros(1, 4, dtype=torch.long))  # one segment: fine
     with pytest.raises(ValueError, match="token_type_ids"):
-        model(torch.ones(1, 4, dtype=torch.long), token_type_ids=torch.zeros(1, 4,
-                                                                            dtype=torch.long))
+        model(ids, token_type_ids=torch.tensor([[0, 0, 1, 1]]))
 
 
 def _windowed_reference(q, k, v, keep, window):
@@ -240,3 +241,27 @@ def test_a_modern_preset_family():
     # Only some switches of the family: a minibert-only architecture, refused by transformers.
     hybrid = minibert.BertConfig.preset("mini", position="rope")
     assert hybrid.to_hf_dict()["model_type"] == "minibert"
+
+
+def test_qa_matches_transformers(tmp_path):
+    torch.manual_seed(0)
+    hf = _perturbed(transformers.ModernBertForQuestionAnswering(_hf_config(num_labels=2)))
+    hf.save_pretrained(tmp_path)
+    model = minibert.BertForQuestionAnswering.from_pretrained(tmp_path).eval()
+    ids, mask = _batch()
+    with torch.no_grad():
+        ours, theirs = model(ids, mask), hf(input_ids=ids, attention_mask=mask)
+    _close_at_real(ours.start_logits, theirs.start_logits, mask)
+    _close_at_real(ours.end_logits, theirs.end_logits, mask)
+
+
+def test_flops_count_geglu_and_the_window():
+    """GeGLU's third matrix, and a local layer's 2w + 1 keys instead of T."""
+    from minibert.model import flops_per_token
+
+    classic = minibert.BertConfig.preset("tiny", vocab_size=100)
+    geglu = classic.replace(mlp="geglu")
+    H, I, L = classic.hidden_size, classic.intermediate_size, classic.num_layers
+    assert flops_per_token(geglu, 64) - flops_per_token(classic, 64) == 6 * L * H * I
+    local = classic.replace(global_every=2, local_window=8)  # layer 1: 9 keys of 64
+    assert flops_per_token(classic, 64) - flops_per_token(local, 64) == 12 * H * (64 - 9)
