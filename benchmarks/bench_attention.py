@@ -10,6 +10,11 @@ median of a few more steps.
     python benchmarks/bench_attention.py                 # T = 512 ... 8192, ~5 min on 2 cores
     python benchmarks/bench_attention.py --lengths 512 1024 --repeats 2
     python benchmarks/bench_attention.py --lengths 4096 --chunk-size auto   # tile measured here
+    python benchmarks/bench_attention.py --window 64     # a local layer: keys within +-64
+
+With `--window W` every backend computes a sliding-window (local) layer, as ModernBERT's:
+math and sdpa still build the T x T scores and mask them, while chunked skips the tiles
+outside the window, so its time and memory should grow as T · W, linearly in T.
 
 Prints a markdown table, writes JSON (and a PNG plot when matplotlib is installed).
 Targets: at T=4096 chunked peak memory <= 25% of math's; from T=2048 to 8192 chunked memory
@@ -32,7 +37,7 @@ BACKENDS = ("math", "sdpa", "chunked")
 
 
 def measure(backend: str, T: int, mode: str, device: str, dtype: str, chunk: int,
-            repeats: int) -> dict:
+            repeats: int, window: int | None = None) -> dict:
     """One backend at one length, in this process: peak MB (mode "memory") or median seconds."""
     import torch
 
@@ -46,7 +51,7 @@ def measure(backend: str, T: int, mode: str, device: str, dtype: str, chunk: int
     grad = torch.randn(1, 4, T, 64, device=device, dtype=dt)
 
     def step():
-        out = attention(q, k, v, None, backend, chunk_size=chunk)
+        out = attention(q, k, v, None, backend, chunk_size=chunk, window=window)
         out.backward(grad)
         q.grad = k.grad = v.grad = None
         if device == "cuda":
@@ -77,7 +82,8 @@ def run_in_subprocess(backend: str, T: int, chunk: int, args: argparse.Namespace
     for mode in ("memory", "time"):
         cmd = [sys.executable, __file__, "--child", backend, str(T), mode,
                "--device", args.device, "--dtype", args.dtype,
-               "--chunk-size", str(chunk), "--repeats", str(args.repeats)]
+               "--chunk-size", str(chunk), "--repeats", str(args.repeats),
+               *(["--window", str(args.window)] if args.window else [])]
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536") if mode == "memory" else None
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if done.returncode != 0:
@@ -164,6 +170,8 @@ def main() -> None:
                    help="the chunked backend's tile, or 'auto': minibert.attention."
                    "pick_chunk_size measures the fastest at each length on this machine")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--window", type=int, help="a local layer: each query sees the keys within "
+                   "this many positions (default: global attention)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
     p.add_argument("--child", nargs=3, metavar=("BACKEND", "T", "MODE"), help=argparse.SUPPRESS)
     p.add_argument("--pick", type=int, metavar="T", help=argparse.SUPPRESS)
@@ -174,7 +182,7 @@ def main() -> None:
     if args.child:
         backend, T, mode = args.child
         print(json.dumps(measure(backend, int(T), mode, args.device, args.dtype,
-                                 int(args.chunk_size), args.repeats)))
+                                 int(args.chunk_size), args.repeats, args.window)))
         return
 
     if args.chunk_size != "auto" and not (args.chunk_size.isdigit() and int(args.chunk_size)):
@@ -185,14 +193,16 @@ def main() -> None:
         for b in BACKENDS:
             rows.append(run_in_subprocess(b, T, chunk, args))
             print(f"T={T:5d} {b:8s} {rows[-1]}", file=sys.stderr)
+    reach = f", local window +-{args.window}" if args.window else ""
     print(f"\nattention forward+backward, batch 1, 4 heads x 64, {args.dtype} on {args.device}, "
-          f"chunk {args.chunk_size}\n")
+          f"chunk {args.chunk_size}{reach}\n")
     print(table(rows, args.lengths))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "attention.json").write_text(json.dumps(
+    name = f"attention_window{args.window}" if args.window else "attention"
+    (args.out / f"{name}.json").write_text(json.dumps(
         {"device": args.device, "dtype": args.dtype, "chunk_size": args.chunk_size,
-         "rows": rows}, indent=1))
-    plot(rows, args.lengths, args.out / "attention.png")
+         "window": args.window, "rows": rows}, indent=1))
+    plot(rows, args.lengths, args.out / f"{name}.png")
 
 
 if __name__ == "__main__":
