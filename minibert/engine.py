@@ -175,6 +175,14 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
         cfg = replace(cfg, decay_steps=cfg.decay_steps or cfg.max_steps)
         if ctx.rank > 0:  # DDP puts rank 0's weights everywhere; dropout must differ by rank
             set_seed(rank_seed(cfg.seed, ctx.rank))
+    if state.precision is None:  # a fresh start (or a checkpoint older than the field)
+        state.precision = precision
+    elif state.precision != precision:  # "auto" decided otherwise today: keep the run's
+        logger.info("precision auto: the run computes in %s since its start; keeping it "
+                    "(%s measured now)", state.precision, precision)
+        precision = resolve_precision(state.precision, device)  # still possible here?
+        peak_dtype = MATMUL_DTYPES[precision]
+        peak = cfg.peak_flops or measure_peak_flops(device, peak_dtype)
     batches.seek(state.epoch, state.consumed)
     micro = state.micro_batch_size or micro  # a micro-batch an earlier start backed off to
     warmup = resolve_warmup(cfg.warmup, cfg.decay_steps)

@@ -185,3 +185,25 @@ def test_an_evaluation_cannot_overwrite_the_run_s_own_keys(corpus, tmp_path):
     with pytest.raises(ValueError, match=r"\['precision'\].*rename"):
         train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path,
               eval_fn=lambda m: {"precision": 0.5, "f1": 0.4})
+
+
+def test_a_resumed_auto_run_keeps_the_precision_it_started_in(corpus, tmp_path, monkeypatch):
+    """precision="auto" measures the machine; measured again on resume (a busy machine,
+    another machine) it may come out otherwise. The run computes in the precision of its
+    first start throughout, so the resumed run equals the uninterrupted one."""
+    import minibert.engine as engine
+
+    tok, ds = corpus
+    today = {"auto": "bf16"}
+    monkeypatch.setattr(engine, "resolve_precision", lambda p, device: today.get(p, p))
+    cfg = train_config(precision="auto", max_steps=4)
+    reference = train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "ref")
+    train(tiny_model(tok), ds, collator(tok), train_config(precision="auto", max_steps=2,
+                                                           decay_steps=4), tmp_path / "run")
+    today["auto"] = "fp32"  # the probe says otherwise now
+    resumed = train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "run", resume=True)
+    assert reference["precision"] == resumed["precision"] == "bf16"
+    assert [r["loss"] for r in _rows(tmp_path / "run")] == \
+        [r["loss"] for r in _rows(tmp_path / "ref")]
+    saved = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))
+    assert saved["train_state"]["precision"] == "bf16"
