@@ -8,13 +8,13 @@ One text per line. Blank (or whitespace-only) lines are skipped and counted in t
 row i of the (N, H) float32 array in --out is the i-th non-blank line; --query prints the
 file's own line numbers. --model is any folder minibert loads with its tokenizer (a
 pretraining run's final/, a transformers BERT folder); pooling as in sentence-transformers
-(see minibert/sentence.py). --out is replaced whole, through a temporary file. Bad input
-ends with one line on stderr and exit status 2.
+(see minibert/sentence.py); a tokenizer that is not the model's is refused
+(`minibert.pretrained.check_tokenizer_fits`). --out is replaced whole, through a temporary
+file. Bad input ends with one line on stderr and exit status 2 (minibert/cli.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -24,15 +24,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from minibert import cli
 from minibert.data.text import iter_lines
+from minibert.pretrained import check_tokenizer_fits
 from minibert.sentence import POOLINGS, SentenceEncoder, nearest
 
 log = logging.getLogger("embed")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def parse_args(argv=None):
+    p = cli.ArgumentParser(__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, required=True, help="model folder with its tokenizer")
     p.add_argument("--input", type=Path, required=True, help="UTF-8 text, one text per line")
     p.add_argument("--out", type=Path, required=True, help="the .npy file to write")
@@ -44,6 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda when available")
+    p.add_argument("--allow-vocab-mismatch", action="store_true", help="accept a tokenizer "
+                   "whose ids or special tokens are not the model's (vocabulary surgery)")
     return p.parse_args(argv)
 
 
@@ -101,6 +104,8 @@ def main(argv=None) -> int:
         texts, numbers = read_texts(args.input)  # read before the model: the cheaper check
         encoder = SentenceEncoder.from_pretrained(args.model, pooling=args.pooling,
                                                   normalize=args.normalize)
+        check_tokenizer_fits(encoder.model.config, encoder.tokenizer, source=args.model,
+                             allow_vocab_mismatch=args.allow_vocab_mismatch)
         encoder.to(device(args.device))
         vectors = encoder.encode(texts, batch_size=args.batch_size, max_length=args.max_length)
         save_npy(args.out, vectors.numpy())
@@ -112,9 +117,8 @@ def main(argv=None) -> int:
             print(f"nearest to {args.query!r}:")
             for score, row in zip(scores[0].tolist(), rows[0].tolist()):
                 print(f"{score:.4f}\tline {numbers[row]}\t{texts[row]}")
-    except (ValueError, OSError, ImportError) as e:
-        print("error: " + " ".join(str(e).split()), file=sys.stderr)
-        return 2
+    except cli.BAD_INPUT as e:
+        return cli.failed(e)
     return 0
 
 

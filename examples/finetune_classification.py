@@ -11,46 +11,41 @@ training texts and the model starts from random weights: the baseline that shows
 pretraining buys. Labels may be strings or integers; the sorted label names are saved in
 the model's config.json (id2label / label2id).
 
-This script is wiring; each step is a library piece. `minibert.data.read_table` reads and
-checks the rows, `LabelMap` turns labels into class ids, `encode_classification` makes
+This script is wiring; each step is a library piece. `minibert.data.read_table_task` reads
+and checks both files' rows and turns labels into class ids, `SequenceSplit.encode` makes
 [CLS] text [SEP] (pair [SEP]) ids cut to --seq-len (a pair loses tokens from its longer
 text first, as transformers does), `TaskCollator` pads length-grouped batches, and
 `minibert.engine.train` trains, evaluating after every epoch with `minibert.predict` and
-`minibert.metrics.classification_scores` (accuracy, macro-F1); the flags, checks and
-start-up shared with the other fine-tuning scripts are in finetune_common.py. Outputs in --out:
-metrics.jsonl, eval.json, predictions.tsv, labels.json, checkpoints/ and final/ (model +
-tokenizer, loadable by minibert and transformers). Bad input ends with one line on stderr
-naming the file and the line, and exit status 2; nothing already in --out is overwritten.
+`minibert.metrics.sequence_scores` (accuracy, macro-F1); the flags, checks and start-up
+shared with the other fine-tuning scripts are `minibert.finetune` and `minibert.cli`.
+Outputs in --out: metrics.jsonl, eval.json, predictions.tsv, labels.json, checkpoints/ and
+final/ (model + tokenizer, loadable by minibert and transformers). Bad input ends with one
+line on stderr naming the file and the line, and exit status 2, before --out is touched;
+the exit status says how a run ended (minibert/cli.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
-import json
+import io
 import logging
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import minibert
-from minibert.atomic import write_files_atomically
+from minibert import cli, finetune
 from minibert.checkpoint import sha256_file
-from minibert.data import TaskCollator
+from minibert.data import TaskCollator, read_table_task
 from minibert.engine import train
 from minibert.precision import resolve_precision
 from minibert.predict import predict
 
-# The wiring all fine-tuning scripts share. Run as a script, this folder is already on
-# sys.path; imported by file path (as the tests do), it is not, hence the insert.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import finetune_common as common  # noqa: E402
-
 log = logging.getLogger("finetune")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def parse_args(argv=None):
+    p = cli.ArgumentParser(__doc__.split("\n")[0])
     d = p.add_argument_group("data")
     d.add_argument("--train", type=Path, required=True, help=".tsv or .csv with a header row")
     d.add_argument("--eval", type=Path, required=True, help=".tsv or .csv with a header row")
@@ -59,56 +54,52 @@ def parse_args(argv=None) -> argparse.Namespace:
     d.add_argument("--label-column", required=True)
     d.add_argument("--max-train-examples", type=int, help="a random subset (fixed by --seed)")
     d.add_argument("--seq-len", type=int, default=128, help="longer inputs are truncated")
-    common.add_finetune_args(p, out="runs/finetune")
+    finetune.add_args(p, out="runs/finetune")
     return p.parse_args(argv)
 
 
-def prepare(args, ctx) -> dict:
-    """The flags checked, then the rows of both files, read and checked: all before --out
-    is touched."""
-    common.check_finetune_args(args, ctx, positive=["max_train_examples"])
+def main(argv=None) -> int:
+    return cli.run_script(parse_args(argv), prepare, run)
+
+
+def prepare(args, ctx) -> SimpleNamespace:
+    """Everything that can be checked, before --out is touched: the flags, both files'
+    rows, the tokenizer against the model, and the encoded examples."""
+    finetune.check_args(args, ctx, positive=["max_train_examples"])
     shortest = 5 if args.text_pair_column else 3
     if args.seq_len < shortest:
         raise ValueError(f"--seq-len must be at least {shortest} (the special tokens and one "
                          f"token of each text)")
-    return common.read_table_task(args.train, args.eval, args.text_column,
-                                  args.text_pair_column, args.label_column,
-                                  args.max_train_examples, args.seed)
-
-
-def main(argv=None) -> int:
-    return common.run_script(parse_args(argv), prepare, run)
-
-
-def run(args, ctx, task: dict) -> None:
+    task = read_table_task(args.train, args.eval, args.text_column, args.text_pair_column,
+                           args.label_column, args.max_train_examples, args.seed)
+    cfg = finetune.epoch_config(args, ctx, len(task.train),
+                                f"{args.train} gives {len(task.train)} training examples")
+    tok = finetune.prepare_tokenizer(args, ctx, task.train.tokenizer_texts())
     minibert.set_seed(args.seed)
-    names, n_train = task["names"], len(task["train"]["labels"])
-    if n_train < args.batch_size:
-        raise ValueError(f"{args.train} gives {n_train} training examples, fewer than one "
-                         f"batch; lower --batch-size below {n_train}")
+    model = finetune.build_model(minibert.BertForSequenceClassification, args, tok,
+                                 num_labels=len(task.names), id2label=task.names)
+    return SimpleNamespace(task=task, tok=tok, model=model, cfg=cfg,
+                           train_set=task.train.encode(tok, args.seq_len),
+                           eval_set=task.eval.encode(tok, args.seq_len))
+
+
+def run(args, ctx, p: SimpleNamespace) -> None:
+    task, tok, model, cfg = p.task, p.tok, p.model, p.cfg
     if ctx.is_main:
-        common.save_labels(args, names)
-    tok = common.prepare_tokenizer(args, ctx, common.task_texts("sequence", task["train"]))
-    model = common.build_model(minibert.BertForSequenceClassification, args, tok,
-                               num_labels=len(names), id2label=names)
-    train_set, eval_set = (common.encode_task(tok, "sequence", task[s], args.seq_len)
-                           for s in ("train", "eval"))
-    truncated = sum(len(f["input_ids"]) == args.seq_len for f in train_set)
-    steps_per_epoch = n_train // args.batch_size  # full, length-grouped batches
-    cfg = common.train_config(args, steps_per_epoch)
+        finetune.save_labels(args, task.names)
+    finetune.save_tokenizer(args, ctx, tok)
+    truncated = sum(len(f["input_ids"]) == args.seq_len for f in p.train_set)
     log.info("%d training and %d evaluation examples, %d classes (%s); %d steps of %d "
-             "(%d per epoch); %d training texts reach --seq-len %d", n_train, len(eval_set),
-             len(names), ", ".join(names[:10]), cfg.max_steps, args.batch_size,
-             steps_per_epoch, truncated, args.seq_len)
+             "(%d per epoch); %d training texts reach --seq-len %d", len(p.train_set),
+             len(p.eval_set), len(task.names), ", ".join(task.names[:10]), cfg.max_steps,
+             args.batch_size, cfg.eval_every, truncated, args.seq_len)
     collate = TaskCollator(tok.pad_id)
     precision = resolve_precision(args.precision, ctx.device)
-    last = {}
 
     def eval_fn(raw_model) -> dict:  # every epoch, and at the end
-        pred = predict(raw_model, eval_set, collate, common.eval_batch_size(args, ctx),
+        pred = predict(raw_model, p.eval_set, collate, finetune.eval_batch_size(args, ctx),
                        precision, ctx.device)
-        last["scores"], last["preds"] = common.sequence_scores(pred, task["eval"], names)
-        return common.numbers(last["scores"])
+        return finetune.task_scores(task, pred, p.eval_set)
 
     # What --resume compares besides the model and training settings: the same examples,
     # read from the same columns, encoded by the same tokenizer, for the same classes.
@@ -116,33 +107,26 @@ def run(args, ctx, task: dict) -> None:
                 "--max-train-examples": args.max_train_examples,
                 "--text-column": args.text_column, "--text-pair-column": args.text_pair_column,
                 "--label-column": args.label_column, "--seq-len": args.seq_len,
-                "tokenizer": tok.fingerprint, "labels": names}
-    result = train(model, train_set, collate, cfg, args.out, ctx=ctx, resume=args.resume,
-                   lengths=[len(f["input_ids"]) for f in train_set], eval_fn=eval_fn,
+                "tokenizer": tok.fingerprint, "labels": task.names}
+    cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)
+    result = train(model, p.train_set, collate, cfg, args.out, ctx=ctx, resume=args.resume,
+                   lengths=[len(f["input_ids"]) for f in p.train_set], eval_fn=eval_fn,
                    data_identity=identity)
-    if common.finished(result, ctx):
-        summary = write_results(args, model, tok, task, result, last["scores"], last["preds"])
-        log.info("eval accuracy %.4f, macro-F1 %.4f over %d examples; model in %s",
-                 summary["accuracy"], summary["f1"], summary["eval_examples"],
-                 args.out / "final")
-
-
-def write_results(args, model, tok, task, result, scores, preds) -> dict:
+    if not cli.finished(result, ctx, cfg.lr, model, args.out):
+        return
     model.save_pretrained(args.out / "final", tokenizer=tok)
-    names = task["names"]
-    summary = {"accuracy": result["accuracy"], "f1": result["f1"],
-               "eval_loss": result["eval_loss"], "labels": names,
-               "per_class": scores["per_class"],
-               "train_examples": len(task["train"]["labels"]),
-               "eval_examples": len(task["eval"]["labels"]),
-               **{k: result[k] for k in ("steps", "tokens_seen", "wall_seconds", "precision")}}
-    write_files_atomically(args.out, {"eval.json": json.dumps(summary, indent=2) + "\n"})
-    with open(args.out / "predictions.tsv", "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f, delimiter="\t", lineterminator="\n")
-        w.writerow(["line", "label", "prediction"])
-        for line, y, p in zip(task["eval"]["lines"], task["eval"]["labels"], preds):
-            w.writerow([line, names[y], names[p]])
-    return summary
+    scores, names = result["scores"], task.names
+    rows = io.StringIO()
+    w = csv.writer(rows, delimiter="\t", lineterminator="\n")
+    w.writerow(["line", "label", "prediction"])
+    for line, y, pred in zip(task.eval.lines, task.eval.labels, scores["predictions"]):
+        w.writerow([line, names[y], names[pred]])
+    finetune.write_eval(args.out, {"predictions.tsv": rows.getvalue()}, **finetune.summary(
+        result, accuracy=result["accuracy"], f1=result["f1"], eval_loss=result["eval_loss"],
+        labels=names, per_class=scores["per_class"], train_examples=len(task.train),
+        eval_examples=len(task.eval)))
+    log.info("eval accuracy %.4f, macro-F1 %.4f over %d examples; model in %s",
+             result["accuracy"], result["f1"], len(task.eval), args.out / "final")
 
 
 if __name__ == "__main__":

@@ -12,49 +12,42 @@ Each --task is name:kind:train:eval. Kind `sequence` reads TSV/CSV files with --
 with probability proportional to the square root of its number of training examples
 (minibert.data.sampler.TaskMixtureBatches; docs/multitask.md says why).
 
-Wiring only: the readers, encoders and TaskCollator of minibert.data, engine.train with the
-mixture as its batch order, minibert.predict, and classification_scores (accuracy,
-macro-F1) and span_f1 (with word accuracy) for the metrics; finetune_common.py holds what
-the fine-tuning scripts share. --epochs counts epoch-equivalents: (all tasks' training
-examples) / --batch-size steps, after each of which every task is evaluated. Outputs in
---out: metrics.jsonl (keys "task/metric"), eval.json ({"tasks": {name: scores}}, run
-totals), checkpoints/ and final/ with one exported single-task folder per task
-(final/<name>/, loadable by minibert and transformers). Bad input ends with one line on
-stderr and exit status 2, before --out is touched.
+Wiring only: the task readers and TaskCollator of minibert.data, engine.train with the
+mixture as its batch order, minibert.predict, and minibert.finetune.task_scores
+(classification_scores: accuracy, macro-F1; span_f1 with word accuracy) for the metrics;
+minibert.finetune and minibert.cli hold what the fine-tuning scripts share. --epochs counts
+epoch-equivalents: (all tasks' training examples) / --batch-size steps, after each of which
+every task is evaluated. Outputs in --out: metrics.jsonl (keys "task/metric"), eval.json
+({"tasks": {name: scores}}, run totals), checkpoints/ and final/ with one exported
+single-task folder per task (final/<name>/, loadable by minibert and transformers). Bad
+input ends with one line on stderr and exit status 2, before --out is touched.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 import minibert
-from minibert.atomic import write_files_atomically
+from minibert import cli, finetune
 from minibert.checkpoint import sha256_file
-from minibert.data import TaskCollator
-from minibert.data.sampler import TaskMixtureBatches
+from minibert.data import TaskCollator, read_conll_task, read_table_task
+from minibert.data.sampler import TaskMixtureBatches, batches_per_epoch
 from minibert.engine import train
-from minibert.metrics import SCHEMES
+from minibert.metrics import SCHEMES, numbers
 from minibert.multitask import KINDS, check_task_name
 from minibert.precision import resolve_precision
 from minibert.predict import predict
 
-# The wiring all fine-tuning scripts share. Run as a script, this folder is already on
-# sys.path; imported by file path (as the tests do), it is not, hence the insert.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import finetune_common as common  # noqa: E402
-
 log = logging.getLogger("finetune_multitask")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def parse_args(argv=None):
+    p = cli.ArgumentParser(__doc__.split("\n")[0])
     d = p.add_argument_group("data")
     d.add_argument("--task", action="append", required=True, metavar="NAME:KIND:TRAIN:EVAL",
                    help=f"once per task; KIND is one of {', '.join(KINDS)}")
@@ -64,8 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     d.add_argument("--scheme", choices=list(SCHEMES), default="IOB2", help="token tasks' tags")
     d.add_argument("--seq-len", type=int, default=128, help="longer inputs are truncated "
                    "(sequence) or cut into windows of whole words (token)")
-    common.add_finetune_args(p, out="runs/finetune_multitask", epochs_help="epoch-equivalents: "
-                             "all training examples / --batch-size steps each")
+    finetune.add_args(p, out="runs/finetune_multitask", epochs_help="epoch-equivalents: "
+                      "all training examples / --batch-size steps each")
     return p.parse_args(argv)
 
 
@@ -93,30 +86,42 @@ def parse_tasks(specs: list[str]) -> list[dict]:
     return tasks
 
 
-def prepare(args, ctx) -> list[dict]:
-    """The tasks and flags checked, then every task's files read (its "names", "train" and
-    "eval" splits): all before --out is touched."""
+def main(argv=None) -> int:
+    return cli.run_script(parse_args(argv), prepare, run)
+
+
+def prepare(args, ctx) -> SimpleNamespace:
+    """Everything that can be checked, before --out is touched: the tasks and flags, every
+    task's files (its `TaskData`), the tokenizer against the model, the encoded examples."""
     tasks = parse_tasks(args.task)
-    common.check_finetune_args(args, ctx)
+    finetune.check_args(args, ctx)
     if args.seq_len < 5:
         raise ValueError("--seq-len must be at least 5 (the special tokens and some text)")
     for t in tasks:
         if t["kind"] == "token":
-            t.update(common.read_conll_task(t["train_file"], t["eval_file"], args.scheme))
+            t["data"] = read_conll_task(t["train_file"], t["eval_file"], args.scheme)
         elif not (args.text_column and args.label_column):
             raise ValueError(f"--task {t['name']} is a sequence task: pass --text-column "
                              f"and --label-column")
         else:
-            t.update(common.read_table_task(t["train_file"], t["eval_file"], args.text_column,
-                                            args.text_pair_column, args.label_column))
-    return tasks
-
-
-def encode(tok, task: dict, split: str, seq_len: int) -> list[dict]:
-    features = common.encode_task(tok, task["kind"], task[split], seq_len)
-    for f in features:
-        f["task"] = task["name"]
-    return features
+            t["data"] = read_table_task(t["train_file"], t["eval_file"], args.text_column,
+                                        args.text_pair_column, args.label_column)
+    tok = finetune.prepare_tokenizer(args, ctx, [
+        x for kind in ("sequence", "token") for t in tasks if t["kind"] == kind
+        for x in t["data"].train.tokenizer_texts()])
+    minibert.set_seed(args.seed)
+    # The encoder of --init-from, a fresh head per task.
+    model = finetune.build_model(minibert.BertMultiTask, args, tok, tasks={
+        t["name"]: (t["kind"], t["data"].names) for t in tasks})
+    for t in tasks:  # each example knows its task: the collator puts it in the batch
+        t["train"], t["eval"] = ([{**f, "task": t["name"]} for f in
+                                  getattr(t["data"], s).encode(tok, args.seq_len)]
+                                 for s in ("train", "eval"))
+    n_train = sum(len(t["train"]) for t in tasks)
+    # --epochs counts epoch-equivalents: all tasks' training examples once, on average.
+    cfg = finetune.train_config(args, max(1, batches_per_epoch(n_train, args.batch_size,
+                                                               ctx.world_size)))
+    return SimpleNamespace(tasks=tasks, tok=tok, model=model, cfg=cfg)
 
 
 class MultiTaskCollator(TaskCollator):
@@ -129,66 +134,51 @@ class MultiTaskCollator(TaskCollator):
         return {**super().__call__(examples, epoch), "task": tasks.pop()}
 
 
-def main(argv=None) -> int:
-    return common.run_script(parse_args(argv), prepare, run)
-
-
-def run(args, ctx, tasks: list[dict]) -> None:
-    minibert.set_seed(args.seed)
-    texts = [x for kind in ("sequence", "token") for t in tasks if t["kind"] == kind
-             for x in common.task_texts(kind, t["train"])]
-    tok = common.prepare_tokenizer(args, ctx, texts)
-    # The encoder of --init-from, a fresh head per task.
-    model = common.build_model(minibert.BertMultiTask, args, tok,
-                               tasks={t["name"]: (t["kind"], t["names"]) for t in tasks})
-    train_parts = [encode(tok, t, "train", args.seq_len) for t in tasks]
-    eval_sets = {t["name"]: encode(tok, t, "eval", args.seq_len) for t in tasks}
-    train_set = [f for part in train_parts for f in part]  # task t at offset sum(sizes[:t])
-    batches = TaskMixtureBatches([len(p) for p in train_parts], args.batch_size,
+def run(args, ctx, p: SimpleNamespace) -> None:
+    tasks, tok, model, cfg = p.tasks, p.tok, p.model, p.cfg
+    finetune.save_tokenizer(args, ctx, tok)
+    train_set = [f for t in tasks for f in t["train"]]  # task t at offset sum(sizes[:t])
+    batches = TaskMixtureBatches([len(t["train"]) for t in tasks], args.batch_size,
                                  seed=args.seed, rank=ctx.rank, world_size=ctx.world_size,
                                  task_names=[f"task {t['name']}" for t in tasks])
-    cfg = common.train_config(args, max(1, len(train_set) // args.batch_size))  # epoch-equiv.
     log.info("%s; %d steps, P(task) %s", ", ".join(
-        f"{t['name']} ({t['kind']}, {len(p)} training examples)" for t, p in
-        zip(tasks, train_parts)), cfg.max_steps, np.round(batches.probabilities, 3).tolist())
+        f"{t['name']} ({t['kind']}, {len(t['train'])} training examples)" for t in tasks),
+        cfg.max_steps, np.round(batches.probabilities, 3).tolist())
     collate = MultiTaskCollator(tok.pad_id)
     precision = resolve_precision(args.precision, ctx.device)
-    last = {}
 
     def eval_fn(raw_model) -> dict:  # every epoch-equivalent, and at the end
-        metrics = {}
+        scores = {}
         for t in tasks:
-            name, features = t["name"], eval_sets[t["name"]]
-            pred = predict(raw_model, features, collate, common.eval_batch_size(args, ctx),
+            pred = predict(raw_model, t["eval"], collate, finetune.eval_batch_size(args, ctx),
                            precision, ctx.device)
-            last[name] = common.sequence_scores(pred, t["eval"], t["names"])[0] \
-                if t["kind"] == "sequence" else \
-                common.token_scores(pred, features, t["eval"], t["names"], args.scheme)[0]
-            metrics.update({f"{name}/{k}": v for k, v in common.numbers(last[name]).items()})
-        return metrics
+            scores[t["name"]] = finetune.task_scores(t["data"], pred, t["eval"], args.scheme)
+        return {**{f"{n}/{k}": v for n, s in scores.items() for k, v in numbers(s).items()},
+                "tasks": scores}
 
     # What --resume compares: the same tasks in the same order (the dataset's layout), each
     # with its training file's content and labels, read and encoded the same way.
     identity = {"tasks": [f"{t['name']}:{t['kind']}" for t in tasks],
                 **{f"{t['name']} train file": sha256_file(t["train_file"]) for t in tasks},
-                **{f"{t['name']} labels": t["names"] for t in tasks},
+                **{f"{t['name']} labels": t["data"].names for t in tasks},
                 "--text-column": args.text_column, "--text-pair-column": args.text_pair_column,
                 "--label-column": args.label_column, "--scheme": args.scheme,
                 "--seq-len": args.seq_len, "tokenizer": tok.fingerprint}
+    cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)
     result = train(model, train_set, collate, cfg, args.out, ctx=ctx, resume=args.resume,
                    eval_fn=eval_fn, data_identity=identity, batches=batches)
-    if common.finished(result, ctx):
-        for t in tasks:
-            model.export(t["name"], args.out / "final" / t["name"], tokenizer=tok)
-        summary = {"tasks": {t["name"]: {"kind": t["kind"], **last[t["name"]],
-                                         "labels": t["names"], "train_examples": len(p),
-                                         "eval_examples": len(eval_sets[t["name"]])}
-                             for t, p in zip(tasks, train_parts)},
-                   **{k: result[k] for k in ("steps", "tokens_seen", "wall_seconds",
-                                             "precision")}}
-        write_files_atomically(args.out, {"eval.json": json.dumps(summary, indent=2) + "\n"})
-        log.info("%s; models in %s", ", ".join(f"{n} F1 {s['f1']:.4f}" for n, s in last.items()),
-                 args.out / "final")
+    if not cli.finished(result, ctx, cfg.lr, model, args.out):
+        return
+    for t in tasks:
+        model.export(t["name"], args.out / "final" / t["name"], tokenizer=tok)
+    scores = result["scores"]["tasks"]
+    finetune.write_eval(args.out, **finetune.summary(result, tasks={
+        t["name"]: {"kind": t["kind"], **{k: v for k, v in scores[t["name"]].items()
+                                          if k != "predictions"},
+                    "labels": t["data"].names, "train_examples": len(t["train"]),
+                    "eval_examples": len(t["eval"])} for t in tasks}))
+    log.info("%s; models in %s", ", ".join(f"{n} F1 {s['f1']:.4f}" for n, s in scores.items()),
+             args.out / "final")
 
 
 if __name__ == "__main__":

@@ -8,42 +8,37 @@ windows of --seq-len tokens (the training examples, targets the answer's first a
 token, or [CLS] where a window lacks it); `TaskCollator` pads; `engine.train` trains; after
 every epoch `minibert.predict` scores every window's tokens, `best_span` picks each
 question's best span over its windows, in characters of the context, and `squad_scores`
-scores it; finetune_common.py holds what the fine-tuning scripts share. Without
---init-from, a WordPiece tokenizer is trained on the training questions and contexts and
-the weights start random (the baseline).
+scores it; `minibert.finetune` and `minibert.cli` hold what the fine-tuning scripts share.
+Without --init-from, a WordPiece tokenizer is trained on the training questions and
+contexts and the weights start random (the baseline).
 Writes metrics.jsonl, eval.json, predictions.json (id -> answer, "" for none), checkpoints/
-and final/ (model + tokenizer, for minibert and transformers) into --out. Bad input: one line
-naming the file (and question) on stderr, exit status 2, and --out untouched.
+and final/ (model + tokenizer, for minibert and transformers) into --out. Bad input (a file,
+a window too small for any context): one line naming the file (and question) on stderr,
+exit status 2, and --out untouched.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import minibert
-from minibert.atomic import write_files_atomically
+from minibert import cli, finetune
 from minibert.checkpoint import sha256_file
-from minibert.data import TaskCollator, best_span, encode_qa, read_squad
+from minibert.data import TaskCollator, best_span, encode_qa, random_subset, read_squad
 from minibert.engine import train
 from minibert.metrics import squad_scores
 from minibert.precision import resolve_precision
 from minibert.predict import predict
 
-# The wiring all fine-tuning scripts share. Run as a script, this folder is already on
-# sys.path; imported by file path (as the tests do), it is not, hence the insert.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import finetune_common as common  # noqa: E402
-
 log = logging.getLogger("finetune_qa")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def parse_args(argv=None):
+    p = cli.ArgumentParser(__doc__.split("\n")[0])
     arg = p.add_argument_group("data").add_argument
     arg("--train", type=Path, required=True, help="SQuAD JSON")
     arg("--eval", type=Path, required=True, help="SQuAD JSON")
@@ -59,74 +54,74 @@ def parse_args(argv=None) -> argparse.Namespace:
     arg("--n-best", type=int, default=20, help="start and end candidates per window")
     arg("--null-score-diff-threshold", type=float, default=0.0, help="with --version-2: no "
         "answer when the [CLS] score beats the best span's by more than this")
-    common.add_finetune_args(p, out="runs/finetune_qa", unit="windows", epochs=2)
+    finetune.add_args(p, out="runs/finetune_qa", unit="windows", epochs=2)
     args = p.parse_args(argv)
     if args.doc_stride is None:
         args.doc_stride = args.seq_len // 3
     return args
 
 
-def prepare(args, ctx) -> dict:
-    """The flags checked, then the questions of both files (a random subset of the training
-    ones): all before --out is touched."""
-    common.check_finetune_args(args, ctx, positive=["max_train_examples", "max_question_len",
-                                                    "max_answer_length", "n_best"])
+def main(argv=None) -> int:
+    return cli.run_script(parse_args(argv), prepare, run)
+
+
+def prepare(args, ctx) -> SimpleNamespace:
+    """Everything that can be checked, before --out is touched: the flags, the questions of
+    both files, the tokenizer against the model, and the windows (a question may leave a
+    window no room for context)."""
+    finetune.check_args(args, ctx, positive=["max_train_examples", "max_question_len",
+                                             "max_answer_length", "n_best"])
     # A window holds [CLS] question [SEP] context [SEP]: with a one-token question, seq_len - 4
     # context tokens. encode_qa names a longer question that leaves no more than --doc-stride.
     if not 0 <= args.doc_stride < args.seq_len - 4:
         raise ValueError(f"--doc-stride {args.doc_stride} must lie in [0, {args.seq_len - 4}):"
                          f" windows of --seq-len {args.seq_len} share less than they hold")
-    task = {}
+    questions = {}
     for split, path in (("train", args.train), ("eval", args.eval)):
-        examples = read_squad(path, version_2=True)  # SQuAD 2.0 marks are refused just below
-        unanswerable = next((ex for ex in examples if ex.is_impossible), None)
-        if unanswerable is not None and not args.version_2:
-            raise ValueError(f"{path}: question {unanswerable.id!r} is marked is_impossible, "
-                             f"a SQuAD 2.0 question; pass --version-2 to train and evaluate "
-                             f"with unanswerable questions")
-        task[split] = examples
-    return {**task, "train": common.random_subset(task["train"], args.max_train_examples,
-                                                  args.seed)}
-
-
-def main(argv=None) -> int:
-    return common.run_script(parse_args(argv), prepare, run)
-
-
-def run(args, ctx, task: dict) -> None:
-    minibert.set_seed(args.seed)
+        try:  # an is_impossible question without --version-2 is named, with its flag's value
+            questions[split] = read_squad(path, version_2=args.version_2)
+        except ValueError as e:
+            raise ValueError(str(e).replace("read the file with version_2=True", "pass "
+                             "--version-2 to train and evaluate with unanswerable questions")
+                             ) from None
+    questions["train"] = random_subset(questions["train"], args.max_train_examples, args.seed)
     # Without --init-from the tokenizer learns from each context once, however many
     # questions it has.
-    texts = [ex.question for ex in task["train"]] + \
-        list(dict.fromkeys(ex.context for ex in task["train"]))
-    tok = common.prepare_tokenizer(args, ctx, texts)
-    model = common.build_model(minibert.BertForQuestionAnswering, args, tok)
-    train_set, eval_set = (encode_qa(tok, task[s], max_len=args.seq_len,
+    tok = finetune.prepare_tokenizer(args, ctx, [ex.question for ex in questions["train"]] + list(
+        dict.fromkeys(ex.context for ex in questions["train"])))
+    minibert.set_seed(args.seed)
+    model = finetune.build_model(minibert.BertForQuestionAnswering, args, tok)
+    train_set, eval_set = (encode_qa(tok, questions[s], max_len=args.seq_len,
                                      doc_stride=args.doc_stride,
                                      max_question_len=args.max_question_len)
                            for s in ("train", "eval"))
-    if len(train_set) < args.batch_size:
-        raise ValueError(f"{args.train} gives {len(train_set)} training windows, fewer than "
-                         f"one batch; lower --batch-size below {len(train_set)}")
-    steps_per_epoch = len(train_set) // args.batch_size
-    cfg = common.train_config(args, steps_per_epoch)
+    cfg = finetune.epoch_config(args, ctx, len(train_set),
+                                f"{args.train} gives {len(train_set)} training windows")
+    return SimpleNamespace(questions=questions, tok=tok, model=model, cfg=cfg,
+                           train_set=train_set, eval_set=eval_set)
+
+
+def run(args, ctx, p: SimpleNamespace) -> None:
+    questions, tok, model, cfg = p.questions, p.tok, p.model, p.cfg
+    finetune.save_tokenizer(args, ctx, tok)
     log.info("%d training questions in %d windows, %d evaluation questions in %d; %d steps "
-             "of %d (%d per epoch)", len(task["train"]), len(train_set), len(task["eval"]),
-             len(eval_set), cfg.max_steps, args.batch_size, steps_per_epoch)
+             "of %d (%d per epoch)", len(questions["train"]), len(p.train_set),
+             len(questions["eval"]), len(p.eval_set), cfg.max_steps, args.batch_size,
+             cfg.eval_every)
     collate = TaskCollator(tok.pad_id)
     precision = resolve_precision(args.precision, ctx.device)
-    gold = {ex.id: [text for text, _ in ex.answers] for ex in task["eval"]}  # [] if none
-    last = {}
+    gold = {ex.id: [text for text, _ in ex.answers] for ex in questions["eval"]}  # [] if none
 
     def eval_fn(raw_model) -> dict:  # every epoch, and at the end
-        pred = predict(raw_model, eval_set, collate, common.eval_batch_size(args, ctx),
+        pred = predict(raw_model, p.eval_set, collate, finetune.eval_batch_size(args, ctx),
                        precision, ctx.device)
-        spans = best_span(pred.outputs["start_logits"], pred.outputs["end_logits"], eval_set,
-                          task["eval"], args.max_answer_length, args.n_best,
+        spans = best_span(pred.outputs["start_logits"], pred.outputs["end_logits"], p.eval_set,
+                          questions["eval"], args.max_answer_length, args.n_best,
                           version_2=args.version_2,
                           null_score_diff_threshold=args.null_score_diff_threshold)
-        last["predictions"] = {p.id: p.text for p in spans}
-        return squad_scores(last["predictions"], gold)
+        predictions = {s.id: s.text for s in spans}
+        return {**squad_scores(predictions, gold), "eval_loss": pred.loss,
+                "predictions": predictions}
 
     # What --resume compares besides the model and training settings: the same questions,
     # cut into the same windows by the same tokenizer.
@@ -134,23 +129,21 @@ def run(args, ctx, task: dict) -> None:
                 "--max-train-examples": args.max_train_examples, "--seq-len": args.seq_len,
                 "--doc-stride": args.doc_stride, "--max-question-len": args.max_question_len,
                 "--version-2": args.version_2, "tokenizer": tok.fingerprint}
-    result = train(model, train_set, collate, cfg, args.out, ctx=ctx, resume=args.resume,
-                   lengths=[len(f["input_ids"]) for f in train_set], eval_fn=eval_fn,
+    cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)
+    result = train(model, p.train_set, collate, cfg, args.out, ctx=ctx, resume=args.resume,
+                   lengths=[len(f["input_ids"]) for f in p.train_set], eval_fn=eval_fn,
                    data_identity=identity)
-    if common.finished(result, ctx):
-        model.save_pretrained(args.out / "final", tokenizer=tok)
-        summary = {"exact_match": result["exact_match"], "f1": result["f1"],
-                   "train_examples": len(task["train"]), "train_windows": len(train_set),
-                   "eval_examples": len(task["eval"]), "version_2": args.version_2,
-                   **{k: result[k] for k in ("steps", "tokens_seen", "wall_seconds",
-                                             "precision")}}
-        write_files_atomically(args.out, {  # eval.json last: it marks the results complete
-            "predictions.json": json.dumps(last["predictions"], indent=2,
-                                           ensure_ascii=False) + "\n",
-            "eval.json": json.dumps(summary, indent=2) + "\n"})
-        log.info("eval exact match %.2f, F1 %.2f over %d questions; model in %s",
-                 summary["exact_match"], summary["f1"], summary["eval_examples"],
-                 args.out / "final")
+    if not cli.finished(result, ctx, cfg.lr, model, args.out):
+        return
+    model.save_pretrained(args.out / "final", tokenizer=tok)
+    answers = json.dumps(result["scores"]["predictions"], indent=2, ensure_ascii=False)
+    finetune.write_eval(args.out, {"predictions.json": answers + "\n"}, **finetune.summary(
+        result, exact_match=result["exact_match"], f1=result["f1"],
+        eval_loss=result["eval_loss"], train_examples=len(questions["train"]),
+        train_windows=len(p.train_set), eval_examples=len(questions["eval"]),
+        version_2=args.version_2))
+    log.info("eval exact match %.2f, F1 %.2f over %d questions; model in %s",
+             result["exact_match"], result["f1"], len(questions["eval"]), args.out / "final")
 
 
 if __name__ == "__main__":

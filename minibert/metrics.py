@@ -10,7 +10,9 @@ every function here follows a named reference, cited in its docstring:
 * sequence labelling (CoNLL-style NER): `spans` and `span_f1`, entity-level scores with
   seqeval's default (lenient, not `mode="strict"`) reading of the tags;
 * extractive QA: `normalize_answer`, `exact_match`, `squad_f1` and `squad_scores`, with the
-  answer normalisation and no-answer rule of the official SQuAD v2.0 evaluation script.
+  answer normalisation and no-answer rule of the official SQuAD v2.0 evaluation script;
+* what the fine-tuning scripts report, by name: `sequence_scores` and `token_scores`, and
+  `numbers`, the part of a report that a log row holds.
 
 Only numpy and the standard library are needed; scikit-learn and seqeval serve as references
 in the tests, not as dependencies.
@@ -22,7 +24,8 @@ import collections
 import logging
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
@@ -199,6 +202,37 @@ def span_f1(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]],
                            "support": len(g)}
     precision, recall, f1 = prf(gold_set, pred_set)
     return {"precision": precision, "recall": recall, "f1": f1, "per_type": per_type}
+
+
+# ---- the fine-tuning reports ----------------------------------------------------------------
+
+def sequence_scores(gold: Sequence[int], pred: Sequence[int], names: Sequence[str],
+                    eval_loss: Optional[float] = None) -> dict:
+    """A sequence-classification report: `accuracy`, macro `f1` (`classification_scores`),
+    `eval_loss` as given, and `per_class`, each class's scores under its name. `gold` and
+    `pred` are class ids into `names`."""
+    s = classification_scores(gold, pred, len(names))
+    return {"accuracy": s["accuracy"], "f1": s["f1"], "eval_loss": eval_loss,
+            "per_class": dict(zip(names, s["per_class"]))}
+
+
+def token_scores(gold: Sequence[Sequence[int]], pred: Sequence[Sequence[int]],
+                 names: Sequence[str], scheme: str = "IOB2",
+                 eval_loss: Optional[float] = None) -> dict:
+    """A token-classification report: entity `f1`, `entity_precision` and `entity_recall`
+    (`span_f1`, as seqeval), word `accuracy`, `eval_loss` as given, and `per_type`. `gold`
+    and `pred` hold, per sentence, one tag id (into `names`) per word."""
+    s = span_f1([[names[i] for i in g] for g in gold], [[names[i] for i in p] for p in pred],
+                scheme)
+    # Not "precision": the training loop's result already holds the dtype under that key.
+    return {"f1": s["f1"], "entity_precision": s["precision"], "entity_recall": s["recall"],
+            "accuracy": accuracy([i for g in gold for i in g], [i for p in pred for i in p]),
+            "eval_loss": eval_loss, "per_type": s["per_type"]}
+
+
+def numbers(scores: Mapping[str, Any]) -> dict[str, float]:
+    """The scores an evaluation logs: the floats, not the tables, predictions or counts."""
+    return {k: v for k, v in scores.items() if isinstance(v, float)}
 
 
 # ---- SQuAD exact match and F1 ----------------------------------------------------------------

@@ -3,11 +3,19 @@
 `PretrainedMixin` sits below model.py and heads.py, which inherit from it, and above hf.py,
 which knows transformers' layout (file names, parameter names, safe loading). A folder saved
 here loads in transformers unchanged for a Post-LN model; a Pre-LN one is minibert-only.
+
+A model and its tokenizer belong together: token id i means row i of the embedding. A
+folder saved with its tokenizer records a fingerprint of that vocabulary in config.json
+(`minibert_vocab_sha256`, the SHA-256 of its vocab.txt), so a tokenizer swapped in later is
+refused on load, and `check_tokenizer_fits` refuses, before any training, a tokenizer that
+does not fit a model's embeddings or special ids.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -18,6 +26,17 @@ from .hf import (CONFIG_FILE, MODEL_FILES, PRE_LN_WEIGHTS_FILE, SHARD_FILE, WEIG
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+# config.json's record of the vocabulary a folder's model was saved with.
+VOCAB_KEY = "minibert_vocab_sha256"
+# Embedding tables are often padded to a round size for faster matmuls (BERT-base's 30,522
+# rows stay, but GPT-2's 50,257 are often padded to 50,304, a multiple of 64). A model with
+# up to (multiple - 1) rows more than its tokenizer's ids, rounded to one of these, fits.
+ROW_MULTIPLES = (8, 16, 32, 64, 128)
+# What a classifier does with a checkpoint of its own class trained for other labels.
+ON_OTHER_LABELS = ("error", "new_head")
 
 
 class PretrainedMixin:
@@ -34,15 +53,34 @@ class PretrainedMixin:
         return {}
 
     @classmethod
-    def from_pretrained(cls, path: PathLike, **config_overrides: Any):
+    def from_pretrained(cls, path: PathLike, *, on_other_labels: str = "error",
+                        allow_vocab_mismatch: bool = False, **config_overrides: Any):
         """Load a checkpoint directory in transformers' layout (or one minibert saved).
 
         Overrides apply on top of the stored config, e.g. `attention="chunked"` or
         `hidden_dropout=0.0`. Weights missing for a head or pooler are freshly initialised
         (with a warning); weights missing from the encoder are an error. A classifier is read
         only from a checkpoint of its own class (or one that names no class).
+
+        A classifier asked for with labels (`num_labels`, `id2label`) other than those its
+        checkpoint's head was trained for would score the wrong classes under the new
+        names. `on_other_labels` says what to do then: "error" (the default) refuses, naming
+        both label lists; "new_head" keeps the checkpoint's encoder and starts a fresh
+        classifier for the new labels (fine-tuning a trained classifier on another task).
+        Leave the labels out to load the checkpoint's own head and names.
+
+        A folder whose config.json records its vocabulary (`VOCAB_KEY`, written by
+        `save_pretrained(..., tokenizer=tok)`) and whose tokenizer is another is refused,
+        naming both fingerprints, unless `allow_vocab_mismatch` (deliberate vocabulary
+        surgery).
         """
+        if on_other_labels not in ON_OTHER_LABELS:
+            raise ValueError(f"on_other_labels={on_other_labels!r}: choose one of "
+                             f"{ON_OTHER_LABELS}")
+        asked_labels = bool({"num_labels", "id2label"} & set(config_overrides))
         hf_config = read_config(path)
+        if not allow_vocab_mismatch:
+            _check_folder_tokenizer(Path(path), hf_config)
         init_kwargs = cls._init_kwargs(hf_config, config_overrides)
         config = BertConfig.from_hf_dict(hf_config, **config_overrides)
         model = cls(config, **init_kwargs)
@@ -51,7 +89,19 @@ class PretrainedMixin:
         # reads the pooled [CLS] and the other every token: one's trained head is no start
         # for the other (and with another number of labels would not even fit).
         stored = hf_config.get("architectures") or []
-        if stored and cls.__name__ not in stored:
+        own_head = not stored or cls.__name__ in stored or f"Modern{cls.__name__}" in stored
+        names, now = _stored_labels(hf_config), list(getattr(model, "id2label", []))
+        if own_head and asked_labels and names is not None and names != now:
+            if on_other_labels == "error":
+                raise ValueError(
+                    f"{path} holds a {cls.__name__} trained for the labels {names}, not "
+                    f"{now}: its classifier would score the wrong classes. "
+                    f"Pass on_other_labels='new_head' to keep its encoder under a new "
+                    f"classifier, or leave num_labels and id2label out to load its own")
+            logger.info("%s classifies other labels (%s); its classifier head is replaced",
+                        path, ", ".join(names[:10]))
+            own_head = False
+        if not own_head:
             sd = {k: t for k, t in sd.items() if not k.startswith("classifier.")}
         load_hf_state_dict(model, sd)
         return model
@@ -71,10 +121,18 @@ class PretrainedMixin:
             raise ImportError("save_pretrained writes safetensors: pip install 'minibert[hf]'"
                               ) from None
         config = self.config.to_hf_dict()
-        config.update(architectures=[type(self).__name__], tie_word_embeddings=True,
+        # transformers' classes of the same task: BertForMaskedLM, ModernBertForMaskedLM, ...
+        modern = self.config.model_type() == "modernbert"
+        config.update(architectures=[("Modern" if modern else "") + type(self).__name__],
+                      tie_word_embeddings=True,
                       **self._hf_config_extras())
+        if tokenizer is not None:
+            config[VOCAB_KEY] = vocab_sha256(tokenizer)
         state = to_hf_state_dict(self)
-        weights = PRE_LN_WEIGHTS_FILE if self.config.norm_position == "pre" else WEIGHTS_FILE
+        # BERT and ModernBERT folders load in transformers; any other mix of switches is
+        # minibert-only, under a weights name transformers never looks for.
+        weights = WEIGHTS_FILE if self.config.model_type() in ("bert", "modernbert") else \
+            PRE_LN_WEIGHTS_FILE
 
         def write(folder: Path) -> None:
             save_file(state, str(folder / weights), metadata={"format": "pt"})
@@ -85,3 +143,84 @@ class PretrainedMixin:
 
         replace_folder(Path(path), write,
                        owns=lambda name: name in MODEL_FILES or bool(SHARD_FILE.match(name)))
+
+
+# ---- a model and its tokenizer ------------------------------------------------------------------
+
+def vocab_sha256(tokenizer: "Tokenizer") -> str:
+    """The SHA-256 of the tokenizer's vocabulary: of its vocab.txt as `Tokenizer.save`
+    writes it (one token a line, in id order), so `sha256sum vocab.txt` gives it too."""
+    vocab = sorted(tokenizer.backend.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256("".join(t + "\n" for t, _ in vocab).encode("utf-8")).hexdigest()
+
+
+def check_tokenizer_fits(config: BertConfig, tokenizer: "Tokenizer", *,
+                         source: Optional[PathLike] = None, what: str = "the model",
+                         allow_vocab_mismatch: bool = False) -> None:
+    """Refuse, before any training, a tokenizer that is not the model's.
+
+    * more ids than embedding rows: an id past the table is an index error mid-run;
+    * where `source`'s config.json records its vocabulary (`VOCAB_KEY`), another one;
+    * a [PAD] id other than the config's `pad_token_id` (or, where `source`'s config.json
+      names them, another [UNK], [CLS], [SEP] or [MASK] id): padding or the special tokens
+      would be read as words;
+    * fewer ids than rows, beyond padding the table up to a round multiple (`ROW_MULTIPLES`):
+      the tokenizer is another one, or the model was trained with a larger vocabulary, and
+      its ids would mean other tokens.
+
+    `source`: the model's folder, when it came from one. `what` names the model in the
+    messages. `allow_vocab_mismatch` (the scripts' --allow-vocab-mismatch, for deliberate
+    vocabulary surgery) waives all but the first rule, which no model survives.
+    """
+    rows, ids = config.vocab_size, tokenizer.vocab_size
+    if ids > rows:
+        raise ValueError(f"vocabulary mismatch: the tokenizer has {ids} tokens but {what} only "
+                         f"{rows} embeddings; is the tokenizer {what}'s own?")
+    if allow_vocab_mismatch:
+        return
+    surgery = "(--allow-vocab-mismatch, for deliberate vocabulary surgery)"
+    stored = read_config(source) if source is not None else {}
+    recorded = stored.get(VOCAB_KEY)
+    if recorded and recorded != vocab_sha256(tokenizer):
+        raise ValueError(f"vocabulary mismatch: {source} records the vocabulary {what} was "
+                         f"saved with (sha256 {recorded[:16]}), but the tokenizer is another "
+                         f"({vocab_sha256(tokenizer)[:16]}, {ids} tokens) {surgery}")
+    expected = {"[PAD]": config.pad_token_id}
+    for name, key in (("[UNK]", "unk"), ("[CLS]", "cls"), ("[SEP]", "sep"), ("[MASK]", "mask")):
+        if isinstance(stored.get(f"{key}_token_id"), int):
+            expected[name] = stored[f"{key}_token_id"]
+    have = dict(zip(("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"), tokenizer.special_ids))
+    for name, want in expected.items():
+        if have[name] != want:
+            raise ValueError(f"special-token mismatch: the tokenizer's {name} is id "
+                             f"{have[name]} but {what}'s config says {want}; is the tokenizer "
+                             f"{what}'s own? {surgery}")
+    if ids < rows and not any(rows == -(-ids // m) * m for m in ROW_MULTIPLES):
+        raise ValueError(f"vocabulary mismatch: the tokenizer has {ids} tokens but {what} "
+                         f"{rows} embedding rows, more than padding to a multiple of "
+                         f"{'/'.join(map(str, ROW_MULTIPLES))} explains; is the tokenizer "
+                         f"{what}'s own? {surgery}")
+
+
+def _check_folder_tokenizer(folder: Path, hf_config: dict[str, Any]) -> None:
+    """A folder whose recorded vocabulary (`VOCAB_KEY`) is not its tokenizer's is refused."""
+    recorded = hf_config.get(VOCAB_KEY)
+    if not recorded or not any((folder / n).is_file() for n in ("tokenizer.json", "vocab.txt")):
+        return
+    from .tokenizer import Tokenizer  # here: the model classes need no tokenizer otherwise
+
+    tokenizer = Tokenizer.from_pretrained(folder)
+    if vocab_sha256(tokenizer) != recorded:
+        raise ValueError(f"{folder}: config.json records the vocabulary its model was saved "
+                         f"with (sha256 {recorded[:16]}), but the folder's tokenizer is another "
+                         f"({vocab_sha256(tokenizer)[:16]}, {tokenizer.vocab_size} tokens): "
+                         f"the tokenizer was replaced; put the model's own back, or pass "
+                         f"allow_vocab_mismatch=True for deliberate vocabulary surgery")
+
+
+def _stored_labels(hf_config: dict[str, Any]) -> Optional[list[str]]:
+    """The class names of a checkpoint's classifier, in id order (None without id2label)."""
+    stored = hf_config.get("id2label")
+    if not isinstance(stored, dict) or not stored:
+        return None
+    return [str(stored[k]) for k in sorted(stored, key=int)]

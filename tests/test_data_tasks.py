@@ -398,3 +398,70 @@ def test_collator_pads_every_task(tok):
     assert batch["start_positions"].shape == (len(qa),)
     with pytest.raises(ValueError, match="1 of 2 examples have 'label'"):
         collate([cls[0], {k: v for k, v in cls[1].items() if k != "label"}])
+
+
+# ---------------------------------------------------------------- whole tasks (TaskData)
+
+def test_read_table_task_is_the_files_rows_with_the_training_files_classes(tmp_path, tok):
+    from minibert.data.tasks import SequenceSplit, read_table_task
+
+    train = write(tmp_path / "train.tsv", "text\tother\ty\nthe cat\tx\tpos\n\na dog\tx\tneg\n"
+                                          "the mat\tx\tpos\nnew york\tx\tmid\n")
+    dev = write(tmp_path / "dev.csv", 'text,other,y\n"a cat, sat",z,neg\n')
+    task = read_table_task(train, dev, "text", "other", "y")
+    assert task.kind == "sequence" and task.names == ["mid", "neg", "pos"]  # sorted
+    assert isinstance(task.train, SequenceSplit) and len(task.train) == 4
+    # Read by hand: rows in file order, their lines (the blank line 3 is skipped), class ids.
+    assert task.train.texts == ["the cat", "a dog", "the mat", "new york"]
+    assert task.train.pairs == ["x"] * 4 and task.train.lines == [2, 4, 5, 6]
+    assert task.train.labels == [2, 1, 2, 0]
+    assert (task.eval.texts, task.eval.pairs, task.eval.labels, task.eval.lines) == \
+        (["a cat, sat"], ["z"], [1], [2])
+    assert task.train.tokenizer_texts() == task.train.texts + task.train.pairs
+    assert [f["input_ids"].tolist() for f in task.train.encode(tok, 8)] == \
+        [tok.encode_pair(a, b, 8).input_ids for a, b in zip(task.train.texts, task.train.pairs)]
+    single = read_table_task(train, dev, "text", None, "y")
+    assert single.train.pairs is None and single.train.tokenizer_texts() == single.train.texts
+    # A subset is drawn by the seed, keeps the file's order, and leaves the eval split whole.
+    a = read_table_task(train, dev, "text", None, "y", max_train=2, seed=3)
+    assert a == read_table_task(train, dev, "text", None, "y", max_train=2, seed=3)
+    assert len(a.train) == 2 and a.train.lines == sorted(a.train.lines)
+    assert set(a.train.lines) <= {2, 4, 5, 6} and a.eval == single.eval
+    bad = write(tmp_path / "bad.tsv", "text\tother\ty\nthe cat\tx\tnew\n")
+    with pytest.raises(ValueError, match="bad.tsv, line 2: label 'new' does not occur in"):
+        read_table_task(train, bad, "text", None, "y")
+
+
+def test_read_conll_task_checks_every_tag_against_the_scheme(tmp_path, tok):
+    from minibert.data.tasks import TokenSplit, read_conll_task
+
+    train = write(tmp_path / "train.conll", "the O\ncat B-X\n\nnew B-Y\nyork I-Y\n")
+    dev = write(tmp_path / "dev.conll", "a O\ndog B-X\n")
+    task = read_conll_task(train, dev, "IOB2")
+    assert task.kind == "token" and task.names == ["B-X", "B-Y", "I-Y", "O"]
+    assert isinstance(task.train, TokenSplit) and len(task.train) == 2
+    assert [s.words for s in task.train.sentences] == [["the", "cat"], ["new", "york"]]
+    assert task.train.labels == [[3, 0], [1, 2]] and task.eval.labels == [[3, 0]]
+    assert task.train.tokenizer_texts() == ["the cat", "new york"]
+    assert [f["labels"].tolist() for f in task.train.encode(tok, 16)] == \
+        [f["labels"].tolist() for f in encode_token_classification(
+            tok, [["the", "cat"], ["new", "york"]], [[3, 0], [1, 2]], 16)]
+    # A tag the scheme lacks is named with its file and line, in either file.
+    with pytest.raises(ValueError, match=r"train.conll, line 2: tag 'B-X' is not valid in "
+                                         r"scheme 'IO'"):
+        read_conll_task(train, dev, "IO")
+    odd = write(tmp_path / "odd.conll", "a O\n\ndog X\n")
+    with pytest.raises(ValueError, match="odd.conll, line 3: tag 'X'"):
+        read_conll_task(train, odd, "IOB2")
+    sub = read_conll_task(train, dev, "IOB2", max_train=1, seed=0)
+    assert len(sub.train) == 1 and sub.train.sentences[0] in task.train.sentences
+
+
+def test_random_subset_keeps_order_and_is_fixed_by_the_seed():
+    from minibert.data.tasks import random_subset
+
+    items = list(range(100))
+    a = random_subset(items, 10, seed=1)
+    assert a == sorted(a) and len(set(a)) == 10 and a == random_subset(items, 10, seed=1)
+    assert a != random_subset(items, 10, seed=2)
+    assert random_subset(items, None, 0) is items and random_subset(items, 200, 0) is items

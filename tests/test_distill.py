@@ -1,4 +1,5 @@
-"""examples/distill.py: the loss against a hand computation, the frozen teacher, and the CLI."""
+"""minibert.distill: the loss against a hand computation and the frozen teacher; and
+examples/distill.py, the CLI, end to end."""
 
 import copy
 import json
@@ -13,6 +14,7 @@ import minibert
 import minibert.engine
 from minibert.checkpoint import latest_checkpoint, load_checkpoint
 from minibert.data import MLMCollator
+from minibert.distill import Distiller, distillation_loss
 from minibert.engine import TrainConfig, train
 from minibert.optim import build_optimizer
 
@@ -76,7 +78,7 @@ def test_loss_matches_a_hand_computation():
             kl += sum(b * (math.log(b) - math.log(a)) for a, b in zip(ps, pt))
             ce -= math.log(_softmax(s[i].tolist(), 1.0)[int(y[i])])
         expected = alpha * T * T * kl / 3 + (1 - alpha) * ce / 3
-        got = distill.distillation_loss(s, t, y, alpha, T)
+        got = distillation_loss(s, t, y, alpha, T)
         assert got.item() == pytest.approx(expected, rel=1e-6, abs=1e-7), (alpha, T)
 
 
@@ -86,7 +88,7 @@ def test_soft_gradient_is_t_times_the_probability_gap():
     s = torch.randn(4, 7, generator=g, dtype=torch.float64, requires_grad=True)
     t = torch.randn(4, 7, generator=g, dtype=torch.float64)
     T = 3.0
-    distill.distillation_loss(s, t, torch.zeros(4, dtype=torch.long), 1.0, T).backward()
+    distillation_loss(s, t, torch.zeros(4, dtype=torch.long), 1.0, T).backward()
     gap = torch.softmax(s.detach() / T, -1) - torch.softmax(t / T, -1)
     torch.testing.assert_close(s.grad, T * gap / 4)
 
@@ -112,25 +114,25 @@ def test_alpha_zero_is_the_plain_mlm_loss_and_a_copied_teacher_costs_nothing():
     student.eval()
     batch = _batch()
     plain = student(**batch)
-    out = distill.Distiller(student, teacher, alpha=0.0, temperature=2.0)(**batch)
+    out = Distiller(student, teacher, alpha=0.0, temperature=2.0)(**batch)
     assert torch.equal(out.loss, plain.loss) and torch.equal(out.logits, plain.logits)
     assert out.logits.shape == (int((batch["labels"] != -100).sum()), 50)
-    mixed = distill.Distiller(student, teacher, alpha=0.5, temperature=2.0)(**batch).loss
+    mixed = Distiller(student, teacher, alpha=0.5, temperature=2.0)(**batch).loss
     assert not torch.isclose(mixed, plain.loss)
     # A teacher identical to the student: KL is 0, so alpha=1 gives 0 and alpha=0.5 half CE.
     twin = copy.deepcopy(student)
-    assert distill.Distiller(student, twin, alpha=1.0, temperature=4.0)(**batch).loss.abs() < 1e-6
-    half = distill.Distiller(student, twin, alpha=0.5, temperature=4.0)(**batch).loss
+    assert Distiller(student, twin, alpha=1.0, temperature=4.0)(**batch).loss.abs() < 1e-6
+    half = Distiller(student, twin, alpha=0.5, temperature=4.0)(**batch).loss
     torch.testing.assert_close(half, plain.loss / 2)
     # Without labels: the student's own (B, T, V) logits.
     no_labels = {k: v for k, v in batch.items() if k != "labels"}
-    assert distill.Distiller(student, teacher)(**no_labels).logits.shape == (3, 12, 50)
+    assert Distiller(student, teacher)(**no_labels).logits.shape == (3, 12, 50)
 
 
 def test_bf16_autocast_keeps_the_loss_in_fp32():
     student, teacher = _models()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = distill.Distiller(student, teacher)(**_batch())
+        out = Distiller(student, teacher)(**_batch())
     assert out.logits.dtype == torch.bfloat16
     assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
 
@@ -138,12 +140,12 @@ def test_bf16_autocast_keeps_the_loss_in_fp32():
 def test_bad_settings_are_refused_by_the_module():
     student, teacher = _models()
     with pytest.raises(ValueError, match="share one vocabulary"):
-        distill.Distiller(student, _models(vocab=60)[1])
+        Distiller(student, _models(vocab=60)[1])
     for alpha, T, words in ((1.5, 2.0, "--alpha"), (-0.1, 2.0, "--alpha"),
                             (float("nan"), 2.0, "--alpha"), (0.5, 0.0, "--temperature"),
                             (0.5, float("inf"), "--temperature")):
         with pytest.raises(ValueError, match=words):
-            distill.Distiller(student, teacher, alpha, T)
+            Distiller(student, teacher, alpha, T)
 
 
 def test_gradients_reach_the_student_only(tok, tmp_path):
@@ -154,7 +156,7 @@ def test_gradients_reach_the_student_only(tok, tmp_path):
     student, teacher = _models(vocab=tok.vocab_size)
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     student_before = {k: v.clone() for k, v in student.state_dict().items()}
-    model = distill.Distiller(student, teacher, alpha=0.7, temperature=2.0)
+    model = Distiller(student, teacher, alpha=0.7, temperature=2.0)
     trainable = {id(p) for p in student.parameters()}
     grouped = [p for g in build_optimizer(model, 1e-3).param_groups for p in g["params"]]
     assert {id(p) for p in grouped} == trainable  # every student parameter, nothing else
@@ -269,7 +271,7 @@ def test_bad_input_gets_one_line(data_dir, teacher_dir, cache, tmp_path, capsys)
         (args("--student-preset", "huge"), "unknown --student-preset 'huge'"),
         (args("--seq-len", "100"), "exceeds the teacher's max_position_embeddings=64"),
         (args("--micro-batch-size", "3"), "whole micro-batches of --micro-batch-size 3"),
-        (args("--max-grad-norm", "-1"), "--max-grad-norm -1.0 must be above 0"),
+        (args("--max-grad-norm", "-1"), "--max-grad-norm -1.0 must be > 0"),
         (args("--resume"), "no intact checkpoint"),
         (args("--precision", "fp16"), "fp16 needs a CUDA device"),
     ]

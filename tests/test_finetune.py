@@ -317,8 +317,10 @@ def test_bad_flags_and_existing_runs(task, run, tmp_path, capsys):
     out = tmp_path / "out"
     cases = [
         (["--micro-batch-size", "5"], "whole micro-batches of --micro-batch-size 5"),
-        (["--batch-size", "0"], "--batch-size must be at least 1"),
-        (["--min-lr", "0.1", "--lr", "0.01"], "--min-lr 0.1 must lie between 0 and --lr"),
+        # TrainConfig's own checks, in the flags' names
+        (["--batch-size", "0"], "--batch-size 0 must be an integer >= 1"),
+        (["--min-lr", "0.1", "--lr", "0.01"],
+         "0 <= --min-lr <= --lr, got --lr 0.01, --min-lr 0.1"),
         (["--preset", "huge"], "unknown --preset 'huge'"),
         (["--precision", "fp16"], "fp16 needs a CUDA device"),
         (["--batch-size", "300"], "fewer than one batch"),

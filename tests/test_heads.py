@@ -9,7 +9,7 @@ import torch
 
 import minibert
 from conftest import hf_config, random_batch, tiny_config
-from minibert import export, hf
+from minibert import export
 from minibert.checkpoint import save_checkpoint
 from minibert.export import export_checkpoint
 

@@ -256,3 +256,39 @@ def test_squad_scores(caplog):
     assert s == pytest.approx({"exact_match": 100 * 2 / 4, "f1": 100 * (1 + 6 / 7 + 1) / 4})
     with pytest.raises(ValueError, match="no questions"):
         squad_scores({}, {})
+
+
+# ---- the fine-tuning reports -------------------------------------------------------------------
+
+def test_sequence_scores_name_each_class_and_carry_the_loss():
+    from minibert.metrics import sequence_scores
+
+    # By hand, on Y_TRUE / Y_PRED above: accuracy 3/5, F1 1/2 (a), 4/5 (b), 0 (c) over the
+    # three classes that occur; "d" never occurs and is listed with support 0.
+    s = sequence_scores(Y_TRUE, Y_PRED, ["a", "b", "c", "d"], eval_loss=0.25)
+    assert s["accuracy"] == pytest.approx(0.6) and s["eval_loss"] == 0.25
+    assert s["f1"] == pytest.approx((0.5 + 0.8 + 0) / 3)
+    assert list(s["per_class"]) == ["a", "b", "c", "d"]
+    assert s["per_class"]["b"] == pytest.approx({"precision": 2 / 3, "recall": 1.0, "f1": 0.8,
+                                                 "support": 2})
+    assert s["per_class"]["d"]["support"] == 0
+
+
+def test_token_scores_count_entities_and_words_by_hand():
+    from minibert.metrics import numbers, token_scores
+
+    names = ["B-LOC", "B-PER", "I-PER", "O"]
+    gold = [[1, 2, 3, 0], [3, 1]]  # PER(0-1) O LOC(3); O PER(1)
+    pred = [[1, 3, 3, 0], [3, 1]]  # PER(0) O O LOC(3); O PER(1)
+    s = token_scores(gold, pred, names, "IOB2", eval_loss=1.5)
+    # Entities: gold {PER 0-1, LOC 3, PER s1}, predicted {PER 0-0, LOC 3, PER s1}: 2 found of
+    # 3 each way. Words: 5 of 6 tags right.
+    assert (s["entity_precision"], s["entity_recall"], s["f1"]) == pytest.approx((2 / 3,) * 3)
+    assert s["accuracy"] == pytest.approx(5 / 6) and s["eval_loss"] == 1.5
+    assert s["per_type"]["PER"] == pytest.approx({"precision": 0.5, "recall": 0.5, "f1": 0.5,
+                                                  "support": 2})
+    assert s["per_type"]["LOC"]["f1"] == 1.0
+    # What a log row holds: the floats, not the tables (nor a missing loss).
+    assert numbers(s) == {k: s[k] for k in ("f1", "entity_precision", "entity_recall",
+                                            "accuracy", "eval_loss")}
+    assert "eval_loss" not in numbers(token_scores(gold, pred, names))

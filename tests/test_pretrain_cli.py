@@ -125,13 +125,14 @@ def test_sigterm_and_sigkill_then_resume_match_an_uninterrupted_run(data_dir, tm
     assert ref.wait(timeout=300) == 0, ref.communicate()
     expected = json.loads((tmp_path / "ref" / "eval.json").read_text())
 
-    # SIGTERM: the step in progress finishes, a checkpoint is saved, the exit is clean.
+    # SIGTERM: the step in progress finishes, a checkpoint is saved, and the exit status is
+    # 128 + 15, so that `pretrain && next` does not go on with an unfinished run.
     out = tmp_path / "term"
     proc = _run(data_dir, out, cache, *steps)
     _wait_for_checkpoint(out, 3, proc)
     proc.send_signal(signal.SIGTERM)
     stdout, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "--resume" in stdout
+    assert proc.returncode == 128 + signal.SIGTERM and "--resume" in stdout
     assert not (out / "eval.json").exists()
     done = _run(data_dir, out, cache, *steps, "--resume")
     assert done.wait(timeout=300) == 0, done.communicate()
@@ -168,16 +169,18 @@ def test_bad_input_gets_one_line(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     cases = [
         (["--micro-batch-size", "3"], "whole micro-batches of --micro-batch-size 3"),
-        (["--batch-size", "0"], "--batch-size 0 must be at least 1"),
-        (["--max-steps", "0"], "--max-steps 0 must be at least 1"),
-        (["--max-grad-norm", "0"], "--max-grad-norm 0.0 must be above 0"),
-        (["--max-grad-norm", "-1"], "--max-grad-norm -1.0 must be above 0"),
-        (["--adam-eps", "0"], "--adam-eps 0.0 must be above 0"),
+        # TrainConfig's own checks, in the flags' names
+        (["--batch-size", "0"], "--batch-size 0 must be an integer >= 1"),
+        (["--max-steps", "0"], "--max-steps 0 must be an integer >= 1"),
+        (["--max-grad-norm", "0"], "--max-grad-norm 0.0 must be > 0"),
+        (["--max-grad-norm", "-1"], "--max-grad-norm -1.0 must be > 0"),
+        (["--adam-eps", "0"], "--adam-eps 0.0 must be > 0"),
+        (["--lr", "1e-6"], "0 <= --min-lr <= --lr, got --lr 1e-06, --min-lr 1e-05"),
+        (["--warmup-steps", "9"], "--warmup-steps of 9 steps is longer than the run"),
+        (["--seq-len-warmup", "9"], "--seq-len-warmup of 9 steps is longer than the run"),
+        (["--seq-len-warmup", "-1"], "--seq-len-warmup -1 must be >= 0"),
+        # and the rules no setting checks itself
         (["--mask-prob", "1.5"], "--mask-prob 1.5 must be between 0 and 1"),
-        (["--lr", "1e-6"], "--lr 1e-06 is below --min-lr 1e-05"),
-        (["--warmup-steps", "9"], "--warmup-steps 9 is longer than the schedule"),
-        (["--seq-len-warmup", "9"], "--seq-len-warmup 9 is longer than the schedule"),
-        (["--seq-len-warmup", "-1"], "--seq-len-warmup -1 must be 0 (off) or more"),
         (["--seq-len-start", "4"], "--seq-len-start 4 must be at least 8"),
         (["--seq-len-start", "48"], "--seq-len-start 48 is longer than --seq-len 32"),
         (["--device", "cuda"] if not torch.cuda.is_available() else ["--preset", "huge"],
@@ -287,20 +290,30 @@ def test_numeric_flags_are_checked_before_any_work(data_dir, tmp_path, capsys):
     assert not out.exists() and not (tmp_path / "cache").exists()
 
 
-def test_a_leftover_tokenizer_never_replaces_this_runs(data_dir, tmp_path, capsys):
+def test_a_leftover_tokenizer_never_replaces_this_runs(data_dir, tmp_path, capsys,
+                                                       monkeypatch):
     """A start that failed after writing --out/tokenizer leaves it behind; the next start
     uses it only if it is the tokenizer that start would make, and refuses otherwise."""
+    import minibert.data.prepare
+
     cache, out = tmp_path / "cache", tmp_path / "run"
-    assert pretrain.main(_args(data_dir, tmp_path / "base", cache, "--max-steps", "2")) == 0
-    # A failed start: the tokenizer is written, then the model cannot be built.
-    assert _error_line(capsys, _args(data_dir, out, cache, "--seq-len", "600"))
+    # A failed start: the tokenizer is written, then tokenizing the corpus fails (a full disk).
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(minibert.data.prepare, "tokenize_to_memmap", full_disk)
+        assert "No space left" in _error_line(capsys, _args(data_dir, out, cache))
     leftover = minibert.Tokenizer.from_pretrained(out / "tokenizer")
     err = _error_line(capsys, _args(data_dir, out, cache, "--vocab-size", "100"))
     assert "not this run's" in err and leftover.fingerprint[:16] in err
-    base = tmp_path / "base" / "final"
+    # --init-from a checkpoint whose tokenizer (its own) is other than the leftover one
     other = minibert.Tokenizer.train_from_iterator(["zebra yak " * 30] * 40, vocab_size=60,
                                                    cache_dir=cache)
-    other.save(base)  # --init-from with a tokenizer other than the leftover one
+    base = tmp_path / "base"
+    minibert.BertForMaskedLM(minibert.BertConfig.preset(
+        "tiny", vocab_size=other.vocab_size, pad_token_id=other.pad_id)).save_pretrained(
+        base, tokenizer=other)
     err = _error_line(capsys, _args(data_dir, out, cache, "--init-from", str(base)))
     assert leftover.fingerprint[:16] in err and other.fingerprint[:16] in err
     # The start that made it may use it.
@@ -435,8 +448,10 @@ def test_damaged_weights_checkpoints_and_a_full_disk_are_one_line(data_dir, tmp_
 
 def test_the_tokenizer_trains_on_a_sample_of_a_big_train_split(data_dir, tmp_path, monkeypatch,
                                                                 caplog):
-    monkeypatch.setattr(pretrain, "TOKENIZER_SAMPLE_CHARS", 20_000)
-    with caplog.at_level(logging.INFO, logger="pretrain"):
+    import minibert.data.prepare
+
+    monkeypatch.setattr(minibert.data.prepare, "TOKENIZER_SAMPLE_CHARS", 20_000)
+    with caplog.at_level(logging.INFO, logger="minibert.data.prepare"):
         assert pretrain.main(_args(data_dir, tmp_path / "run", tmp_path / "cache",
                                    "--max-steps", "1")) == 0
     assert re.search(r"training the tokenizer on every \d+(st|nd|rd|th) document of train",

@@ -11,7 +11,10 @@
                     layout, refusing mixed folders, with a report of what was read
 * `tasks`     fine-tuning: readers (`task_files`: TSV/CSV, CoNLL, SQuAD),
                     encoders for classification, token labels and QA (`qa`),
-                    and `TaskCollator`
+                    `TaskCollator`, and whole tasks read from two files (`TaskData`)
+* `prepare`   a pretraining corpus made ready once: read, the run's tokenizer, the
+                    token cache (import `minibert.data.prepare`: it needs the tokenizer,
+                    which needs this package)
 """
 from .corpus import Corpus, CorpusFile, load_corpus
 from .mlm import IGNORE_INDEX, MLMCollator, PackedMLMDataset, pad_batch
@@ -20,15 +23,21 @@ from .tasks import (
     LabelMap,
     QAExample,
     Sentence,
+    SequenceSplit,
     SpanPrediction,
     TaskCollator,
+    TaskData,
+    TokenSplit,
     best_span,
     encode_classification,
     encode_qa,
     encode_token_classification,
+    random_subset,
     read_conll,
+    read_conll_task,
     read_squad,
     read_table,
+    read_table_task,
     word_predictions,
 )
 from .text import iter_documents, load_text_folder
@@ -46,11 +55,14 @@ __all__ = [
     "PackedMLMDataset",
     "QAExample",
     "Sentence",
+    "SequenceSplit",
     "ShardedSampler",
     "SpanPrediction",
     "TaskCollator",
+    "TaskData",
     "TokenFile",
     "TokenFileError",
+    "TokenSplit",
     "best_span",
     "download_wikitext",
     "encode_classification",
@@ -61,9 +73,12 @@ __all__ = [
     "load_text_folder",
     "load_wikitext",
     "pad_batch",
+    "random_subset",
     "read_conll",
+    "read_conll_task",
     "read_squad",
     "read_table",
+    "read_table_task",
     "tokenize_to_memmap",
     "word_predictions",
 ]

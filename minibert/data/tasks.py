@@ -20,14 +20,22 @@ Everything is importable from here, readers and QA included. Classification, for
     features = encode_classification(tok, [r[0] for _, r in rows],
                                      [labels.id(r[-1], "train.tsv", n) for n, r in rows])
     batch = TaskCollator(tok.pad_id)(features[:32])  # input_ids, ..., labels
+
+or, a training and an evaluation file read and checked as one task (`TaskData`):
+
+    task = read_table_task("train.tsv", "dev.tsv", text="sentence", pair=None, label="label")
+    features = task.train.encode(tok, seq_len=128)  # task.names: the classes, in id order
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 import torch
 
+from ..metrics import spans
 from .mlm import IGNORE_INDEX, pad_batch
 from .qa import SpanPrediction, best_span, encode_qa
 from .task_files import LabelMap, QAExample, Sentence, read_conll, read_squad, read_table
@@ -36,10 +44,13 @@ if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
 
 __all__ = [
-    "LabelMap", "QAExample", "Sentence", "SpanPrediction", "TaskCollator", "best_span",
-    "encode_classification", "encode_qa", "encode_token_classification", "read_conll",
-    "read_squad", "read_table", "word_predictions",
+    "LabelMap", "QAExample", "Sentence", "SequenceSplit", "SpanPrediction", "TaskCollator",
+    "TaskData", "TokenSplit", "best_span", "encode_classification", "encode_qa",
+    "encode_token_classification", "random_subset", "read_conll", "read_conll_task",
+    "read_squad", "read_table", "read_table_task", "word_predictions",
 ]
+
+T = TypeVar("T")
 
 
 def _check_max_len(max_len: int, least: int) -> None:
@@ -234,3 +245,113 @@ class TaskCollator:
             batch["end_positions"] = torch.tensor([e["end_position"] for e in examples],
                                                   dtype=torch.long)  # (B,)
         return batch
+
+
+# ---------------------------------------------------------------- whole tasks
+
+@dataclass
+class SequenceSplit:
+    """The rows of one file of a sequence-classification task, in the file's order."""
+
+    texts: list[str]
+    pairs: Optional[list[str]]  # the second text of each row, for sentence pairs
+    labels: list[int]  # class ids, into TaskData.names
+    lines: list[int]  # each row's line in its file, for messages and predictions
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def tokenizer_texts(self) -> list[str]:
+        """The texts a tokenizer would be trained on."""
+        return self.texts + (self.pairs or [])
+
+    def encode(self, tok: "Tokenizer", seq_len: int) -> list[dict]:
+        """One feature per row (`encode_classification`), cut to `seq_len` tokens."""
+        return encode_classification(tok, self.texts, self.labels, self.pairs, max_len=seq_len)
+
+
+@dataclass
+class TokenSplit:
+    """The sentences of one file of a token-classification task, in the file's order."""
+
+    sentences: list[Sentence]
+    labels: list[list[int]]  # per sentence, per word: a tag id, into TaskData.names
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def tokenizer_texts(self) -> list[str]:
+        return [" ".join(s.words) for s in self.sentences]
+
+    def encode(self, tok: "Tokenizer", seq_len: int) -> list[dict]:
+        """Windows of whole words (`encode_token_classification`), `seq_len` pieces each."""
+        return encode_token_classification(tok, [s.words for s in self.sentences],
+                                           self.labels, seq_len)
+
+
+@dataclass
+class TaskData:
+    """A labelled task read from a training and an evaluation file: `kind` "sequence" or
+    "token", the class (tag) names in id order, taken from the training file, and the two
+    splits, every label already checked and turned into an id."""
+
+    kind: str
+    names: list[str]
+    train: Union[SequenceSplit, TokenSplit]
+    eval: Union[SequenceSplit, TokenSplit]
+
+
+def random_subset(items: list[T], n: Optional[int], seed: int) -> list[T]:
+    """`n` of the items, chosen by `seed`, in their order (all of them without `n`)."""
+    if not n or n >= len(items):
+        return items
+    keep = np.random.default_rng(seed).choice(len(items), n, replace=False)
+    return [items[i] for i in sorted(keep)]
+
+
+def read_table_task(train_file: Union[str, Path], eval_file: Union[str, Path], text: str,
+                    pair: Optional[str], label: str, max_train: Optional[int] = None,
+                    seed: int = 0) -> TaskData:
+    """A sequence-classification task from two TSV/CSV files (`read_table`): the columns
+    `text`, `pair` (None for single texts) and `label`. The classes are the training file's;
+    an evaluation label it lacks is an error naming the line. `max_train`: a random subset
+    of the training rows, fixed by `seed`."""
+    columns = [text] + ([pair] if pair else []) + [label]
+    train_rows, eval_rows = read_table(train_file, columns), read_table(eval_file, columns)
+    labels = LabelMap.from_labels([r[-1] for _, r in train_rows], train_file)
+
+    def split(rows: list[tuple[int, list[str]]], path) -> SequenceSplit:
+        return SequenceSplit(texts=[r[0] for _, r in rows],
+                             pairs=[r[1] for _, r in rows] if pair else None,
+                             labels=[labels.id(r[-1], path, line) for line, r in rows],
+                             lines=[line for line, _ in rows])
+
+    return TaskData("sequence", labels.names, train=split(random_subset(
+        train_rows, max_train, seed), train_file), eval=split(eval_rows, eval_file))
+
+
+def read_conll_task(train_file: Union[str, Path], eval_file: Union[str, Path], scheme: str,
+                    max_train: Optional[int] = None, seed: int = 0) -> TaskData:
+    """A token-classification task from two CoNLL files (`read_conll`). Every tag of both is
+    checked against `scheme` ("IOB2", "BIO", "IO"; see `metrics.spans`) and named with its
+    line when the scheme lacks it; the tags are the training file's. `max_train`: a random
+    subset of the training sentences, fixed by `seed`."""
+    train_s, eval_s = read_conll(train_file), read_conll(eval_file)
+    for path, sentences in ((train_file, train_s), (eval_file, eval_s)):
+        first: dict[str, int] = {}  # each tag, and the line it first appears on
+        for s in sentences:
+            for i, tag in enumerate(s.labels):
+                first.setdefault(tag, s.line + i)
+        for tag, line in first.items():
+            try:
+                spans([tag], scheme)  # a tag the scheme does not have raises
+            except ValueError as e:
+                raise ValueError(f"{path}, line {line}: {e}") from None
+    labels = LabelMap.from_labels([t for s in train_s for t in s.labels], train_file, "word")
+
+    def split(sents: list[Sentence], path) -> TokenSplit:
+        return TokenSplit(sents, [[labels.id(t, path, s.line + i) for i, t in enumerate(s.labels)]
+                                  for s in sents])
+
+    return TaskData("token", labels.names, train=split(random_subset(train_s, max_train, seed),
+                                                       train_file), eval=split(eval_s, eval_file))

@@ -1,0 +1,229 @@
+"""What every command-line script of examples/ shares: its parser, its start, how it ends.
+
+A script's life is `run_script(args, prepare, run)`: `prepare(args, ctx)` checks the flags
+and reads every input it can before anything is written (a refused run leaves --out as it
+found it); `run(args, ctx, prepared)` then trains inside the run folder, held by its lock
+(`rundir.open_run`). How it ends is said by the exit status, so that `cmd && next` never
+goes on after a run that did not finish well:
+
+    0          the run finished; its outputs are written
+    1          the run started and could not finish well: it diverged (steps kept being
+               skipped, or the final evaluation is not finite) or ran out of memory; no
+               final/ is written, the checkpoints are kept
+    2          bad input (a flag, a file, a checkpoint, a missing package), refused with
+               one line on stderr, before --out is touched
+    128 + N    stopped by signal N (130 for SIGINT, 143 for SIGTERM) after saving a
+               checkpoint: the same command with --resume continues it
+
+This module is the scripts' layer: it prints their one-line errors on stderr (the library
+below it only logs), and translates the settings' field names into flag names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
+
+import torch.nn as nn
+
+from . import memory
+from .checkpoint import CheckpointError
+from .data.tokens import TokenFileError
+from .data.wikitext import DownloadError
+from .distributed import DistContext, all_gather_objects, cleanup, init_distributed
+from .recovery import TrainingError
+from .rundir import open_run
+
+log = logging.getLogger(__name__)
+
+# Bad input: exit status 2. TokenFileError and CheckpointError are ValueErrors, named for
+# the reader; DownloadError (a RuntimeError) is bad input too: no corpus, no run.
+BAD_INPUT = (ValueError, OSError, ImportError, DownloadError, TokenFileError, CheckpointError)
+
+T = TypeVar("T")
+
+
+class Stopped(Exception):
+    """A run stopped by a signal after saving its checkpoint: exit status 128 + `signal`."""
+
+    def __init__(self, signal: int, step: int) -> None:
+        super().__init__(f"stopped by signal {signal} at step {step}")
+        self.signal, self.step = signal, step
+
+
+# ---- the parser ------------------------------------------------------------------------------
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with the defaults shown in --help, and one fix: a negative number
+    after a flag is that flag's value.
+
+    argparse reads `--lr -1e-4` as two flags (`-1e-4` does not look like a number to it,
+    while `-0.5` does) and says only "expected one argument". Joined into `--lr=-1e-4`, the
+    value reaches the flag's own check, which says what the flag allows.
+    """
+
+    def __init__(self, description: str) -> None:
+        super().__init__(description=description,
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+    def parse_args(self, args: Optional[Sequence[str]] = None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(self._join_negative_values(argv), namespace)
+
+    def _join_negative_values(self, argv: list[str]) -> list[str]:
+        takes_number = {s for a in self._actions if a.type in (int, float) and a.nargs is None
+                        for s in a.option_strings}
+        out: list[str] = []
+        i = 0
+        while i < len(argv):
+            if argv[i] in takes_number and i + 1 < len(argv) and _negative_number(argv[i + 1]):
+                out.append(f"{argv[i]}={argv[i + 1]}")
+                i += 2
+            else:
+                out.append(argv[i])
+                i += 1
+        return out
+
+
+def _negative_number(text: str) -> bool:
+    if not text.startswith("-"):
+        return False
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+# ---- settings in flag names ------------------------------------------------------------------
+
+def in_flag_names(make: Callable[[], T], flags: Mapping[str, str]) -> T:
+    """`make()` (e.g. a TrainConfig), with a ValueError's field names said as the flags that
+    set them: "TrainConfig.batch_size=0 must be ..." becomes "--batch-size 0 must be ...".
+
+    The settings validate themselves (config.py, state.py); a script does not check the
+    same rules again, it only says them in its own words. `flags` maps field -> flag."""
+    try:
+        return make()
+    except ValueError as e:
+        message = str(e).replace("TrainConfig.", "").replace("BertConfig.", "")
+        for field, flag in flags.items():
+            # `field=value` -> `flag value`, and a bare `field` -> `flag`; never inside a
+            # longer name (`lr` in `min_lr`) or a flag already written (`--lr`).
+            message = re.sub(rf"(?<![\w-]){re.escape(field)}(=|\b)",
+                             lambda m: flag + (" " if m.group(1) == "=" else ""), message)
+        raise ValueError(message) from None
+
+
+def check_numbers(args: Any, rules: Sequence[tuple[str, Callable[[float], bool], str]]) -> None:
+    """Refuse the first numeric flag outside its range, in the flag's own name. `rules`:
+    (attribute, test, what is allowed); a flag left unset (None) is not checked. Infinity
+    and NaN are refused for every flag named."""
+    for name, ok, allowed in rules:
+        value = getattr(args, name, None)
+        if value is not None and not (math.isfinite(value) and ok(value)):
+            raise ValueError(f"--{name.replace('_', '-')} {value} must be {allowed}")
+
+
+def finite_flags(args: Any, names: Sequence[str]) -> None:
+    """Refuse an infinite or NaN value of the float flags `names` (the settings' own checks
+    let `inf` through where it is a valid number but never a meant one, e.g. a rate)."""
+    check_numbers(args, [(name, lambda v: True, "a finite number") for name in names])
+
+
+# ---- start, end, exit status -----------------------------------------------------------------
+
+def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
+               run: Callable[[Any, DistContext, Any], None]) -> int:
+    """A script's life and its exit status (see the module docstring). `args.device`,
+    `args.out` and `args.resume` are read here."""
+    ctx, ok = None, False
+    try:
+        ctx = init_distributed(args.device)
+        logging.basicConfig(level=logging.INFO if ctx.is_main else logging.WARNING,
+                            format="%(message)s", stream=sys.stdout)
+        prepared = prepare(args, ctx)  # nothing is written before this returns
+        with open_run(args.out, args.resume, main=ctx.is_main):
+            run(args, ctx, prepared)
+        ok = True
+    except Stopped as e:
+        ok = True  # every rank stopped at the same step, with its checkpoint saved
+        return 128 + e.signal
+    except (TrainingError, *BAD_INPUT) as e:
+        return failed(e)
+    finally:
+        if ctx is not None:
+            cleanup(ctx, wait=ok)
+    return 0
+
+
+def failed(error: Exception) -> int:
+    """Say `error` as one line on stderr ("error: ..."); its exit status: 1 for a run that
+    could not go on (TrainingError), 2 for bad input."""
+    print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+    return 1 if isinstance(error, TrainingError) else 2
+
+
+def finished(result: Mapping[str, Any], ctx: DistContext, lr: float,
+             model: Optional[nn.Module] = None, out: Optional[Path] = None,
+             what: str = "the run") -> bool:
+    """After `engine.train`: True on rank 0 of a run whose outputs may be written.
+
+    A run stopped by a signal raises `Stopped` (its checkpoint is saved; the script exits
+    128 + the signal). A run that diverged raises `TrainingError`, since its outputs would
+    look like a model and compute garbage or NaN: its final evaluation loss (`eval_loss`,
+    or a task's `NAME/eval_loss`) is not finite, or its weights are not, or its last
+    training step's loss was not (read from `out`/metrics.jsonl: in eval mode, without
+    dropout, a diverged model may still give a finite, if huge, loss). `lr` is named in the
+    message, since a rate too high is the usual cause; `what` names the run."""
+    if result["interrupted"]:
+        if ctx.is_main:
+            log.info("%s was stopped at step %d, its checkpoint saved; continue with the same "
+                     "command plus --resume", what, result["steps"])
+        raise Stopped(result["stop_signal"], result["steps"])
+    bad = [f"the final {k} is {v}" for k, v in result.items()
+           if (k == "eval_loss" or k.endswith("/eval_loss")) and isinstance(v, float)
+           and not math.isfinite(v)]
+    if model is not None and not all(bool(p.isfinite().all()) for p in model.parameters()):
+        bad.append("the weights are not finite")
+    if ctx.is_main and out is not None:
+        loss = _last_training_loss(Path(out) / "metrics.jsonl")
+        if loss is not None and not math.isfinite(loss):
+            bad.append(f"the last training step's loss is {loss}")
+    bad = list(dict.fromkeys(b for rank in all_gather_objects(bad, ctx) for b in rank))
+    if bad:
+        raise TrainingError(
+            f"{what} diverged after {result['steps']} steps ({result['skipped_steps']} skipped "
+            f"as non-finite): {'; '.join(bad)}. No model is saved in final/ (the checkpoints "
+            f"are kept). The usual cause is a learning rate too high for the model: lower "
+            f"--lr (it was {lr:g}), or warm up longer")
+    return ctx.is_main
+
+
+def _last_training_loss(metrics: Path) -> Optional[float]:
+    """The loss of the last training row of a run's metrics.jsonl (None without one)."""
+    if not metrics.is_file():
+        return None
+    loss = None
+    for line in metrics.read_text().splitlines():
+        row = json.loads(line) if line.strip() else {}
+        if "loss" in row:
+            loss = float(row["loss"])
+    return loss
+
+
+def apply_keep_freed_memory(asked: Optional[bool], ctx: DistContext) -> None:
+    """--keep-freed-memory: True asks for it, False leaves the allocator alone, None (the
+    main job's default) keeps freed memory when training on a CPU. Called just before
+    training, so that preparing the data, which frees large blocks once rather than every
+    step, still hands its memory back (memory.keep_freed_memory says why it pays)."""
+    if asked is False or (asked is None and ctx.device.type != "cpu"):
+        return
+    if not memory.keep_freed_memory() and asked:
+        log.warning("--keep-freed-memory has no effect here: it needs glibc's malloc")

@@ -1,0 +1,150 @@
+"""A pretraining corpus made ready once: read, the run's tokenizer fixed, each split tokenized.
+
+The main job (examples/pretrain_wikitext.py) and distillation (examples/distill.py) read
+their text this way. What it writes:
+
+    RUN/tokenizer/               the run's tokenizer (tokenizer.json, vocab.txt)
+    RUN/tokenizer/SPLIT.key      the fingerprint of split SPLIT's text
+    CACHE/tokens/TOK-KEY.tok     the split's token file (memmap), named by the tokenizer's
+                                 fingerprint and the text's key: any run reuses it
+
+`prepare_corpus` writes (one process: rank 0 under torchrun); `load_prepared` opens what it
+wrote (every process, after it). A token file is only a cache: one found damaged is made
+again, and a run's identity holds the keys, so a resumed run is refused on other text.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Union
+
+from ..tokenizer import Tokenizer, default_cache_dir
+from .corpus import Documents, load_corpus
+from .mlm import PackedMLMDataset
+from .tokens import TokenFile, TokenFileError, tokenize_to_memmap
+from .wikitext import download_wikitext
+
+log = logging.getLogger(__name__)
+
+PathLike = Union[str, Path]
+
+# A new tokenizer is trained on at most this many characters of the train split, a sample
+# spread over all of it, as SentencePiece samples its input (`input_sentence_size`): the
+# vocabulary has long converged by then, while training time grows with the text.
+TOKENIZER_SAMPLE_CHARS = 100_000_000
+
+
+@dataclass
+class PreparedCorpus:
+    """What `load_prepared` opens: the run's tokenizer, each split as packed blocks of
+    `seq_len` tokens, and each split's text key (for the run identity)."""
+
+    tokenizer: Tokenizer
+    splits: dict[str, PackedMLMDataset]
+    keys: dict[str, str]
+
+
+def prepare_corpus(run_dir: PathLike, splits: Sequence[str], *,
+                   data_dir: Optional[PathLike] = None, dataset: str = "wikitext-2-raw-v1",
+                   cache_dir: Optional[PathLike] = None, init_from: Optional[PathLike] = None,
+                   vocab_size: int = 8192, resume: bool = False) -> Tokenizer:
+    """Read the corpus, fix the run's tokenizer and tokenize `splits` (the first is the one
+    a new tokenizer learns from) into the token cache. Returns the tokenizer.
+
+    `data_dir`: a WikiText folder or any folder of .txt files (`load_corpus`); None
+    downloads `dataset` into `cache_dir` (default `default_cache_dir()`). The tokenizer is
+    `run_tokenizer`'s."""
+    run_dir = Path(run_dir)
+    data_dir = data_dir or download_wikitext(dataset, cache_dir=cache_dir)
+    corpus = load_corpus(data_dir)  # refuses a folder whose text files it would not all read
+    for line in corpus.report():
+        log.info(line)
+    for s in splits:
+        if s not in corpus.splits:
+            raise FileNotFoundError(f"split {s!r} not found in {data_dir} (found: "
+                                    f"{', '.join(sorted(corpus.splits))}); choose the "
+                                    f"training and evaluation splits among those")
+    tok = run_tokenizer(run_dir, corpus.splits[splits[0]], init_from=init_from,
+                        vocab_size=vocab_size, resume=resume, cache_dir=cache_dir)
+    for s in splits:
+        docs = corpus.splits[s]
+        (run_dir / "tokenizer" / f"{s}.key").write_text(docs.fingerprint)  # for every rank
+        path = token_file(tok, docs.fingerprint, cache_dir)
+        if path.is_file():
+            try:
+                TokenFile.open(path, tok)
+            except TokenFileError as e:  # a cache entry is only a copy: make it again
+                log.warning("rebuilding the damaged cache file %s (%s)", path, e)
+                path.unlink()
+        if not path.is_file():
+            log.info("tokenizing the %s split into %s", s, path)
+            tokenize_to_memmap(docs, tok, path)
+        tokens = TokenFile.open(path, tok)
+        log.info("split %s: %d documents, %d tokens", s, tokens.n_docs, tokens.n_tokens)
+    return tok
+
+
+def load_prepared(run_dir: PathLike, splits: Sequence[str], seq_len: int,
+                  cache_dir: Optional[PathLike] = None) -> PreparedCorpus:
+    """Open what `prepare_corpus` wrote for `run_dir`: each split packed into blocks of
+    `seq_len` tokens ([CLS] ... [SEP])."""
+    run_dir = Path(run_dir)
+    tok = Tokenizer.from_pretrained(run_dir / "tokenizer")
+    keys = {s: (run_dir / "tokenizer" / f"{s}.key").read_text() for s in splits}
+    sets = {s: PackedMLMDataset(TokenFile.open(token_file(tok, keys[s], cache_dir), tok),
+                                seq_len) for s in splits}
+    return PreparedCorpus(tok, sets, keys)
+
+
+def run_tokenizer(run_dir: PathLike, train_texts: Union[Documents, Iterable[str]], *,
+                  init_from: Optional[PathLike] = None, vocab_size: int = 8192,
+                  resume: bool = False, cache_dir: Optional[PathLike] = None) -> Tokenizer:
+    """The run's tokenizer, kept in RUN/tokenizer: the one a resumed run was started with,
+    else `init_from`'s, else a new one of `vocab_size` trained on (a sample of at most
+    `TOKENIZER_SAMPLE_CHARS` characters of) `train_texts`.
+
+    A tokenizer left in RUN/tokenizer by a start that failed before training is used only
+    if it is the one this start would produce; otherwise the start is refused, so that a
+    stale vocabulary never silently replaces `init_from`'s or a new `vocab_size`.
+    """
+    tok_dir = Path(run_dir) / "tokenizer"
+    kept = tok_dir / "tokenizer.json"
+    if resume and kept.is_file():  # compared with the checkpoint's by the engine
+        return Tokenizer.from_pretrained(tok_dir)
+    if init_from:
+        tok, source = Tokenizer.from_pretrained(init_from), str(init_from)
+    else:
+        texts = train_texts
+        if isinstance(train_texts, Documents):
+            texts = train_texts.sample(TOKENIZER_SAMPLE_CHARS)
+            if texts.k > 1:
+                log.info("training the tokenizer on every %s document of %s (about %d MB of "
+                         "%d): a vocabulary of %d needs no more text", _nth(texts.k),
+                         train_texts.split, TOKENIZER_SAMPLE_CHARS // 10**6,
+                         train_texts.n_chars // 10**6, vocab_size)
+        tok = Tokenizer.train_from_iterator(texts, vocab_size=vocab_size, cache_dir=cache_dir)
+        source = f"trained with --vocab-size {vocab_size}"
+    if kept.is_file():
+        old = Tokenizer.from_pretrained(tok_dir)
+        if old.fingerprint != tok.fingerprint:
+            raise FileExistsError(
+                f"{tok_dir} holds a tokenizer (fingerprint {old.fingerprint[:16]}, "
+                f"{old.vocab_size} tokens) that is not this run's ({tok.fingerprint[:16]}, "
+                f"{tok.vocab_size} tokens, {source}); it was left by an earlier start: "
+                f"delete {tok_dir} or choose another --out")
+    else:
+        tok.save(tok_dir)
+    return tok
+
+
+def token_file(tok: Tokenizer, key: str, cache_dir: Optional[PathLike] = None) -> Path:
+    """Where the text of key `key` tokenized by `tok` is cached: each corpus is tokenized
+    once per tokenizer, whichever run asks."""
+    cache = cache_dir or default_cache_dir()
+    return Path(cache) / "tokens" / f"{tok.fingerprint[:16]}-{key}.tok"
+
+
+def _nth(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"

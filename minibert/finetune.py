@@ -1,0 +1,252 @@
+"""The fine-tuning scripts' shared wiring: flags and their checks, the tokenizer, the model,
+the training settings, the labels file and the evaluation of a labelled task.
+
+examples/finetune_classification.py, finetune_token_classification.py, finetune_qa.py and
+finetune_multitask.py are built from these pieces and `cli.run_script`; each keeps what is
+its own: its data flags, what --resume compares, and its outputs. Everything a script can
+check is checked before --out is touched: the flags (`check_args`), the files, the
+tokenizer against the model (`build_model`) and the encoded data (`train_config`). The
+errors are the scripts' one-line messages (a ValueError ends a run with exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import tokenizers
+import torch.nn as nn
+
+from .atomic import write_files_atomically
+from .cli import finite_flags, in_flag_names
+from .config import PRESETS, BertConfig
+from .data.sampler import batches_per_epoch
+from .data.tasks import TaskData, word_predictions
+from .distributed import DistContext, all_gather_objects
+from .hf import read_config, require_safetensors
+from .metrics import sequence_scores, token_scores
+from .precision import resolve_precision
+from .predict import Predictions
+from .pretrained import PretrainedMixin, check_tokenizer_fits
+from .state import TrainConfig
+from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# TrainConfig's fields as the flags that set them, for its messages.
+FLAGS = {f: "--" + f.replace("_", "-") for f in asdict(TrainConfig())} | {
+    "warmup": "--warmup-ratio"}
+
+
+# ---- flags -----------------------------------------------------------------------------------
+
+def add_args(p: argparse.ArgumentParser, *, out: str, unit: str = "examples", epochs: int = 3,
+             epochs_help: str = "passes over the training data") -> None:
+    """The model, training and output flags of every fine-tuning script. `unit` is what a
+    batch holds (examples, windows); `out` the default --out."""
+    m = p.add_argument_group("model")
+    m.add_argument("--init-from", type=Path, help="a minibert or transformers checkpoint "
+                   "folder with its tokenizer; default: random weights and a new tokenizer")
+    m.add_argument("--preset", default="mini", help=f"without --init-from: {', '.join(PRESETS)}")
+    m.add_argument("--vocab-size", type=int, default=8192, help="without --init-from")
+    m.add_argument("--cache-dir", type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert")
+    m.add_argument("--dropout", type=float, help="hidden and attention dropout; default the "
+                   "checkpoint's, or 0.1 for random weights (BERT's)")
+    m.add_argument("--allow-vocab-mismatch", action="store_true", help="with --init-from: "
+                   "accept a tokenizer whose ids or special tokens are not the model's "
+                   "(deliberate vocabulary surgery); refused by default")
+    t = p.add_argument_group("training")
+    t.add_argument("--epochs", type=int, default=epochs, help=epochs_help)
+    t.add_argument("--max-steps", type=int, help="stop after this many steps (overrides --epochs); "
+                   "may change on --resume to stop earlier or go further")
+    t.add_argument("--decay-steps", type=int, help="the learning-rate schedule's horizon, fixed "
+                   "for the whole run; steps past it run at --min-lr (default: the steps of the "
+                   "run's first start)")
+    t.add_argument("--batch-size", type=int, default=32, help=f"global: {unit} per step")
+    t.add_argument("--micro-batch-size", type=int, help="per rank; default batch / world size")
+    t.add_argument("--lr", type=float, help="default 5e-5 with --init-from, 5e-4 without")
+    t.add_argument("--min-lr", type=float, default=0.0, help="the rate at the horizon and after")
+    t.add_argument("--warmup-ratio", type=float, default=0.1, help="fraction of --decay-steps")
+    t.add_argument("--weight-decay", type=float, default=0.01)
+    t.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
+                   help="auto: bf16 on a CUDA GPU that has it and on a CPU with native, "
+                   "faster bf16 matmuls; fp32 elsewhere")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    t.add_argument("--keep-freed-memory", action="store_true",
+                   help="reuse freed memory instead of returning it to the kernel (glibc): "
+                   "1.13x faster CPU training steps with a 30,522-word vocabulary, 1.01x with "
+                   "the default 8,192; the resident set then never shrinks "
+                   "(benchmarks/bench_process.py)")
+    r = p.add_argument_group("logging and checkpoints")
+    r.add_argument("--out", type=Path, default=Path(out))
+    r.add_argument("--log-every", type=int, default=10)
+    r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    r.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+
+
+def learning_rate(args: Any) -> float:
+    """--lr, or its default: 5e-5 to fine-tune a checkpoint, 5e-4 from random weights."""
+    return args.lr if args.lr is not None else (5e-5 if args.init_from else 5e-4)
+
+
+def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> TrainConfig:
+    """The mistakes in the shared flags worth one clear line, before any work is done, and
+    the training settings as far as the flags fix them (`train_config` adds the epochs).
+    `positive` names the script's own flags that must be at least 1 too."""
+    if not args.init_from and args.preset not in PRESETS:
+        raise ValueError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    require_safetensors()  # the model is saved at the end: said now, not after training
+    for flag in ("epochs", *positive):  # the rest of the integers are TrainConfig's
+        if (value := getattr(args, flag)) is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
+    finite_flags(args, ["lr", "min_lr", "warmup_ratio", "weight_decay"])
+    cfg = train_config(args, steps_per_epoch=1)
+    if args.dropout is not None and not 0 <= args.dropout < 1:
+        raise ValueError(f"--dropout {args.dropout} must lie in [0, 1)")
+    per_rank, rest = divmod(args.batch_size, ctx.world_size)
+    micro = args.micro_batch_size or per_rank
+    if rest or per_rank == 0 or per_rank % micro:
+        raise ValueError(f"--batch-size {args.batch_size} must split into {ctx.world_size} "
+                         f"process(es) x whole micro-batches of --micro-batch-size {micro}")
+    resolve_precision(args.precision, ctx.device)  # e.g. fp16 on a CPU
+    if args.init_from:
+        read_config(args.init_from)  # a missing folder, or a training checkpoint, said at once
+    return cfg
+
+
+def train_config(args: Any, steps_per_epoch: int) -> TrainConfig:
+    """The flags as the engine's settings: an evaluation and a checkpoint every epoch of
+    `steps_per_epoch` steps; TrainConfig's own checks, said in flag names."""
+    return in_flag_names(lambda: TrainConfig(
+        batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
+        max_steps=args.max_steps if args.max_steps is not None else
+        args.epochs * steps_per_epoch,
+        decay_steps=args.decay_steps, lr=learning_rate(args), min_lr=args.min_lr,
+        warmup=args.warmup_ratio, weight_decay=args.weight_decay, precision=args.precision,
+        seed=args.seed, log_every=args.log_every, eval_every=steps_per_epoch,
+        save_every=steps_per_epoch, progress=not args.no_progress), FLAGS)
+
+
+def epoch_config(args: Any, ctx: DistContext, n_train: int, what: str) -> TrainConfig:
+    """The training settings once the training set is encoded: an epoch is
+    `batches_per_epoch` steps. `what` names the training data in the message that refuses
+    fewer examples than one batch (e.g. "train.tsv gives 12 training examples")."""
+    if n_train < args.batch_size:
+        raise ValueError(f"{what}, fewer than one batch; lower --batch-size below {n_train}")
+    return train_config(args, batches_per_epoch(n_train, args.batch_size, ctx.world_size))
+
+
+def eval_batch_size(args: Any, ctx: DistContext) -> int:
+    """Evaluation batches: a training micro-batch, whose memory the run is known to fit."""
+    return args.micro_batch_size or args.batch_size // ctx.world_size
+
+
+# ---- tokenizer and model ---------------------------------------------------------------------
+
+def prepare_tokenizer(args: Any, ctx: DistContext, texts: Iterable[str]) -> Tokenizer:
+    """The run's tokenizer, in memory: a resumed run's own (--out/tokenizer), else
+    --init-from's, else a new one of --vocab-size trained on `texts`. Rank 0 makes it and
+    every rank gets rank 0's (and its error, if it fails), so all ranks encode alike.
+    `save_tokenizer` writes it into --out once the run holds the folder."""
+    made, error = None, None
+    if ctx.is_main:
+        kept = args.out / "tokenizer"
+        try:
+            if args.resume and (kept / "tokenizer.json").is_file():
+                tok = Tokenizer.from_pretrained(kept)
+            elif args.init_from:
+                tok = Tokenizer.from_pretrained(args.init_from)
+            else:
+                tok = Tokenizer.train_from_iterator(texts, vocab_size=args.vocab_size,
+                                                    cache_dir=args.cache_dir)
+            made = tok.backend.to_str()
+        except (ValueError, OSError) as e:
+            if not ctx.distributed:
+                raise
+            error = e
+    made, message = all_gather_objects((made, error and str(error)), ctx)[0]
+    if error is not None:
+        raise error
+    if message is not None:
+        raise ValueError(message)
+    # Every rank, rank 0 too, uses the serialized pipeline: what --out/tokenizer will hold.
+    return Tokenizer(tokenizers.Tokenizer.from_str(made))
+
+
+def save_tokenizer(args: Any, ctx: DistContext, tok: Tokenizer) -> None:
+    """Rank 0 writes the run's tokenizer to --out/tokenizer; a resumed run's is kept as it
+    is (compared with the checkpoint's by the engine), never written again."""
+    if ctx.is_main and not (args.resume and (args.out / "tokenizer" / "tokenizer.json").is_file()):
+        tok.save(args.out / "tokenizer")
+
+
+def build_model(cls: Any, args: Any, tok: Tokenizer, **head: Any) -> nn.Module:
+    """`cls(config, **head)` from --init-from (its encoder, and its head when it fits) or
+    from --preset with the tokenizer's vocabulary; checked against --seq-len and `tok`
+    (`check_tokenizer_fits`) before the weights are read.
+
+    A checkpoint of `cls` itself trained for other labels than `head["id2label"]` keeps its
+    encoder and gets a new head (`from_pretrained(..., on_other_labels="new_head")`): its
+    classifier would score the wrong classes."""
+    dropout = {} if args.dropout is None else {"hidden_dropout": args.dropout,
+                                               "attention_dropout": args.dropout}
+    if not args.init_from:
+        model = cls(BertConfig.preset(args.preset, vocab_size=tok.vocab_size,
+                                      pad_token_id=tok.pad_id, **dropout), **head)
+        model.config.check_fits(args.seq_len, tok.vocab_size)
+        return model
+    config = BertConfig.from_hf_dict(read_config(args.init_from))
+    config.check_fits(args.seq_len, tok.vocab_size)
+    check_tokenizer_fits(config, tok, source=args.init_from,
+                         allow_vocab_mismatch=args.allow_vocab_mismatch)
+    options: dict[str, Any] = {}
+    if issubclass(cls, PretrainedMixin):  # BertMultiTask reads the encoder alone
+        options["allow_vocab_mismatch"] = args.allow_vocab_mismatch
+        if "id2label" in head:
+            options["on_other_labels"] = "new_head"
+    return cls.from_pretrained(args.init_from, **options, **head, **dropout)
+
+
+def save_labels(args: Any, names: list[str], what: str = "labels") -> None:
+    """labels.json: written by a new run, compared by a resumed one (rank 0)."""
+    path = args.out / "labels.json"
+    if args.resume and path.is_file():
+        if (before := json.loads(path.read_text())["id2label"]) != names:
+            raise ValueError(f"cannot resume: the run was trained on the {what} {before} but "
+                             f"{args.train} now has {names}")
+        return
+    write_files_atomically(args.out, {"labels.json": json.dumps({"id2label": names}, indent=2)
+                                      + "\n"})
+
+
+# ---- evaluation ------------------------------------------------------------------------------
+
+def task_scores(task: TaskData, pred: Predictions, features: Sequence[Mapping],
+                scheme: str = "IOB2") -> dict[str, Any]:
+    """The report of `pred`, the model's predictions on `task`'s evaluation `features`:
+    `metrics.sequence_scores` or `metrics.token_scores`, plus `predictions`, per row its
+    class id (sequence) or per sentence its tags, one per word (token)."""
+    if task.kind == "sequence":
+        preds = [int(p) for p in pred.argmax()]
+        return {**sequence_scores(task.eval.labels, preds, task.names, pred.loss),
+                "predictions": preds}
+    ids = word_predictions(features, pred.argmax())  # per sentence, per word: a tag id
+    return {**token_scores(task.eval.labels, ids, task.names, scheme, pred.loss),
+            "predictions": [[task.names[i] for i in s] for s in ids]}
+
+
+def summary(result: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    """eval.json's content: `fields`, then the run totals of `engine.train`'s result."""
+    return {**fields, **{k: result[k] for k in ("steps", "tokens_seen", "wall_seconds",
+                                                "precision")}}
+
+
+def write_eval(out: Path, files: Optional[Mapping[str, str]] = None, **content: Any) -> None:
+    """`files` (name -> text), then eval.json, written last: it marks the results complete."""
+    write_files_atomically(out, {**(files or {}),
+                                 "eval.json": json.dumps(content, indent=2) + "\n"})

@@ -1,0 +1,199 @@
+"""The masked-language-model jobs' command line: the flags, checks, settings and data that
+examples/pretrain_wikitext.py (the main job) and examples/distill.py share.
+
+Both read a corpus the same way (`data.prepare`), train with the same engine settings and
+write the same kind of run folder; each script adds its own model flags and its outputs.
+The numeric rules here are the ones no setting checks itself (a masking rate, a sequence
+length); `TrainConfig` validates its own fields, and its errors are said in flag names
+(`cli.in_flag_names`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .atomic import write_files_atomically
+from .cli import check_numbers, finite_flags, in_flag_names
+from .config import PRESETS, BertConfig
+from .data.prepare import PreparedCorpus, load_prepared, prepare_corpus
+from .data.wikitext import WIKITEXT_VARIANTS
+from .distributed import DistContext, barrier
+from .hf import read_config, require_safetensors
+from .precision import resolve_precision
+from .pretrained import check_tokenizer_fits
+from .state import TrainConfig
+from .tokenizer import Tokenizer
+
+# TrainConfig's fields as the flags that set them, for its messages.
+FLAGS = {f: "--" + f.replace("_", "-") for f in asdict(TrainConfig())} | {
+    "warmup": "--warmup-steps"}
+
+# The numeric flags no setting checks itself, in the flag's name.
+NUMBER_RULES = [
+    ("seq_len", lambda v: v >= 3, "at least 3 ([CLS], one token, [SEP])"),
+    ("vocab_size", lambda v: v >= 16, "at least 16 (the special tokens and some words)"),
+    ("seq_len_start", lambda v: v >= 8, "at least 8"),
+    ("mask_prob", lambda v: 0 < v < 1, "between 0 and 1, e.g. 0.15"),
+    ("eval_mask_prob", lambda v: 0 < v < 1, "between 0 and 1, e.g. 0.15"),
+    ("dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("seed", lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
+]
+
+
+def add_data_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    d = p.add_argument_group("data")
+    d.add_argument("--data-dir", type=Path, help="WikiText folder (raw or tokenized layout), "
+                   "or any folder of .txt files (documents separated by blank lines; every "
+                   "20th held out as the valid split); default: download --dataset")
+    d.add_argument("--dataset", default="wikitext-2-raw-v1", choices=sorted(WIKITEXT_VARIANTS),
+                   help="downloaded once into --cache-dir; $MINIBERT_WIKITEXT_URL names a mirror")
+    d.add_argument("--cache-dir", type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert")
+    d.add_argument("--train-split", default="train")
+    d.add_argument("--eval-split", default="valid")
+    d.add_argument("--seq-len", type=int, default=128)
+    d.add_argument("--mask-prob", type=float, default=0.3, help="share of tokens masked "
+                   "for training; 30%% reaches a given loss in about 1.46x fewer steps than "
+                   "BERT's 15%% here (benchmarks/RESULTS.md, Wettig et al. 2023)")
+    d.add_argument("--eval-mask-prob", type=float, default=0.15, help="share masked for "
+                   "evaluation; fixed apart from --mask-prob so that eval losses compare "
+                   "across training rates")
+    d.add_argument("--whole-word-mask", action="store_true", help="mask whole words (a piece "
+                   "and the ## pieces after it) instead of single tokens")
+    d.add_argument("--seq-len-warmup", type=int, help="sequence-length warmup: training "
+                   "batches grow from --seq-len-start positions to --seq-len over this many "
+                   "steps (Li et al. 2022); default 30%% of the schedule (--decay-steps, else "
+                   "--max-steps), 0 = off. Together with 30%% masking, it reaches a given loss "
+                   "sooner (benchmarks/RESULTS.md)")
+    d.add_argument("--seq-len-start", type=int, help="positions per sequence at the first "
+                   "step of the sequence-length warmup; default 32 (no warmup for a --seq-len "
+                   "of 32 or less)")
+    return d
+
+
+def add_training_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    t = p.add_argument_group("training")
+    t.add_argument("--batch-size", type=int, default=32, help="global: sequences per step")
+    t.add_argument("--micro-batch-size", type=int, help="per rank; default batch / world size")
+    t.add_argument("--max-steps", type=int, default=1000, help="where this run stops; may "
+                   "change on --resume to stop earlier or go further")
+    t.add_argument("--decay-steps", type=int, help="the learning-rate schedule's horizon, fixed "
+                   "for the whole run; steps past it run at --min-lr (default: --max-steps of "
+                   "the run's first start)")
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--min-lr", type=float, default=1e-5)
+    t.add_argument("--warmup-steps", type=int, help="default 10%% of --decay-steps")
+    t.add_argument("--schedule", choices=["linear", "cosine"], default="linear")
+    t.add_argument("--weight-decay", type=float, default=0.01)
+    t.add_argument("--adam-eps", type=float, default=1e-6)
+    t.add_argument("--max-grad-norm", type=float, default=1.0)
+    t.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
+                   help="auto: bf16 on a CUDA GPU that has it and on a CPU with native, "
+                   "faster bf16 matmuls; fp32 elsewhere")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--deterministic", action="store_true")
+    t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    t.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction,
+                   help="reuse freed memory instead of returning it to the kernel (glibc), "
+                   "from the first training step: on by default on a CPU, where it made "
+                   "the default job's steps 1.02 - 1.19x faster, as the host's page faults "
+                   "were cheap or dear (its 30%% masking gives the sparse head blocks above "
+                   "glibc's 32 MiB mmap ceiling), and a BERT-base step 1.13x; the resident "
+                   "set then never shrinks (benchmarks/RESULTS.md)")
+    t.add_argument("--allow-vocab-mismatch", action="store_true", help="with a checkpoint: "
+                   "accept a tokenizer whose ids or special tokens are not the model's "
+                   "(deliberate vocabulary surgery); refused by default")
+    return t
+
+
+def add_run_args(p: argparse.ArgumentParser, default_out: Path) -> argparse._ArgumentGroup:
+    r = p.add_argument_group("logging and checkpoints")
+    r.add_argument("--out", type=Path, default=default_out)
+    r.add_argument("--log-every", type=int, default=10)
+    r.add_argument("--eval-every", type=int, default=0, help="0 = only at the end")
+    r.add_argument("--eval-batches", type=int, default=20)
+    r.add_argument("--save-every", type=int, default=100)
+    r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    r.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    return r
+
+
+def check_args(args: Any, ctx: DistContext) -> TrainConfig:
+    """The mistakes worth one clear line, before any work is done; the run's settings.
+    `args.preset` is the preset to build (the student's, in distillation)."""
+    if args.preset not in PRESETS:
+        raise ValueError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    check_numbers(args, NUMBER_RULES)
+    finite_flags(args, ["lr", "min_lr", "weight_decay", "adam_eps", "max_grad_norm"])
+    cfg = train_config(args)
+    require_safetensors()  # the model is saved at the end: said now, not after training
+    per_rank, rest = divmod(args.batch_size, ctx.world_size)
+    micro = args.micro_batch_size or per_rank
+    if rest or per_rank == 0 or per_rank % micro:
+        raise ValueError(f"--batch-size {args.batch_size} must split into {ctx.world_size} "
+                         f"process(es) x whole micro-batches of --micro-batch-size {micro}")
+    if args.seq_len_warmup != 0 and (args.seq_len_start or 0) > args.seq_len:
+        raise ValueError(f"--seq-len-start {args.seq_len_start} is longer than --seq-len "
+                         f"{args.seq_len}: the warmup would never shorten a batch; lower it, "
+                         f"or turn the warmup off with --seq-len-warmup 0")
+    resolve_precision(args.precision, ctx.device)  # e.g. fp16 on a CPU
+    return cfg
+
+
+def check_model_fits(args: Any) -> None:
+    """The model this run will build against --seq-len and its tokenizer, before anything
+    is written: --init-from's config and tokenizer (`check_tokenizer_fits`), or --preset's
+    positions (its vocabulary is the tokenizer the run trains)."""
+    if args.init_from:
+        config = BertConfig.from_hf_dict(read_config(args.init_from))
+        tok = Tokenizer.from_pretrained(args.init_from)
+        config.check_fits(args.seq_len, tok.vocab_size)
+        check_tokenizer_fits(config, tok, source=args.init_from,
+                             allow_vocab_mismatch=args.allow_vocab_mismatch)
+    else:
+        BertConfig.preset(args.preset, vocab_size=args.vocab_size).check_fits(
+            args.seq_len, args.vocab_size)
+
+
+def train_config(args: Any) -> TrainConfig:
+    """The flags as the engine's settings; TrainConfig's own checks, said in flag names."""
+    return in_flag_names(lambda: TrainConfig(
+        batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
+        max_steps=args.max_steps, decay_steps=args.decay_steps, lr=args.lr, min_lr=args.min_lr,
+        warmup=args.warmup_steps if args.warmup_steps is not None else 0.1,
+        schedule=args.schedule, weight_decay=args.weight_decay, adam_eps=args.adam_eps,
+        max_grad_norm=args.max_grad_norm, precision=args.precision, seed=args.seed,
+        log_every=args.log_every, eval_every=args.eval_every, eval_batches=args.eval_batches,
+        save_every=args.save_every, compile=args.compile, progress=not args.no_progress,
+        seq_len_warmup=args.seq_len_warmup if args.seq_len_warmup is not None else 0.3,
+        seq_len_start=args.seq_len_start or 32), FLAGS)
+
+
+def prepare_data(args: Any, ctx: DistContext) -> tuple[PreparedCorpus, dict[str, Any]]:
+    """The corpus (rank 0 prepares it, every rank opens it) and the data's identity, what the
+    engine compares on --resume. The tokenizer comes from --init-from when set."""
+    splits = (args.train_split, args.eval_split)
+    if ctx.is_main:
+        prepare_corpus(args.out, splits, data_dir=args.data_dir, dataset=args.dataset,
+                       cache_dir=args.cache_dir, init_from=args.init_from,
+                       vocab_size=args.vocab_size, resume=args.resume)
+    barrier(ctx)
+    data = load_prepared(args.out, splits, args.seq_len, args.cache_dir)
+    identity = {"corpus": data.keys,
+                "--train-split": args.train_split, "--eval-split": args.eval_split,
+                "--seq-len": args.seq_len, "--mask-prob": args.mask_prob,
+                "--whole-word-mask": args.whole_word_mask,
+                "tokenizer": data.tokenizer.fingerprint}
+    # Checkpoints from before --eval-mask-prob existed evaluated at --mask-prob; leaving the
+    # key out when the two agree keeps those resumable.
+    if args.eval_mask_prob != args.mask_prob:
+        identity["--eval-mask-prob"] = args.eval_mask_prob
+    return data, identity
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Through a temporary file and a rename: a crash keeps the previous file whole."""
+    write_files_atomically(path.parent, {path.name: json.dumps(obj, indent=2) + "\n"})

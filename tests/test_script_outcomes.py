@@ -1,0 +1,213 @@
+"""How the example scripts end, all of them alike (minibert.cli): the exit status tells the
+truth, a diverged run leaves no final/, a refused run leaves --out as it found it, and a
+negative number after a flag reaches the flag's own check."""
+
+import json
+import math
+import signal
+
+import pytest
+import torch
+
+import minibert
+from minibert import cli
+from minibert.distributed import DistContext
+from minibert.engine import TrainingError
+
+from engine_utils import WORDS, load_example, quick_runs  # noqa: F401 (fixture)
+from script_inputs import SCRIPTS, argv, make_inputs
+
+TRAINING = [s for s in SCRIPTS if s != "embed"]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    d = make_inputs(tmp_path_factory.mktemp("inputs"))
+    tok = minibert.Tokenizer.train_from_iterator([" ".join(WORDS)] * 20, vocab_size=100,
+                                                 min_frequency=1, use_cache=False)
+    torch.manual_seed(0)
+    minibert.BertForMaskedLM(minibert.BertConfig(
+        vocab_size=tok.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
+        intermediate_size=64, max_position_embeddings=64)).save_pretrained(d / "teacher",
+                                                                          tokenizer=tok)
+    return d
+
+
+def script_argv(script, d, out, *extra):
+    """From scratch where the script can; distillation and embedding from d/teacher."""
+    model = d / "teacher" if script in ("distill", "embed") else None
+    return argv(script, d, model, out, *extra)
+
+
+def _one_line(capsys, script, args, code=2):
+    got = load_example(script).main(args)
+    err = capsys.readouterr().err.strip()
+    assert got == code and err.startswith("error: ") and "\n" not in err, (got, err)
+    return err
+
+
+# ---- the exit status, from cli alone ---------------------------------------------------------
+
+def _result(**fields):
+    return {"interrupted": False, "stop_signal": None, "steps": 3, "skipped_steps": 0,
+            "eval_loss": 0.5, **fields}
+
+
+def test_finished_tells_a_stop_and_a_divergence_from_a_finished_run(tmp_path):
+    ctx = DistContext()
+    assert cli.finished(_result(), ctx, 1e-3) is True
+    with pytest.raises(cli.Stopped) as stop:
+        cli.finished(_result(interrupted=True, stop_signal=signal.SIGINT), ctx, 1e-3)
+    assert stop.value.signal == signal.SIGINT
+    for fields, said in [({"eval_loss": math.nan}, "the final eval_loss is nan"),
+                         ({"ner/eval_loss": math.inf}, "the final ner/eval_loss is inf")]:
+        with pytest.raises(TrainingError, match=f"{said}.*lower --lr \\(it was 0.5\\)"):
+            cli.finished(_result(**fields), ctx, 0.5)
+    model = torch.nn.Linear(2, 2)
+    cli.finished(_result(), ctx, 1e-3, model)
+    with torch.no_grad():
+        model.weight[0, 0] = math.nan
+    with pytest.raises(TrainingError, match="the weights are not finite"):
+        cli.finished(_result(), ctx, 1e-3, model)
+    # In eval mode a diverged model may still score a finite loss: the last step says it.
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.7}\n{"step": 2, "loss": '
+                                            'NaN}\n{"step": 2, "eval_loss": 1e7}\n')
+    with pytest.raises(TrainingError, match="the last training step's loss is nan"):
+        cli.finished(_result(eval_loss=1e7), ctx, 1e-3, out=tmp_path)
+
+
+def test_run_script_exit_statuses(tmp_path, capsys):
+    def status(error=None, prepare_error=None, out=tmp_path / "out"):
+        def prepare(args, ctx):
+            if prepare_error:
+                raise prepare_error
+
+        def run(args, ctx, prepared):
+            if error:
+                raise error
+
+        args = type("Args", (), {"device": "cpu", "out": out, "resume": False})
+        return cli.run_script(args, prepare, run)
+
+    assert status() == 0
+    assert status(cli.Stopped(signal.SIGTERM, 4)) == 143
+    assert status(cli.Stopped(signal.SIGINT, 4)) == 130
+    assert status(TrainingError("diverged")) == 1
+    assert status(ValueError("bad\n  input")) == 2
+    assert capsys.readouterr().err.splitlines() == ["error: diverged", "error: bad input"]
+    assert status(prepare_error=ValueError("refused"), out=tmp_path / "new") == 2
+    assert not (tmp_path / "new").exists()  # prepare runs before the run folder is made
+
+
+# ---- a diverged run --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("script", TRAINING)
+def test_a_diverged_run_exits_1_and_leaves_no_final(script, inputs, tmp_path, capsys):
+    """--lr 1e6: the first step blows the weights up and the next ones are skipped as
+    non-finite. The run used to exit 0 with a final/ that computed garbage."""
+    out = tmp_path / "out"
+    err = _one_line(capsys, script, script_argv(script, inputs, out, "--lr", "1e6",
+                                                "--max-steps", "3", "--log-every", "1"), 1)
+    assert "diverged" in err and "lower --lr (it was 1e+06)" in err
+    assert not (out / "final").exists() and not (out / "eval.json").exists()
+    assert (out / "checkpoints").is_dir()  # kept, as said
+
+
+def test_steps_that_keep_being_skipped_stop_the_run_with_status_1(inputs, tmp_path, capsys):
+    out = tmp_path / "out"
+    err = _one_line(capsys, "finetune_classification", script_argv(
+        "finetune_classification", inputs, out, "--lr", "1e6", "--max-steps", "12"), 1)
+    assert "consecutive steps had a non-finite loss" in err and "Lower --lr" in err
+    assert not (out / "final").exists()
+
+
+# ---- refused before --out is touched ---------------------------------------------------------
+
+REFUSALS = [
+    # (script, flags, words of the message); each was once refused after --out was written
+    ("finetune_classification", ["--batch-size", "256"], "fewer than one batch"),
+    ("finetune_classification", ["--seq-len", "600"], "exceeds the model's"),
+    ("finetune_token_classification", ["--batch-size", "256"], "fewer than one batch"),
+    ("finetune_token_classification", ["--seq-len", "600"], "exceeds the model's"),
+    ("finetune_qa", ["--batch-size", "256"], "fewer than one batch"),
+    # "cat ?" leaves a window of 16 tokens 11 for context: no more than the overlap.
+    ("finetune_qa", ["--doc-stride", "11"], "must exceed doc_stride=11"),
+    ("finetune_multitask", ["--seq-len", "600"], "exceeds the model's"),
+    ("pretrain_wikitext", ["--seq-len", "600"], "exceeds the model's"),
+    ("distill", ["--seq-len", "100"], "exceeds the teacher's"),
+]
+
+
+@pytest.mark.parametrize("script,flags,words", REFUSALS,
+                         ids=[f"{s}:{f[0]}" for s, f, _ in REFUSALS])
+def test_a_refused_run_leaves_out_as_it_found_it(script, flags, words, inputs, tmp_path,
+                                                 capsys):
+    out = tmp_path / "out"
+    assert words in _one_line(capsys, script, script_argv(script, inputs, out, *flags))
+    assert not out.exists()
+
+
+def test_a_refused_resume_leaves_the_run_as_it_was(inputs, tmp_path, capsys):
+    out = tmp_path / "out"
+    main = load_example("finetune_qa").main
+    assert main(script_argv("finetune_qa", inputs, out, "--log-every", "1")) == 0
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    for flags, words in [(["--doc-stride", "11"], "doc_stride=11"),
+                         (["--batch-size", "256"], "fewer than one batch")]:
+        assert words in _one_line(capsys, "finetune_qa", script_argv(
+            "finetune_qa", inputs, out, "--resume", "--max-steps", "2", *flags))
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+
+
+# ---- numbers after a flag --------------------------------------------------------------------
+
+@pytest.mark.parametrize("script", TRAINING)
+def test_a_negative_rate_is_refused_by_its_rule_not_by_the_parser(script, inputs, tmp_path,
+                                                                  capsys):
+    """argparse took `-1e-4` for a flag and said only "expected one argument"."""
+    for lr in (["--lr", "-1e-4"], ["--lr=-1e-4"]):
+        err = _one_line(capsys, script, script_argv(script, inputs, tmp_path / "out", *lr))
+        assert "--lr > 0" in err and "--lr -0.0001" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_negative_values_reach_every_number_flag_and_nothing_else():
+    p = cli.ArgumentParser("test")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--name")
+    p.add_argument("-x", action="store_true")
+    args = p.parse_args(["--lr", "-1e-4", "--steps", "-3", "--name", "n"])
+    assert (args.lr, args.steps, args.name) == (-1e-4, -3, "n")
+    assert p.parse_args(["--lr", "-inf"]).lr == -math.inf
+    with pytest.raises(SystemExit):  # a text flag keeps argparse's rule
+        p.parse_args(["--name", "-1e-4"])
+
+
+def test_settings_errors_are_said_in_flag_names():
+    from minibert.state import TrainConfig
+
+    flags = {"lr": "--lr", "min_lr": "--min-lr", "batch_size": "--batch-size",
+             "warmup": "--warmup-steps"}
+    for fields, said in [({"batch_size": 0}, "--batch-size 0 must be an integer >= 1"),
+                         ({"lr": 1e-3, "min_lr": 1e-2}, "need --lr > 0 and 0 <= --min-lr <= "
+                          "--lr, got --lr 0.001, --min-lr 0.01"),
+                         ({"warmup": 9, "max_steps": 4}, "--warmup-steps of 9 steps")]:
+        with pytest.raises(ValueError) as e:
+            cli.in_flag_names(lambda: TrainConfig(**fields), flags)
+        assert said in str(e.value), str(e.value)
+
+
+# ---- SQuAD 2.0 questions without --version-2 ---------------------------------------------------
+
+@pytest.mark.parametrize("flag,said", [(True, "(true)"), ("True", '("True")')])
+def test_an_unanswerable_question_is_named_with_its_flags_value(flag, said, inputs, tmp_path,
+                                                               capsys):
+    doc = json.loads((inputs / "train.json").read_text())
+    doc["data"][0]["paragraphs"][3]["qas"][0].update(is_impossible=flag, answers=[])
+    (tmp_path / "v2.json").write_text(json.dumps(doc))
+    args = script_argv("finetune_qa", inputs, tmp_path / "out")
+    args[args.index("--train") + 1] = str(tmp_path / "v2.json")
+    err = _one_line(capsys, "finetune_qa", args)
+    assert f"question 'q3' is marked is_impossible {said}" in err and "pass --version-2" in err
+    assert not (tmp_path / "out").exists()
