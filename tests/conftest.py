@@ -11,7 +11,7 @@ def allocator_calls(monkeypatch):
     """Records `keep_freed_memory()` calls instead of making them.
 
     The setting is process-wide and permanent, and the tests share one process whose
-    peak-memory tests need glibc's default behaviour; test_runtime.py tests the real
+    peak-memory tests need glibc's default behaviour; test_machine.py tests the real
     setting in processes of its own, and scripts run as subprocesses make the real call.
     """
     import minibert.memory
