@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .checkpoint import latest_checkpoint
 from .memory import peak_memory_mb
 
 if TYPE_CHECKING:  # only for the annotations
@@ -50,9 +51,12 @@ def skip_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                    "a row)", state.step + 1, loss, grad_norm, state.bad_steps)
     if state.bad_steps >= cfg.max_bad_steps:
         optimizer.zero_grad(set_to_none=True)
+        kept = (f"The last good checkpoint is kept under {ckpt_root}. "
+                if latest_checkpoint(ckpt_root) is not None else "No checkpoint was saved. ")
         raise TrainingError(f"{state.bad_steps} consecutive steps had a non-finite loss or "
-                            f"gradient; stopping. The last good checkpoint is kept under "
-                            f"{ckpt_root}. Lower --lr, raise --warmup-steps, or use --norm pre")
+                            f"gradient; stopping. {kept}The learning rate ({cfg.lr:g}) is the "
+                            f"likely cause: lower it, lengthen the warmup, or train Pre-LN "
+                            f"blocks (norm_position='pre')")
 
 
 def back_off(batch: dict, micro: int, per_rank: int, cfg: TrainConfig, state: TrainState,
