@@ -32,7 +32,7 @@ import torch.nn as nn
 import minibert
 from minibert import cli, pretrain
 from minibert.checkpoint import latest_checkpoint
-from minibert.config import PRESETS
+from minibert.config import ALL_PRESETS
 from minibert.data import MLMCollator
 from minibert.distill import Distiller, check_alpha_temperature, load_teacher, teacher_digest
 from minibert.engine import eval_batches, evaluate, train
@@ -46,7 +46,7 @@ def parse_args(argv=None):
     k = p.add_argument_group("distillation")
     k.add_argument("--teacher", type=Path, required=True, help="a minibert or transformers "
                    "checkpoint folder (config.json, weights, tokenizer)")
-    k.add_argument("--student-preset", default="tiny", help=f"one of {', '.join(PRESETS)}")
+    k.add_argument("--student-preset", default="tiny", help=f"one of {', '.join(ALL_PRESETS)}")
     k.add_argument("--alpha", type=float, default=0.5, help="weight of the soft (teacher) loss")
     k.add_argument("--temperature", type=float, default=2.0, help="softmax temperature T")
     # The data, training and run flags are pretrain_wikitext.py's, with the same defaults;
@@ -76,9 +76,9 @@ def prepare(args, ctx):
     check_alpha_temperature(args.alpha, args.temperature)
     if not args.teacher.is_dir():
         raise FileNotFoundError(f"--teacher {args.teacher}: no such checkpoint folder")
-    if args.student_preset not in PRESETS:
+    if args.student_preset not in ALL_PRESETS:
         raise ValueError(f"unknown --student-preset {args.student_preset!r}; choose one of "
-                         f"{', '.join(PRESETS)}")
+                         f"{', '.join(ALL_PRESETS)}")
     cfg = pretrain.check_args(args, ctx)  # every numeric flag, the batch split
     teacher, _ = load_teacher(args.teacher, args.seq_len, args.allow_vocab_mismatch)
     return cfg, teacher

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import minibert
 from minibert import cli, pretrain
-from minibert.config import PRESETS
+from minibert.config import ALL_PRESETS
 from minibert.data import MLMCollator
 from minibert.engine import eval_batches, evaluate, train
 from minibert.precision import resolve_precision
@@ -40,8 +40,8 @@ def parse_args(argv=None):
     d = pretrain.add_data_args(p)
     d.add_argument("--vocab-size", type=int, default=8192)
     m = p.add_argument_group("model")
-    m.add_argument("--preset", default="mini", help=f"one of {', '.join(PRESETS)}")
-    m.add_argument("--norm", choices=["pre", "post"], help="default post (original BERT)")
+    m.add_argument("--preset", default="mini", help=f"one of {', '.join(ALL_PRESETS)}")
+    pretrain.add_architecture_args(m)
     m.add_argument("--attention", choices=["sdpa", "math", "chunked"])
     m.add_argument("--dropout", type=float, help="hidden and attention dropout; default 0 from "
                    "scratch (as in Cramming and ModernBERT: in a short pretraining run there "
@@ -77,13 +77,15 @@ def build_model(args, tok) -> minibert.BertForMaskedLM:
     if args.init_from:
         model = minibert.BertForMaskedLM.from_pretrained(
             args.init_from, allow_vocab_mismatch=args.allow_vocab_mismatch, **overrides)
-        if args.norm and args.norm != model.config.norm_position:
-            raise ValueError(f"--norm {args.norm} contradicts {args.init_from}, a "
-                             f"{model.config.norm_position}-LN checkpoint")
+        for field, value in pretrain.architecture_overrides(args).items():
+            if getattr(model.config, field) != value:
+                raise ValueError(f"--{field.split('_')[0].replace('_', '-')} contradicts "
+                                 f"{args.init_from}, whose {field} is "
+                                 f"{getattr(model.config, field)!r}")
     else:
         model = minibert.BertForMaskedLM(minibert.BertConfig.preset(
             args.preset, vocab_size=tok.vocab_size, pad_token_id=tok.pad_id,
-            norm_position=args.norm or "post", **overrides))
+            **pretrain.architecture_overrides(args), **overrides))
     model.config.check_fits(args.seq_len, tok.vocab_size)
     return model
 

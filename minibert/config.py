@@ -75,6 +75,7 @@ MODERN_PRESETS: dict[str, tuple[int, int, int, int]] = {
     "modernbert-base": (22, 768, 12, 1152),
     "modernbert-large": (28, 1024, 16, 2624),
 }
+ALL_PRESETS = tuple(PRESETS) + tuple(MODERN_PRESETS)  # every name `BertConfig.preset` knows
 
 
 @dataclass
@@ -252,12 +253,7 @@ class BertConfig:
             fields.update({k: d[k] for k in ("attention", "attention_chunk_size") if k in d})
             fields.update(overrides)
             return cls(**_known_fields(fields, "BertConfig.from_hf_dict"))
-        if model_type == MINIBERT_MODEL_TYPE:
-            fields = {k: v for k, v in d.items() if k in {f.name for f in
-                                                          dataclasses.fields(cls)}}
-            fields.update(overrides)
-            return cls(**_known_fields(fields, "BertConfig.from_hf_dict"))
-        if model_type not in ("bert", PRE_LN_MODEL_TYPE):
+        if model_type not in ("bert", PRE_LN_MODEL_TYPE, MINIBERT_MODEL_TYPE):
             raise ValueError(f"config.json has model_type={model_type!r}; minibert reads BERT "
                              f"and ModernBERT checkpoints (model_type 'bert', 'modernbert', "
                              f"{PRE_LN_MODEL_TYPE!r} or {MINIBERT_MODEL_TYPE!r}) only")
@@ -276,6 +272,8 @@ class BertConfig:
         fields = {ours: d[theirs] for theirs, ours in cls._HF_NAMES.items()
                   if d.get(theirs) is not None}
         fields.update({k: d[k] for k in cls._MINIBERT_ONLY if k in d})
+        if model_type == MINIBERT_MODEL_TYPE:  # a mix of switches only minibert computes
+            fields.update({k: d[k] for k in cls._SWITCHES if k in d})
         if model_type == PRE_LN_MODEL_TYPE:
             fields["norm_position"] = "pre"
         fields.update(overrides)

@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from .atomic import write_files_atomically
 from .cli import finite_flags, in_flag_names
-from .config import PRESETS, BertConfig
+from .config import ALL_PRESETS, BertConfig
 from .data.sampler import batches_per_epoch
 from .data.tasks import TaskData, word_predictions
 from .distributed import DistContext, all_gather_objects
@@ -51,7 +51,8 @@ def add_args(p: argparse.ArgumentParser, *, out: str, unit: str = "examples", ep
     m = p.add_argument_group("model")
     m.add_argument("--init-from", type=Path, help="a minibert or transformers checkpoint "
                    "folder with its tokenizer; default: random weights and a new tokenizer")
-    m.add_argument("--preset", default="mini", help=f"without --init-from: {', '.join(PRESETS)}")
+    m.add_argument("--preset", default="mini",
+                   help=f"without --init-from: {', '.join(ALL_PRESETS)}")
     m.add_argument("--vocab-size", type=int, default=8192, help="without --init-from")
     m.add_argument("--cache-dir", type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert")
     m.add_argument("--dropout", type=float, help="hidden and attention dropout; default the "
@@ -98,8 +99,9 @@ def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> Tra
     """The mistakes in the shared flags worth one clear line, before any work is done, and
     the training settings as far as the flags fix them (`train_config` adds the epochs).
     `positive` names the script's own flags that must be at least 1 too."""
-    if not args.init_from and args.preset not in PRESETS:
-        raise ValueError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    if not args.init_from and args.preset not in ALL_PRESETS:
+        raise ValueError(f"unknown --preset {args.preset!r}; choose one of "
+                         f"{', '.join(ALL_PRESETS)}")
     require_safetensors()  # the model is saved at the end: said now, not after training
     for flag in ("epochs", *positive):  # the rest of the integers are TrainConfig's
         if (value := getattr(args, flag)) is not None and value < 1:

@@ -18,7 +18,7 @@ from typing import Any
 
 from .atomic import write_files_atomically
 from .cli import check_numbers, finite_flags, in_flag_names
-from .config import PRESETS, BertConfig
+from .config import ALL_PRESETS, BertConfig
 from .data.prepare import PreparedCorpus, load_prepared, prepare_corpus
 from .data.wikitext import WIKITEXT_VARIANTS
 from .distributed import DistContext, barrier
@@ -121,11 +121,33 @@ def add_run_args(p: argparse.ArgumentParser, default_out: Path) -> argparse._Arg
     return r
 
 
+def add_architecture_args(group: argparse._ArgumentGroup) -> None:
+    """The model's switches as flags (BertConfig's docstring): unset, the preset's own."""
+    group.add_argument("--norm", choices=["pre", "post"], help="LayerNorm placement; default "
+                       "the preset's (post for BERT's, pre for modernbert-*)")
+    group.add_argument("--position", choices=["learned", "rope"], help="position embeddings")
+    group.add_argument("--mlp", choices=["gelu", "geglu"], help="the feed-forward")
+    group.add_argument("--bias", action=argparse.BooleanOptionalAction, help="biases in the "
+                       "linear layers and LayerNorms")
+    group.add_argument("--global-every", type=int, help="every n-th layer attends globally, "
+                       "the others within --local-window (1: all global)")
+    group.add_argument("--local-window", type=int, help="a local layer's window, in tokens")
+
+
+def architecture_overrides(args: Any) -> dict[str, Any]:
+    """BertConfig fields for the switches given on the command line."""
+    names = {"norm": "norm_position", "position": "position", "mlp": "mlp", "bias": "bias",
+             "global_every": "global_every", "local_window": "local_window"}
+    return {field: getattr(args, flag) for flag, field in names.items()
+            if getattr(args, flag, None) is not None}
+
+
 def check_args(args: Any, ctx: DistContext) -> TrainConfig:
     """The mistakes worth one clear line, before any work is done; the run's settings.
     `args.preset` is the preset to build (the student's, in distillation)."""
-    if args.preset not in PRESETS:
-        raise ValueError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    if args.preset not in ALL_PRESETS:
+        raise ValueError(f"unknown --preset {args.preset!r}; choose one of "
+                         f"{', '.join(ALL_PRESETS)}")
     check_numbers(args, NUMBER_RULES)
     finite_flags(args, ["lr", "min_lr", "weight_decay", "adam_eps", "max_grad_norm"])
     cfg = train_config(args)
@@ -154,8 +176,12 @@ def check_model_fits(args: Any) -> None:
         check_tokenizer_fits(config, tok, source=args.init_from,
                              allow_vocab_mismatch=args.allow_vocab_mismatch)
     else:
-        BertConfig.preset(args.preset, vocab_size=args.vocab_size).check_fits(
-            args.seq_len, args.vocab_size)
+        config = in_flag_names(lambda: BertConfig.preset(
+            args.preset, vocab_size=args.vocab_size, **architecture_overrides(args)),
+            {"norm_position": "--norm", "position": "--position", "mlp": "--mlp",
+             "bias": "--bias", "global_every": "--global-every",
+             "local_window": "--local-window"})
+        config.check_fits(args.seq_len, args.vocab_size)
 
 
 def train_config(args: Any) -> TrainConfig:

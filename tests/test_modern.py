@@ -265,3 +265,20 @@ def test_flops_count_geglu_and_the_window():
     assert flops_per_token(geglu, 64) - flops_per_token(classic, 64) == 6 * L * H * I
     local = classic.replace(global_every=2, local_window=8)  # layer 1: 9 keys of 64
     assert flops_per_token(classic, 64) - flops_per_token(local, 64) == 12 * H * (64 - 9)
+
+
+def test_a_mix_of_switches_round_trips_as_a_minibert_only_folder(tmp_path):
+    """Rotary positions on a Post-LN BERT with biases: neither BERT nor ModernBERT. It saves
+    and loads with the same outputs, and transformers refuses the folder."""
+    config = minibert.BertConfig.preset("tiny", vocab_size=99, position="rope", mlp="geglu",
+                                        global_every=2, local_window=8)
+    model = _perturbed(minibert.BertForMaskedLM(config))
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "minibert"
+    again = minibert.BertForMaskedLM.from_pretrained(tmp_path).eval()
+    assert again.config == config
+    ids, mask = _batch()
+    with torch.no_grad():
+        assert torch.equal(again(ids, mask).logits, model(ids, mask).logits)
+    with pytest.raises((ValueError, KeyError, OSError)):
+        transformers.AutoModelForMaskedLM.from_pretrained(tmp_path)

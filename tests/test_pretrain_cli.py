@@ -456,3 +456,24 @@ def test_the_tokenizer_trains_on_a_sample_of_a_big_train_split(data_dir, tmp_pat
                                    "--max-steps", "1")) == 0
     assert re.search(r"training the tokenizer on every \d+(st|nd|rd|th) document of train",
                      caplog.text), caplog.text
+
+
+def test_the_main_job_trains_the_modern_family_and_its_switches(data_dir, tmp_path):
+    """--preset modernbert-tiny trains and exports a folder transformers' ModernBERT loads;
+    a switch given as a flag reaches the config; a bad one is named as the flag."""
+    out = tmp_path / "modern"
+    assert pretrain.main(_args(data_dir, out, tmp_path / "cache", "--preset",
+                               "modernbert-tiny", "--local-window", "16")) == 0
+    config = json.loads((out / "final" / "config.json").read_text())
+    assert config["model_type"] == "modernbert" and config["local_attention"] == 16
+    transformers = pytest.importorskip("transformers")
+    transformers.ModernBertForMaskedLM.from_pretrained(out / "final")
+    out = tmp_path / "rope"
+    assert pretrain.main(_args(data_dir, out, tmp_path / "cache", "--position", "rope",
+                               "--no-bias", "--max-steps", "2")) == 0
+    model = minibert.BertForMaskedLM.from_pretrained(out / "final")
+    assert (model.config.position, model.config.bias, model.config.mlp) == ("rope", False,
+                                                                            "gelu")
+    assert pretrain.main(_args(data_dir, tmp_path / "bad", tmp_path / "cache",
+                               "--global-every", "0")) == 2
+    assert not (tmp_path / "bad").exists()
