@@ -37,6 +37,10 @@ from .kernels import TiedWordGradient
 from .model import BertModel, Dropout, init_weights
 
 
+# The sparse MLM head's rows are rounded up to a multiple of this on a CPU (BertForMaskedLM).
+PREDICTION_ROWS = 64
+
+
 class MaskedLMOutput(NamedTuple):
     loss: Optional[Tensor]  # scalar mean cross-entropy over predicted tokens, None without labels
     logits: Tensor  # (B, T, V) without labels; (N, V), predicted positions only, with labels
@@ -120,9 +124,22 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
             return MaskedLMOutput(None, self.head(h, decoder, tied))
         _check_shape("labels", labels, tuple(input_ids.shape), "the shape of input_ids")
         predicted = labels != IGNORE_INDEX  # (B, T) bool
-        logits = self.head(h[predicted], decoder, tied)  # (N, H) -> (N, V)
-        loss = F.cross_entropy(logits.float(), labels[predicted])
-        return MaskedLMOutput(loss, logits)
+        h, targets = h[predicted], labels[predicted]  # (N, H), (N,)
+        n = targets.numel()
+        # N changes from batch to batch, and with it the size of the head's largest blocks
+        # (N x V logits, their fp32 copy and their gradients). On a CPU, blocks of a new size
+        # every step fragment the C allocator's heap, and a long run's resident set climbs
+        # (benchmarks/RESULTS.md, "Memory over a long run"). So the head runs on N rounded
+        # up to a multiple of PREDICTION_ROWS: the extra rows are zeros whose targets are
+        # ignored, so the loss (a mean over the N real targets) and every gradient are those
+        # of the N rows, and a few block sizes repeat instead of a new one each step.
+        pad = (-n) % PREDICTION_ROWS if h.device.type == "cpu" else 0
+        if pad:
+            h = torch.cat([h, h.new_zeros(pad, h.size(1))])
+            targets = torch.cat([targets, targets.new_full((pad,), IGNORE_INDEX)])
+        logits = self.head(h, decoder, tied)  # (N + pad, H) -> (N + pad, V)
+        loss = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX)
+        return MaskedLMOutput(loss, logits[:n])
 
 
 # ---- classification: one label per sequence or per token -------------------------------------

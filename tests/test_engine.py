@@ -304,7 +304,7 @@ def test_fp16_loss_scaling_skips_overflow_steps(corpus, tmp_path, monkeypatch):
         snapshots.append([p.detach().clone() for p in model.parameters()])
         out = forward(*args, **kwargs)
         if calls["n"] == 2:  # finite loss, infinite gradient
-            out.logits.register_hook(lambda g: g * float("inf"))
+            out.loss.register_hook(lambda g: g * float("inf"))
         return out
 
     model.forward = forward_with_overflow

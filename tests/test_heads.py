@@ -345,3 +345,37 @@ def test_bert_model_alone_keeps_a_dense_lookup_gradient():
     ids, mask = random_batch()
     model(ids, mask).last_hidden_state.sum().backward()
     assert not model.embeddings.word.weight.grad.is_sparse
+
+
+def test_the_sparse_head_runs_on_a_round_number_of_rows_with_the_same_loss(monkeypatch):
+    """On a CPU the MLM head's rows are rounded up to a multiple of PREDICTION_ROWS (a few
+    block sizes repeat, so a long run's heap does not fragment). The padding rows change
+    nothing: the loss, the logits of the real rows and every gradient are those computed on
+    the N rows alone."""
+    import torch.nn.functional as F
+
+    from minibert import heads
+
+    torch.manual_seed(0)
+    model = minibert.BertForMaskedLM(tiny_config()).eval()  # no dropout: two passes compare
+    ids = torch.randint(5, 99, (3, 20))
+    labels = torch.full_like(ids, -100)
+    labels[0, 2], labels[1, 5], labels[2, 7] = ids[0, 2], ids[1, 5], ids[2, 7]  # N = 3
+    rows = []
+    head_forward = model.head.forward
+    monkeypatch.setattr(model.head, "forward",
+                        lambda h, *a: rows.append(h.shape[0]) or head_forward(h, *a))
+    out = model(ids, labels=labels)
+    out.loss.backward()
+    assert rows == [heads.PREDICTION_ROWS] and out.logits.shape == (3, 99)
+    grads = [p.grad.clone() for p in model.parameters()]
+
+    model.zero_grad()
+    h = model.bert(ids).last_hidden_state[labels != -100]  # the N rows alone, no padding
+    logits = head_forward(h, model.bert.embeddings.word.weight)
+    loss = F.cross_entropy(logits, labels[labels != -100])
+    loss.backward()
+    assert torch.allclose(out.loss, loss, atol=1e-6)
+    assert torch.allclose(out.logits, logits, atol=1e-6)
+    for a, (name, p) in zip(grads, model.named_parameters()):
+        assert torch.allclose(a, p.grad, atol=1e-6), name
