@@ -189,12 +189,13 @@ def _scores(qi: Tensor, kj: Tensor, bias: Optional[Tensor], rows: slice, cols: s
     s = (qi @ kj.transpose(-2, -1)).to(_stats_dtype(qi)) * scale  # (B, nh, cq, ck)
     if bias is not None:
         s = s + bias[..., cols]
-    if window is not None:
+    r_last, c_last = rows.start + qi.size(2) - 1, cols.start + kj.size(2) - 1
+    if window is not None and max(r_last - cols.start, c_last - rows.start) > window:
+        # The window's edge cuts this tile (a tile wholly inside needs no mask).
         r = torch.arange(rows.start, rows.start + qi.size(2), device=s.device)
         c = torch.arange(cols.start, cols.start + kj.size(2), device=s.device)
         far = (r[:, None] - c[None, :]).abs() > window  # (cq, ck)
-        if bool(far.any()):
-            s = s.masked_fill(far, torch.finfo(s.dtype).min)
+        s = s.masked_fill(far, torch.finfo(s.dtype).min)
     return s
 
 

@@ -15,7 +15,7 @@ goes on after a run that did not finish well:
     128 + N    stopped by signal N (130 for SIGINT, 143 for SIGTERM) after saving a
                checkpoint: the same command with --resume continues it
 
-This module is the scripts' layer: it prints their one-line errors on stderr (the library
+This module is the scripts' layer: it logs their one-line errors to stderr (the library
 below it only logs), and translates the settings' field names into flag names.
 """
 
@@ -163,10 +163,28 @@ def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
     return 0
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to `sys.stderr` as it is at each record (a redirected or captured stream)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # logging sets it once; the property reads it live
+        pass
+
+
+# The scripts' one-line errors: on stderr whatever the logging setup, never on stdout.
+_errors = logging.getLogger(__name__ + ".errors")
+_errors.addHandler(_StderrHandler())
+_errors.propagate = False
+
+
 def failed(error: Exception) -> int:
     """Say `error` as one line on stderr ("error: ..."); its exit status: 1 for a run that
     could not go on (TrainingError), 2 for bad input."""
-    print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+    _errors.error("error: %s", " ".join(str(error).split()))
     return 1 if isinstance(error, TrainingError) else 2
 
 

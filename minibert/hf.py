@@ -96,17 +96,12 @@ def is_modernbert(model: torch.nn.Module) -> bool:
 def hf_names(name: str, modern: bool = False) -> list[str]:
     """transformers' name(s) for one minibert parameter name (three for a fused QKV in BERT's
     layout; `modern`: ModernBERT's)."""
-    if modern:
-        for pattern, repl in _MODERN_RENAMES:
-            if re.match(pattern, name):
-                return [re.sub(pattern, repl, name)]
-        return [name]
-    m = _QKV.match(name)
+    m = None if modern else _QKV.match(name)
     if m:
         layer, kind = m.groups()
         return [f"bert.encoder.layer.{layer}.attention.self.{p}.{kind}"
                 for p in ("query", "key", "value")]
-    for pattern, repl in _RENAMES:
+    for pattern, repl in _MODERN_RENAMES if modern else _RENAMES:
         if re.match(pattern, name):
             return [re.sub(pattern, repl, name)]
     return [name]

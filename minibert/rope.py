@@ -21,13 +21,17 @@ weights are ModernBERT's as they are.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
 
+@functools.lru_cache(maxsize=32)  # every layer and step of a run asks for the same angles
 def rope_angles(seq_len: int, head_size: int, theta: float, device: torch.device
                 ) -> tuple[Tensor, Tensor]:
-    """cos and sin of every (position, dimension) angle, each (T, hs), in fp32.
+    """cos and sin of every (position, dimension) angle, each (T, hs), in fp32; computed
+    once per (T, hs, theta, device) and shared, so never modify them in place.
 
     Angle (t, i) = t · theta^(-2i / hs) for the pair's first half; the second half repeats
     it, so that a whole (T, hs) row multiplies a whole head vector.
