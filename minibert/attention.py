@@ -182,29 +182,36 @@ def _outside(rows: slice, cols: slice, T: int, window: Optional[int]) -> bool:
     return cols.start - r1 > window or rows.start - c1 > window
 
 
-def _scores(qi: Tensor, kj: Tensor, bias: Optional[Tensor], rows: slice, cols: slice,
-            scale: float, window: Optional[int] = None) -> Tensor:
-    """One tile's scaled scores plus its bias: (B, nh, cq, ck), in the statistics dtype. A
-    tile that the window's edge cuts gets the dtype's minimum outside the band."""
-    s = (qi @ kj.transpose(-2, -1)).to(_stats_dtype(qi)) * scale  # (B, nh, cq, ck)
+def _scores(qs_i: Tensor, kj: Tensor, bias: Optional[Tensor], rows: slice, cols: slice,
+            window: Optional[int] = None) -> Tensor:
+    """One tile's scores from the pre-scaled queries `qs_i` = q_i / √hs, plus its bias:
+    (B, nh, cq, ck), in the statistics dtype. A tile that the window's edge cuts gets the
+    dtype's minimum outside the band."""
+    s = (qs_i @ kj.transpose(-2, -1)).to(_stats_dtype(qs_i))  # (B, nh, cq, ck)
     if bias is not None:
         s = s + bias[..., cols]
-    r_last, c_last = rows.start + qi.size(2) - 1, cols.start + kj.size(2) - 1
+    r_last, c_last = rows.start + qs_i.size(2) - 1, cols.start + kj.size(2) - 1
     if window is not None and max(r_last - cols.start, c_last - rows.start) > window:
         # The window's edge cuts this tile (a tile wholly inside needs no mask).
-        r = torch.arange(rows.start, rows.start + qi.size(2), device=s.device)
+        r = torch.arange(rows.start, rows.start + qs_i.size(2), device=s.device)
         c = torch.arange(cols.start, cols.start + kj.size(2), device=s.device)
         far = (r[:, None] - c[None, :]).abs() > window  # (cq, ck)
         s = s.masked_fill(far, torch.finfo(s.dtype).min)
     return s
 
 
+# The loops below spend as little as they can outside the two matmuls of each tile, because
+# on a CPU in bf16 those matmuls are fast and everything else is not: the scale is folded
+# into q once (q / √hs, one pass over (T, hs) instead of one over every (c, c) tile), the
+# first key tile of a row block starts the running statistics instead of rescaling zeros,
+# and dQ_i is summed in a local and scaled once.
+
 class _ChunkedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], chunk: int,
                 dropout_p: float, seed: int, window: Optional[int]) -> Tensor:
         B, nh, T, hs = q.shape
-        scale = 1.0 / math.sqrt(hs)
+        qs = q * (1.0 / math.sqrt(hs))  # the softmax scale, folded into q
         n_blocks = (T + chunk - 1) // chunk
         out = torch.empty_like(q)
         f32 = _stats_dtype(q)
@@ -212,23 +219,26 @@ class _ChunkedAttention(torch.autograd.Function):
         log_sum = torch.empty_like(row_max)  # log l of each query row
         for i in range(n_blocks):
             rows = slice(i * chunk, (i + 1) * chunk)
-            qi = q[:, :, rows]  # (B, nh, cq, hs)
-            m = torch.full((B, nh, qi.size(2), 1), -math.inf, dtype=f32, device=q.device)
-            row_sum = torch.zeros_like(m)
-            acc = torch.zeros(qi.shape, dtype=f32, device=q.device)
+            qs_i = qs[:, :, rows]  # (B, nh, cq, hs)
+            m = row_sum = acc = None  # set by the first key tile the row block sees
             for j in range(n_blocks):
                 cols = slice(j * chunk, (j + 1) * chunk)
                 if _outside(rows, cols, T, window):
                     continue
-                s = _scores(qi, k[:, :, cols], bias, rows, cols, scale, window)
-                m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+                s = _scores(qs_i, k[:, :, cols], bias, rows, cols, window)
+                tile_max = s.amax(dim=-1, keepdim=True)
+                m_new = tile_max if m is None else torch.maximum(m, tile_max)
                 p = torch.exp(s - m_new)
-                correction = torch.exp(m - m_new)  # rescales what was summed under the old max
-                row_sum = row_sum * correction + p.sum(dim=-1, keepdim=True)
+                if m is None:
+                    row_sum = p.sum(dim=-1, keepdim=True)
+                else:
+                    correction = torch.exp(m - m_new)  # rescales what was summed under the old max
+                    row_sum = row_sum * correction + p.sum(dim=-1, keepdim=True)
                 if dropout_p > 0:
                     p = p * _tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p,
                                             q.device, p.dtype)
-                acc = acc * correction + (p.to(v.dtype) @ v[:, :, cols]).to(f32)
+                pv = (p.to(v.dtype) @ v[:, :, cols]).to(f32)  # (B, nh, cq, hs)
+                acc = pv if m is None else acc * correction + pv
                 m = m_new
             out[:, :, rows] = (acc / row_sum).to(q.dtype)
             row_max[:, :, rows] = m
@@ -243,9 +253,10 @@ class _ChunkedAttention(torch.autograd.Function):
         chunk, dropout_p, seed, window = ctx.chunk, ctx.dropout_p, ctx.seed, ctx.window
         B, nh, T, hs = q.shape
         scale = 1.0 / math.sqrt(hs)
+        qs = q * scale
         n_blocks = (T + chunk - 1) // chunk
         f32 = _stats_dtype(q)
-        dq = torch.zeros(q.shape, dtype=f32, device=q.device)  # (B, nh, T, hs)
+        dq = torch.empty(q.shape, dtype=f32, device=q.device)  # (B, nh, T, hs)
         dk = torch.zeros_like(dq)  # (B, nh, T, hs)
         dv = torch.zeros_like(dq)  # (B, nh, T, hs)
         # D_i = Σ_j P_ij dP_ij, the softmax Jacobian's correction, (B, nh, T, 1). It equals
@@ -255,15 +266,16 @@ class _ChunkedAttention(torch.autograd.Function):
         D = (d_out.to(f32) * out.to(f32)).sum(dim=-1, keepdim=True)
         for i in range(n_blocks):
             rows = slice(i * chunk, (i + 1) * chunk)
-            qi, d_oi = q[:, :, rows], d_out[:, :, rows]
+            qs_i, d_oi, D_i = qs[:, :, rows], d_out[:, :, rows], D[:, :, rows]
             m_i, log_l_i = row_max[:, :, rows], log_sum[:, :, rows]  # (B, nh, cq, 1)
+            dq_i = torch.zeros(qs_i.shape, dtype=f32, device=q.device)  # (B, nh, cq, hs)
             for j in range(n_blocks):
                 cols = slice(j * chunk, (j + 1) * chunk)
                 if _outside(rows, cols, T, window):
                     continue
                 kj, vj = k[:, :, cols], v[:, :, cols]
                 # (S - m) first: exact even where S and m are both the bias minimum
-                s = _scores(qi, kj, bias, rows, cols, scale, window)
+                s = _scores(qs_i, kj, bias, rows, cols, window)
                 p = torch.exp((s - m_i) - log_l_i)  # (B, nh, cq, ck)
                 dp = (d_oi @ vj.transpose(-2, -1)).to(f32)  # (B, nh, cq, ck)
                 if dropout_p > 0:
@@ -273,9 +285,10 @@ class _ChunkedAttention(torch.autograd.Function):
                     dp = dp * keep
                 else:
                     dv[:, :, cols] += (p.transpose(-2, -1).to(q.dtype) @ d_oi).to(f32)
-                ds = (p * (dp - D[:, :, rows])).to(q.dtype)  # dS: (B, nh, cq, ck)
-                dq[:, :, rows] += (ds @ kj).to(f32) * scale
-                dk[:, :, cols] += (ds.transpose(-2, -1) @ qi).to(f32) * scale
+                ds = (p * (dp - D_i)).to(q.dtype)  # dS: (B, nh, cq, ck)
+                dq_i += (ds @ kj).to(f32)
+                dk[:, :, cols] += (ds.transpose(-2, -1) @ qs_i).to(f32)  # dSᵀ Q_i · scale
+            dq[:, :, rows] = dq_i * scale
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+import minibert
+
 from minibert.data import IGNORE_INDEX
 from minibert.data.tasks import (
     LabelMap,
@@ -370,9 +372,12 @@ def test_qa_settings_are_checked(tok):
 # ---------------------------------------------------------------- collator
 
 def test_collator_pads_every_task(tok):
-    collate = TaskCollator(tok.pad_id)
+    collate = TaskCollator(tok.pad_id, pad_to_multiple_of=1)  # to the longest feature
     cls = encode_classification(tok, ["the cat", "the cat sat on the mat"], [1, 0],
                                 pairs=["a dog", "a"])
+    assert TaskCollator(tok.pad_id)(cls)["input_ids"].shape == (2, 16)  # PAD_MULTIPLE, 8
+    with pytest.raises(ValueError, match="pad_to_multiple_of=0 must be a positive int"):
+        TaskCollator(tok.pad_id, pad_to_multiple_of=0)
     batch = collate(cls, epoch=3)
     assert set(batch) == {"input_ids", "attention_mask", "token_type_ids", "labels"}
     assert batch["input_ids"].shape == batch["token_type_ids"].shape == (2, 10)
@@ -398,6 +403,41 @@ def test_collator_pads_every_task(tok):
     assert batch["start_positions"].shape == (len(qa),)
     with pytest.raises(ValueError, match="1 of 2 examples have 'label'"):
         collate([cls[0], {k: v for k, v in cls[1].items() if k != "label"}])
+
+
+@pytest.mark.parametrize("task", ["sequence", "token", "qa"])
+def test_padding_to_a_multiple_changes_no_loss_or_logit(tok, task):
+    """The collator's default rounding (to 8) adds padding the model must not see: the
+    loss and every real position's logits are those of the batch padded to its longest."""
+    from conftest import tiny_config
+
+    torch.manual_seed(0)
+    config = tiny_config(vocab_size=tok.vocab_size, hidden_dropout=0.0, attention_dropout=0.0)
+    if task == "sequence":
+        model = minibert.BertForSequenceClassification(config, num_labels=3)
+        features = encode_classification(tok, ["the cat", "the cat sat on the mat ."], [1, 2])
+    elif task == "token":
+        model = minibert.BertForTokenClassification(config, num_labels=4)
+        features = encode_token_classification(tok, [SENTENCE[:-1], ["a", "dog"]],
+                                               [TAGS[:-1], [0, 1]])
+    else:
+        model = minibert.BertForQuestionAnswering(config)
+        features = encode_qa(tok, [QAExample("q", QUESTION, CONTEXT, [ANSWER], False)],
+                             max_len=37, doc_stride=10)
+    model.eval()
+    tight, rounded = (TaskCollator(tok.pad_id, pad_to_multiple_of=m)(features) for m in (1, 8))
+    T = tight["input_ids"].shape[1]
+    assert T % 8 and rounded["input_ids"].shape[1] == -(-T // 8) * 8  # padding was added
+    with torch.no_grad():
+        a, b = model(**tight), model(**rounded)
+    torch.testing.assert_close(b.loss, a.loss, rtol=1e-6, atol=1e-6)
+    logits = ["start_logits", "end_logits"] if task == "qa" else ["logits"]
+    for name in logits:
+        x, y = getattr(a, name), getattr(b, name)
+        if task != "sequence":  # per position: the real ones, the first T
+            y = y[:, :T]
+        keep = tight["attention_mask"].bool() if task != "sequence" else slice(None)
+        torch.testing.assert_close(y[keep], x[keep], rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------- whole tasks (TaskData)
