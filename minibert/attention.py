@@ -139,7 +139,7 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
 
 
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
-                      dropout_p: float = 0.0, chunk_size: int = 128,
+                      dropout_p: float = 0.0, chunk_size: int = 512,
                       window: Optional[int] = None) -> Tensor:
     """Exact attention whose training memory is O(T · chunk_size) instead of O(T²).
 
@@ -182,29 +182,69 @@ def _outside(rows: slice, cols: slice, T: int, window: Optional[int]) -> bool:
     return cols.start - r1 > window or rows.start - c1 > window
 
 
+class _Tiles:
+    """The tile-sized buffers of one pass, made once and written again by every tile.
+
+    A tile's scores, probabilities and their gradients are the pass's largest temporaries,
+    and a fresh (B, nh, cq, ck) tensor per tile means thousands of allocations of a few MB
+    each at long lengths. Where the C allocator hands such blocks back to the kernel (glibc,
+    by default), every one of them is mapped and zeroed again page by page, which cost more
+    than the matmuls; one buffer per tile shape is written in place instead. At most four
+    shapes: full tiles, and the shorter last row and column blocks.
+    """
+
+    def __init__(self, like: Tensor) -> None:
+        self.batch, self.device = like.shape[:2], like.device
+        self.buffers: dict[tuple, Tensor] = {}
+
+    def get(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> Tensor:
+        key = (name, rows, cols, dtype)
+        if key not in self.buffers:
+            self.buffers[key] = torch.empty(*self.batch, rows, cols, dtype=dtype,
+                                            device=self.device)
+        return self.buffers[key]
+
+    def matmul(self, name: str, a: Tensor, b: Tensor) -> Tensor:
+        """a @ b into the statistics-dtype buffer `name`: (B, nh, rows, cols)."""
+        f32 = _stats_dtype(a)
+        out = self.get(name, a.size(-2), b.size(-1), f32)
+        if a.dtype == f32:
+            return torch.matmul(a, b, out=out)
+        return out.copy_(torch.matmul(a, b, out=self.get("low", a.size(-2), b.size(-1),
+                                                        a.dtype)))
+
+    def low(self, x: Tensor, dtype: torch.dtype) -> Tensor:
+        """x in the matmul dtype: itself when it already is, else a copy in a buffer."""
+        if x.dtype == dtype:
+            return x
+        return self.get("low", x.size(-2), x.size(-1), dtype).copy_(x)
+
+
 def _scores(qs_i: Tensor, kj: Tensor, bias: Optional[Tensor], rows: slice, cols: slice,
-            window: Optional[int] = None) -> Tensor:
+            window: Optional[int], tiles: _Tiles) -> Tensor:
     """One tile's scores from the pre-scaled queries `qs_i` = q_i / √hs, plus its bias:
-    (B, nh, cq, ck), in the statistics dtype. A tile that the window's edge cuts gets the
-    dtype's minimum outside the band."""
-    s = (qs_i @ kj.transpose(-2, -1)).to(_stats_dtype(qs_i))  # (B, nh, cq, ck)
+    (B, nh, cq, ck), in the statistics dtype, in the tile buffer "s" (the next tile
+    overwrites it). A tile that the window's edge cuts gets the dtype's minimum outside the
+    band."""
+    s = tiles.matmul("s", qs_i, kj.transpose(-2, -1))  # (B, nh, cq, ck)
     if bias is not None:
-        s = s + bias[..., cols]
+        s.add_(bias[..., cols])
     r_last, c_last = rows.start + qs_i.size(2) - 1, cols.start + kj.size(2) - 1
     if window is not None and max(r_last - cols.start, c_last - rows.start) > window:
         # The window's edge cuts this tile (a tile wholly inside needs no mask).
         r = torch.arange(rows.start, rows.start + qs_i.size(2), device=s.device)
         c = torch.arange(cols.start, cols.start + kj.size(2), device=s.device)
         far = (r[:, None] - c[None, :]).abs() > window  # (cq, ck)
-        s = s.masked_fill(far, torch.finfo(s.dtype).min)
+        s.masked_fill_(far, torch.finfo(s.dtype).min)
     return s
 
 
 # The loops below spend as little as they can outside the two matmuls of each tile, because
 # on a CPU in bf16 those matmuls are fast and everything else is not: the scale is folded
-# into q once (q / √hs, one pass over (T, hs) instead of one over every (c, c) tile), the
-# first key tile of a row block starts the running statistics instead of rescaling zeros,
-# and dQ_i is summed in a local and scaled once.
+# into q once (q / √hs, one pass over (T, hs) instead of one over every tile), the first key
+# tile of a row block starts the running statistics instead of rescaling zeros, the tile's
+# elementwise steps run in place in reused buffers (`_Tiles`), and dQ_i is summed in a local
+# and scaled once.
 
 class _ChunkedAttention(torch.autograd.Function):
     @staticmethod
@@ -217,6 +257,7 @@ class _ChunkedAttention(torch.autograd.Function):
         f32 = _stats_dtype(q)
         row_max = torch.empty(B, nh, T, 1, dtype=f32, device=q.device)  # m of each query row
         log_sum = torch.empty_like(row_max)  # log l of each query row
+        tiles = _Tiles(q)
         for i in range(n_blocks):
             rows = slice(i * chunk, (i + 1) * chunk)
             qs_i = qs[:, :, rows]  # (B, nh, cq, hs)
@@ -225,20 +266,21 @@ class _ChunkedAttention(torch.autograd.Function):
                 cols = slice(j * chunk, (j + 1) * chunk)
                 if _outside(rows, cols, T, window):
                     continue
-                s = _scores(qs_i, k[:, :, cols], bias, rows, cols, window)
+                s = _scores(qs_i, k[:, :, cols], bias, rows, cols, window, tiles)
                 tile_max = s.amax(dim=-1, keepdim=True)
                 m_new = tile_max if m is None else torch.maximum(m, tile_max)
-                p = torch.exp(s - m_new)
+                p = s.sub_(m_new).exp_()  # exp(S - m'), in the scores' buffer
+                tile_sum = p.sum(dim=-1, keepdim=True)
                 if m is None:
-                    row_sum = p.sum(dim=-1, keepdim=True)
+                    row_sum = tile_sum
                 else:
                     correction = torch.exp(m - m_new)  # rescales what was summed under the old max
-                    row_sum = row_sum * correction + p.sum(dim=-1, keepdim=True)
+                    row_sum = row_sum * correction + tile_sum
                 if dropout_p > 0:
-                    p = p * _tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p,
-                                            q.device, p.dtype)
-                pv = (p.to(v.dtype) @ v[:, :, cols]).to(f32)  # (B, nh, cq, hs)
-                acc = pv if m is None else acc * correction + pv
+                    p.mul_(_tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p,
+                                           q.device, p.dtype))
+                pv = (tiles.low(p, v.dtype) @ v[:, :, cols]).to(f32)  # (B, nh, cq, hs)
+                acc = pv if m is None else acc.mul_(correction).add_(pv)
                 m = m_new
             out[:, :, rows] = (acc / row_sum).to(q.dtype)
             row_max[:, :, rows] = m
@@ -259,6 +301,7 @@ class _ChunkedAttention(torch.autograd.Function):
         dq = torch.empty(q.shape, dtype=f32, device=q.device)  # (B, nh, T, hs)
         dk = torch.zeros_like(dq)  # (B, nh, T, hs)
         dv = torch.zeros_like(dq)  # (B, nh, T, hs)
+        tiles = _Tiles(q)
         # D_i = Σ_j P_ij dP_ij, the softmax Jacobian's correction, (B, nh, T, 1). It equals
         # rowsum(dO ∘ O) with dropout too: O = (P ∘ M) V for the scaled keep-mask M, and the
         # dP below is taken against P through that same M, so Σ_j P_ij M_ij (dO_i · V_j) is
@@ -275,17 +318,17 @@ class _ChunkedAttention(torch.autograd.Function):
                     continue
                 kj, vj = k[:, :, cols], v[:, :, cols]
                 # (S - m) first: exact even where S and m are both the bias minimum
-                s = _scores(qs_i, kj, bias, rows, cols, window)
-                p = torch.exp((s - m_i) - log_l_i)  # (B, nh, cq, ck)
-                dp = (d_oi @ vj.transpose(-2, -1)).to(f32)  # (B, nh, cq, ck)
+                s = _scores(qs_i, kj, bias, rows, cols, window, tiles)
+                p = s.sub_(m_i).sub_(log_l_i).exp_()  # P, (B, nh, cq, ck), in s's buffer
+                dp = tiles.matmul("dp", d_oi, vj.transpose(-2, -1))  # (B, nh, cq, ck)
                 if dropout_p > 0:
                     keep = _tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p,
                                            q.device, p.dtype)
                     dv[:, :, cols] += ((p * keep).transpose(-2, -1).to(q.dtype) @ d_oi).to(f32)
-                    dp = dp * keep
+                    dp.mul_(keep)
                 else:
-                    dv[:, :, cols] += (p.transpose(-2, -1).to(q.dtype) @ d_oi).to(f32)
-                ds = (p * (dp - D_i)).to(q.dtype)  # dS: (B, nh, cq, ck)
+                    dv[:, :, cols] += (tiles.low(p, q.dtype).transpose(-2, -1) @ d_oi).to(f32)
+                ds = tiles.low(dp.sub_(D_i).mul_(p), q.dtype)  # dS = P ∘ (dP - D_i)
                 dq_i += (ds @ kj).to(f32)
                 dk[:, :, cols] += (ds.transpose(-2, -1) @ qs_i).to(f32)  # dSᵀ Q_i · scale
             dq[:, :, rows] = dq_i * scale
@@ -297,14 +340,16 @@ class _ChunkedAttention(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------
 # Every tile pays the same fixed cost (Python, kernel launches, the elementwise softmax
 # updates) beside its matmuls, whose work grows as c². A larger tile amortises that cost until
-# its (B, nh, c, c) temporaries fall out of cache or the matmul kernel stops getting faster,
-# and where that happens is the device's business: on one 2-core AVX2 CPU at T = 4096, c = 128
-# ran level with math, 256 clearly faster and 512 between the two (benchmarks/RESULTS.md,
-# "Attention backends: memory and time against sequence length"). So the tile is measured on
-# the machine at hand rather than fixed by what another machine preferred. The candidates
-# stop at 512, so the memory stays O(T · c) with a constant c, whatever wins.
-# A larger tile needs more memory and must be clearly faster to win: there, the same 512 tile
-# timed in two processes differed by far more than the margin by which a pick had preferred
+# its (B, nh, c, c) temporaries fall out of cache or the matmul kernel stops getting faster.
+# The default, 512 (`BertConfig.attention_chunk_size`), was the fastest tile measured at
+# T = 4096 in both fp32 and bf16 once the tiles' buffers were reused (`_Tiles`), and ran
+# faster than `math` in both (benchmarks/RESULTS.md, "Attention backends: memory and time
+# against sequence length"); its buffers are a few MB per head, against the T² of `math`.
+# Where that balance lies is still the device's business, so `pick_chunk_size` measures the
+# tiles on the machine at hand. The candidates stop at 512, so the memory stays O(T · c) with
+# a constant c, whatever wins.
+# A larger tile needs more memory and must be clearly faster to win: the same 512 tile timed
+# in two processes once differed by far more than the margin by which a pick had preferred
 # it to 256 (same section).
 CHUNK_CANDIDATES = (64, 128, 256, 512)
 LARGER_TILE_GAIN = 0.9  # a larger tile wins only in under 90% of the smaller one's time
@@ -379,7 +424,7 @@ BACKENDS = {"math": math_attention, "sdpa": sdpa_attention, "chunked": chunked_a
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], backend: str,
-              dropout_p: float = 0.0, chunk_size: int = 128,
+              dropout_p: float = 0.0, chunk_size: int = 512,
               window: Optional[int] = None) -> Tensor:
     """Dispatch to one backend. `keep` is the (B, T) bool mask of real tokens, or None;
     `window`: a local layer's reach (query i sees keys j with |i - j| <= window), or None

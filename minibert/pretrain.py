@@ -98,11 +98,11 @@ def add_training_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     t.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction,
                    help="reuse freed memory instead of returning it to the kernel (glibc), "
-                   "from the first training step: on by default on a CPU, where it made "
-                   "the default job's steps 1.02 - 1.19x faster, as the host's page faults "
-                   "were cheap or dear (its 30%% masking gives the sparse head blocks above "
-                   "glibc's 32 MiB mmap ceiling), and a BERT-base step 1.13x; the resident "
-                   "set then never shrinks (benchmarks/RESULTS.md)")
+                   "from the first training step; on by default on a CPU. The trade: steps "
+                   "up to about 1.2x faster where the host's page faults are dear (1.0x where "
+                   "they are cheap), and a resident set that stays at its peak instead of "
+                   "shrinking after one; it does not make the set grow over a long run "
+                   "(benchmarks/RESULTS.md, 'Memory over a long run' and 'Process settings')")
     t.add_argument("--allow-vocab-mismatch", action="store_true", help="with a checkpoint: "
                    "accept a tokenizer whose ids or special tokens are not the model's "
                    "(deliberate vocabulary surgery); refused by default")

@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import BertConfig
-from .data import mlm
 from .data.mlm import pad_batch
 from .hf import PathLike, load_hf_state_dict, read_config, read_weights
 from .model import BertModel
@@ -192,8 +191,7 @@ class SentenceEncoder(nn.Module):
             with torch.no_grad():
                 for start in range(0, len(order), batch_size):
                     rows = order[start:start + batch_size]
-                    batch, lengths = pad_batch([ids[i] for i in rows], self.tokenizer.pad_id,
-                                               mlm.PAD_MULTIPLE)
+                    batch, lengths = pad_batch([ids[i] for i in rows], self.tokenizer.pad_id)
                     input_ids = torch.from_numpy(batch).to(device)  # (B, T)
                     mask = (torch.arange(batch.shape[1]) < torch.from_numpy(lengths)[:, None])
                     emb = self(input_ids, mask.long().to(device), normalize=normalize)

@@ -109,6 +109,22 @@ def test_chunked_runs_in_bfloat16():
     assert q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad.float()).all()
 
 
+@pytest.mark.parametrize("window", [None, 12])
+def test_chunked_bfloat16_gradients_are_maths_in_float32(window):
+    """bf16 tiles reuse their buffers in place (`_Tiles`): the gradients must still be the
+    formula's, to bf16's rounding, with a short last tile, padding and a window."""
+    q, k, v = _qkv(T=40, dtype=torch.bfloat16)
+    keep = torch.ones(q.size(0), 40, dtype=torch.bool)
+    keep[0, 33:] = False  # padding in the short last tile
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
+    out = attention(q, k, v, keep, "chunked", chunk_size=16, window=window)
+    out.float().backward(grad)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    attention(q32, k32, v32, keep, "math", window=window).backward(grad)
+    for low, ref in ((q.grad, q32.grad), (k.grad, k32.grad), (v.grad, v32.grad)):
+        assert (low.float() - ref).abs().max() < 0.03 * ref.abs().max()
+
+
 def _saved_bytes(fn):
     """Bytes of all tensors autograd saves for the backward pass while running fn()."""
     total = 0

@@ -98,16 +98,6 @@ class PackedMLMDataset(torch.utils.data.Dataset):
 Example = Union[Sequence[int], np.ndarray, torch.Tensor, Mapping]
 
 
-# What dynamic padding rounds a batch's length up to (TaskCollator, SentenceEncoder.encode).
-# Why round at all: each new (B, T) is a new set of matmul shapes, and on a CPU in bf16 each
-# new shape costs memory that stays: oneDNN compiles and caches a kernel per shape, and the
-# C allocator's heap fragments around blocks of ever new sizes. Batches of every length
-# from 8 to 128 grew a fine-tuning job's resident set by more than a gigabyte; multiples of
-# 8 leave 16 shapes, and the padding never changes a result: padded keys get no attention
-# weight, padded labels are ignored (benchmarks/RESULTS.md, "Memory over a long run").
-PAD_MULTIPLE = 8
-
-
 def pad_batch(sequences: Sequence, pad_id: int, pad_to_multiple_of: Optional[int] = None
               ) -> tuple[np.ndarray, np.ndarray]:
     """Right-pad id sequences to the longest one.

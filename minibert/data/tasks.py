@@ -36,7 +36,6 @@ import numpy as np
 import torch
 
 from ..metrics import spans
-from . import mlm
 from .mlm import IGNORE_INDEX, pad_batch
 from .qa import SpanPrediction, best_span, encode_qa
 from .task_files import LabelMap, QAExample, Sentence, read_conll, read_squad, read_table
@@ -201,22 +200,20 @@ class TaskCollator:
     """Pad a list of task features into a batch of tensors (dynamic padding).
 
     Returns `input_ids`, `attention_mask` (1 on tokens) and `token_type_ids`, all
-    `(B, T)` int64, T the longest feature rounded up to `pad_to_multiple_of` (by default
-    `data.mlm.PAD_MULTIPLE`, 8, whose comment says why; 1 pads to the longest), plus the
-    targets the features carry: `labels` `(B,)` from a per-feature `label` (int64, or
+    `(B, T)` int64, T the longest feature (rounded up to `pad_to_multiple_of` if given),
+    plus the targets the features carry: `labels` `(B,)` from a per-feature `label` (int64, or
     float32 for regression), `labels` `(B, T)` from per-token `labels` (padded with
-    `label_pad`), `start_positions` and `end_positions` `(B,)` from QA features. Other keys (offsets, word ids) stay
-    behind for prediction. No randomness: `epoch` is accepted for the engine's call
-    `collate(examples, epoch=e)` and ignored.
+    `label_pad`), `start_positions` and `end_positions` `(B,)` from QA features. Other
+    keys (offsets, word ids) stay behind for prediction. No randomness: `epoch` is
+    accepted for the engine's call `collate(examples, epoch=e)` and ignored.
     """
 
     def __init__(self, pad_id: int, label_pad: int = IGNORE_INDEX,
                  pad_to_multiple_of: Optional[int] = None) -> None:
-        if pad_to_multiple_of is None:
-            pad_to_multiple_of = mlm.PAD_MULTIPLE
-        if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
+        if pad_to_multiple_of is not None and (not isinstance(pad_to_multiple_of, int)
+                                               or pad_to_multiple_of < 1):
             raise ValueError(f"pad_to_multiple_of={pad_to_multiple_of!r} must be a positive int "
-                             f"(1 pads each batch to its longest feature)")
+                             f"or None (each batch padded to its longest feature)")
         self.pad_id = pad_id
         self.label_pad = label_pad
         self.pad_to_multiple_of = pad_to_multiple_of
