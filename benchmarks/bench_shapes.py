@@ -13,9 +13,9 @@ sizes.
 
     python benchmarks/bench_shapes.py          # about a minute on 2 cores
 
-This is why dynamic padding rounds lengths up to `minibert.data.mlm.PAD_MULTIPLE` and the
-sparse MLM head its rows to `minibert.heads.PREDICTION_ROWS` (benchmarks/RESULTS.md,
-"Memory over a long run").
+The sparse MLM head rounds its rows up to `minibert.heads.PREDICTION_ROWS` for this reason
+(benchmarks/RESULTS.md, "Memory over a long run", which also has what oneDNN's cache cost a
+fine-tuning job).
 """
 
 from __future__ import annotations

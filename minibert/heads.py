@@ -128,8 +128,9 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
         n = targets.numel()
         # N changes from batch to batch, and with it the size of the head's largest blocks
         # (N x V logits, their fp32 copy and their gradients). On a CPU, blocks of a new size
-        # every step fragment the C allocator's heap, and a long run's resident set climbs
-        # (benchmarks/RESULTS.md, "Memory over a long run"). So the head runs on N rounded
+        # every step fragment the C allocator's heap, and in bf16 each new shape adds a kernel
+        # to oneDNN's cache as well, so a long run's resident set climbs (benchmarks/
+        # RESULTS.md, "Memory over a long run"; bench_shapes.py). So the head runs on N rounded
         # up to a multiple of PREDICTION_ROWS: the extra rows are zeros whose targets are
         # ignored, so the loss (a mean over the N real targets) and every gradient are those
         # of the N rows, and a few block sizes repeat instead of a new one each step.

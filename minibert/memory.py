@@ -116,9 +116,9 @@ def keep_freed_memory() -> bool:
     embedding (94 MB) or the sparse head's logits over a 30k vocabulary; a step whose blocks
     all stay below gains little (the bench_process.py rows for a vocabulary of 8,192). The
     cost: the resident set no longer shrinks after a peak. It does not make the set climb
-    over a long run: what did was blocks of new sizes every step, with or without this
-    setting, and the sizes now repeat (`heads.PREDICTION_ROWS`, `data.mlm.PAD_MULTIPLE`);
-    `benchmarks/bench_soak.py` measures both, in "Memory over a long run".
+    over a long run: what did was the sparse MLM head's blocks taking a new size every
+    step, with or without this setting, and their sizes now repeat (`heads.PREDICTION_ROWS`;
+    `benchmarks/bench_soak.py` measures both ways, in "Memory over a long run").
     The setting is process-wide and cannot be undone, so the engine never makes it; call
     this once, at the start of a CPU training script (the example scripts'
     `--keep-freed-memory`). Accelerator memory is not affected.
