@@ -98,6 +98,14 @@ class PackedMLMDataset(torch.utils.data.Dataset):
 Example = Union[Sequence[int], np.ndarray, torch.Tensor, Mapping]
 
 
+def check_pad_multiple(pad_to_multiple_of: Optional[int]) -> None:
+    """A collator's `pad_to_multiple_of`: a positive int, or None for the longest sequence."""
+    if pad_to_multiple_of is not None and (not isinstance(pad_to_multiple_of, int)
+                                           or pad_to_multiple_of < 1):
+        raise ValueError(f"pad_to_multiple_of={pad_to_multiple_of!r} must be a positive int "
+                         f"or None (each batch padded to its longest sequence)")
+
+
 def pad_batch(sequences: Sequence, pad_id: int, pad_to_multiple_of: Optional[int] = None
               ) -> tuple[np.ndarray, np.ndarray]:
     """Right-pad id sequences to the longest one.
@@ -180,10 +188,7 @@ class MLMCollator:
         if not isinstance(mlm_probability, (int, float)) or not 0.0 < mlm_probability < 1.0:
             raise ValueError(f"mlm_probability={mlm_probability!r} must lie strictly between 0 "
                              f"and 1 (BERT uses 0.15)")
-        if pad_to_multiple_of is not None and (not isinstance(pad_to_multiple_of, int)
-                                               or pad_to_multiple_of < 1):
-            raise ValueError(f"pad_to_multiple_of={pad_to_multiple_of!r} must be a positive int "
-                             f"or None")
+        check_pad_multiple(pad_to_multiple_of)
         self.mlm_probability = float(mlm_probability)
         self.pad_to_multiple_of = pad_to_multiple_of
         self.seed = int(seed) % 2**64  # any int; the hash works on uint64

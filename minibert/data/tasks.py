@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..metrics import spans
-from .mlm import IGNORE_INDEX, pad_batch
+from .mlm import IGNORE_INDEX, check_pad_multiple, pad_batch
 from .qa import SpanPrediction, best_span, encode_qa
 from .task_files import LabelMap, QAExample, Sentence, read_conll, read_squad, read_table
 
@@ -210,10 +210,7 @@ class TaskCollator:
 
     def __init__(self, pad_id: int, label_pad: int = IGNORE_INDEX,
                  pad_to_multiple_of: Optional[int] = None) -> None:
-        if pad_to_multiple_of is not None and (not isinstance(pad_to_multiple_of, int)
-                                               or pad_to_multiple_of < 1):
-            raise ValueError(f"pad_to_multiple_of={pad_to_multiple_of!r} must be a positive int "
-                             f"or None (each batch padded to its longest feature)")
+        check_pad_multiple(pad_to_multiple_of)
         self.pad_id = pad_id
         self.label_pad = label_pad
         self.pad_to_multiple_of = pad_to_multiple_of
