@@ -144,6 +144,8 @@ def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
     """A script's life and its exit status (see the module docstring). `args.device`,
     `args.out` and `args.resume` are read here."""
     ctx, ok = None, False
+    # Before anything multiplies a bf16 matrix: oneDNN reads its bound once, at its first.
+    memory.limit_kernel_cache()
     try:
         ctx = init_distributed(args.device)
         logging.basicConfig(level=logging.INFO if ctx.is_main else logging.WARNING,

@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 import torch
 
 from . import precision as _precision
-from .memory import freed_memory_kept
+from .memory import freed_memory_kept, kernel_cache_capacity
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ def environment_report(device: Device) -> dict[str, Any]:
         "cpu_count": _cpu_count(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "freed_memory_kept": freed_memory_kept(),  # see keep_freed_memory
+        "kernel_cache_capacity": kernel_cache_capacity(),  # see limit_kernel_cache
     }
     if device.type == "cpu":
         report["device_name"] = _cpu_name()

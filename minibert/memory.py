@@ -5,6 +5,8 @@
 * `keep_freed_memory`, `release_freed_memory`: glibc's allocator, which backs every CPU
   tensor, told to keep freed memory for reuse (no page faults on the next step), or to hand
   what it keeps back to the kernel now (a flat resident set).
+* `limit_kernel_cache`: a bound on oneDNN's cache of compiled matmul kernels, one per
+  matmul shape, which torch's CPU bf16 matmuls fill and never empty.
 """
 
 from __future__ import annotations
@@ -187,3 +189,48 @@ def _glibc_malloc(name: str) -> Optional[Any]:
 def freed_memory_kept() -> bool:
     """Whether `keep_freed_memory` is in force in this process (for the environment report)."""
     return _freed_memory_kept
+
+
+# oneDNN's cache of compiled kernels (its "primitive cache"), see limit_kernel_cache.
+KERNEL_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+KERNEL_CACHE_CAPACITY = 128
+
+
+def limit_kernel_cache(capacity: int = KERNEL_CACHE_CAPACITY) -> bool:
+    """Bound oneDNN's cache of compiled matmul kernels at `capacity` kernels (least recently
+    used first out). Call it before the process's first bf16 matmul on a CPU.
+
+    Why: torch runs a CPU's bf16 matmuls through oneDNN, which compiles a kernel for each
+    matmul shape (sizes, layouts, dtypes) and keeps up to 1,024 of them, each holding its
+    code and buffers. A step at one sequence length needs a few dozen (one per distinct
+    shape, forward and backward; BERT's layers share theirs), so every new length a step
+    runs at, from dynamic padding or a sequence-length warmup, adds a few dozen kernels that
+    stay: in a fine-tuning job, whose batches take nearly every length, a third of its
+    resident set. A cache that is off, though, compiles every kernel again at every step.
+    `KERNEL_CACHE_CAPACITY` holds every kernel of a step at a few lengths, so a run that
+    repeats its shapes compiles each once, and one that does not keeps few (measured by
+    `benchmarks/bench_soak.py` and `bench_shapes.py`; benchmarks/RESULTS.md, "A bound on
+    oneDNN's kernel cache"). fp32 matmuls do not go through oneDNN on a CPU.
+
+    oneDNN reads the bound from the environment (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`) once,
+    when it builds the cache at its first matmul, so this sets that variable: a call after
+    that first matmul changes nothing. A value already in the environment is the user's and
+    is left alone. The example scripts call this as they start (`cli.run_script`).
+    Returns True when this call set the bound.
+    """
+    if capacity < 0:
+        raise ValueError(f"limit_kernel_cache: capacity={capacity} must be >= 0 kernels")
+    if KERNEL_CACHE_ENV in os.environ or "DNNL_PRIMITIVE_CACHE_CAPACITY" in os.environ:
+        return False
+    os.environ[KERNEL_CACHE_ENV] = str(capacity)
+    return True
+
+
+def kernel_cache_capacity() -> Optional[int]:
+    """The bound on oneDNN's kernel cache that this process's environment sets (None: oneDNN's
+    own default of 1,024), for the environment report."""
+    value = os.environ.get(KERNEL_CACHE_ENV, os.environ.get("DNNL_PRIMITIVE_CACHE_CAPACITY"))
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None

@@ -8,17 +8,19 @@ import minibert
 
 @pytest.fixture(autouse=True)
 def allocator_calls(monkeypatch):
-    """Records `keep_freed_memory()` calls instead of making them.
+    """Records `keep_freed_memory()` calls instead of making them, and keeps
+    `limit_kernel_cache()` from writing to this process's environment.
 
-    The setting is process-wide and permanent, and the tests share one process whose
+    Both settings are process-wide and permanent, and the tests share one process whose
     peak-memory tests need glibc's default behaviour; test_machine.py tests the real
-    setting in processes of its own, and scripts run as subprocesses make the real call.
+    settings in processes of their own, and scripts run as subprocesses make the real calls.
     """
     import minibert.memory
 
     calls = []
     monkeypatch.setattr(minibert.memory, "keep_freed_memory",
                         lambda: calls.append(True) or True)
+    monkeypatch.setattr(minibert.memory, "limit_kernel_cache", lambda *a, **k: False)
     return calls
 
 

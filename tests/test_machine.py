@@ -6,6 +6,7 @@ import logging
 import os
 import platform
 import random
+import re
 import subprocess
 import sys
 import types
@@ -21,6 +22,7 @@ import minibert.meters as meters
 import minibert.precision as precision
 from minibert.environment import environment_report, log_environment
 from minibert.memory import peak_memory_mb, reset_peak_memory
+from minibert.memory import limit_kernel_cache  # the real one: conftest stubs the module's
 from minibert.meters import measure_peak_flops, mfu
 from minibert.precision import cpu_bf16_native, cpu_bf16_speedup, resolve_precision
 from minibert.rng import rng_state, set_rng_state, set_seed
@@ -409,3 +411,41 @@ def test_release_freed_memory_hands_kept_blocks_back():
     released = current_memory_mb("cpu")
     libc.free(blocks[-1])
     assert kept - released > 100, (kept, released)
+
+
+_KERNEL_CACHE_CHILD = """
+import sys
+import minibert.memory
+if sys.argv[1] != "none":
+    print("set", minibert.memory.limit_kernel_cache(int(sys.argv[1])), flush=True)
+import torch
+x, w = torch.randn(64, 48).bfloat16(), torch.randn(32, 48).bfloat16()
+for _ in range(3):  # the same shape three times: one compile, then two cache hits
+    torch.nn.functional.linear(x, w)
+"""
+
+
+@pytest.mark.parametrize("capacity, user, said, misses", [
+    ("none", None, None, 1),  # oneDNN's default cache: compiled once, then found
+    ("0", None, "set True", 3),  # the bound set in-process, before the first matmul, holds
+    ("4", None, "set True", 1),
+    ("4", "0", "set False", 3),  # a bound the user set in the environment is kept
+])
+def test_limit_kernel_cache_bounds_onednn_from_inside_the_process(capacity, user, said, misses):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")}
+    env["ONEDNN_VERBOSE"] = "profile_create"
+    if user is not None:
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = user
+    out = subprocess.run([sys.executable, "-c", _KERNEL_CACHE_CHILD, capacity], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    creates = re.findall(r"create:cache_(miss|hit)", out)
+    if not creates:
+        pytest.skip("this torch build does not run CPU bf16 matmuls through oneDNN")
+    assert (said is None) == ("set " not in out) and (said is None or said in out)
+    assert creates.count("miss") == misses and len(creates) == 3, out
+
+
+def test_limit_kernel_cache_refuses_a_negative_bound():
+    with pytest.raises(ValueError, match="capacity=-1"):
+        limit_kernel_cache(-1)

@@ -99,6 +99,20 @@ def test_run_script_exit_statuses(tmp_path, capsys):
     assert not (tmp_path / "new").exists()  # prepare runs before the run folder is made
 
 
+def test_run_script_bounds_the_kernel_cache_before_anything_runs(tmp_path, monkeypatch):
+    """oneDNN reads its cache's bound once, at the first bf16 matmul, which `prepare` may
+    already make (`--precision auto` times one)."""
+    import minibert.memory
+
+    order = []
+    monkeypatch.setattr(minibert.memory, "limit_kernel_cache",
+                        lambda *a: order.append("limit_kernel_cache") or True)
+    args = type("Args", (), {"device": "cpu", "out": tmp_path / "out", "resume": False})
+    assert cli.run_script(args, lambda a, c: order.append("prepare"),
+                          lambda a, c, p: order.append("run")) == 0
+    assert order == ["limit_kernel_cache", "prepare", "run"]
+
+
 # ---- a diverged run --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("script", TRAINING)
