@@ -11,7 +11,9 @@ masked tokens.
   0.1) with `DataCollatorForLanguageModeling` at 15%, fused AdamW (0.9, 0.98, eps 1e-6,
   weight decay 0.01 except biases and LayerNorm, as `Trainer` does), lr 5e-4 with 100 warmup
   steps then linear decay, gradients clipped at 1.0 (`Trainer`'s default), batch 32 x 128,
-  1500 steps. Its final test loss is the target.
+  1500 steps, in its faster precision on the machine at hand: fp32, or bf16 autocast
+  (`--precision auto` times a few steps of each and takes the faster; both are recorded).
+  Its final test loss is the target.
 * minibert: `examples/pretrain_wikitext.py` with its own defaults (plus any flags given).
 
 Training time excludes evaluation for both: transformers' loop times its steps only, and
@@ -24,7 +26,8 @@ quiet window, side by side, by `report`. A run with a sequence-length warmup (th
 job's default) is timed through its warmup and beyond, and the median cost of each length
 is summed up to the step where it reaches the target:
 
-    # 1. transformers' whole recipe, once (about 40 min on 2 quiet cores): curve and target
+    # 1. transformers' whole recipe, once, in its faster precision here (25 - 40 min on 2
+    #    quiet cores): curve and target
     python benchmarks/bench_time_to_loss.py transformers
     # 2. minibert's main job (its defaults), evaluated every 100 steps; or with other flags
     python benchmarks/bench_time_to_loss.py minibert --name defaults
@@ -32,9 +35,11 @@ is summed up to the step where it reaches the target:
     # 3. time 40 steps of each now, print the table, draw time_to_loss.png
     python benchmarks/bench_time_to_loss.py report --timed-steps 40
 
-`report` also prints the full transformers run's own measured time beside the
-extrapolation, the check that the extrapolation holds when that run had the machine to
-itself. The main job keeps freed memory for reuse on a CPU by default (glibc's allocator,
+`report` times transformers' steps in both precisions, prints both, and compares against
+the faster (and says so if that is not the precision its curve ran in). It also prints the
+full transformers run's own measured time beside the extrapolation, the check that the
+extrapolation holds when that run had the machine to itself. The main job keeps freed
+memory for reuse on a CPU by default (glibc's allocator,
 `minibert.memory.keep_freed_memory`), and transformers' loop does not; so `report` then
 times transformers again with the same setting, and adds the ratio against that as a last
 column. Everything goes under `--out` (default `benchmarks/out/time_to_loss`).
@@ -112,13 +117,20 @@ def hf_optimizer(model, steps: int):
     return opt, sched
 
 
-def hf_evaluate(model, batches) -> float:
+def hf_autocast(precision: str):
+    """transformers' loop in `precision`: bf16 is `torch.autocast`, as `Trainer(bf16=True)`."""
+    import torch
+
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def hf_evaluate(model, batches, precision: str) -> float:
     import torch
     import torch.nn.functional as F
 
     model.eval()
     total, count = 0.0, 0
-    with torch.no_grad():
+    with torch.no_grad(), hf_autocast(precision):
         for b in batches:
             logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
                            token_type_ids=b["token_type_ids"]).logits
@@ -130,10 +142,11 @@ def hf_evaluate(model, batches) -> float:
     return total / count
 
 
-def run_transformers(tok, train_set, evals, steps: int, eval_every: int,
+def run_transformers(tok, train_set, evals, steps: int, eval_every: int, precision: str,
                      horizon: int = HF_RECIPE["steps"]) -> dict:
-    """Train with transformers' recipe for `steps` steps of a `horizon`-step schedule;
-    evaluate every `eval_every` steps (0: never). Returns the curve and the step times."""
+    """Train with transformers' recipe for `steps` steps of a `horizon`-step schedule in
+    `precision` (fp32 or bf16 autocast); evaluate every `eval_every` steps (0: never).
+    Returns the curve and the step times."""
     import torch
 
     model, collator = hf_model_and_collator(tok)
@@ -148,7 +161,8 @@ def run_transformers(tok, train_set, evals, steps: int, eval_every: int,
             order = torch.randperm(len(train_set), generator=g).tolist()
         idx, order = order[:BATCH], order[BATCH:]
         batch = collator([{"input_ids": train_set[i]["input_ids"].tolist()} for i in idx])
-        loss = model(**batch).loss
+        with hf_autocast(precision):
+            loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), HF_RECIPE["max_grad_norm"])
         opt.step()
@@ -158,11 +172,24 @@ def run_transformers(tok, train_set, evals, steps: int, eval_every: int,
         trained += step_seconds[-1]
         if eval_every and (step % eval_every == 0 or step == steps):
             curve.append({"step": step, "train_seconds": round(trained, 2),
-                          "eval_loss": round(hf_evaluate(model, evals), 4)})
+                          "eval_loss": round(hf_evaluate(model, evals, precision), 4)})
             print(f"transformers step {step}: eval loss {curve[-1]['eval_loss']:.4f}, "
                   f"{trained:.0f} s of training", flush=True)
     return {"curve": curve, "step_seconds": step_seconds, "steps": steps,
-            "train_seconds": round(trained, 2)}
+            "train_seconds": round(trained, 2), "precision": precision}
+
+
+def hf_step_seconds(tok, train_set, evals, steps: int, precision: str) -> float:
+    """transformers' seconds per step in `precision` now: the median after 5 warm-up steps."""
+    timed = run_transformers(tok, train_set, evals, steps, eval_every=0, precision=precision)
+    return statistics.median(timed["step_seconds"][5:])
+
+
+def hf_faster_precision(tok, train_set, evals, steps: int) -> tuple[str, dict]:
+    """The precision in which transformers' steps are faster on this machine, and the
+    seconds per step of each (bf16 is far slower than fp32 where a CPU emulates it)."""
+    seconds = {p: hf_step_seconds(tok, train_set, evals, steps, p) for p in ("fp32", "bf16")}
+    return min(seconds, key=seconds.get), seconds
 
 
 # ---- minibert ---------------------------------------------------------------------------------
@@ -283,14 +310,21 @@ def report(out: Path, data_dir: Path, tok, train_set, evals, timed_steps: int) -
     hf_time = full["train_seconds"]
     hf_step = hf_time / full["steps"]  # seconds per step
     clocks = {"transformers": lambda s: s * hf_step}  # step -> training seconds, per run
+    best = full.get("precision", "fp32")
+    lines.append(f"transformers' curve ran in {best}")
     if timed_steps:
-        timed = run_transformers(tok, train_set, evals, timed_steps, eval_every=0)
-        now = statistics.median(timed["step_seconds"][5:])
+        best, seconds = hf_faster_precision(tok, train_set, evals, timed_steps)
+        now = seconds[best]
         hf_time = now * full["steps"]
         clocks["transformers"] = lambda s: s * now
-        lines.append(f"transformers: {now:.3f} s/step now (median of {timed_steps - 5} steps) x "
-                     f"{full['steps']} steps = {hf_time / 60:.1f} min; its full run measured "
-                     f"{full['train_seconds'] / 60:.1f} min ({full.get('note', '')})")
+        lines.append(f"transformers: fp32 {seconds['fp32']:.3f} s/step, bf16 autocast "
+                     f"{seconds['bf16']:.3f} s/step now (medians of {timed_steps - 5} steps); "
+                     f"the faster, {best}: x {full['steps']} steps = {hf_time / 60:.1f} min; its "
+                     f"full run in {full.get('precision', 'fp32')} measured "
+                     f"{full['train_seconds'] / 60:.1f} min")
+        if best != full.get("precision", "fp32"):
+            lines.append(f"note: the curve ran in {full.get('precision', 'fp32')}, but {best} "
+                         "is faster now; rerun `transformers --precision auto` for its curve")
     rows, reached, peaks = [], {}, {}
     for path in sorted(out.glob("minibert-*.json")):
         run = json.loads(path.read_text())
@@ -321,9 +355,9 @@ def report(out: Path, data_dir: Path, tok, train_set, evals, timed_steps: int) -
         from minibert.memory import keep_freed_memory
 
         if keep_freed_memory():
-            kept = statistics.median(run_transformers(tok, train_set, evals, timed_steps,
-                                                      eval_every=0)["step_seconds"][5:])
-            lines.append(f"transformers keeping freed memory too: {kept:.3f} s/step now")
+            kept = hf_step_seconds(tok, train_set, evals, timed_steps, best)
+            lines.append(f"transformers in {best} keeping freed memory too: {kept:.3f} s/step "
+                         "now")
             header += " the same, transformers keeping freed memory too |"
             rows = [(n, r + (f" {kept * full['steps'] / reached[n]:.2f}x |" if n in reached
                              else " |")) for n, r in rows]
@@ -345,7 +379,8 @@ def plot(out: Path, full: dict, target: float, clocks: dict) -> None:
     plt.figure(figsize=(7, 4.5))
     c = full["curve"]
     plt.plot([clocks["transformers"](p["step"]) / 60 for p in c],
-             [p["eval_loss"] for p in c], "k.-", label="transformers (its recipe)")
+             [p["eval_loss"] for p in c], "k.-",
+             label=f"transformers (its recipe, {full.get('precision', 'fp32')})")
     for path in sorted(out.glob("minibert-*.json")):
         name, c = path.stem.removeprefix("minibert-"), json.loads(path.read_text())["curve"]
         if name in clocks:
@@ -371,7 +406,10 @@ def main() -> None:
                    "minibert")
     p.add_argument("--name", default="defaults", help="minibert: the run's name")
     p.add_argument("--timed-steps", type=int, default=40, help="report: transformers' steps "
-                   "timed now (0: use the full run's own time)")
+                   "timed now, in each precision (0: use the full run's own time)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                   help="transformers: the precision of its full run (auto: the faster of "
+                   "fp32 and bf16 autocast here, timed over 20 steps of each)")
     args, extra = p.parse_known_args()
     extra = [a for a in extra if a != "--"]
     if not (args.data_dir / "valid.txt").is_file():
@@ -391,8 +429,14 @@ def main() -> None:
         return
     tok, train_set, evals = prepare(args.data_dir, cache)
     if args.what == "transformers":
-        run = run_transformers(tok, train_set, evals, args.steps, args.eval_every or 150)
-        run["cpu"] = cpu_model()
+        precision, seconds = args.precision, {}
+        if precision == "auto":
+            precision, seconds = hf_faster_precision(tok, train_set, evals, 20)
+            print(f"transformers s/step: fp32 {seconds['fp32']:.3f}, bf16 {seconds['bf16']:.3f}"
+                  f" -> {precision}", flush=True)
+        run = run_transformers(tok, train_set, evals, args.steps, args.eval_every or 150,
+                               precision)
+        run["cpu"], run["probe_seconds_per_step"] = cpu_model(), seconds
         (args.out / "transformers.json").write_text(json.dumps(run))
     else:
         report(args.out, args.data_dir, tok, train_set, evals, args.timed_steps)

@@ -28,6 +28,13 @@ from .pretrained import check_tokenizer_fits
 from .state import TrainConfig
 from .tokenizer import Tokenizer
 
+# The main job's sequence-length warmup: batches cut to SEQ_LEN_START positions at the first
+# step, growing to --seq-len over this share of the schedule. Against 32 -> 128 over 30%,
+# it reached transformers' final loss in fewer steps, each of them cheaper
+# (benchmarks/RESULTS.md, "Time to quality against transformers").
+SEQ_LEN_WARMUP_SHARE = 0.5
+SEQ_LEN_START = 16
+
 # TrainConfig's fields as the flags that set them, for its messages.
 FLAGS = {f: "--" + f.replace("_", "-") for f in asdict(TrainConfig())} | {
     "warmup": "--warmup-steps"}
@@ -65,12 +72,12 @@ def add_data_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                    "and the ## pieces after it) instead of single tokens")
     d.add_argument("--seq-len-warmup", type=int, help="sequence-length warmup: training "
                    "batches grow from --seq-len-start positions to --seq-len over this many "
-                   "steps (Li et al. 2022); default 30%% of the schedule (--decay-steps, else "
-                   "--max-steps), 0 = off. Together with 30%% masking, it reaches a given loss "
-                   "sooner (benchmarks/RESULTS.md)")
+                   f"steps (Li et al. 2022); default {SEQ_LEN_WARMUP_SHARE * 100:.0f}%% of the "
+                   "schedule (--decay-steps, else --max-steps), 0 = off. It is the largest "
+                   "lever on the time to a given loss (benchmarks/RESULTS.md)")
     d.add_argument("--seq-len-start", type=int, help="positions per sequence at the first "
-                   "step of the sequence-length warmup; default 32 (no warmup for a --seq-len "
-                   "of 32 or less)")
+                   f"step of the sequence-length warmup; default {SEQ_LEN_START} (no warmup "
+                   f"for a --seq-len of {SEQ_LEN_START} or less)")
     return d
 
 
@@ -194,8 +201,9 @@ def train_config(args: Any) -> TrainConfig:
         max_grad_norm=args.max_grad_norm, precision=args.precision, seed=args.seed,
         log_every=args.log_every, eval_every=args.eval_every, eval_batches=args.eval_batches,
         save_every=args.save_every, compile=args.compile, progress=not args.no_progress,
-        seq_len_warmup=args.seq_len_warmup if args.seq_len_warmup is not None else 0.3,
-        seq_len_start=args.seq_len_start or 32), FLAGS)
+        seq_len_warmup=(args.seq_len_warmup if args.seq_len_warmup is not None
+                        else SEQ_LEN_WARMUP_SHARE),
+        seq_len_start=args.seq_len_start or SEQ_LEN_START), FLAGS)
 
 
 def prepare_data(args: Any, ctx: DistContext) -> tuple[PreparedCorpus, dict[str, Any]]:

@@ -47,7 +47,8 @@ def test_end_to_end_outputs(data_dir, tmp_path, allocator_calls):
     assert set(summary) == {"eval_loss", "eval_accuracy", "perplexity", "steps", "tokens_seen",
                             "wall_seconds", "train_seconds", "precision"}
     assert summary["precision"] == "fp32"
-    assert summary["steps"] == 6 and summary["tokens_seen"] == 6 * 8 * 32
+    # the default sequence-length warmup cuts steps 1-3 to 16, 24 and 24 of the 32 positions
+    assert summary["steps"] == 6 and summary["tokens_seen"] == 8 * (16 + 24 + 24 + 3 * 32)
     assert allocator_calls == [True]  # a CPU run keeps freed memory unless told not to
     assert (out / "checkpoints" / "step_00000006").is_dir()
     model = minibert.BertForMaskedLM.from_pretrained(out / "final")
@@ -58,8 +59,8 @@ def test_end_to_end_outputs(data_dir, tmp_path, allocator_calls):
 
 
 def test_sequence_length_warmup_by_default_and_as_asked(data_dir, tmp_path):
-    """Batches of 8 blocks: 30% of 6 steps (2) grow from 32 positions; here --seq-len is 64,
-    so steps 1-2 see 32 and 48 positions, then 64. The token count in eval.json says so."""
+    """Batches of 8 blocks: 50% of 6 steps (3) grow from 16 positions; here --seq-len is 64,
+    so steps 1-3 see 16, 32 and 48 positions, then 64. The token count in eval.json says so."""
     cache = tmp_path / "cache"
     runs = {"default": [], "asked": ["--seq-len-warmup", "3", "--seq-len-start", "16"],
             "off": ["--seq-len-warmup", "0"]}
@@ -68,7 +69,7 @@ def test_sequence_length_warmup_by_default_and_as_asked(data_dir, tmp_path):
         out = tmp_path / name
         assert pretrain.main(_args(data_dir, out, cache, *extra) + ["--seq-len", "64"]) == 0
         seen[name] = json.loads((out / "eval.json").read_text())["tokens_seen"]
-    assert seen["default"] == 8 * (32 + 48 + 4 * 64)
+    assert seen["default"] == 8 * (16 + 32 + 48 + 3 * 64)
     assert seen["asked"] == 8 * (16 + 32 + 48 + 3 * 64)  # 16 + 48 * s / 3, multiples of 8
     assert seen["off"] == 8 * 6 * 64
 
