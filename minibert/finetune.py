@@ -22,7 +22,7 @@ import tokenizers
 import torch.nn as nn
 
 from .atomic import write_files_atomically
-from .cli import finite_flags, in_flag_names
+from .cli import check_numbers, finite_flags, in_flag_names
 from .config import ALL_PRESETS, BertConfig
 from .data.sampler import batches_per_epoch
 from .data.tasks import TaskData, word_predictions
@@ -107,7 +107,10 @@ def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> Tra
     for flag in ("epochs", *positive):  # the rest of the integers are TrainConfig's
         if (value := getattr(args, flag)) is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
-    finite_flags(args, ["lr", "min_lr", "warmup_ratio", "weight_decay"])
+    finite_flags(args, ["lr", "min_lr", "weight_decay"])
+    # Said here rather than by TrainConfig, whose message offers a step count instead.
+    check_numbers(args, [("warmup_ratio", lambda v: 0 <= v < 1,
+                          "a fraction of the schedule in [0, 1), e.g. 0.1")])
     cfg = train_config(args, steps_per_epoch=1)
     if args.dropout is not None and not 0 <= args.dropout < 1:
         raise ValueError(f"--dropout {args.dropout} must lie in [0, 1)")

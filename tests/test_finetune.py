@@ -326,7 +326,9 @@ def test_bad_flags_and_existing_runs(task, run, tmp_path, capsys):
         (["--batch-size", "300"], "fewer than one batch"),
         (["--resume"], "no intact checkpoint"),
         (["--init-from", str(tmp_path / "nowhere")], "nowhere"),
-        (["--warmup-ratio", "1.5"], "--warmup-ratio 1.5"),
+        # a ratio flag cannot take a step count: no "pass an int" hint here
+        (["--warmup-ratio", "1.5"], "--warmup-ratio 1.5 must be a fraction of the schedule "
+                                    "in [0, 1), e.g. 0.1"),
         (["--dropout", "1"], "--dropout 1.0 must lie in [0, 1)"),
     ]
     for extra, words in cases:
