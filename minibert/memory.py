@@ -191,8 +191,10 @@ def freed_memory_kept() -> bool:
     return _freed_memory_kept
 
 
-# oneDNN's cache of compiled kernels (its "primitive cache"), see limit_kernel_cache.
+# oneDNN's cache of compiled kernels (its "primitive cache"), see limit_kernel_cache; the
+# variable that bounds it, and the older name oneDNN still reads.
 KERNEL_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+_KERNEL_CACHE_ENVS = (KERNEL_CACHE_ENV, "DNNL_PRIMITIVE_CACHE_CAPACITY")
 KERNEL_CACHE_CAPACITY = 128
 
 
@@ -220,7 +222,7 @@ def limit_kernel_cache(capacity: int = KERNEL_CACHE_CAPACITY) -> bool:
     """
     if capacity < 0:
         raise ValueError(f"limit_kernel_cache: capacity={capacity} must be >= 0 kernels")
-    if KERNEL_CACHE_ENV in os.environ or "DNNL_PRIMITIVE_CACHE_CAPACITY" in os.environ:
+    if any(name in os.environ for name in _KERNEL_CACHE_ENVS):
         return False
     os.environ[KERNEL_CACHE_ENV] = str(capacity)
     return True
@@ -229,7 +231,7 @@ def limit_kernel_cache(capacity: int = KERNEL_CACHE_CAPACITY) -> bool:
 def kernel_cache_capacity() -> Optional[int]:
     """The bound on oneDNN's kernel cache that this process's environment sets (None: oneDNN's
     own default of 1,024), for the environment report."""
-    value = os.environ.get(KERNEL_CACHE_ENV, os.environ.get("DNNL_PRIMITIVE_CACHE_CAPACITY"))
+    value = next((os.environ[v] for v in _KERNEL_CACHE_ENVS if v in os.environ), None)
     try:
         return None if value is None else int(value)
     except ValueError:

@@ -31,7 +31,8 @@ from .tokenizer import Tokenizer
 # The main job's sequence-length warmup: batches cut to SEQ_LEN_START positions at the first
 # step, growing to --seq-len over this share of the schedule. Against 32 -> 128 over 30%,
 # it reached transformers' final loss in fewer steps, each of them cheaper
-# (benchmarks/RESULTS.md, "Time to quality against transformers").
+# (benchmarks/RESULTS.md, "On a CPU with native bf16, against transformers at its best
+# precision").
 SEQ_LEN_WARMUP_SHARE = 0.5
 SEQ_LEN_START = 16
 
