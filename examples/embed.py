@@ -102,8 +102,11 @@ def main(argv=None) -> int:
         if args.out.is_dir():
             raise ValueError(f"--out {args.out} is a folder; give the .npy file to write")
         texts, numbers = read_texts(args.input)  # read before the model: the cheaper check
+        # The folder's vocabulary is checked next, with the rest of the fit and in the
+        # flag's terms, so the loader's own check (which names the argument) is waived here.
         encoder = SentenceEncoder.from_pretrained(args.model, pooling=args.pooling,
-                                                  normalize=args.normalize)
+                                                  normalize=args.normalize,
+                                                  allow_vocab_mismatch=True)
         check_tokenizer_fits(encoder.model.config, encoder.tokenizer, source=args.model,
                              allow_vocab_mismatch=args.allow_vocab_mismatch)
         encoder.to(device(args.device))

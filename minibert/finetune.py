@@ -210,11 +210,9 @@ def build_model(cls: Any, args: Any, tok: Tokenizer, **head: Any) -> nn.Module:
     config.check_fits(args.seq_len, tok.vocab_size)
     check_tokenizer_fits(config, tok, source=args.init_from,
                          allow_vocab_mismatch=args.allow_vocab_mismatch)
-    options: dict[str, Any] = {}
-    if issubclass(cls, PretrainedMixin):  # BertMultiTask reads the encoder alone
-        options["allow_vocab_mismatch"] = args.allow_vocab_mismatch
-        if "id2label" in head:
-            options["on_other_labels"] = "new_head"
+    options: dict[str, Any] = {"allow_vocab_mismatch": args.allow_vocab_mismatch}
+    if issubclass(cls, PretrainedMixin) and "id2label" in head:  # BertMultiTask: no head read
+        options["on_other_labels"] = "new_head"
     return cls.from_pretrained(args.init_from, **options, **head, **dropout)
 
 

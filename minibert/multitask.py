@@ -32,6 +32,7 @@ from .heads import (BertForSequenceClassification, BertForTokenClassification,
                     SequenceClassifierOutput, TokenClassifierOutput, label_names,
                     sequence_classification_loss, token_classification_loss)
 from .hf import PathLike, load_hf_state_dict, read_config, read_weights
+from .pretrained import check_folder_tokenizer
 from .model import BertModel, Dropout, init_weights
 
 KINDS = {"sequence": BertForSequenceClassification, "token": BertForTokenClassification}
@@ -163,13 +164,19 @@ class BertMultiTask(nn.Module):
         return Path(path)
 
     @classmethod
-    def from_pretrained(cls, path: PathLike, tasks: Mapping[str, TaskSpec],
+    def from_pretrained(cls, path: PathLike, tasks: Mapping[str, TaskSpec], *,
+                        allow_vocab_mismatch: bool = False,
                         **config_overrides: Any) -> "BertMultiTask":
         """The encoder (and pooler, when the checkpoint has one) of a model folder, minibert's
         or transformers', with a fresh head per task. Any head in the checkpoint (MLM,
         classifier) is not read: it was trained for another task. `config_overrides` apply
-        on top of the stored config, e.g. `hidden_dropout=0.0`."""
-        config = BertConfig.from_hf_dict(read_config(path), **config_overrides)
+        on top of the stored config, e.g. `hidden_dropout=0.0`. A folder whose tokenizer
+        is not the vocabulary its config.json records is refused unless
+        `allow_vocab_mismatch`, as in the model classes' `from_pretrained`."""
+        hf_config = read_config(path)
+        if not allow_vocab_mismatch:
+            check_folder_tokenizer(path, hf_config)
+        config = BertConfig.from_hf_dict(hf_config, **config_overrides)
         model = cls(config, tasks)
         load_hf_state_dict(model.bert, read_weights(path))
         return model

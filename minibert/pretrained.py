@@ -80,7 +80,7 @@ class PretrainedMixin:
         asked_labels = bool({"num_labels", "id2label"} & set(config_overrides))
         hf_config = read_config(path)
         if not allow_vocab_mismatch:
-            _check_folder_tokenizer(Path(path), hf_config)
+            check_folder_tokenizer(path, hf_config)
         init_kwargs = cls._init_kwargs(hf_config, config_overrides)
         config = BertConfig.from_hf_dict(hf_config, **config_overrides)
         model = cls(config, **init_kwargs)
@@ -202,9 +202,15 @@ def check_tokenizer_fits(config: BertConfig, tokenizer: "Tokenizer", *,
                          f"{what}'s own? {surgery}")
 
 
-def _check_folder_tokenizer(folder: Path, hf_config: dict[str, Any]) -> None:
-    """A folder whose recorded vocabulary (`VOCAB_KEY`) is not its tokenizer's is refused."""
-    recorded = hf_config.get(VOCAB_KEY)
+def check_folder_tokenizer(path: PathLike, hf_config: Optional[dict[str, Any]] = None) -> None:
+    """Refuse a model folder whose recorded vocabulary (`VOCAB_KEY`) is not its tokenizer's.
+
+    Every loader of a folder calls it before reading weights: the model classes'
+    `from_pretrained`, `SentenceEncoder` and `BertMultiTask`. A folder that records no
+    vocabulary, or holds no tokenizer, passes. `hf_config`: its config.json, if already read.
+    """
+    folder = Path(path)
+    recorded = (read_config(folder) if hf_config is None else hf_config).get(VOCAB_KEY)
     if not recorded or not any((folder / n).is_file() for n in ("tokenizer.json", "vocab.txt")):
         return
     from .tokenizer import Tokenizer  # here: the model classes need no tokenizer otherwise

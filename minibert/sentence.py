@@ -31,6 +31,7 @@ from torch import Tensor
 from .config import BertConfig
 from .data.mlm import pad_batch
 from .hf import PathLike, load_hf_state_dict, read_config, read_weights
+from .pretrained import check_folder_tokenizer
 from .model import BertModel
 from .tokenizer import Tokenizer
 
@@ -115,6 +116,7 @@ class SentenceEncoder(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: PathLike, pooling: str = "mean", normalize: bool = False,
+                        *, allow_vocab_mismatch: bool = False,
                         **config_overrides: Any) -> "SentenceEncoder":
         """Load the encoder and tokenizer of a model folder.
 
@@ -123,9 +125,16 @@ class SentenceEncoder(nn.Module):
         vocab.txt. Heads and the pooler in the checkpoint are ignored, and none is built,
         so nothing is newly initialised. `config_overrides` as in `BertModel`'s, e.g.
         `attention="math"`.
+
+        A folder whose config.json records another vocabulary than its tokenizer's (the
+        tokenizer was replaced after saving) is refused unless `allow_vocab_mismatch`, as
+        in the model classes' `from_pretrained`.
         """
         check_pooling(pooling)  # before reading any file
-        config = BertConfig.from_hf_dict(read_config(path), **config_overrides)
+        hf_config = read_config(path)
+        if not allow_vocab_mismatch:
+            check_folder_tokenizer(path, hf_config)
+        config = BertConfig.from_hf_dict(hf_config, **config_overrides)
         tokenizer = Tokenizer.from_pretrained(path)
         model = BertModel(config, add_pooler=False)
         load_hf_state_dict(model, read_weights(path))  # extra tensors (heads) are skipped

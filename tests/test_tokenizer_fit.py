@@ -89,6 +89,26 @@ def test_the_recorded_vocabulary_is_vocab_txts_sha256_and_a_swap_is_refused(tok,
     transformers.BertForMaskedLM.from_pretrained(path)
 
 
+def test_a_swapped_tokenizer_is_refused_by_every_loader_of_a_folder(tok, tmp_path):
+    """`SentenceEncoder` reads the folder's tokenizer and embeds with it, and `BertMultiTask`
+    is fine-tuned with it: a tokenizer swapped in after saving would map text to ids the
+    embeddings never learned, so both refuse it as `from_pretrained` does."""
+    path = folder(tmp_path / "m", tok, tok.vocab_size)
+    spec = {"topic": ("sequence", 2)}
+    minibert.SentenceEncoder.from_pretrained(path)  # its own tokenizer: fine
+    minibert.BertMultiTask.from_pretrained(path, spec)
+    recorded = vocab_sha256(tok)
+    other = minibert.Tokenizer.train_from_iterator(["zebra yak quokka"] * 30, vocab_size=80,
+                                                   min_frequency=1, use_cache=False)
+    other.save(path)
+    for load in (lambda **kw: minibert.SentenceEncoder.from_pretrained(path, **kw),
+                 lambda **kw: minibert.BertMultiTask.from_pretrained(path, spec, **kw)):
+        with pytest.raises(ValueError, match=f"sha256 {recorded[:16]}.*"
+                                             f"{vocab_sha256(other)[:16]}.*allow_vocab_mismatch"):
+            load()
+        load(allow_vocab_mismatch=True)  # deliberate vocabulary surgery
+
+
 def test_a_classifier_for_other_labels_gets_a_new_head_as_asked(tok, tmp_path):
     """`on_other_labels="new_head"` against the recipe the fine-tuning scripts used before it
     existed: the encoder loaded alone, under a new classifier built for the new labels."""
