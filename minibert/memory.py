@@ -204,9 +204,9 @@ def limit_kernel_cache(capacity: int = KERNEL_CACHE_CAPACITY) -> bool:
 
     Why: torch runs a CPU's bf16 matmuls through oneDNN, which compiles a kernel for each
     matmul shape (sizes, layouts, dtypes) and keeps up to 1,024 of them, each holding its
-    code and buffers. A step at one sequence length needs a few dozen (one per distinct
+    code and buffers. A step at one sequence length needs about twenty (one per distinct
     shape, forward and backward; BERT's layers share theirs), so every new length a step
-    runs at, from dynamic padding or a sequence-length warmup, adds a few dozen kernels that
+    runs at, from dynamic padding or a sequence-length warmup, adds about twenty kernels that
     stay: in a fine-tuning job, whose batches take nearly every length, a third of its
     resident set. A cache that is off, though, compiles every kernel again at every step.
     `KERNEL_CACHE_CAPACITY` holds every kernel of a step at a few lengths, so a run that
