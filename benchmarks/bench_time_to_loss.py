@@ -42,7 +42,9 @@ extrapolation holds when that run had the machine to itself. The main job keeps 
 memory for reuse on a CPU by default (glibc's allocator,
 `minibert.memory.keep_freed_memory`), and transformers' loop does not; so `report` then
 times transformers again with the same setting, and adds the ratio against that as a last
-column. Everything goes under `--out` (default `benchmarks/out/time_to_loss`).
+column. Each of transformers' timings runs in a fresh process (`hf-step`), so none starts
+with the caches another left warm. Everything goes under `--out` (default
+`benchmarks/out/time_to_loss`).
 """
 
 from __future__ import annotations
@@ -179,16 +181,42 @@ def run_transformers(tok, train_set, evals, steps: int, eval_every: int, precisi
             "train_seconds": round(trained, 2), "precision": precision}
 
 
-def hf_step_seconds(tok, train_set, evals, steps: int, precision: str) -> float:
-    """transformers' seconds per step in `precision` now: the median after 5 warm-up steps."""
+def hf_step_seconds(data_dir: Path, out: Path, steps: int, precision: str,
+                    keep_freed: bool = False) -> float | None:
+    """transformers' seconds per step in `precision` now: the median after 5 warm-up steps.
+
+    Each timing runs in a fresh process (`hf-step`), so none inherits another's warm
+    caches (oneDNN's kernels, the allocator's heap) or its allocator setting; `keep_freed`
+    times it with freed memory kept for reuse, as the main job does on a CPU (None where
+    the allocator cannot be told to)."""
+    cmd = [sys.executable, __file__, "hf-step", "--data-dir", str(data_dir), "--out", str(out),
+           "--timed-steps", str(steps), "--precision", precision]
+    result = subprocess.run(cmd + (["--keep-freed-memory"] if keep_freed else []),
+                            capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{result.stderr[-2000:]}")
+    last = result.stdout.split()[-1]
+    return None if last == "none" else float(last)
+
+
+def hf_step_child(data_dir: Path, out: Path, steps: int, precision: str,
+                  keep_freed: bool) -> None:
+    """`hf-step`: print transformers' median seconds per step, or "none" when freed memory
+    was asked to be kept and this allocator cannot keep it."""
+    from minibert.memory import keep_freed_memory
+
+    if keep_freed and not keep_freed_memory():
+        print("none")
+        return
+    tok, train_set, evals = prepare(data_dir, out / "cache")
     timed = run_transformers(tok, train_set, evals, steps, eval_every=0, precision=precision)
-    return statistics.median(timed["step_seconds"][5:])
+    print(statistics.median(timed["step_seconds"][5:]))
 
 
-def hf_faster_precision(tok, train_set, evals, steps: int) -> tuple[str, dict]:
+def hf_faster_precision(data_dir: Path, out: Path, steps: int) -> tuple[str, dict]:
     """The precision in which transformers' steps are faster on this machine, and the
     seconds per step of each (bf16 is far slower than fp32 where a CPU emulates it)."""
-    seconds = {p: hf_step_seconds(tok, train_set, evals, steps, p) for p in ("fp32", "bf16")}
+    seconds = {p: hf_step_seconds(data_dir, out, steps, p) for p in ("fp32", "bf16")}
     return min(seconds, key=seconds.get), seconds
 
 
@@ -299,7 +327,7 @@ class StepCost:
         return early + (step - whole) * self.cost.get(self.length(whole + 1), self.full)
 
 
-def report(out: Path, data_dir: Path, tok, train_set, evals, timed_steps: int) -> None:
+def report(out: Path, data_dir: Path, timed_steps: int) -> None:
     """The table: for each minibert run, the step at which it reaches transformers' final
     loss, and the time that takes, against transformers' time for its 1500 steps. Times
     are taken now, side by side: `timed_steps` steps of each (0: the runs' own times)."""
@@ -313,7 +341,7 @@ def report(out: Path, data_dir: Path, tok, train_set, evals, timed_steps: int) -
     best = full.get("precision", "fp32")
     lines.append(f"transformers' curve ran in {best}")
     if timed_steps:
-        best, seconds = hf_faster_precision(tok, train_set, evals, timed_steps)
+        best, seconds = hf_faster_precision(data_dir, out, timed_steps)
         now = seconds[best]
         hf_time = now * full["steps"]
         clocks["transformers"] = lambda s: s * now
@@ -351,11 +379,8 @@ def report(out: Path, data_dir: Path, tok, train_set, evals, timed_steps: int) -
     if timed_steps:
         # The main job keeps freed memory by default on a CPU (glibc mallopt), which spares
         # its steps the page faults of re-mapping large blocks; transformers' loop does not.
-        # Timed last, because the setting cannot be undone in this process.
-        from minibert.memory import keep_freed_memory
-
-        if keep_freed_memory():
-            kept = hf_step_seconds(tok, train_set, evals, timed_steps, best)
+        kept = hf_step_seconds(data_dir, out, timed_steps, best, keep_freed=True)
+        if kept is not None:
             lines.append(f"transformers in {best} keeping freed memory too: {kept:.3f} s/step "
                          "now")
             header += " the same, transformers keeping freed memory too |"
@@ -398,7 +423,9 @@ def plot(out: Path, full: dict, target: float, clocks: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=["transformers", "minibert", "report"])
+    p.add_argument("what", choices=["transformers", "minibert", "report", "hf-step"],
+                   help="hf-step: time transformers' steps alone (report runs it, one fresh "
+                   "process per timing)")
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "time_to_loss")
     p.add_argument("--steps", type=int, default=HF_RECIPE["steps"], help="transformers' steps")
@@ -410,6 +437,8 @@ def main() -> None:
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                    help="transformers: the precision of its full run (auto: the faster of "
                    "fp32 and bf16 autocast here, timed over 20 steps of each)")
+    p.add_argument("--keep-freed-memory", action="store_true", help="hf-step: keep freed "
+                   "memory for reuse, as the main job does on a CPU")
     args, extra = p.parse_known_args()
     extra = [a for a in extra if a != "--"]
     if not (args.data_dir / "valid.txt").is_file():
@@ -427,19 +456,22 @@ def main() -> None:
     except ImportError:
         print("transformers is not installed: pip install transformers")
         return
+    if args.what == "hf-step":
+        hf_step_child(args.data_dir, args.out, args.timed_steps, args.precision,
+                      args.keep_freed_memory)
+        return
+    if args.what == "report":
+        report(args.out, args.data_dir, args.timed_steps)
+        return
+    precision, seconds = args.precision, {}
+    if precision == "auto":
+        precision, seconds = hf_faster_precision(args.data_dir, args.out, 20)
+        print(f"transformers s/step: fp32 {seconds['fp32']:.3f}, bf16 {seconds['bf16']:.3f}"
+              f" -> {precision}", flush=True)
     tok, train_set, evals = prepare(args.data_dir, cache)
-    if args.what == "transformers":
-        precision, seconds = args.precision, {}
-        if precision == "auto":
-            precision, seconds = hf_faster_precision(tok, train_set, evals, 20)
-            print(f"transformers s/step: fp32 {seconds['fp32']:.3f}, bf16 {seconds['bf16']:.3f}"
-                  f" -> {precision}", flush=True)
-        run = run_transformers(tok, train_set, evals, args.steps, args.eval_every or 150,
-                               precision)
-        run["cpu"], run["probe_seconds_per_step"] = cpu_model(), seconds
-        (args.out / "transformers.json").write_text(json.dumps(run))
-    else:
-        report(args.out, args.data_dir, tok, train_set, evals, args.timed_steps)
+    run = run_transformers(tok, train_set, evals, args.steps, args.eval_every or 150, precision)
+    run["cpu"], run["probe_seconds_per_step"] = cpu_model(), seconds
+    (args.out / "transformers.json").write_text(json.dumps(run))
 
 
 if __name__ == "__main__":
