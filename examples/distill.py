@@ -36,7 +36,6 @@ from minibert.config import ALL_PRESETS
 from minibert.data import MLMCollator
 from minibert.distill import Distiller, check_alpha_temperature, load_teacher, teacher_digest
 from minibert.engine import eval_batches, evaluate, train
-from minibert.precision import resolve_precision
 
 log = logging.getLogger("distill")
 
@@ -108,7 +107,6 @@ def report(rows: dict[str, dict]) -> str:
 
 def run(args, ctx, prepared) -> None:
     cfg, teacher = prepared
-    precision = resolve_precision(args.precision, ctx.device)
     # The teacher's tokenizer (--init-from is the teacher), read after rank 0 has written it.
     data, identity = pretrain.prepare_data(args, ctx)
     tok = data.tokenizer
@@ -121,14 +119,13 @@ def run(args, ctx, prepared) -> None:
     distill_identity = {**identity, "--alpha": args.alpha, "--temperature": args.temperature,
                         "teacher": teacher_digest(teacher)}
 
-    def mlm_metrics(model: nn.Module) -> dict[str, float]:
+    def mlm_metrics(model: nn.Module, precision: str) -> dict[str, float]:
         return evaluate(model, eval_batches(eval_set, eval_collate, cfg, ctx), precision,
                         ctx.device, ctx)
 
     teacher.to(ctx.device)
     rows = {"teacher": {"model": f"teacher ({args.teacher})",
-                        "parameters": sum(p.numel() for p in teacher.parameters()),
-                        **mlm_metrics(teacher)}}
+                        "parameters": sum(p.numel() for p in teacher.parameters())}}
     # 1. The student, distilled. The seed is set right before each student is built, so
     #    both students start from the same weights and draw the same dropout masks (the
     #    teacher, in eval mode, draws no random numbers).
@@ -142,8 +139,11 @@ def run(args, ctx, prepared) -> None:
     cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)  # on by default on a CPU
     distilled = train(distiller, train_set, collate, cfg, args.out, ctx=ctx,
                       resume=args.resume, data_identity=distill_identity,
-                      eval_fn=lambda m: mlm_metrics(m.student))
+                      eval_fn=lambda m, precision: mlm_metrics(m.student, precision))
     cli.finished(distilled, ctx, cfg.lr, distiller, args.out, what="the distillation")
+    # The teacher is scored as its student is, in the precision the distillation ran in
+    # (decided at its first start, whatever `auto` measures on a resume).
+    rows["teacher"].update(mlm_metrics(teacher, distilled["precision"]))
     # 2. The same student, same seed and steps, without the teacher: plain MLM.
     minibert.set_seed(args.seed, deterministic=args.deterministic)
     plain = build_student(args, teacher, tok)

@@ -38,7 +38,6 @@ from minibert import cli, finetune
 from minibert.checkpoint import sha256_file
 from minibert.data import TaskCollator, read_table_task
 from minibert.engine import train
-from minibert.precision import resolve_precision
 from minibert.predict import predict
 
 log = logging.getLogger("finetune")
@@ -94,9 +93,8 @@ def run(args, ctx, p: SimpleNamespace) -> None:
              len(p.eval_set), len(task.names), ", ".join(task.names[:10]), cfg.max_steps,
              args.batch_size, cfg.eval_every, truncated, args.seq_len)
     collate = TaskCollator(tok.pad_id)
-    precision = resolve_precision(args.precision, ctx.device)
 
-    def eval_fn(raw_model) -> dict:  # every epoch, and at the end
+    def eval_fn(raw_model, precision: str) -> dict:  # every epoch, and at the end
         pred = predict(raw_model, p.eval_set, collate, finetune.eval_batch_size(args, ctx),
                        precision, ctx.device)
         return finetune.task_scores(task, pred, p.eval_set)

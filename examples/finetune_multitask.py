@@ -40,7 +40,6 @@ from minibert.data.sampler import TaskMixtureBatches, batches_per_epoch
 from minibert.engine import train
 from minibert.metrics import SCHEMES, numbers
 from minibert.multitask import KINDS, check_task_name
-from minibert.precision import resolve_precision
 from minibert.predict import predict
 
 log = logging.getLogger("finetune_multitask")
@@ -145,9 +144,8 @@ def run(args, ctx, p: SimpleNamespace) -> None:
         f"{t['name']} ({t['kind']}, {len(t['train'])} training examples)" for t in tasks),
         cfg.max_steps, np.round(batches.probabilities, 3).tolist())
     collate = MultiTaskCollator(tok.pad_id)
-    precision = resolve_precision(args.precision, ctx.device)
 
-    def eval_fn(raw_model) -> dict:  # every epoch-equivalent, and at the end
+    def eval_fn(raw_model, precision: str) -> dict:  # every epoch-equivalent, and at the end
         scores = {}
         for t in tasks:
             pred = predict(raw_model, t["eval"], collate, finetune.eval_batch_size(args, ctx),

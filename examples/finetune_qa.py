@@ -31,7 +31,6 @@ from minibert.checkpoint import sha256_file
 from minibert.data import TaskCollator, best_span, encode_qa, random_subset, read_squad
 from minibert.engine import train
 from minibert.metrics import squad_scores
-from minibert.precision import resolve_precision
 from minibert.predict import predict
 
 log = logging.getLogger("finetune_qa")
@@ -109,10 +108,9 @@ def run(args, ctx, p: SimpleNamespace) -> None:
              len(questions["eval"]), len(p.eval_set), cfg.max_steps, args.batch_size,
              cfg.eval_every)
     collate = TaskCollator(tok.pad_id)
-    precision = resolve_precision(args.precision, ctx.device)
     gold = {ex.id: [text for text, _ in ex.answers] for ex in questions["eval"]}  # [] if none
 
-    def eval_fn(raw_model) -> dict:  # every epoch, and at the end
+    def eval_fn(raw_model, precision: str) -> dict:  # every epoch, and at the end
         pred = predict(raw_model, p.eval_set, collate, finetune.eval_batch_size(args, ctx),
                        precision, ctx.device)
         spans = best_span(pred.outputs["start_logits"], pred.outputs["end_logits"], p.eval_set,

@@ -28,7 +28,6 @@ from minibert.checkpoint import sha256_file
 from minibert.data import TaskCollator, read_conll_task
 from minibert.engine import train
 from minibert.metrics import SCHEMES
-from minibert.precision import resolve_precision
 from minibert.predict import predict
 
 log = logging.getLogger("finetune_token")
@@ -81,9 +80,9 @@ def run(args, ctx, p: SimpleNamespace) -> None:
     log.info("%d training sentences in %d windows, %d eval sentences in %d; %d tags; %d steps",
              len(task.train), len(p.train_set), len(task.eval), len(p.eval_set),
              len(task.names), cfg.max_steps)
-    collate, precision = TaskCollator(tok.pad_id), resolve_precision(args.precision, ctx.device)
+    collate = TaskCollator(tok.pad_id)
 
-    def eval_fn(raw_model) -> dict:  # every epoch, and at the end
+    def eval_fn(raw_model, precision: str) -> dict:  # every epoch, and at the end
         pred = predict(raw_model, p.eval_set, collate, finetune.eval_batch_size(args, ctx),
                        precision, ctx.device)
         return finetune.task_scores(task, pred, p.eval_set, args.scheme)

@@ -30,7 +30,6 @@ from minibert import cli, pretrain
 from minibert.config import ALL_PRESETS
 from minibert.data import MLMCollator
 from minibert.engine import eval_batches, evaluate, train
-from minibert.precision import resolve_precision
 
 log = logging.getLogger("pretrain")
 
@@ -130,9 +129,8 @@ def run(args, ctx, cfg) -> None:
     # task) and across training masking rates (a 40% rate leaves less context per
     # prediction, so its own loss is higher at equal quality; Wettig et al. 2023).
     eval_collate = MLMCollator(tok, mlm_probability=args.eval_mask_prob, seed=args.seed)
-    precision = resolve_precision(args.precision, ctx.device)
 
-    def mlm_metrics(m) -> dict:
+    def mlm_metrics(m, precision: str) -> dict:  # in the run's precision, which a resume keeps
         return evaluate(m, eval_batches(eval_set, eval_collate, cfg, ctx), precision,
                         ctx.device, ctx)
 

@@ -75,6 +75,13 @@ def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return t
 
 
+def all_reduce_max(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """The elementwise maximum of a tensor over all ranks (in place; a no-op in one process)."""
+    if ctx.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
 def all_gather_objects(obj, ctx: DistContext) -> list:
     """Every rank's `obj`, in rank order (pickled over the process group)."""
     if not ctx.distributed:

@@ -35,7 +35,7 @@ from torch.utils.data import Dataset
 from .data.mlm import IGNORE_INDEX, count_targets
 from .data.sampler import GlobalBatches
 from .data.seq_warmup import cut_for_step
-from .distributed import DistContext, all_reduce_sum, unwrap
+from .distributed import DistContext, all_reduce_max, all_reduce_sum, unwrap
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
 from .precision import MATMUL_DTYPES, autocast_context, resolve_precision
 from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.engine.TrainingError)
@@ -75,16 +75,18 @@ def micro_step_weight(n_micro: int, n_global: int, world_size: int) -> float:
 
 
 def eval_batches(eval_set: Dataset, collate: Callable, cfg: TrainConfig,
-                 ctx: DistContext = DistContext()) -> Iterator[dict[str, torch.Tensor]]:
+                 ctx: DistContext = DistContext(),
+                 micro_batch_size: Optional[int] = None) -> Iterator[dict[str, torch.Tensor]]:
     """This rank's micro-batches of the first `cfg.eval_batches` global batches of `eval_set`.
 
     The same examples and, with `MLMCollator` (masks keyed by seed and example index), the
     same masks whatever the number of ranks or the micro-batch size, so evaluations of
-    different models or runs are comparable number for number.
+    different models or runs are comparable number for number. Micro-batches of
+    `micro_batch_size` examples (default: the training micro-batch of `cfg`).
     """
     n = min(len(eval_set), cfg.eval_batches * cfg.batch_size)
     mine = list(range(ctx.rank, n, ctx.world_size))
-    micro = cfg.micro_batch_size or cfg.batch_size // ctx.world_size
+    micro = micro_batch_size or cfg.micro_batch_size or cfg.batch_size // ctx.world_size
     for b0 in range(0, len(mine), micro):
         yield collate([eval_set[i] for i in mine[b0:b0 + micro]], epoch=0)
 
@@ -138,9 +140,12 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     the data is (corpus fingerprint, sequence length, tokenizer...), compared on `resume`
     with the configs (resume.py). A fresh start into a folder holding a run is refused
     unless `overwrite`. Evaluation: `eval_set` gives `evaluate`'s MLM metrics; other tasks
-    pass `eval_fn(model) -> scores`, a mapping whose numbers are logged and added to the
-    result, and which is returned whole (tables, predictions) as result["scores"], the last
-    evaluation's. A run stopped by SIGTERM / SIGINT saves a checkpoint and returns with
+    pass `eval_fn(model, precision) -> scores`, a mapping whose numbers are logged and added
+    to the result, and which is returned whole (tables, predictions) as result["scores"],
+    the last evaluation's. `precision` is the one the run computes in ("fp32", "bf16",
+    "fp16"), decided at its first start and kept by every resume, so evaluate in it (e.g.
+    `evaluate(model, batches, precision, ...)`, `predict(..., precision, ...)`).
+    A run stopped by SIGTERM / SIGINT saves a checkpoint and returns with
     result["interrupted"] and the signal's number in result["stop_signal"]. `lengths`
     (tokens per example) groups examples of similar length into each batch (fine-tuning);
     without, the order is a plain shuffle.
@@ -149,6 +154,11 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     (a task name), passed to the model as it is.
     """
     out_dir, device = Path(out_dir), ctx.device
+    if cfg.auto_micro_batch and ctx.world_size > 1:
+        # A rank that ran out of memory would retry its forward alone while the others wait
+        # in the gradient all-reduce: the collectives stop matching and the job hangs.
+        raise ValueError("auto_micro_batch backs off within one process only; under DDP set "
+                         "micro_batch_size (--micro-batch-size) to one that fits instead")
     precision = resolve_precision(cfg.precision, device)
     per_rank, micro = _split_batch(cfg, ctx.world_size)
     if eval_fn is not None and eval_set is not None:
@@ -170,9 +180,9 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
         cfg = resume_run(raw, state, cfg, data_identity, ckpt_root, ctx)
         if ctx.is_main:
             drop_rows_after(metrics_file, state.step)
-    else:
-        claim_out_dir(out_dir, overwrite, ctx)
+    else:  # the horizon first: a warmup longer than it is refused before the folder is cleared
         cfg = replace(cfg, decay_steps=cfg.decay_steps or cfg.max_steps)
+        claim_out_dir(out_dir, overwrite, ctx)
         if ctx.rank > 0:  # DDP puts rank 0's weights everywhere; dropout must differ by rank
             set_seed(rank_seed(cfg.seed, ctx.rank))
     if state.precision is None:  # a fresh start (or a checkpoint older than the field)
@@ -206,8 +216,11 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             micros = [collate(examples[i:i + micro], epoch=epoch)
                       for i in range(0, len(examples), micro)]
             if seq_warmup and state.step <= seq_warmup:  # data/seq_warmup.py
+                # L(step) from the global batch's width, the same however it is split
+                full = int(all_reduce_max(torch.tensor(max(
+                    b["input_ids"].shape[1] for b in micros), device=device), ctx))
                 micros, new_length = cut_for_step(micros, state.step + 1, cfg.seq_len_start,
-                                                  seq_warmup)
+                                                  seq_warmup, full)
                 if new_length:  # a new shape: the blocks kept for the old one are stale
                     release_freed_memory()
             counts = [count_targets(b) for b in micros]
@@ -261,7 +274,8 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                 _log_row(metrics_file, row, bar)
             if cfg.eval_every and state.step % cfg.eval_every == 0 and \
                     state.step < cfg.max_steps and (eval_set is not None or eval_fn is not None):
-                scores = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision)
+                scores = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision,
+                                   micro, state.step)
                 if ctx.is_main:
                     _log_row(metrics_file, {"step": state.step, "train_seconds": round(
                         state.train_seconds, 3), **_numbers(scores)}, bar)
@@ -285,8 +299,11 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                               "environment": env, "steps_this_run": state.step - start_step,
                               "stop_signal": stop_signal}
     if (eval_set is not None or eval_fn is not None) and state.step == cfg.max_steps:
-        scores = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision)
-        if ctx.is_main:
+        scores = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision,
+                           micro, state.step)
+        # A resumed run that was already finished (a script's later stage resumed with it)
+        # evaluates again for its result, but its log holds that row already.
+        if ctx.is_main and state.step > start_step:
             _log_row(metrics_file, {"step": state.step, "train_seconds": result["train_seconds"],
                                     **_numbers(scores)}, None)
     result.update(_numbers(scores or {}))
@@ -361,25 +378,37 @@ _RUN_KEYS = frozenset({"step", "steps", "tokens_seen", "skipped_steps", "wall_se
                        "steps_this_run", "scores"})
 
 
-def _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx,
-              precision) -> Mapping[str, Any]:
+def _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision, micro: int,
+              step: int) -> Mapping[str, Any]:
     """One evaluation: `evaluate`'s MLM metrics, or whatever `eval_fn` scores (a mapping whose
     numbers are logged; the rest, e.g. per-class tables or predictions, is kept for the
-    caller in `train`'s result["scores"])."""
-    if eval_fn is not None:  # called in eval mode, without gradients, then back to train
-        raw.eval()
-        with torch.no_grad():
-            scores = eval_fn(raw)
-        raw.train()
-        if not isinstance(scores, Mapping):
-            raise TypeError(f"eval_fn must return a mapping of scores, got "
-                            f"{type(scores).__name__}")
-        if _RUN_KEYS & set(scores):
-            raise ValueError(f"eval_fn returned {sorted(_RUN_KEYS & set(scores))}, names that "
-                             f"train's result already uses for the run; rename them (e.g. "
-                             f"'entity_precision')")
-        return scores
-    return evaluate(model, eval_batches(eval_set, collate, cfg, ctx), precision, ctx.device, ctx)
+    caller in `train`'s result["scores"]). `evaluate` runs in micro-batches of `micro`, the
+    training micro-batch in use (one an out-of-memory error backed off to)."""
+    try:
+        if eval_fn is None:
+            return evaluate(model, eval_batches(eval_set, collate, cfg, ctx, micro), precision,
+                            ctx.device, ctx)
+        raw.eval()  # eval_fn is called in eval mode, without gradients, then back to train
+        try:
+            with torch.no_grad():
+                scores = eval_fn(raw, precision)  # the run's, which a resume keeps
+        finally:
+            raw.train()
+    except torch.OutOfMemoryError as error:
+        first = (str(error).strip().splitlines() or ["out of memory"])[0]
+        raise TrainingError(
+            f"out of memory in the evaluation at step {step} ({first}); the checkpoints "
+            f"saved before it are kept. Evaluate in smaller batches (eval_fn's own; the "
+            f"scripts evaluate in training micro-batches: lower --micro-batch-size) and "
+            f"resume") from None
+    if not isinstance(scores, Mapping):
+        raise TypeError(f"eval_fn must return a mapping of scores, got "
+                        f"{type(scores).__name__}")
+    if _RUN_KEYS & set(scores):
+        raise ValueError(f"eval_fn returned {sorted(_RUN_KEYS & set(scores))}, names that "
+                         f"train's result already uses for the run; rename them (e.g. "
+                         f"'entity_precision')")
+    return scores
 
 
 def _numbers(scores: Mapping[str, Any]) -> dict[str, float]:

@@ -193,10 +193,15 @@ def check_model_fits(args: Any) -> None:
 
 
 def train_config(args: Any) -> TrainConfig:
-    """The flags as the engine's settings; TrainConfig's own checks, said in flag names."""
+    """The flags as the engine's settings; TrainConfig's own checks, said in flag names.
+
+    A fresh start's horizon is --decay-steps or --max-steps, given here so that a warmup
+    longer than it is refused before any work; a resume leaves it to the checkpoint (the
+    engine keeps the run's), so --max-steps may shrink to stop earlier."""
+    horizon = args.decay_steps or (None if args.resume else args.max_steps)
     return in_flag_names(lambda: TrainConfig(
         batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
-        max_steps=args.max_steps, decay_steps=args.decay_steps, lr=args.lr, min_lr=args.min_lr,
+        max_steps=args.max_steps, decay_steps=horizon, lr=args.lr, min_lr=args.min_lr,
         warmup=args.warmup_steps if args.warmup_steps is not None else 0.1,
         schedule=args.schedule, weight_decay=args.weight_decay, adam_eps=args.adam_eps,
         max_grad_norm=args.max_grad_norm, precision=args.precision, seed=args.seed,

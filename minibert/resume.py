@@ -71,6 +71,11 @@ def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identit
         cfg = replace(cfg, decay_steps=saved["train_config"]["decay_steps"])
     now = {**run_identity(raw, cfg), "data_identity": data_identity}
     check_identity(saved, now, last)
+    step = saved["train_state"]["step"]
+    if step > cfg.max_steps:  # said before anything is evaluated or written
+        raise ValueError(f"--resume: the run in {ckpt_root.parent} is at step {step}, past "
+                         f"max_steps={cfg.max_steps} ({last.name}); a run cannot go back: "
+                         f"pass max_steps (--max-steps) >= {step}")
     raw.load_state_dict(saved["model"])
     state.load_state_dict(saved, rank=ctx.rank, seed=cfg.seed)
     if cfg.micro_batch_size != saved["train_config"]["micro_batch_size"]:

@@ -88,9 +88,12 @@ class TrainConfig:
         if self.peak_flops is not None and not self.peak_flops > 0:
             raise ValueError(f"TrainConfig.peak_flops={self.peak_flops} must be > 0 (FLOP/s), "
                              f"or None to measure it")
-        resolve_warmup(self.warmup, self.decay_steps or self.max_steps)  # raises on a bad one
-        resolve_warmup(self.seq_len_warmup, self.decay_steps or self.max_steps,
-                       name="TrainConfig.seq_len_warmup")
+        # Without decay_steps the horizon is max_steps at a fresh start but the checkpoint's
+        # on a resume, which may stop earlier: a warmup's length is then checked by `train`,
+        # once it knows the horizon, and only its form here.
+        horizon = self.decay_steps if self.decay_steps is not None else 2**62
+        resolve_warmup(self.warmup, horizon)  # raises on a bad one
+        resolve_warmup(self.seq_len_warmup, horizon, name="TrainConfig.seq_len_warmup")
         _check_int("seq_len_start", self.seq_len_start, 1)
 
 
@@ -163,14 +166,21 @@ RESUME_MAY_CHANGE = frozenset({
 
 
 def run_identity(model: nn.Module, cfg: "TrainConfig") -> dict[str, Any]:
-    """The model and training settings that decide what a run computes (see RESUME_MAY_CHANGE)."""
-    return {"model_config": asdict(unwrap(model).config),
+    """The model (its class and config) and the training settings that decide what a run
+    computes (see RESUME_MAY_CHANGE)."""
+    return {"model_class": type(unwrap(model)).__name__,
+            "model_config": asdict(unwrap(model).config),
             "train_config": {k: v for k, v in asdict(cfg).items() if k not in RESUME_MAY_CHANGE}}
 
 
 def check_identity(saved: dict, now: dict, path: Path) -> None:
     """Refuse to resume when any setting of the run identity differs, naming each one."""
     diffs = []
+    # The same config under another head (an MLM run resumed as a classifier) would fail
+    # deep in load_state_dict, or load an encoder under a head it was not trained with.
+    if saved.get("model_class", now["model_class"]) != now["model_class"]:
+        diffs.append(f"model class: checkpoint {saved['model_class']!r}, now "
+                     f"{now['model_class']!r}")
     for section, label in (("model_config", "model "), ("train_config", ""),
                            ("data_identity", "")):
         old = saved.get(section, {}) if section != "train_config" else \

@@ -116,6 +116,46 @@ def test_out_of_memory_halves_the_micro_batch_and_stays_exact(corpus, tmp_path):
         train(failing, ds, collator(tok), train_config(max_steps=3), tmp_path / "no-auto")
 
 
+def test_evaluation_uses_the_micro_batch_an_out_of_memory_backed_off_to(corpus, tmp_path):
+    """After a back-off the run is known to fit only the smaller micro-batch: evaluation
+    (which gives the same numbers at any micro-batch size) uses it too, and an eval_fn
+    running out of memory is one clear error, not torch's."""
+    tok, ds = corpus
+    cfg = train_config(max_steps=4, eval_every=2, eval_batches=1)
+    reference = train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "ref", eval_set=ds)
+    model = tiny_model(tok)
+    forward = model.forward
+
+    def small_batches_only(input_ids, *args, **kwargs):
+        if input_ids.shape[0] > 4:
+            raise torch.OutOfMemoryError("fake: tried to allocate 2.00 GiB")
+        return forward(input_ids, *args, **kwargs)
+
+    model.forward = small_batches_only
+    result = train(model, ds, collator(tok), replace(cfg, auto_micro_batch=True),
+                   tmp_path / "oom", eval_set=ds)
+    assert result["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-5)
+
+    def hungry_eval(model, precision):
+        raise torch.OutOfMemoryError("fake: tried to allocate 9.00 GiB")
+
+    with pytest.raises(TrainingError, match=r"out of memory in the evaluation at step 2.*"
+                                            r"tried to allocate 9\.00 GiB"):
+        train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "eval", eval_fn=hungry_eval)
+
+
+def test_auto_micro_batch_is_refused_under_ddp_before_any_collective(corpus, tmp_path):
+    """A rank that backs off alone retries its forward while the others wait in the
+    gradient all-reduce: the job would hang or crash, so the setting is refused by name."""
+    from minibert.distributed import DistContext
+
+    tok, ds = corpus
+    with pytest.raises(ValueError, match="auto_micro_batch.*one process"):
+        train(tiny_model(tok), ds, collator(tok), train_config(auto_micro_batch=True),
+              tmp_path, ctx=DistContext(rank=0, world_size=2))
+    assert not tmp_path.joinpath("checkpoints").exists()
+
+
 def _nan_model(tok, bad_calls, snapshots=None):
     """A model whose forward returns a NaN loss on the given call numbers."""
     model = tiny_model(tok)
@@ -235,7 +275,7 @@ def test_training_time_leaves_out_evaluation_and_survives_resume(corpus, tmp_pat
     every step shows in the wall time, not in them. A resumed run adds to the saved total."""
     tok, ds = corpus
 
-    def slow_eval(model):
+    def slow_eval(model, precision):
         time.sleep(0.4)
         return {"eval_loss": 1.0}
 
@@ -351,7 +391,7 @@ def test_classification_with_length_grouping_and_eval_fn(tmp_path):
 
     calls = []
 
-    def eval_fn(model):
+    def eval_fn(model, precision):
         calls.append(model.training)
         return {"accuracy": 0.5}
 
@@ -381,12 +421,12 @@ def test_eval_fn_scores_come_back_whole(corpus, tmp_path):
     tok, ds = corpus
     seen = []
 
-    def eval_fn(model):
+    def eval_fn(model, precision):
         seen.append(len(seen))
         return {"accuracy": 0.25 * len(seen), "per_class": {"a": 1.0}, "preds": [1, 0],
                 "ok": True}
 
-    def constant(model):
+    def constant(model, precision):
         return 0.5
 
     result = train(tiny_model(tok), ds, collator(tok), train_config(max_steps=4, eval_every=2),

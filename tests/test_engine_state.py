@@ -184,7 +184,7 @@ def test_an_evaluation_cannot_overwrite_the_run_s_own_keys(corpus, tmp_path):
     tok, ds = corpus
     with pytest.raises(ValueError, match=r"\['precision'\].*rename"):
         train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path,
-              eval_fn=lambda m: {"precision": 0.5, "f1": 0.4})
+              eval_fn=lambda m, precision: {"precision": 0.5, "f1": 0.4})
 
 
 def test_a_resumed_auto_run_keeps_the_precision_it_started_in(corpus, tmp_path, monkeypatch):
@@ -207,3 +207,62 @@ def test_a_resumed_auto_run_keeps_the_precision_it_started_in(corpus, tmp_path, 
         [r["loss"] for r in _rows(tmp_path / "ref")]
     saved = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))
     assert saved["train_state"]["precision"] == "bf16"
+
+
+def test_resume_refuses_another_model_class_by_name(corpus, tmp_path):
+    """The same config under another head is another run: refused before any weight loads."""
+    import minibert
+
+    tok, ds = corpus
+    mlm = tiny_model(tok)
+    train(mlm, ds, collator(tok), train_config(max_steps=2), tmp_path)
+    other = minibert.BertForSequenceClassification(mlm.config, 2)
+    with pytest.raises(ValueError, match="model class: checkpoint 'BertForMaskedLM', now "
+                                         "'BertForSequenceClassification'"):
+        train(other, ds, collator(tok), train_config(max_steps=4), tmp_path, resume=True)
+
+
+def test_a_resume_may_stop_earlier_with_a_step_count_warmup(corpus, tmp_path):
+    """max_steps may shrink on resume (the horizon is the run's): a warmup given in steps
+    that is longer than the new max_steps is not refused, since the run's horizon holds it."""
+    tok, ds = corpus
+    reference = train(tiny_model(tok), ds, collator(tok),
+                      train_config(max_steps=6, warmup=4), tmp_path / "ref")
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2, warmup=4,
+                                                           decay_steps=6), tmp_path / "run")
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=3, warmup=4),
+          tmp_path / "run", resume=True)  # stops before the warmup ends
+    resumed = train(tiny_model(tok), ds, collator(tok), train_config(max_steps=6, warmup=4),
+                    tmp_path / "run", resume=True)
+    assert resumed["steps"] == reference["steps"] == 6
+    assert [r["lr"] for r in _rows(tmp_path / "run")] == [r["lr"] for r in _rows(tmp_path / "ref")]
+    # A fresh start still refuses a warmup longer than its schedule, before touching the folder.
+    (tmp_path / "new").mkdir()
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path / "new")
+    before = sorted(p.name for p in (tmp_path / "new" / "checkpoints").iterdir())
+    with pytest.raises(ValueError, match="warmup"):
+        train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2, warmup=3),
+              tmp_path / "new", overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "new" / "checkpoints").iterdir()) == before
+
+
+def test_a_resume_past_max_steps_is_refused_and_a_finished_run_is_only_scored(corpus,
+                                                                               tmp_path):
+    """A run cannot go back: said before evaluating or logging anything. A finished run
+    resumed (a script's later stage, resumed with its first) trains nothing, is scored again
+    for its result, and logs nothing twice."""
+    tok, ds = corpus
+    metric = {"metric": 1.0}
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=4), tmp_path,
+          eval_fn=lambda m, precision: metric)
+    rows = (tmp_path / "metrics.jsonl").read_text()
+    with pytest.raises(ValueError, match="at step 4, past max_steps=2"):
+        train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2, decay_steps=4),
+              tmp_path, resume=True, eval_fn=lambda m, precision: metric)
+    assert (tmp_path / "metrics.jsonl").read_text() == rows
+    metric["metric"] = 2.0
+    again = train(tiny_model(tok), ds, collator(tok), train_config(max_steps=4), tmp_path,
+                  resume=True, eval_fn=lambda m, precision: metric)
+    assert again["steps"] == 4 and again["steps_this_run"] == 0 and again["metric"] == 2.0
+    assert not again["interrupted"]
+    assert (tmp_path / "metrics.jsonl").read_text() == rows

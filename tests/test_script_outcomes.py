@@ -207,7 +207,8 @@ def test_settings_errors_are_said_in_flag_names():
     for fields, said in [({"batch_size": 0}, "--batch-size 0 must be an integer >= 1"),
                          ({"lr": 1e-3, "min_lr": 1e-2}, "need --lr > 0 and 0 <= --min-lr <= "
                           "--lr, got --lr 0.001, --min-lr 0.01"),
-                         ({"warmup": 9, "max_steps": 4}, "--warmup-steps of 9 steps")]:
+                         ({"warmup": 9, "max_steps": 4, "decay_steps": 4},
+                          "--warmup-steps of 9 steps")]:
         with pytest.raises(ValueError) as e:
             cli.in_flag_names(lambda: TrainConfig(**fields), flags)
         assert said in str(e.value), str(e.value)

@@ -56,6 +56,33 @@ def test_a_step_is_cut_to_its_length_and_a_new_length_is_reported_once():
     assert seen == [seq_len_at(s, 128, 32, 24) for s in range(1, 30)] and seen[-1] == 128
 
 
+def test_under_dynamic_padding_the_step_is_cut_by_its_widest_micro_batch(corpus, tmp_path):
+    """L(step) is a function of the global batch, not of how it is split: a wider micro-batch
+    after a narrower one is cut as the whole batch would be, and accumulating micro-batches
+    equals the full batch."""
+    def micro(width):
+        return {"input_ids": torch.ones(2, width, dtype=torch.long),
+                "labels": torch.ones(2, width, dtype=torch.long)}
+
+    cut, _ = cut_for_step([micro(16), micro(64)], 11, 8, 10)  # past the warmup: whole
+    assert [b["input_ids"].shape[1] for b in cut] == [16, 64]
+    cut, _ = cut_for_step([micro(16), micro(64)], 4, 8, 10)
+    assert [b["input_ids"].shape[1] for b in cut] == [16, seq_len_at(4, 64, 8, 10)]
+    # End to end: examples of 8 or 64 tokens, padded per micro-batch.
+    tok, _ = corpus
+    g = torch.Generator().manual_seed(0)
+    ids = [[tok.cls_id] + torch.randint(10, tok.vocab_size, (n,), generator=g).tolist() +
+           [tok.sep_id] for n in ([6] * 3 + [62]) * 16]
+    settings = dict(max_steps=4, seq_len_warmup=3, seq_len_start=8, batch_size=8, warmup=1)
+    runs = {}
+    for name, extra in (("full", {}), ("accumulated", {"micro_batch_size": 2})):
+        model = tiny_model(tok)
+        train(model, ids, collator(tok), train_config(**settings, **extra), tmp_path / name)
+        runs[name] = [json.loads(line)["loss"] for line in open(tmp_path / name /
+                                                                "metrics.jsonl")]
+    assert runs["accumulated"] == pytest.approx(runs["full"], rel=1e-5)
+
+
 class Recording(minibert.BertForMaskedLM):
     """Records the width of every batch it is given."""
 
@@ -128,7 +155,11 @@ def test_a_checkpoint_from_before_the_setting_resumes_without_it(corpus, tmp_pat
 
 
 def test_bad_warmup_settings_are_refused():
+    # Against the horizon; without decay_steps that is train's to check (a resume may stop
+    # earlier than the run's horizon), as test_engine_state does for the lr warmup.
     with pytest.raises(ValueError, match="seq_len_warmup of 20 steps is longer than the run"):
-        TrainConfig(max_steps=10, seq_len_warmup=20)
+        TrainConfig(max_steps=10, decay_steps=10, seq_len_warmup=20)
+    with pytest.raises(ValueError, match="seq_len_warmup=-1 must be >= 0"):
+        TrainConfig(seq_len_warmup=-1)
     with pytest.raises(ValueError, match="seq_len_start"):
         TrainConfig(seq_len_start=0)

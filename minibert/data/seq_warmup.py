@@ -31,6 +31,7 @@ full blocks.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -61,15 +62,19 @@ def truncate(batch: dict, length: int) -> dict:
             and v.shape[1] == width else v for k, v in batch.items()}
 
 
-def cut_for_step(micros: list[dict], step: int, start: int,
-                 warmup_steps: int) -> tuple[list[dict], bool]:
+def cut_for_step(micros: list[dict], step: int, start: int, warmup_steps: int,
+                 full: Optional[int] = None) -> tuple[list[dict], bool]:
     """The micro-batches of optimizer step `step` (1-based) cut to L(step), and whether L
     changed from the step before (a new shape, for which memory kept for the old is stale).
 
-    The full length is the first micro-batch's width: with packed blocks every micro-batch
-    has it; under dynamic padding a narrower micro-batch is left as it is.
+    `full` is the global batch's width: with packed blocks every micro-batch has it; under
+    dynamic padding it is the widest micro-batch's on any rank (the engine takes the
+    maximum over ranks), so that L(step), and with it the step, does not depend on how the
+    batch is split. Default: the widest of `micros`. A micro-batch narrower than L is left
+    as it is.
     """
-    full = micros[0]["input_ids"].shape[1]
+    if full is None:
+        full = max(b["input_ids"].shape[1] for b in micros)
     length = seq_len_at(step, full, start, warmup_steps)
     changed = length != seq_len_at(step - 1, full, start, warmup_steps)
     return [truncate(b, length) for b in micros], changed
