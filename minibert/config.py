@@ -265,6 +265,11 @@ class BertConfig:
         if act != "gelu":
             raise ValueError(f"config.json has hidden_act={act!r}; minibert implements BERT's "
                              f"exact (erf) GELU only, hidden_act='gelu'")
+        for key in ("is_decoder", "add_cross_attention"):  # transformers' decoder switches
+            if d.get(key):
+                raise ValueError(f"config.json has {key}=true (a decoder: causal attention"
+                                 f"{' over a second sequence' if key != 'is_decoder' else ''}); "
+                                 f"minibert implements BERT's bidirectional encoder only")
         pos = d.get("position_embedding_type", "absolute")
         if pos != "absolute":
             raise ValueError(f"config.json has position_embedding_type={pos!r}; minibert "

@@ -123,6 +123,8 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
         if labels is None:
             return MaskedLMOutput(None, self.head(h, decoder, tied))
         _check_shape("labels", labels, tuple(input_ids.shape), "the shape of input_ids")
+        _check_ids("labels", labels, "token ids to predict (IGNORE_INDEX elsewhere)")
+        _check_range("labels", labels, decoder.size(0), "vocabulary")
         predicted = labels != IGNORE_INDEX  # (B, T) bool
         h, targets = h[predicted], labels[predicted]  # (N, H), (N,)
         n = targets.numel()
@@ -174,7 +176,7 @@ def pool(h: Tensor, attention_mask: Optional[Tensor], how: str) -> Tensor:
     if attention_mask is None:
         return h.mean(dim=1)
     m = attention_mask.to(h.dtype)[..., None]  # (B, T, 1)
-    return (h * m).sum(dim=1) / m.sum(dim=1)
+    return (h * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)  # a row of padding alone: zeros
 
 class _Labelled(PretrainedMixin):
     """The class names of a classifier, saved as id2label / label2id in config.json so that
@@ -309,6 +311,7 @@ def sequence_classification_loss(logits: Tensor, labels: Tensor) -> Tensor:
         return F.mse_loss(logits.squeeze(-1).float(), labels.float())
     _check_ids("labels", labels, f"integer class ids for classification (num_labels="
                                   f"{num_labels})")
+    _check_range("labels", labels, num_labels, f"{num_labels} classes")
     return F.cross_entropy(logits.float(), labels)
 
 
@@ -318,6 +321,7 @@ def token_classification_loss(logits: Tensor, labels: Tensor,
     cross-entropy over labelled real tokens (a label on padding is ignored)."""
     _check_shape("labels", labels, tuple(logits.shape[:2]), "the shape of input_ids")
     _check_ids("labels", labels, "integer class ids for token classification")
+    _check_range("labels", labels, logits.size(-1), f"{logits.size(-1)} classes")
     if attention_mask is not None:  # the encoder did not compute padding: never score it
         labels = labels.masked_fill(~attention_mask.bool(), IGNORE_INDEX)
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
@@ -398,3 +402,14 @@ def _check_shape(name: str, t: Tensor, shape: tuple, what: str) -> None:
 def _check_ids(name: str, t: Tensor, what: str) -> None:
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"{name} must be {what}; got {t.dtype}")
+
+
+def _check_range(name: str, t: Tensor, n: int, what: str) -> None:
+    """Every id of `t` but IGNORE_INDEX lies in [0, n): one outside is an IndexError deep in
+    cross_entropy on a CPU and a device-side assert on a GPU, naming neither the tensor nor
+    the classes."""
+    outside = t[(t != IGNORE_INDEX) & ((t < 0) | (t >= n))]
+    if outside.numel():
+        raise ValueError(f"{name} hold {int(outside[0])}, outside the {what} [0, {n}) (and "
+                         f"not {IGNORE_INDEX}, which is ignored); do the labels come from "
+                         f"another label map or vocabulary than the model's?")

@@ -138,8 +138,8 @@ class PretrainedMixin:
             save_file(state, str(folder / weights), metadata={"format": "pt"})
             (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n",
                                               encoding="utf-8")
-            if tokenizer is not None:
-                tokenizer.save(folder)
+            if tokenizer is not None:  # its length limit for transformers' truncation
+                tokenizer.save(folder, model_max_length=self.config.max_position_embeddings)
 
         replace_folder(Path(path), write,
                        owns=lambda name: name in MODEL_FILES or bool(SHARD_FILE.match(name)))

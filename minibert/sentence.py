@@ -113,6 +113,7 @@ class SentenceEncoder(nn.Module):
         self.tokenizer = tokenizer
         self.pooling = check_pooling(pooling)
         self.normalize = check_normalize(normalize, False)
+        self.train(model.training)  # the wrapped model's mode, which `encode` restores
 
     @classmethod
     def from_pretrained(cls, path: PathLike, pooling: str = "mean", normalize: bool = False,
@@ -124,7 +125,8 @@ class SentenceEncoder(nn.Module):
         a BertForMaskedLM) or a transformers BERT folder, holding tokenizer.json or
         vocab.txt. Heads and the pooler in the checkpoint are ignored, and none is built,
         so nothing is newly initialised. `config_overrides` as in `BertModel`'s, e.g.
-        `attention="math"`.
+        `attention="math"`. The encoder comes in eval mode (dropout off), ready to embed, as
+        transformers' `from_pretrained` gives it; call `.train()` to fine-tune it.
 
         A folder whose config.json records another vocabulary than its tokenizer's (the
         tokenizer was replaced after saving) is refused unless `allow_vocab_mismatch`, as
@@ -138,7 +140,7 @@ class SentenceEncoder(nn.Module):
         tokenizer = Tokenizer.from_pretrained(path)
         model = BertModel(config, add_pooler=False)
         load_hf_state_dict(model, read_weights(path))  # extra tensors (heads) are skipped
-        return cls(model, tokenizer, pooling, normalize)
+        return cls(model.eval(), tokenizer, pooling, normalize)
 
     @property
     def hidden_size(self) -> int:

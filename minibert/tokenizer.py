@@ -249,8 +249,16 @@ class Tokenizer:
         return tok
 
     # ------------------------------------------------------------------ saving
-    def save(self, directory: PathLike) -> Path:
-        """Write `tokenizer.json` and `vocab.txt` into `directory`; return it.
+    def save(self, directory: PathLike, model_max_length: Optional[int] = None) -> Path:
+        """Write `tokenizer.json`, `vocab.txt` and `tokenizer_config.json` into `directory`;
+        return it.
+
+        `tokenizer_config.json` tells transformers' `AutoTokenizer` how this tokenizer
+        normalises text (casing, accents, Chinese characters): without it transformers
+        builds BERT's default, lowercasing, and a cased vocabulary's ids would not be the
+        model's. `model_max_length` (the model's `max_position_embeddings`, which
+        `save_pretrained` passes) is the length its truncation cuts at. A tokenizer whose
+        normaliser is not BERT's has no such description and writes no config.
 
         Each file is written in full under a temporary name, flushed to disk and only
         then renamed over the old one, so a crash or a full disk mid-save leaves the
@@ -260,11 +268,29 @@ class Tokenizer:
         """
         directory = Path(directory)
         vocab = sorted(self.backend.get_vocab().items(), key=lambda kv: kv[1])
-        write_files_atomically(directory, {  # in this order: tokenizer.json last
-            "vocab.txt": "".join(t + "\n" for t, _ in vocab),
-            "tokenizer.json": self.backend.to_str(pretty=True),
-        })
+        files = {"vocab.txt": "".join(t + "\n" for t, _ in vocab)}
+        config = self._hf_config(model_max_length)
+        if config is not None:
+            files["tokenizer_config.json"] = json.dumps(config, indent=2) + "\n"
+        files["tokenizer.json"] = self.backend.to_str(pretty=True)  # renamed last
+        write_files_atomically(directory, files)
         return directory
+
+    def _hf_config(self, model_max_length: Optional[int]) -> Optional[dict]:
+        """transformers' `tokenizer_config.json` for a BertTokenizer with this normaliser,
+        or None when the normaliser is not BERT's."""
+        normalizer = json.loads(self.backend.to_str()).get("normalizer") or {}
+        if normalizer.get("type") != "BertNormalizer":
+            return None
+        config = {"tokenizer_class": "BertTokenizer",
+                  "do_lower_case": normalizer["lowercase"],
+                  "strip_accents": normalizer.get("strip_accents"),  # None: as do_lower_case
+                  "tokenize_chinese_chars": normalizer.get("handle_chinese_chars", True),
+                  "unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS,
+                  "mask_token": MASK}
+        if model_max_length is not None:
+            config["model_max_length"] = model_max_length
+        return config
 
     def _save_atomically(self, directory: Path) -> None:
         """Save into a temporary sibling, then rename, so readers never see half a cache."""

@@ -84,6 +84,8 @@ def test_hf_dict_from_transformers():
 
 @pytest.mark.parametrize("key, value, word", [
     ("hidden_act", "relu", "hidden_act"),
+    ("is_decoder", True, "is_decoder"),
+    ("add_cross_attention", True, "add_cross_attention"),
     ("model_type", "roberta", "model_type"),
     ("position_embedding_type", "relative_key", "position_embedding_type"),
 ])

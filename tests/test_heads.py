@@ -267,6 +267,39 @@ def test_bad_labels_and_positions():
         qa(ids, start_positions=torch.tensor([1.0, 2.0]), end_positions=torch.tensor([1, 2]))
 
 
+def test_labels_outside_the_classes_are_named_not_indexed():
+    """A label id past num_labels (a label map from another file, a -1 for "none") is an
+    IndexError deep in cross_entropy on a CPU and a device-side assert on a GPU."""
+    ids = torch.ones(2, 5, dtype=torch.long)
+    cases = [
+        (minibert.BertForSequenceClassification(tiny_config(), 3),
+         torch.tensor([0, 3]), r"labels hold 3, outside the 3 classes \[0, 3\)"),
+        (minibert.BertForSequenceClassification(tiny_config(), 3),
+         torch.tensor([-1, 0]), r"labels hold -1, outside the 3 classes"),
+        (minibert.BertForTokenClassification(tiny_config(), 3),
+         torch.tensor([[0, 1, 5, -100, -100]] * 2), r"labels hold 5, outside the 3 classes"),
+        (minibert.BertForMaskedLM(tiny_config()),
+         torch.full((2, 5), -100).index_fill_(1, torch.tensor([1]), tiny_config().vocab_size),
+         rf"labels hold {tiny_config().vocab_size}, outside the vocabulary"),
+    ]
+    for model, labels, message in cases:
+        with pytest.raises(ValueError, match=message):
+            model(ids, labels=labels)
+    # IGNORE_INDEX is not a class, and is not refused
+    minibert.BertForTokenClassification(tiny_config(), 3)(
+        ids, labels=torch.tensor([[0, 1, 2, -100, -100]] * 2))
+
+
+def test_mean_pooling_of_a_row_without_real_tokens_is_finite():
+    from minibert.heads import pool
+
+    h = torch.randn(2, 4, 8)
+    mask = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]])
+    out = pool(h, mask, "mean")
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out[0], h[0, :2].mean(0))
+
+
 @pytest.mark.parametrize("n_predicted", [20, 0])
 def test_mlm_word_embedding_gradient_matches_transformers(n_predicted, tmp_path):
     """BertForMaskedLM's lookup adds its rows into the gradient the tied decoder handed over

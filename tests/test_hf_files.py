@@ -283,3 +283,23 @@ def test_loading_a_training_checkpoint_points_to_export(tmp_path):
             load(ckpt)
     with pytest.raises(FileNotFoundError, match="holds training checkpoints.*step_00000007"):
         minibert.BertForMaskedLM.from_pretrained(ckpt.parent)  # the folder of checkpoints
+
+
+@pytest.mark.parametrize("lowercase", [False, True])
+def test_a_saved_tokenizer_encodes_alike_in_transformers(lowercase, tmp_path):
+    """A folder saved with its tokenizer says how it normalises text (tokenizer_config.json):
+    without it transformers rebuilt a cased vocabulary as BERT's default, lowercasing and
+    stripping accents, and its ids were not the model's. It also gives transformers the
+    model's length limit for truncation."""
+    transformers = pytest.importorskip("transformers")
+    texts = ["The Cat [MASK] walking Café", "the cat is walking cafe", "Über Straße naïve"]
+    tok = minibert.Tokenizer.train_from_iterator(texts * 20, vocab_size=120, min_frequency=1,
+                                                 lowercase=lowercase, use_cache=False)
+    model = minibert.BertForMaskedLM(tiny_config(vocab_size=tok.vocab_size))
+    model.save_pretrained(tmp_path / "m", tokenizer=tok)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "m")
+    for text in texts:
+        assert theirs(text)["input_ids"] == tok.encode(text), text
+    assert theirs.model_max_length == model.config.max_position_embeddings
+    again = minibert.Tokenizer.from_pretrained(tmp_path / "m" / "vocab.txt")  # from vocab.txt
+    assert [again.encode(t) for t in texts] == [tok.encode(t) for t in texts]

@@ -279,3 +279,20 @@ def test_similarity_helpers():
     assert nearest(a, b, k=10)[1].shape == (3, 5)
     with pytest.raises(ValueError, match="k=0"):
         nearest(a, b, k=0)
+
+
+def test_the_encoder_keeps_the_mode_of_the_model_it_wraps(mlm_folder, tok):
+    """Wrapping a model in eval mode must not turn on its dropout: `encode` restores the
+    mode it found, which is the wrapped model's, and `from_pretrained` gives an encoder
+    ready for inference, as transformers' from_pretrained does."""
+    model = minibert.BertModel(tiny_config(vocab_size=tok.vocab_size, hidden_dropout=0.5),
+                               add_pooler=False).eval()
+    encoder = minibert.SentenceEncoder(model, tok)
+    assert not encoder.training
+    encoder.encode(["the cat sat"])
+    assert not model.training
+    loaded = minibert.SentenceEncoder.from_pretrained(mlm_folder)
+    assert not loaded.training
+    ids = torch.tensor([tok.encode("the cat sat")])
+    mask = torch.ones_like(ids)
+    assert torch.equal(loaded(ids, mask), loaded(ids, mask))

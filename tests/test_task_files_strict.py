@@ -85,6 +85,20 @@ def test_conll_lines_are_counted_at_newlines_only(tmp_path):
                               Sentence(["Peter"], ["B-PER"], 4)]
 
 
+@pytest.mark.parametrize("name,content,line", [
+    ("train.tsv", "text\tlabel\ngood film\t1\nbad film\t0\rok\t1\n", 3),
+    ("train.txt", "EU B-ORG\rrejects O\n", 1),
+])
+def test_a_carriage_return_alone_is_refused_with_its_line(tmp_path, name, content, line):
+    """Only \n (or \r\n) ends a line. csv read a lone \r as a row end (one line became two
+    examples) and CoNLL as a column separator (a word and its label were dropped)."""
+    path = write(tmp_path / name, content)
+    reader = read_conll if name.endswith(".txt") else \
+        (lambda p: read_table(p, ["text", "label"]))
+    assert message(reader, path).startswith(
+        f"{path}, line {line}: a carriage return (\\r) not followed by \\n")
+
+
 def test_conll_columns_split_at_ascii_whitespace_only(tmp_path):
     # str.split() splits at a no-break space too: "New\u00a0York B-LOC" read as the word
     # "New", with "York" dropped as a middle column.

@@ -209,11 +209,12 @@ def test_save_replaces_files_atomically(trained, tmp_path, monkeypatch):
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no temporaries either
     assert Tokenizer.from_pretrained(out).fingerprint == other.fingerprint
-    trained.save(out)  # an ordinary save then replaces both files
+    trained.save(out)  # an ordinary save then replaces the files
     assert Tokenizer.from_pretrained(out).fingerprint == trained.fingerprint
     assert Tokenizer.from_pretrained(out / "vocab.txt").encode(PROBES[0]) == \
         trained.encode(PROBES[0])
-    assert sorted(p.name for p in out.iterdir()) == ["tokenizer.json", "vocab.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["tokenizer.json", "tokenizer_config.json",
+                                                     "vocab.txt"]
 
 
 def test_vocab_txt_with_a_duplicated_line_is_refused(tmp_path):

@@ -54,6 +54,7 @@ def read_table(path: PathLike, columns: list[str]) -> list[tuple[int, list[str]]
         raise ValueError(f"{path}: cannot tell the format from the extension {path.suffix!r}; "
                          f"name the file .tsv (tab-separated) or .csv (comma-separated)")
     text = _read_utf8(path, "a header row naming the columns, then one example per row")
+    _refuse_lone_cr(text, path)
     reader = csv.reader(io.StringIO(text, newline=""), strict=True,
                         **({"delimiter": "\t", "quoting": csv.QUOTE_NONE} if kind == ".tsv"
                            else {"delimiter": ","}))
@@ -169,6 +170,18 @@ class LabelMap:
         return f"LabelMap({self.names!r})"
 
 
+def _refuse_lone_cr(text: str, path: Path) -> None:
+    r"""Only \n (or \r\n) ends a line of a task file. A \r alone (old Mac line endings, a
+    stray control character) would end a row for the csv module, splitting one example in
+    two, and separate columns in CoNLL, dropping a word and its label: refused instead."""
+    found = re.search("\r(?!\n)", text)
+    if found:
+        line = text.count("\n", 0, found.start()) + 1
+        raise ValueError(f"{path}, line {line}: a carriage return (\\r) not followed by \\n; "
+                         f"lines here end with \\n (or \\r\\n): convert the file's line "
+                         f"endings, or remove the stray character")
+
+
 # ---------------------------------------------------------------- CoNLL
 
 _SPACE = " \t\r\f\v"  # ASCII whitespace within a line
@@ -193,6 +206,7 @@ def read_conll(path: PathLike) -> list[Sentence]:
     """
     path = Path(path)
     text = _read_utf8(path, "one 'word label' per line, a blank line between sentences")
+    _refuse_lone_cr(text, path)
     sentences: list[Sentence] = []
     words: list[str] = []
     labels: list[str] = []
