@@ -131,6 +131,9 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
 # `key_padding_bias`), so the row's softmax is uniform and its output the mean of V; the
 # gradients are the softmax Jacobian at that uniform P. Chunked matches both (tested). torch's
 # fused CPU kernel behind `sdpa` has the lse rounding above and differs in the backward there.
+# In a local (windowed) layer the two differ on such a row: `math` averages V over all T
+# keys, chunked over the tiles it visits near the row. Neither value is used: the encoder
+# drops padding rows (`unpad`), so they give no output and no gradient.
 #
 # Attention dropout is supported: each (query block, key block) tile draws its keep-mask
 # from its own generator seeded with (seed, tile index), so the backward pass regenerates

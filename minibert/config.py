@@ -153,6 +153,10 @@ class BertConfig:
             x = getattr(self, name)
             if not isinstance(x, (int, float)) or isinstance(x, bool) or not x > 1:
                 raise ValueError(f"BertConfig.{name}={x!r} must be a number > 1 (RoPE's base)")
+        if self.classifier_pooling != "cls" and self.task_head != "transform":
+            raise ValueError(f"BertConfig.classifier_pooling={self.classifier_pooling!r} is read "
+                             f"by task_head='transform' only (BERT's tanh pooler reads [CLS]); "
+                             f"set both, or leave classifier_pooling='cls'")
         if self.position == "rope" and self.head_size % 2:
             raise ValueError(f"BertConfig.position='rope' turns pairs of dimensions: the head "
                              f"size hidden_size / num_heads = {self.head_size} must be even")
@@ -265,6 +269,10 @@ class BertConfig:
         if act != "gelu":
             raise ValueError(f"config.json has hidden_act={act!r}; minibert implements BERT's "
                              f"exact (erf) GELU only, hidden_act='gelu'")
+        if d.get("tie_word_embeddings", True) is not True:
+            raise ValueError("config.json has tie_word_embeddings=false: its MLM decoder is a "
+                             "matrix of its own, and minibert's is the word embeddings, as "
+                             "BERT's is")
         for key in ("is_decoder", "add_cross_attention"):  # transformers' decoder switches
             if d.get(key):
                 raise ValueError(f"config.json has {key}=true (a decoder: causal attention"
@@ -304,7 +312,7 @@ class BertConfig:
 # The switches' classic values, and the MODERN entries a ModernBERT may set as it likes.
 _SWITCH_DEFAULTS = dict(position="learned", mlp="gelu", bias=True, first_block_attn_norm=True,
                         global_every=1, task_head="bert", classifier_pooling="cls")
-_MODERN_FREE = frozenset({"layer_norm_eps", "local_window", "global_every", "rope_theta",
+_MODERN_FREE = frozenset({"bias", "layer_norm_eps", "local_window", "global_every", "rope_theta",
                           "rope_local_theta", "max_position_embeddings", "hidden_dropout",
                           "attention_dropout"})
 

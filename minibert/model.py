@@ -220,15 +220,20 @@ class Block(nn.Module):
 
 
 class BertModel(PretrainedMixin, nn.Module):
-    """The BERT encoder: embeddings, `num_layers` blocks and, optionally, the [CLS] pooler."""
+    """The BERT encoder: embeddings, `num_layers` blocks and, optionally, the [CLS] pooler.
 
-    def __init__(self, config: BertConfig, add_pooler: bool = True):
+    `add_pooler` defaults to the config's heads: BERT's tanh pooler for task_head="bert",
+    none for "transform" (ModernBERT has no pooler, and its folders no pooler weights)."""
+
+    def __init__(self, config: BertConfig, add_pooler: Optional[bool] = None):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
         # Pre-LN leaves the residual stream un-normalised, so the stack ends with a LayerNorm.
         self.final_norm = _layer_norm(config) if config.norm_position == "pre" else None
+        if add_pooler is None:
+            add_pooler = config.task_head == "bert"
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if add_pooler else None
         self.apply(lambda m: init_weights(m, config))
 

@@ -34,8 +34,16 @@ def rope_angles(seq_len: int, head_size: int, theta: float, device: torch.device
     once per (T, hs, theta, device) and shared, so never modify them in place.
 
     Angle (t, i) = t · theta^(-2i / hs) for the pair's first half; the second half repeats
-    it, so that a whole (T, hs) row multiplies a whole head vector.
+    it, so that a whole (T, hs) row multiplies a whole head vector. Made outside inference
+    mode: angles first cached under `torch.inference_mode()` (an evaluation) would be
+    inference tensors, which a later training step could not save for backward.
     """
+    with torch.inference_mode(False):
+        return _angles(seq_len, head_size, theta, device)
+
+
+def _angles(seq_len: int, head_size: int, theta: float, device: torch.device
+            ) -> tuple[Tensor, Tensor]:
     inv_freq = theta ** (-torch.arange(0, head_size, 2, dtype=torch.float32, device=device)
                          / head_size)  # (hs/2,)
     angles = torch.arange(seq_len, dtype=torch.float32, device=device)[:, None] * inv_freq

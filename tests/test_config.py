@@ -1,5 +1,6 @@
 import pytest
 
+import minibert
 from minibert import BertConfig
 from minibert.config import PRESETS
 
@@ -106,3 +107,16 @@ def test_check_fits_refuses_long_sequences_and_larger_vocabularies():
     with pytest.raises(ValueError, match="vocabulary mismatch: the tokenizer has 101 tokens "
                                          "but the teacher only 100"):
         config.check_fits(64, 101, what="the teacher")
+
+
+def test_an_untied_bert_decoder_is_refused_by_name(tmp_path):
+    """minibert's MLM decoder is the word embeddings (as BERT's is); a checkpoint trained with
+    a decoder of its own would be read with the wrong matrix."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
+    hf = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=32, tie_word_embeddings=False))
+    hf.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="tie_word_embeddings"):
+        minibert.BertForMaskedLM.from_pretrained(tmp_path)

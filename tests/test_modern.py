@@ -97,6 +97,38 @@ def test_a_modern_model_saves_a_folder_transformers_loads(tmp_path, ours, theirs
         assert torch.equal(again(ids, mask).logits, model(ids, mask).logits)
 
 
+def test_a_modernbert_with_every_bias_on_loads_with_the_same_outputs(tmp_path):
+    """transformers' four bias switches all on: minibert's one `bias` switch computes it."""
+    torch.manual_seed(0)
+    hf = _perturbed(transformers.ModernBertForMaskedLM(_hf_config(
+        attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True)))
+    hf.save_pretrained(tmp_path)
+    model = minibert.BertForMaskedLM.from_pretrained(tmp_path).eval()
+    assert model.config.bias
+    ids, mask = _batch()
+    with torch.no_grad():
+        _close_at_real(model(ids, mask).logits, hf(input_ids=ids, attention_mask=mask).logits,
+                       mask)
+    model.save_pretrained(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["model_type"] == \
+        "modernbert"
+
+
+def test_a_bare_modern_encoder_has_no_pooler_and_saves_none():
+    """ModernBERT has no tanh pooler: a BertModel with its heads' switch builds none, so its
+    folder holds no weight transformers would not know."""
+    config = minibert.BertConfig.preset("modernbert-tiny", vocab_size=99,
+                                        max_position_embeddings=64)
+    assert minibert.BertModel(config).pooler is None
+    assert minibert.BertModel(minibert.BertConfig.preset("tiny", vocab_size=99)).pooler \
+        is not None
+
+
+def test_mean_pooling_needs_the_transform_head():
+    with pytest.raises(ValueError, match="classifier_pooling='mean'.*task_head='transform'"):
+        minibert.BertConfig(classifier_pooling="mean")
+
+
 def test_mean_pooling_classifier_matches_transformers(tmp_path):
     torch.manual_seed(0)
     hf = _perturbed(transformers.ModernBertForSequenceClassification(

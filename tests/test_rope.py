@@ -55,3 +55,20 @@ def test_rope_keeps_the_dtype_and_computes_in_fp32():
     y = apply_rope(x.bfloat16(), cos, sin)
     assert y.dtype == torch.bfloat16
     assert torch.equal(y, apply_rope(x.bfloat16().float(), cos, sin).bfloat16())
+
+
+def test_angles_first_made_under_inference_mode_still_train():
+    """The angles are cached; made first inside torch.inference_mode() (an evaluation) they
+    were inference tensors, which a later training step at that length cannot save for
+    backward."""
+    import minibert
+
+    rope_angles.cache_clear()
+    config = minibert.BertConfig.preset("modernbert-tiny", vocab_size=50,
+                                        max_position_embeddings=64)
+    model = minibert.BertForMaskedLM(config)
+    ids = torch.randint(5, 50, (2, 11))
+    with torch.inference_mode():
+        model.eval()(ids)
+    model.train()(ids).logits.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
