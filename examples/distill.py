@@ -66,12 +66,12 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    return cli.run_script(parse_args(argv), prepare, run)
+    return cli.run_script(parse_args(argv), prepare, run, pretrain.FLAGS)
 
 
 def prepare(args, ctx):
-    """The flags and the teacher (its tokenizer and positions), before --out is touched:
-    (the run's settings, the teacher)."""
+    """The flags, the teacher (its tokenizer and positions) and the corpus, before --out is
+    touched: (the run's settings, the teacher, the corpus read)."""
     check_alpha_temperature(args.alpha, args.temperature)
     if not args.teacher.is_dir():
         raise FileNotFoundError(f"--teacher {args.teacher}: no such checkpoint folder")
@@ -80,7 +80,7 @@ def prepare(args, ctx):
                          f"{', '.join(ALL_PRESETS)}")
     cfg = pretrain.check_args(args, ctx)  # every numeric flag, the batch split
     teacher, _ = load_teacher(args.teacher, args.seq_len, args.allow_vocab_mismatch)
-    return cfg, teacher
+    return cfg, teacher, pretrain.read_corpus(args, ctx)
 
 
 def build_student(args, teacher: minibert.BertForMaskedLM,
@@ -106,9 +106,9 @@ def report(rows: dict[str, dict]) -> str:
 
 
 def run(args, ctx, prepared) -> None:
-    cfg, teacher = prepared
+    cfg, teacher, corpus = prepared
     # The teacher's tokenizer (--init-from is the teacher), read after rank 0 has written it.
-    data, identity = pretrain.prepare_data(args, ctx)
+    data, identity = pretrain.prepare_data(args, ctx, corpus)
     tok = data.tokenizer
     train_set, eval_set = data.splits[args.train_split], data.splits[args.eval_split]
     collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed,

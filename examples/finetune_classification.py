@@ -58,7 +58,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    return cli.run_script(parse_args(argv), prepare, run)
+    return cli.run_script(parse_args(argv), prepare, run, finetune.FLAGS)
 
 
 def prepare(args, ctx) -> SimpleNamespace:

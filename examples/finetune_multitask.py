@@ -38,7 +38,7 @@ from minibert.checkpoint import sha256_file
 from minibert.data import TaskCollator, read_conll_task, read_table_task
 from minibert.data.sampler import TaskMixtureBatches, batches_per_epoch
 from minibert.engine import train
-from minibert.metrics import SCHEMES, numbers
+from minibert.metrics import SCHEMES, canonical_scheme, numbers
 from minibert.multitask import KINDS, check_task_name
 from minibert.predict import predict
 
@@ -58,7 +58,9 @@ def parse_args(argv=None):
                    "(sequence) or cut into windows of whole words (token)")
     finetune.add_args(p, out="runs/finetune_multitask", epochs_help="epoch-equivalents: "
                       "all training examples / --batch-size steps each")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.scheme = canonical_scheme(args.scheme)  # BIO is IOB2: one name in the run's identity
+    return args
 
 
 def parse_tasks(specs: list[str]) -> list[dict]:
@@ -86,7 +88,7 @@ def parse_tasks(specs: list[str]) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    return cli.run_script(parse_args(argv), prepare, run)
+    return cli.run_script(parse_args(argv), prepare, run, finetune.FLAGS)
 
 
 def prepare(args, ctx) -> SimpleNamespace:

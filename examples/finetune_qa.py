@@ -61,7 +61,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    return cli.run_script(parse_args(argv), prepare, run)
+    return cli.run_script(parse_args(argv), prepare, run, finetune.FLAGS)
 
 
 def prepare(args, ctx) -> SimpleNamespace:
@@ -70,6 +70,8 @@ def prepare(args, ctx) -> SimpleNamespace:
     window no room for context)."""
     finetune.check_args(args, ctx, positive=["max_train_examples", "max_question_len",
                                              "max_answer_length", "n_best"])
+    # nan compares false with every score: no question would ever be left unanswered
+    cli.finite_flags(args, ["null_score_diff_threshold"])
     # A window holds [CLS] question [SEP] context [SEP]: with a one-token question, seq_len - 4
     # context tokens. encode_qa names a longer question that leaves no more than --doc-stride.
     if not 0 <= args.doc_stride < args.seq_len - 4:

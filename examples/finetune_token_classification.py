@@ -27,7 +27,7 @@ from minibert import cli, finetune
 from minibert.checkpoint import sha256_file
 from minibert.data import TaskCollator, read_conll_task
 from minibert.engine import train
-from minibert.metrics import SCHEMES
+from minibert.metrics import SCHEMES, canonical_scheme
 from minibert.predict import predict
 
 log = logging.getLogger("finetune_token")
@@ -46,11 +46,13 @@ def parse_args(argv=None):
                    "words, no overlap, so every word is predicted exactly once (one too long "
                    "for a window alone keeps its first pieces)")
     finetune.add_args(p, out="runs/finetune_token", unit="windows")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.scheme = canonical_scheme(args.scheme)  # BIO is IOB2: one name in the run's identity
+    return args
 
 
 def main(argv=None) -> int:
-    return cli.run_script(parse_args(argv), prepare, run)
+    return cli.run_script(parse_args(argv), prepare, run, finetune.FLAGS)
 
 
 def prepare(args, ctx) -> SimpleNamespace:

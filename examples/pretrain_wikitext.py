@@ -55,15 +55,15 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    return cli.run_script(parse_args(argv), prepare, run)
+    return cli.run_script(parse_args(argv), prepare, run, pretrain.FLAGS)
 
 
 def prepare(args, ctx):
-    """The flags and the model's fit (positions, --init-from's tokenizer), before --out is
-    touched; the run's settings."""
+    """The flags, the corpus and the model's fit (positions, --init-from's tokenizer and
+    weights), before --out is touched: (the run's settings, the corpus read)."""
     cfg = pretrain.check_args(args, ctx)
     pretrain.check_model_fits(args)
-    return cfg
+    return cfg, pretrain.read_corpus(args, ctx)
 
 
 def build_model(args, tok) -> minibert.BertForMaskedLM:
@@ -74,13 +74,9 @@ def build_model(args, tok) -> minibert.BertForMaskedLM:
     if dropout is not None:
         overrides.update(hidden_dropout=dropout, attention_dropout=dropout)
     if args.init_from:
+        # its architecture flags were checked against it in prepare (check_model_fits)
         model = minibert.BertForMaskedLM.from_pretrained(
             args.init_from, allow_vocab_mismatch=args.allow_vocab_mismatch, **overrides)
-        for field, value in pretrain.architecture_overrides(args).items():
-            if getattr(model.config, field) != value:
-                raise ValueError(f"--{field.split('_')[0].replace('_', '-')} contradicts "
-                                 f"{args.init_from}, whose {field} is "
-                                 f"{getattr(model.config, field)!r}")
     else:
         model = minibert.BertForMaskedLM(minibert.BertConfig.preset(
             args.preset, vocab_size=tok.vocab_size, pad_token_id=tok.pad_id,
@@ -112,9 +108,10 @@ def plot_loss(out: Path) -> None:
     plt.close()
 
 
-def run(args, ctx, cfg) -> None:
+def run(args, ctx, prepared) -> None:
+    cfg, corpus = prepared
     minibert.set_seed(args.seed, deterministic=args.deterministic)
-    data, identity = pretrain.prepare_data(args, ctx)
+    data, identity = pretrain.prepare_data(args, ctx, corpus)
     tok, train_set, eval_set = (data.tokenizer, data.splits[args.train_split],
                                 data.splits[args.eval_split])
     model = build_model(args, tok)

@@ -39,6 +39,7 @@ from .data.wikitext import DownloadError
 from .distributed import DistContext, all_gather_objects, cleanup, init_distributed
 from .recovery import TrainingError
 from .rundir import open_run
+from .state import SettingsMismatch
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +141,11 @@ def finite_flags(args: Any, names: Sequence[str]) -> None:
 # ---- start, end, exit status -----------------------------------------------------------------
 
 def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
-               run: Callable[[Any, DistContext, Any], None]) -> int:
+               run: Callable[[Any, DistContext, Any], None],
+               flags: Mapping[str, str] = {}) -> int:
     """A script's life and its exit status (see the module docstring). `args.device`,
-    `args.out` and `args.resume` are read here."""
+    `args.out` and `args.resume` are read here. `flags` (TrainConfig field -> flag) names
+    the settings a refused resume differs in as the script's flags."""
     ctx, ok = None, False
     # Before anything multiplies a bf16 matrix: oneDNN reads its bound once, at its first.
     memory.limit_kernel_cache()
@@ -150,6 +153,9 @@ def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
         ctx = init_distributed(args.device)
         logging.basicConfig(level=logging.INFO if ctx.is_main else logging.WARNING,
                             format="%(message)s", stream=sys.stdout)
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            raise ValueError(f"--out {args.out} is a file; give a folder for the run (its "
+                             f"checkpoints, logs and final model)")
         prepared = prepare(args, ctx)  # nothing is written before this returns
         with open_run(args.out, args.resume, main=ctx.is_main):
             run(args, ctx, prepared)
@@ -157,6 +163,8 @@ def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
     except Stopped as e:
         ok = True  # every rank stopped at the same step, with its checkpoint saved
         return 128 + e.signal
+    except SettingsMismatch as e:
+        return failed(ValueError(e.said(flags)))
     except (TrainingError, *BAD_INPUT) as e:
         return failed(e)
     finally:

@@ -108,6 +108,7 @@ def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> Tra
         if (value := getattr(args, flag)) is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
     finite_flags(args, ["lr", "min_lr", "weight_decay"])
+    check_columns(args)
     # Said here rather than by TrainConfig, whose message offers a step count instead.
     check_numbers(args, [("warmup_ratio", lambda v: 0 <= v < 1,
                           "a fraction of the schedule in [0, 1), e.g. 0.1")])
@@ -138,12 +139,26 @@ def train_config(args: Any, steps_per_epoch: int) -> TrainConfig:
         save_every=steps_per_epoch, progress=not args.no_progress), FLAGS)
 
 
+def check_columns(args: Any) -> None:
+    """--text-column, --text-pair-column and --label-column name three different columns:
+    a label column also read as text would hand the model its answer."""
+    named = [(f"--{a.replace('_', '-')}", getattr(args, a, None))
+             for a in ("text_column", "text_pair_column", "label_column")]
+    named = [(flag, column) for flag, column in named if column]
+    for i, (flag, column) in enumerate(named):
+        for other, same in named[i + 1:]:
+            if column == same:
+                raise ValueError(f"{flag} and {other} both name the column {column!r}; name "
+                                 f"each of the file's columns once")
+
+
 def epoch_config(args: Any, ctx: DistContext, n_train: int, what: str) -> TrainConfig:
     """The training settings once the training set is encoded: an epoch is
     `batches_per_epoch` steps. `what` names the training data in the message that refuses
     fewer examples than one batch (e.g. "train.tsv gives 12 training examples")."""
     if n_train < args.batch_size:
-        raise ValueError(f"{what}, fewer than one batch; lower --batch-size below {n_train}")
+        raise ValueError(f"{what}, fewer than one batch; lower --batch-size to {n_train} or "
+                         f"less")
     return train_config(args, batches_per_epoch(n_train, args.batch_size, ctx.world_size))
 
 

@@ -117,6 +117,11 @@ def classification_scores(y_true: Sequence[int], y_pred: Sequence[int], num_labe
 SCHEMES: dict[str, tuple[str, ...]] = {"IOB2": ("B", "I"), "BIO": ("B", "I"), "IO": ("I",)}
 
 
+def canonical_scheme(scheme: str) -> str:
+    """One name per scheme: BIO is another name for IOB2 (a run's identity compares it)."""
+    return "IOB2" if scheme == "BIO" else scheme
+
+
 def _parse(tag: str, scheme: str) -> tuple[str, str]:
     """(prefix, type) of one tag: "B-PER" -> ("B", "PER"), "O" -> ("O", "")."""
     if tag == "O":

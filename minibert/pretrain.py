@@ -14,15 +14,16 @@ import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from .atomic import write_files_atomically
 from .cli import check_numbers, finite_flags, in_flag_names
 from .config import ALL_PRESETS, BertConfig
-from .data.prepare import PreparedCorpus, load_prepared, prepare_corpus
+from .data.corpus import Corpus, load_corpus
+from .data.prepare import PreparedCorpus, check_splits, load_prepared, prepare_corpus
 from .data.wikitext import WIKITEXT_VARIANTS
 from .distributed import DistContext, barrier
-from .hf import read_config, require_safetensors
+from .hf import read_config, read_weights, require_safetensors
 from .precision import resolve_precision
 from .pretrained import check_tokenizer_fits
 from .state import TrainConfig
@@ -179,10 +180,16 @@ def check_model_fits(args: Any) -> None:
     positions (its vocabulary is the tokenizer the run trains)."""
     if args.init_from:
         config = BertConfig.from_hf_dict(read_config(args.init_from))
+        for field, value in architecture_overrides(args).items():
+            if getattr(config, field) != value:
+                raise ValueError(f"--{field.split('_')[0].replace('_', '-')} contradicts "
+                                 f"{args.init_from}, whose {field} is "
+                                 f"{getattr(config, field)!r}")
         tok = Tokenizer.from_pretrained(args.init_from)
         config.check_fits(args.seq_len, tok.vocab_size)
         check_tokenizer_fits(config, tok, source=args.init_from,
                              allow_vocab_mismatch=args.allow_vocab_mismatch)
+        read_weights(args.init_from)  # missing or damaged: said now, not after the tokenizer
     else:
         config = in_flag_names(lambda: BertConfig.preset(
             args.preset, vocab_size=args.vocab_size, **architecture_overrides(args)),
@@ -212,14 +219,26 @@ def train_config(args: Any) -> TrainConfig:
         seq_len_start=args.seq_len_start or SEQ_LEN_START), FLAGS)
 
 
-def prepare_data(args: Any, ctx: DistContext) -> tuple[PreparedCorpus, dict[str, Any]]:
+def read_corpus(args: Any, ctx: DistContext) -> Optional[Corpus]:
+    """--data-dir's corpus with --train-split and --eval-split in it, read before --out is
+    touched (rank 0, which prepares it; None elsewhere, and where WikiText is downloaded)."""
+    if not ctx.is_main or args.data_dir is None:
+        return None
+    corpus = load_corpus(args.data_dir)  # refuses a folder whose text files it would not read
+    check_splits(corpus, (args.train_split, args.eval_split), args.data_dir)
+    return corpus
+
+
+def prepare_data(args: Any, ctx: DistContext, corpus: Optional[Corpus] = None
+                 ) -> tuple[PreparedCorpus, dict[str, Any]]:
     """The corpus (rank 0 prepares it, every rank opens it) and the data's identity, what the
-    engine compares on --resume. The tokenizer comes from --init-from when set."""
+    engine compares on --resume. The tokenizer comes from --init-from when set. `corpus`:
+    `read_corpus`'s, if read already."""
     splits = (args.train_split, args.eval_split)
     if ctx.is_main:
         prepare_corpus(args.out, splits, data_dir=args.data_dir, dataset=args.dataset,
                        cache_dir=args.cache_dir, init_from=args.init_from,
-                       vocab_size=args.vocab_size, resume=args.resume)
+                       vocab_size=args.vocab_size, resume=args.resume, corpus=corpus)
     barrier(ctx)
     data = load_prepared(args.out, splits, args.seq_len, args.cache_dir)
     identity = {"corpus": data.keys,

@@ -128,6 +128,9 @@ class PretrainedMixin:
                       **self._hf_config_extras())
         if tokenizer is not None:
             config[VOCAB_KEY] = vocab_sha256(tokenizer)
+            if modern:  # else transformers takes ModernBERT's own ids, 50281 and 50282
+                config.update(cls_token_id=tokenizer.cls_id, sep_token_id=tokenizer.sep_id,
+                              bos_token_id=tokenizer.cls_id, eos_token_id=tokenizer.sep_id)
         state = to_hf_state_dict(self)
         # BERT and ModernBERT folders load in transformers; any other mix of switches is
         # minibert-only, under a weights name transformers never looks for.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -173,14 +173,30 @@ def run_identity(model: nn.Module, cfg: "TrainConfig") -> dict[str, Any]:
             "train_config": {k: v for k, v in asdict(cfg).items() if k not in RESUME_MAY_CHANGE}}
 
 
+class SettingsMismatch(ValueError):
+    """A resume whose settings are not its checkpoint's: `diffs` holds (setting, the
+    checkpoint's value, the value now) for each, the setting named as in TrainConfig (a
+    model config's field as "model FIELD"), so a script can say them as its flags."""
+
+    def __init__(self, path: Path, diffs: list[tuple[str, str, str]]):
+        self.path, self.diffs = path, diffs
+        super().__init__(self.said())
+
+    def said(self, names: Mapping[str, str] = {}) -> str:
+        """The message, each setting said as `names` calls it (field -> flag)."""
+        shown = "; ".join(f"{names.get(name, name)}: checkpoint {old}, now {new}"
+                          for name, old, new in self.diffs)
+        return (f"cannot resume from {self.path}: the settings differ from the checkpoint's "
+                f"({shown}); use the original settings or a new --out directory")
+
+
 def check_identity(saved: dict, now: dict, path: Path) -> None:
     """Refuse to resume when any setting of the run identity differs, naming each one."""
     diffs = []
     # The same config under another head (an MLM run resumed as a classifier) would fail
     # deep in load_state_dict, or load an encoder under a head it was not trained with.
     if saved.get("model_class", now["model_class"]) != now["model_class"]:
-        diffs.append(f"model class: checkpoint {saved['model_class']!r}, now "
-                     f"{now['model_class']!r}")
+        diffs.append(("model class", repr(saved["model_class"]), repr(now["model_class"])))
     for section, label in (("model_config", "model "), ("train_config", ""),
                            ("data_identity", "")):
         old = saved.get(section, {}) if section != "train_config" else \
@@ -188,12 +204,10 @@ def check_identity(saved: dict, now: dict, path: Path) -> None:
         new = now[section]
         for key in sorted(set(old) | set(new), key=str):
             if old.get(key, _UNSET) != new.get(key, _UNSET):
-                diffs.append(f"{label}{key}: checkpoint {_show(old.get(key, _UNSET))}, now "
-                             f"{_show(new.get(key, _UNSET))}")
+                diffs.append((f"{label}{key}", _show(old.get(key, _UNSET)),
+                              _show(new.get(key, _UNSET))))
     if diffs:
-        raise ValueError(f"cannot resume from {path}: the settings differ from the "
-                         f"checkpoint's ({'; '.join(diffs)}); use the original settings or a "
-                         f"new --out directory")
+        raise SettingsMismatch(path, diffs)
 
 
 _UNSET = object()

@@ -194,6 +194,15 @@ def test_resume_refuses_another_training_file(task, tmp_path, capsys):
     assert "cannot resume" in err and "['B-PER', 'O']" in err
 
 
+def test_bio_and_iob2_name_one_scheme_on_resume(task, tmp_path):
+    """--help says BIO is IOB2: a run started with one resumes under the other."""
+    out = tmp_path / "run"
+    assert script.main(_args(task, out, "--max-train-examples", "32", "--max-steps", "1",
+                             "--scheme", "BIO")) == 0
+    assert script.main(_args(task, out, "--max-train-examples", "32", "--max-steps", "2",
+                             "--scheme", "IOB2", "--resume")) == 0
+
+
 BAD = [
     # (which file, content, extra flags, words the message must hold)
     ("train", "ann B-PER\nspoke\n", [], ["train.conll, line 2: one column ('spoke')"]),

@@ -303,3 +303,20 @@ def test_a_saved_tokenizer_encodes_alike_in_transformers(lowercase, tmp_path):
     assert theirs.model_max_length == model.config.max_position_embeddings
     again = minibert.Tokenizer.from_pretrained(tmp_path / "m" / "vocab.txt")  # from vocab.txt
     assert [again.encode(t) for t in texts] == [tok.encode(t) for t in texts]
+
+
+def test_a_modern_folder_names_its_tokenizer_s_special_ids(tmp_path):
+    """transformers' ModernBERT config defaults [CLS] / [SEP] (and bos / eos) to ModernBERT's
+    own ids, 50281 and 50282, far outside a small vocabulary: a folder saved with its
+    tokenizer names the tokenizer's."""
+    transformers = pytest.importorskip("transformers")
+    tok = minibert.Tokenizer.train_from_iterator(["the cat sat on the mat"] * 20,
+                                                 vocab_size=60, min_frequency=1,
+                                                 use_cache=False)
+    config = minibert.BertConfig.preset("modernbert-tiny", vocab_size=tok.vocab_size,
+                                        max_position_embeddings=64)
+    minibert.BertForMaskedLM(config).save_pretrained(tmp_path, tokenizer=tok)
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert (theirs.cls_token_id, theirs.sep_token_id, theirs.bos_token_id,
+            theirs.eos_token_id, theirs.pad_token_id) == (tok.cls_id, tok.sep_id, tok.cls_id,
+                                                          tok.sep_id, tok.pad_id)

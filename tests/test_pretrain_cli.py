@@ -229,7 +229,7 @@ def test_existing_run_is_never_overwritten_and_damage_is_detected(data_dir, tmp_
     assert "already holds a run" in _error_line(capsys, _args(data_dir, out, cache))
     contradiction = _args(data_dir, out, cache, "--max-steps", "8", "--resume",
                           "--batch-size", "16")
-    assert "batch_size: checkpoint 8, now 16" in _error_line(capsys, contradiction)
+    assert "--batch-size: checkpoint 8, now 16" in _error_line(capsys, contradiction)
     assert _digest(out / "checkpoints") == before
 
     # Damage the newest checkpoint: resume falls back to the older intact one, and says so.

@@ -150,6 +150,21 @@ REFUSALS = [
     ("finetune_multitask", ["--seq-len", "600"], "exceeds the model's"),
     ("pretrain_wikitext", ["--seq-len", "600"], "exceeds the model's"),
     ("distill", ["--seq-len", "100"], "exceeds the teacher's"),
+    ("finetune_classification", ["--batch-size", "17"], "lower --batch-size to 16 or less"),
+    # the label read as input text
+    ("finetune_classification", ["--text-pair-column", "label"],
+     "--text-pair-column and --label-column both name the column 'label'"),
+    ("finetune_classification", ["--text-column", "label"],
+     "--text-column and --label-column both name the column 'label'"),
+    ("finetune_multitask", ["--text-column", "label", "--label-column", "label"],
+     "--text-column and --label-column both name the column 'label'"),
+    # nan compares false with everything: no question would ever go unanswered
+    ("finetune_qa", ["--version-2", "--null-score-diff-threshold", "nan"],
+     "--null-score-diff-threshold nan must be a finite number"),
+    # the corpus and --init-from's weights, checked before the run folder is made
+    ("pretrain_wikitext", ["--train-split", "nosuch"], "split 'nosuch' not found"),
+    ("pretrain_wikitext", ["--data-dir", "/nonexistent/wiki"], "/nonexistent/wiki"),
+    ("distill", ["--train-split", "nosuch"], "split 'nosuch' not found"),
 ]
 
 
@@ -160,6 +175,65 @@ def test_a_refused_run_leaves_out_as_it_found_it(script, flags, words, inputs, t
     out = tmp_path / "out"
     assert words in _one_line(capsys, script, script_argv(script, inputs, out, *flags))
     assert not out.exists()
+
+
+@pytest.mark.parametrize("script", TRAINING)
+def test_an_out_that_is_a_file_is_named(script, inputs, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.write_text("results of another kind\n")
+    assert f"--out {out} is a file" in _one_line(capsys, script,
+                                                 script_argv(script, inputs, out))
+    assert out.read_text() == "results of another kind\n"
+
+
+@pytest.mark.parametrize("script", ["pretrain_wikitext", "distill"])
+def test_init_from_without_readable_weights_is_refused_before_out(script, inputs, tmp_path,
+                                                                   capsys):
+    """--init-from (pretraining) or --teacher (distillation) holding a config and a tokenizer
+    but no weights, or damaged ones: refused before the run folder or its tokenizer exist."""
+    import shutil
+
+    for damage in ("missing", "truncated"):
+        folder = tmp_path / damage
+        shutil.copytree(inputs / "teacher", folder)
+        weights = folder / "model.safetensors"
+        if damage == "missing":
+            weights.unlink()
+        else:
+            weights.write_bytes(weights.read_bytes()[:100])
+        out = tmp_path / f"out-{damage}"
+        args = script_argv(script, inputs, out)
+        if script == "distill":
+            args[args.index("--teacher") + 1] = str(folder)
+        else:
+            args = [a for a in args if a not in ("--preset", "tiny", "--vocab-size", "100")]
+            args += ["--init-from", str(folder)]
+        err = _one_line(capsys, script, args)
+        assert str(folder) in err, err
+        assert not out.exists()
+
+
+def test_an_architecture_flag_against_init_from_is_refused_before_out(inputs, tmp_path,
+                                                                      capsys):
+    out = tmp_path / "out"
+    args = argv("pretrain_wikitext", inputs, inputs / "teacher", out, "--norm", "pre")
+    assert "--norm contradicts" in _one_line(capsys, "pretrain_wikitext", args)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("script,flags,said", [
+    ("finetune_classification", ["--warmup-ratio", "0.2"],
+     "--warmup-ratio: checkpoint 0.1, now 0.2"),
+    ("pretrain_wikitext", ["--lr", "0.002"], "--lr: checkpoint 0.001, now 0.002"),
+    ("pretrain_wikitext", ["--seq-len-warmup", "0"], "--seq-len-warmup: checkpoint 0.5, now 0"),
+])
+def test_a_resume_with_other_settings_names_the_flags(script, flags, said, inputs, tmp_path,
+                                                      capsys):
+    out = tmp_path / "out"
+    assert load_example(script).main(script_argv(script, inputs, out)) == 0
+    err = _one_line(capsys, script, script_argv(script, inputs, out, "--resume",
+                                                "--max-steps", "2", *flags))
+    assert said in err, err
 
 
 def test_a_refused_resume_leaves_the_run_as_it_was(inputs, tmp_path, capsys):

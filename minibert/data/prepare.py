@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
 from ..tokenizer import Tokenizer, default_cache_dir
-from .corpus import Documents, load_corpus
+from .corpus import Corpus, Documents, load_corpus
 from .mlm import PackedMLMDataset
 from .tokens import TokenFile, TokenFileError, tokenize_to_memmap
 from .wikitext import download_wikitext
@@ -49,23 +49,22 @@ class PreparedCorpus:
 def prepare_corpus(run_dir: PathLike, splits: Sequence[str], *,
                    data_dir: Optional[PathLike] = None, dataset: str = "wikitext-2-raw-v1",
                    cache_dir: Optional[PathLike] = None, init_from: Optional[PathLike] = None,
-                   vocab_size: int = 8192, resume: bool = False) -> Tokenizer:
+                   vocab_size: int = 8192, resume: bool = False,
+                   corpus: Optional[Corpus] = None) -> Tokenizer:
     """Read the corpus, fix the run's tokenizer and tokenize `splits` (the first is the one
     a new tokenizer learns from) into the token cache. Returns the tokenizer.
 
     `data_dir`: a WikiText folder or any folder of .txt files (`load_corpus`); None
     downloads `dataset` into `cache_dir` (default `default_cache_dir()`). The tokenizer is
-    `run_tokenizer`'s."""
+    `run_tokenizer`'s. `corpus`: `data_dir` already read by `load_corpus` (a script reads it
+    before making its run folder, to refuse a wrong one first)."""
     run_dir = Path(run_dir)
     data_dir = data_dir or download_wikitext(dataset, cache_dir=cache_dir)
-    corpus = load_corpus(data_dir)  # refuses a folder whose text files it would not all read
+    if corpus is None:
+        corpus = load_corpus(data_dir)  # refuses a folder whose text files it would not read
     for line in corpus.report():
         log.info(line)
-    for s in splits:
-        if s not in corpus.splits:
-            raise FileNotFoundError(f"split {s!r} not found in {data_dir} (found: "
-                                    f"{', '.join(sorted(corpus.splits))}); choose the "
-                                    f"training and evaluation splits among those")
+    check_splits(corpus, splits, data_dir)
     tok = run_tokenizer(run_dir, corpus.splits[splits[0]], init_from=init_from,
                         vocab_size=vocab_size, resume=resume, cache_dir=cache_dir)
     for s in splits:
@@ -84,6 +83,15 @@ def prepare_corpus(run_dir: PathLike, splits: Sequence[str], *,
         tokens = TokenFile.open(path, tok)
         log.info("split %s: %d documents, %d tokens", s, tokens.n_docs, tokens.n_tokens)
     return tok
+
+
+def check_splits(corpus: Corpus, splits: Sequence[str], data_dir: PathLike) -> None:
+    """Refuse a split the corpus does not have, naming those it has."""
+    for s in splits:
+        if s not in corpus.splits:
+            raise FileNotFoundError(f"split {s!r} not found in {data_dir} (found: "
+                                    f"{', '.join(sorted(corpus.splits))}); choose the "
+                                    f"training and evaluation splits among those")
 
 
 def load_prepared(run_dir: PathLike, splits: Sequence[str], seq_len: int,
