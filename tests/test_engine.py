@@ -91,12 +91,8 @@ def test_resume_refuses_other_settings_and_missing_checkpoints(corpus, tmp_path)
               tmp_path, resume=True)
 
 
-def test_out_of_memory_halves_the_micro_batch_and_stays_exact(corpus, tmp_path):
-    tok, ds = corpus
-    reference = tiny_model(tok)
-    train(reference, ds, collator(tok), train_config(max_steps=3), tmp_path / "ref")
-
-    model = tiny_model(tok)
+def _fits_only_small_batches(model):
+    """`model`, whose forward runs out of memory on more than 4 sequences at once."""
     forward = model.forward
 
     def small_batches_only(input_ids, *args, **kwargs):
@@ -105,13 +101,21 @@ def test_out_of_memory_halves_the_micro_batch_and_stays_exact(corpus, tmp_path):
         return forward(input_ids, *args, **kwargs)
 
     model.forward = small_batches_only
+    return model
+
+
+def test_out_of_memory_halves_the_micro_batch_and_stays_exact(corpus, tmp_path):
+    tok, ds = corpus
+    reference = tiny_model(tok)
+    train(reference, ds, collator(tok), train_config(max_steps=3), tmp_path / "ref")
+
+    model = _fits_only_small_batches(tiny_model(tok))
     cfg = train_config(max_steps=3, auto_micro_batch=True)
     train(model, ds, collator(tok), cfg, tmp_path / "oom")
     assert _losses(tmp_path / "oom") == pytest.approx(_losses(tmp_path / "ref"), rel=1e-6)
     assert _max_rel_diff(model, reference) <= 1e-6
 
-    failing = tiny_model(tok)
-    failing.forward = small_batches_only
+    failing = _fits_only_small_batches(tiny_model(tok))
     with pytest.raises(TrainingError, match=r"out of memory .* micro-batch \(16, 32\)"):
         train(failing, ds, collator(tok), train_config(max_steps=3), tmp_path / "no-auto")
 
@@ -123,15 +127,7 @@ def test_evaluation_uses_the_micro_batch_an_out_of_memory_backed_off_to(corpus, 
     tok, ds = corpus
     cfg = train_config(max_steps=4, eval_every=2, eval_batches=1)
     reference = train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "ref", eval_set=ds)
-    model = tiny_model(tok)
-    forward = model.forward
-
-    def small_batches_only(input_ids, *args, **kwargs):
-        if input_ids.shape[0] > 4:
-            raise torch.OutOfMemoryError("fake: tried to allocate 2.00 GiB")
-        return forward(input_ids, *args, **kwargs)
-
-    model.forward = small_batches_only
+    model = _fits_only_small_batches(tiny_model(tok))
     result = train(model, ds, collator(tok), replace(cfg, auto_micro_batch=True),
                    tmp_path / "oom", eval_set=ds)
     assert result["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-5)
