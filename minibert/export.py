@@ -28,7 +28,7 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
 
     The class is `model_class`, else the one the checkpoint records, else the one its weight
     names show (older checkpoints, see `_class_from_names`). A classifier's number of labels
-    comes from its weights.
+    comes from its weights, its class names from the checkpoint (LABEL_i where it has none).
     The folder loads with `from_pretrained` (and, for Post-LN, in transformers). Returns it.
     """
     checkpoint_dir = Path(checkpoint_dir)
@@ -37,7 +37,7 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
     if not isinstance(weights, dict) or not isinstance(config, dict):
         raise ValueError(f"checkpoint {checkpoint_dir} has no 'model' and 'model_config' "
                          f"entries; export handles checkpoints of minibert's training loop")
-    name = model_class or state.get("model_class") or _class_from_names(weights)
+    name = model_class or state.get("model_class") or _class_from_names(weights, config)
     if name not in EXPORTABLE:
         raise ValueError(f"model_class={name!r} is not one of {EXPORTABLE}")
     try:
@@ -49,6 +49,9 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
     if name in ("BertForSequenceClassification", "BertForTokenClassification") and \
             "classifier.weight" in weights:
         kwargs["num_labels"] = weights["classifier.weight"].shape[0]  # (C, H)
+        names = state.get("id2label")
+        if names and len(names) == kwargs["num_labels"]:
+            kwargs["id2label"] = names
     model = (BertModel if name == "BertModel" else getattr(heads, name))(bert_config, **kwargs)
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
@@ -65,17 +68,22 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
     return Path(out_dir)
 
 
-def _class_from_names(weights: dict[str, Tensor]) -> str:
+def _class_from_names(weights: dict[str, Tensor], config: dict) -> str:
     """The model class a minibert state dict belongs to, from its parameter names.
 
-    The two classifiers share the name `classifier.`; they differ in the pooler, which the
-    sequence classifier always has (its input is the pooled [CLS]) and the token classifier
-    never has (as in transformers). So a classifier without `bert.pooler.` is a token
-    classifier.
+    The two classifiers share the name `classifier.`; with BERT's heads they differ in the
+    pooler, which the sequence classifier has (its input is the pooled [CLS]) and the token
+    classifier never has (as in transformers). With task_head="transform" neither has one,
+    and the names cannot tell them apart: the caller must say.
     """
     if any(k.startswith("qa_outputs.") for k in weights):
         return "BertForQuestionAnswering"
     if any(k.startswith("classifier.") for k in weights):
+        if config.get("task_head", "bert") != "bert":
+            raise ValueError("this checkpoint records no model class, and a classifier with "
+                             "task_head='transform' has the same weight names per sequence "
+                             "as per token: pass model_class='BertForSequenceClassification' "
+                             "or 'BertForTokenClassification'")
         if any(k.startswith("bert.pooler.") for k in weights):
             return "BertForSequenceClassification"
         return "BertForTokenClassification"

@@ -93,6 +93,8 @@ def save_run(ckpt_root: Path, raw: nn.Module, state: TrainState, cfg: TrainConfi
     if ctx.is_main:
         save_checkpoint(ckpt_root, state.step, {
             "model": raw.state_dict(), "model_class": type(raw).__name__, **moving,
+            # a classifier's class names, which export writes into its folder's config
+            "id2label": list(getattr(raw, "id2label", None) or []) or None,
             "model_config": asdict(raw.config), "train_config": asdict(cfg),
             "data_identity": data_identity}, keep=cfg.keep_checkpoints)
     barrier(ctx)

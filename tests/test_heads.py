@@ -218,8 +218,8 @@ def test_outputs_carry_transformers_field_names():
     ("BertModel", {}),
 ])
 def test_class_from_names_tells_every_model_apart(cls_name, kwargs):
-    weights = getattr(minibert, cls_name)(tiny_config(), **kwargs).state_dict()
-    assert export._class_from_names(weights) == cls_name
+    model = getattr(minibert, cls_name)(tiny_config(), **kwargs)
+    assert export._class_from_names(model.state_dict(), asdict(model.config)) == cls_name
 
 
 @pytest.mark.parametrize("cls_name, kwargs", [
@@ -243,6 +243,43 @@ def test_export_checkpoint_of_the_new_heads(cls_name, kwargs, tmp_path):
     for name in want._fields[1:]:  # logits, or start_logits and end_logits
         assert torch.equal(getattr(got, name), getattr(want, name))
         assert _max_diff(getattr(ref, name), getattr(want, name)) <= TOL
+
+
+def test_export_keeps_a_classifier_s_class_names(tmp_path):
+    """A training checkpoint records the classifier's id2label: exported without it, the
+    folder read every prediction back as LABEL_i, in minibert and in transformers."""
+    from minibert.data.tasks import TaskCollator
+    from minibert.engine import TrainConfig, train
+
+    model = minibert.BertForSequenceClassification(tiny_config(), 3,
+                                                   id2label=["neg", "neu", "pos"])
+    g = torch.Generator().manual_seed(0)
+    data = [{"input_ids": torch.randint(5, 99, (12,), generator=g).numpy(), "label": i % 3}
+            for i in range(16)]
+    train(model, data, TaskCollator(0), TrainConfig(batch_size=8, max_steps=1, warmup=0,
+                                                    progress=False, precision="fp32",
+                                                    peak_flops=1e11), tmp_path / "run")
+    export_checkpoint(tmp_path / "run" / "checkpoints" / "step_00000001", tmp_path / "export")
+    assert minibert.BertForSequenceClassification.from_pretrained(
+        tmp_path / "export").id2label == ["neg", "neu", "pos"]
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "export").id2label == \
+        {0: "neg", 1: "neu", 2: "pos"}
+
+
+def test_export_will_not_guess_between_classifiers_without_a_pooler(tmp_path):
+    """With task_head="transform" neither classifier has a pooler, so an older checkpoint's
+    names cannot tell a sequence from a token classifier: export asks rather than guess."""
+    config = minibert.BertConfig.preset("modernbert-tiny", vocab_size=99,
+                                        max_position_embeddings=64)
+    model = minibert.BertForSequenceClassification(config, 3)
+    state = {"model": model.state_dict(), "model_config": asdict(model.config), "step": 7}
+    ckpt = save_checkpoint(tmp_path / "checkpoints", 7, state)
+    with pytest.raises(ValueError, match="pass model_class="):
+        export_checkpoint(ckpt, tmp_path / "export")
+    export_checkpoint(ckpt, tmp_path / "export", model_class="BertForSequenceClassification")
+    again = minibert.BertForSequenceClassification.from_pretrained(tmp_path / "export")
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(),
+                                                 model.state_dict().values()))
 
 
 # ---- bad input ----------------------------------------------------------------------------------
