@@ -3,8 +3,8 @@
 torch runs a CPU's bf16 matmuls through oneDNN, which compiles a kernel per matmul shape
 and caches it (benchmarks/RESULTS.md, "A bound on oneDNN's kernel cache"). Run with
 `ONEDNN_VERBOSE=profile_create,profile_exec`, oneDNN prints one line per kernel it
-compiles (`create:cache_miss`), finds in its cache (`create:cache_hit`) and runs (`exec`);
-this script counts those lines step by step, each run in a fresh process:
+compiles (`create:cache_miss`) and runs (`exec`); this script counts those lines step by
+step, each run in a fresh process:
 
 * `step`: the mini model (vocabulary 8,192) trained on batches of 32 x 128 with 30% of
   positions masked, the main job's step: how many matmuls run through oneDNN in one step,
@@ -20,7 +20,7 @@ this script counts those lines step by step, each run in a fresh process:
 The data are random token ids: only the shapes matter here. Use a CPU whose oneDNN runs
 bf16 matmuls (any x86 CPU with AVX2 or later; bf16 is emulated on AVX2, so slow there).
 
-    python benchmarks/bench_kernel_cache.py              # about a minute on 2 cores
+    python benchmarks/bench_kernel_cache.py     # about three minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ import subprocess
 import sys
 from collections import Counter
 
+from minibert.memory import KERNEL_CACHE_CAPACITY, KERNEL_CACHE_ENV
+
 MARK = "@@step "  # printed, flushed, before each step; oneDNN flushes each line it prints
-BOUNDS = (128, 1024)
+BOUNDS = (KERNEL_CACHE_CAPACITY, 1024)  # the scripts' bound, and oneDNN's own
 
 
 def child(kind: str, steps: int) -> None:
@@ -76,9 +78,9 @@ def child(kind: str, steps: int) -> None:
 
 
 def run(kind: str, steps: int, bound: int) -> list[dict]:
-    """Per step: its length, and the kernels oneDNN compiled, found and ran."""
+    """Per step: its length, and the kernels oneDNN compiled and ran."""
     env = {**os.environ, "ONEDNN_VERBOSE": "profile_create,profile_exec",
-           "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(bound)}
+           KERNEL_CACHE_ENV: str(bound)}
     out = subprocess.run([sys.executable, __file__, "--child", kind, str(steps)], env=env,
                          capture_output=True, text=True, check=True).stdout
     rows: list[dict] = []
@@ -87,14 +89,12 @@ def run(kind: str, steps: int, bound: int) -> list[dict]:
             fields = line[len(MARK):].split()
             if fields[0] == "end":
                 break
-            rows.append({"length": int(fields[1]), "compiled": [], "found": 0, "ran": []})
+            rows.append({"length": int(fields[1]), "compiled": [], "ran": []})
         elif rows and line.startswith("onednn_verbose,") and ",primitive," in line:
             fields = line.split(",")
             event, key = fields[3], ",".join(fields[4:-1])  # the last field is a time
             if event == "create:cache_miss":
                 rows[-1]["compiled"].append(key)
-            elif event == "create:cache_hit":
-                rows[-1]["found"] += 1
             elif event == "exec":
                 rows[-1]["ran"].append(key)
     if len(rows) != steps:

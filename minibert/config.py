@@ -252,6 +252,17 @@ class BertConfig:
         """Build a config from a transformers BERT or ModernBERT `config.json` dict (or one
         minibert wrote), then apply overrides."""
         model_type = d.get("model_type", "bert")
+        # Neither family's decoder: minibert's MLM decoder is the word embeddings, and its
+        # attention is bidirectional.
+        if d.get("tie_word_embeddings", True) is not True:
+            raise ValueError("config.json has tie_word_embeddings=false: its MLM decoder is a "
+                             "matrix of its own, and minibert's is the word embeddings, as "
+                             "BERT's and ModernBERT's are")
+        for key in ("is_decoder", "add_cross_attention"):  # transformers' decoder switches
+            if d.get(key):
+                raise ValueError(f"config.json has {key}=true (a decoder: causal attention"
+                                 f"{' over a second sequence' if key != 'is_decoder' else ''}); "
+                                 f"minibert implements a bidirectional encoder only")
         if model_type == MODERNBERT_MODEL_TYPE:
             fields = _from_modernbert(d)
             fields.update({k: d[k] for k in ("attention", "attention_chunk_size") if k in d})
@@ -269,15 +280,6 @@ class BertConfig:
         if act != "gelu":
             raise ValueError(f"config.json has hidden_act={act!r}; minibert implements BERT's "
                              f"exact (erf) GELU only, hidden_act='gelu'")
-        if d.get("tie_word_embeddings", True) is not True:
-            raise ValueError("config.json has tie_word_embeddings=false: its MLM decoder is a "
-                             "matrix of its own, and minibert's is the word embeddings, as "
-                             "BERT's is")
-        for key in ("is_decoder", "add_cross_attention"):  # transformers' decoder switches
-            if d.get(key):
-                raise ValueError(f"config.json has {key}=true (a decoder: causal attention"
-                                 f"{' over a second sequence' if key != 'is_decoder' else ''}); "
-                                 f"minibert implements BERT's bidirectional encoder only")
         pos = d.get("position_embedding_type", "absolute")
         if pos != "absolute":
             raise ValueError(f"config.json has position_embedding_type={pos!r}; minibert "
@@ -335,8 +337,6 @@ def _from_modernbert(d: dict[str, Any]) -> dict[str, Any]:
             raise refuse(field, d[field], "'gelu' (exact, erf)")
     if d.get("decoder_bias", True) is not True:
         raise refuse("decoder_bias", d["decoder_bias"], "True")
-    if d.get("tie_word_embeddings", True) is not True:
-        raise refuse("tie_word_embeddings", d["tie_word_embeddings"], "True")
     biases = {k: d.get(k, False) for k in ("attention_bias", "mlp_bias", "norm_bias",
                                           "classifier_bias")}
     if len(set(biases.values())) != 1:

@@ -75,11 +75,13 @@ def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return t
 
 
-def all_reduce_max(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
-    """The elementwise maximum of a tensor over all ranks (in place; a no-op in one process)."""
-    if ctx.distributed:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t
+def max_over_ranks(x: int, ctx: DistContext) -> int:
+    """The largest of every rank's `x` (`x` itself in one process, with no device tensor)."""
+    if not ctx.distributed:
+        return x
+    t = torch.tensor(x, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t)
 
 
 def all_gather_objects(obj, ctx: DistContext) -> list:

@@ -35,7 +35,7 @@ from torch.utils.data import Dataset
 from .data.mlm import IGNORE_INDEX, count_targets
 from .data.sampler import GlobalBatches
 from .data.seq_warmup import cut_for_step
-from .distributed import DistContext, all_reduce_max, all_reduce_sum, unwrap
+from .distributed import DistContext, all_reduce_sum, max_over_ranks, unwrap
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
 from .precision import MATMUL_DTYPES, autocast_context, resolve_precision
 from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.engine.TrainingError)
@@ -217,8 +217,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                       for i in range(0, len(examples), micro)]
             if seq_warmup and state.step <= seq_warmup:  # data/seq_warmup.py
                 # L(step) from the global batch's width, the same however it is split
-                full = int(all_reduce_max(torch.tensor(max(
-                    b["input_ids"].shape[1] for b in micros), device=device), ctx))
+                full = max_over_ranks(max(b["input_ids"].shape[1] for b in micros), ctx)
                 micros, new_length = cut_for_step(micros, state.step + 1, cfg.seq_len_start,
                                                   seq_warmup, full)
                 if new_length:  # a new shape: the blocks kept for the old one are stale

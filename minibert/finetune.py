@@ -142,14 +142,14 @@ def train_config(args: Any, steps_per_epoch: int) -> TrainConfig:
 def check_columns(args: Any) -> None:
     """--text-column, --text-pair-column and --label-column name three different columns:
     a label column also read as text would hand the model its answer."""
-    named = [(f"--{a.replace('_', '-')}", getattr(args, a, None))
-             for a in ("text_column", "text_pair_column", "label_column")]
-    named = [(flag, column) for flag, column in named if column]
-    for i, (flag, column) in enumerate(named):
-        for other, same in named[i + 1:]:
-            if column == same:
-                raise ValueError(f"{flag} and {other} both name the column {column!r}; name "
-                                 f"each of the file's columns once")
+    seen: dict[str, str] = {}  # column -> the flag that named it
+    for name in ("text_column", "text_pair_column", "label_column"):
+        column, flag = getattr(args, name, None), f"--{name.replace('_', '-')}"
+        if column in seen:
+            raise ValueError(f"{seen[column]} and {flag} both name the column {column!r}; "
+                             f"name each of the file's columns once")
+        if column:
+            seen[column] = flag
 
 
 def epoch_config(args: Any, ctx: DistContext, n_train: int, what: str) -> TrainConfig:

@@ -124,9 +124,9 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
             return MaskedLMOutput(None, self.head(h, decoder, tied))
         _check_shape("labels", labels, tuple(input_ids.shape), "the shape of input_ids")
         _check_ids("labels", labels, "token ids to predict (IGNORE_INDEX elsewhere)")
-        _check_range("labels", labels, decoder.size(0), "vocabulary")
         predicted = labels != IGNORE_INDEX  # (B, T) bool
         h, targets = h[predicted], labels[predicted]  # (N, H), (N,)
+        _check_range("labels", targets, decoder.size(0), "vocabulary")  # N ids, not B x T
         n = targets.numel()
         # N changes from batch to batch, and with it the size of the head's largest blocks
         # (N x V logits, their fp32 copy and their gradients). On a CPU, blocks of a new size

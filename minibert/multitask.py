@@ -31,8 +31,8 @@ from .config import BertConfig
 from .heads import (BertForSequenceClassification, BertForTokenClassification,
                     SequenceClassifierOutput, TokenClassifierOutput, label_names,
                     sequence_classification_loss, token_classification_loss)
-from .hf import PathLike, load_hf_state_dict, read_config, read_weights
-from .pretrained import check_folder_tokenizer
+from .hf import PathLike, load_hf_state_dict, read_weights
+from .pretrained import read_folder_config
 from .model import BertModel, Dropout, init_weights
 
 KINDS = {"sequence": BertForSequenceClassification, "token": BertForTokenClassification}
@@ -173,10 +173,8 @@ class BertMultiTask(nn.Module):
         on top of the stored config, e.g. `hidden_dropout=0.0`. A folder whose tokenizer
         is not the vocabulary its config.json records is refused unless
         `allow_vocab_mismatch`, as in the model classes' `from_pretrained`."""
-        hf_config = read_config(path)
-        if not allow_vocab_mismatch:
-            check_folder_tokenizer(path, hf_config)
-        config = BertConfig.from_hf_dict(hf_config, **config_overrides)
+        config = BertConfig.from_hf_dict(read_folder_config(path, allow_vocab_mismatch),
+                                         **config_overrides)
         model = cls(config, tasks)
         load_hf_state_dict(model.bert, read_weights(path))
         return model

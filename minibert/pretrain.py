@@ -37,6 +37,11 @@ from .tokenizer import Tokenizer
 SEQ_LEN_WARMUP_SHARE = 0.5
 SEQ_LEN_START = 16
 
+# The BertConfig fields the architecture flags set (architecture_overrides), as those flags.
+ARCHITECTURE_FLAGS = {"norm_position": "--norm", "position": "--position", "mlp": "--mlp",
+                      "bias": "--bias", "global_every": "--global-every",
+                      "local_window": "--local-window"}
+
 # TrainConfig's fields as the flags that set them, for its messages.
 FLAGS = {f: "--" + f.replace("_", "-") for f in asdict(TrainConfig())} | {
     "warmup": "--warmup-steps"}
@@ -182,9 +187,8 @@ def check_model_fits(args: Any) -> None:
         config = BertConfig.from_hf_dict(read_config(args.init_from))
         for field, value in architecture_overrides(args).items():
             if getattr(config, field) != value:
-                raise ValueError(f"--{field.split('_')[0].replace('_', '-')} contradicts "
-                                 f"{args.init_from}, whose {field} is "
-                                 f"{getattr(config, field)!r}")
+                raise ValueError(f"{ARCHITECTURE_FLAGS[field]} contradicts {args.init_from}, "
+                                 f"whose {field} is {getattr(config, field)!r}")
         tok = Tokenizer.from_pretrained(args.init_from)
         config.check_fits(args.seq_len, tok.vocab_size)
         check_tokenizer_fits(config, tok, source=args.init_from,
@@ -193,9 +197,7 @@ def check_model_fits(args: Any) -> None:
     else:
         config = in_flag_names(lambda: BertConfig.preset(
             args.preset, vocab_size=args.vocab_size, **architecture_overrides(args)),
-            {"norm_position": "--norm", "position": "--position", "mlp": "--mlp",
-             "bias": "--bias", "global_every": "--global-every",
-             "local_window": "--local-window"})
+            ARCHITECTURE_FLAGS)
         config.check_fits(args.seq_len, args.vocab_size)
 
 

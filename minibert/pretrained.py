@@ -78,9 +78,7 @@ class PretrainedMixin:
             raise ValueError(f"on_other_labels={on_other_labels!r}: choose one of "
                              f"{ON_OTHER_LABELS}")
         asked_labels = bool({"num_labels", "id2label"} & set(config_overrides))
-        hf_config = read_config(path)
-        if not allow_vocab_mismatch:
-            check_folder_tokenizer(path, hf_config)
+        hf_config = read_folder_config(path, allow_vocab_mismatch)
         init_kwargs = cls._init_kwargs(hf_config, config_overrides)
         config = BertConfig.from_hf_dict(hf_config, **config_overrides)
         model = cls(config, **init_kwargs)
@@ -205,15 +203,20 @@ def check_tokenizer_fits(config: BertConfig, tokenizer: "Tokenizer", *,
                          f"{what}'s own? {surgery}")
 
 
-def check_folder_tokenizer(path: PathLike, hf_config: Optional[dict[str, Any]] = None) -> None:
-    """Refuse a model folder whose recorded vocabulary (`VOCAB_KEY`) is not its tokenizer's.
+def read_folder_config(path: PathLike, allow_vocab_mismatch: bool = False) -> dict[str, Any]:
+    """A model folder's config.json, read by every loader of a folder before its weights
+    (the model classes' `from_pretrained`, `SentenceEncoder`, `BertMultiTask`): a folder
+    whose recorded vocabulary (`VOCAB_KEY`) is not its tokenizer's is refused, unless
+    `allow_vocab_mismatch` (deliberate vocabulary surgery)."""
+    hf_config = read_config(path)
+    if not allow_vocab_mismatch:
+        _check_folder_tokenizer(Path(path), hf_config)
+    return hf_config
 
-    Every loader of a folder calls it before reading weights: the model classes'
-    `from_pretrained`, `SentenceEncoder` and `BertMultiTask`. A folder that records no
-    vocabulary, or holds no tokenizer, passes. `hf_config`: its config.json, if already read.
-    """
-    folder = Path(path)
-    recorded = (read_config(folder) if hf_config is None else hf_config).get(VOCAB_KEY)
+
+def _check_folder_tokenizer(folder: Path, hf_config: dict[str, Any]) -> None:
+    """A folder that records no vocabulary, or holds no tokenizer, passes."""
+    recorded = hf_config.get(VOCAB_KEY)
     if not recorded or not any((folder / n).is_file() for n in ("tokenizer.json", "vocab.txt")):
         return
     from .tokenizer import Tokenizer  # here: the model classes need no tokenizer otherwise

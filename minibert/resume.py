@@ -89,12 +89,12 @@ def save_run(ckpt_root: Path, raw: nn.Module, state: TrainState, cfg: TrainConfi
     """Write the checkpoint of `state.step`: weights, the TrainState (with every rank's RNG
     state) and the run identity."""
     moving = state.state_dict()
+    names = getattr(raw, "id2label", None)  # a classifier's, which export writes into its config
     moving["rng"] = all_gather_objects(moving["rng"], ctx)  # every rank takes part
     if ctx.is_main:
         save_checkpoint(ckpt_root, state.step, {
             "model": raw.state_dict(), "model_class": type(raw).__name__, **moving,
-            # a classifier's class names, which export writes into its folder's config
-            "id2label": list(getattr(raw, "id2label", None) or []) or None,
+            "id2label": list(names) if names else None,
             "model_config": asdict(raw.config), "train_config": asdict(cfg),
             "data_identity": data_identity}, keep=cfg.keep_checkpoints)
     barrier(ctx)

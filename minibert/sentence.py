@@ -30,8 +30,8 @@ from torch import Tensor
 
 from .config import BertConfig
 from .data.mlm import pad_batch
-from .hf import PathLike, load_hf_state_dict, read_config, read_weights
-from .pretrained import check_folder_tokenizer
+from .hf import PathLike, load_hf_state_dict, read_weights
+from .pretrained import read_folder_config
 from .model import BertModel
 from .tokenizer import Tokenizer
 
@@ -133,10 +133,8 @@ class SentenceEncoder(nn.Module):
         in the model classes' `from_pretrained`.
         """
         check_pooling(pooling)  # before reading any file
-        hf_config = read_config(path)
-        if not allow_vocab_mismatch:
-            check_folder_tokenizer(path, hf_config)
-        config = BertConfig.from_hf_dict(hf_config, **config_overrides)
+        config = BertConfig.from_hf_dict(read_folder_config(path, allow_vocab_mismatch),
+                                         **config_overrides)
         tokenizer = Tokenizer.from_pretrained(path)
         model = BertModel(config, add_pooler=False)
         load_hf_state_dict(model, read_weights(path))  # extra tensors (heads) are skipped

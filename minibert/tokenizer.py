@@ -268,29 +268,14 @@ class Tokenizer:
         """
         directory = Path(directory)
         vocab = sorted(self.backend.get_vocab().items(), key=lambda kv: kv[1])
+        pipeline = self.backend.to_str(pretty=True)
         files = {"vocab.txt": "".join(t + "\n" for t, _ in vocab)}
-        config = self._hf_config(model_max_length)
+        config = _hf_tokenizer_config(json.loads(pipeline).get("normalizer"), model_max_length)
         if config is not None:
             files["tokenizer_config.json"] = json.dumps(config, indent=2) + "\n"
-        files["tokenizer.json"] = self.backend.to_str(pretty=True)  # renamed last
+        files["tokenizer.json"] = pipeline  # renamed last
         write_files_atomically(directory, files)
         return directory
-
-    def _hf_config(self, model_max_length: Optional[int]) -> Optional[dict]:
-        """transformers' `tokenizer_config.json` for a BertTokenizer with this normaliser,
-        or None when the normaliser is not BERT's."""
-        normalizer = json.loads(self.backend.to_str()).get("normalizer") or {}
-        if normalizer.get("type") != "BertNormalizer":
-            return None
-        config = {"tokenizer_class": "BertTokenizer",
-                  "do_lower_case": normalizer["lowercase"],
-                  "strip_accents": normalizer.get("strip_accents"),  # None: as do_lower_case
-                  "tokenize_chinese_chars": normalizer.get("handle_chinese_chars", True),
-                  "unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS,
-                  "mask_token": MASK}
-        if model_max_length is not None:
-            config["model_max_length"] = model_max_length
-        return config
 
     def _save_atomically(self, directory: Path) -> None:
         """Save into a temporary sibling, then rename, so readers never see half a cache."""
@@ -491,3 +476,19 @@ def _read_vocab_txt(path: Path) -> dict[str, int]:
         )
     return {t: ids[0] for t, ids in lines.items()}
 
+
+def _hf_tokenizer_config(normalizer: Optional[dict], model_max_length: Optional[int]
+                         ) -> Optional[dict]:
+    """transformers' `tokenizer_config.json` for a BertTokenizer with this normaliser (its
+    entry in tokenizer.json), or None when the normaliser is not BERT's."""
+    if not normalizer or normalizer.get("type") != "BertNormalizer":
+        return None
+    config = {"tokenizer_class": "BertTokenizer",
+              "do_lower_case": normalizer["lowercase"],
+              "strip_accents": normalizer.get("strip_accents"),  # None: as do_lower_case
+              "tokenize_chinese_chars": normalizer.get("handle_chinese_chars", True),
+              "unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS,
+              "mask_token": MASK}
+    if model_max_length is not None:
+        config["model_max_length"] = model_max_length
+    return config

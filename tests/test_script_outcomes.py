@@ -213,11 +213,12 @@ def test_init_from_without_readable_weights_is_refused_before_out(script, inputs
         assert not out.exists()
 
 
-def test_an_architecture_flag_against_init_from_is_refused_before_out(inputs, tmp_path,
+@pytest.mark.parametrize("flags", [["--norm", "pre"], ["--global-every", "3"]])
+def test_an_architecture_flag_against_init_from_is_refused_before_out(flags, inputs, tmp_path,
                                                                       capsys):
     out = tmp_path / "out"
-    args = argv("pretrain_wikitext", inputs, inputs / "teacher", out, "--norm", "pre")
-    assert "--norm contradicts" in _one_line(capsys, "pretrain_wikitext", args)
+    args = argv("pretrain_wikitext", inputs, inputs / "teacher", out, *flags)
+    assert f"{flags[0]} contradicts" in _one_line(capsys, "pretrain_wikitext", args)
     assert not out.exists()
 
 
