@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from minibert.config import BertConfig
+
 BACKENDS = ("math", "sdpa", "chunked")
 
 
@@ -166,9 +168,11 @@ def main() -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--chunk-size", default="128",
-                   help="the chunked backend's tile, or 'auto': minibert.attention."
-                   "pick_chunk_size measures the fastest at each length on this machine")
+    # The tile a user gets without choosing one, so that a bare run measures the default.
+    p.add_argument("--chunk-size", default=str(BertConfig.attention_chunk_size),
+                   help="the chunked backend's tile (default: BertConfig's), or 'auto': "
+                   "minibert.attention.pick_chunk_size measures the fastest at each length "
+                   "on this machine")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--window", type=int, help="a local layer: each query sees the keys within "
                    "this many positions (default: global attention)")
