@@ -236,17 +236,41 @@ def read_weights(path: PathLike) -> dict[str, Tensor]:
 
     A missing file is a FileNotFoundError and a damaged one a ValueError, each naming the file.
     """
-    path = Path(path)
+    files = _weight_files(Path(path))
+    if files[0].suffix != ".safetensors":
+        return _load_torch_file(files[0])
+    sd: dict[str, Tensor] = {}
+    for file in files:
+        sd.update(_load_safetensors(file))
+    return sd
+
+
+def check_weights(path: PathLike) -> None:
+    """Raise what `read_weights` would for missing or damaged weights, without reading them.
+
+    For a script that must refuse a bad checkpoint before it writes anything, and loads the
+    weights only later: safetensors' header gives every tensor's byte range, checked against
+    the file's size, so a file cut short is found without reading its tensors. A pickled
+    `pytorch_model.bin` has no such header and is read whole.
+    """
+    files = _weight_files(Path(path))
+    if files[0].suffix != ".safetensors":
+        _load_torch_file(files[0])
+        return
+    for file in files:
+        _load_safetensors(file, header_only=True)
+
+
+def _weight_files(path: Path) -> list[Path]:
+    """The files holding a model folder's weights, in the order `read_weights` prefers:
+    one safetensors file, a safetensors index's shards, or a pickled `pytorch_model.bin`."""
     for name in (WEIGHTS_FILE, PRE_LN_WEIGHTS_FILE):
         if (path / name).is_file():
-            return _load_safetensors(path / name)
+            return [path / name]
     if (path / INDEX_FILE).is_file():
-        sd: dict[str, Tensor] = {}
-        for shard in _shard_files(path / INDEX_FILE):
-            sd.update(_load_safetensors(shard))
-        return sd
+        return _shard_files(path / INDEX_FILE)
     if (path / TORCH_FILE).is_file():
-        return _load_torch_file(path / TORCH_FILE)
+        return [path / TORCH_FILE]
     raise FileNotFoundError(f"no weights in {path}: looked for {WEIGHTS_FILE}, "
                             f"{PRE_LN_WEIGHTS_FILE}, {INDEX_FILE} and {TORCH_FILE}")
 
@@ -279,14 +303,19 @@ def _shard_files(index: Path) -> list[Path]:
     return shards
 
 
-def _load_safetensors(file: Path) -> dict[str, Tensor]:
+def _load_safetensors(file: Path, header_only: bool = False) -> dict[str, Tensor]:
+    """The tensors in `file`; with `header_only`, none: the header is read and checked
+    against the file's size (every tensor's byte range must lie inside it)."""
     try:
-        from safetensors import SafetensorError
+        from safetensors import SafetensorError, safe_open
         from safetensors.torch import load_file
     except ImportError:
         raise ImportError(f"reading {file} needs the safetensors package: "
                           f"pip install 'minibert[hf]'") from None
     try:
+        if header_only:
+            with safe_open(str(file), framework="pt"):
+                return {}
         return load_file(str(file))
     except SafetensorError as e:
         raise _damaged(file, "safetensors file", e) from None

@@ -23,7 +23,7 @@ from .data.corpus import Corpus, load_corpus
 from .data.prepare import PreparedCorpus, check_splits, load_prepared, prepare_corpus
 from .data.wikitext import WIKITEXT_VARIANTS
 from .distributed import DistContext, barrier
-from .hf import read_config, read_weights, require_safetensors
+from .hf import check_weights, read_config, require_safetensors
 from .precision import resolve_precision
 from .pretrained import check_tokenizer_fits
 from .state import TrainConfig
@@ -193,7 +193,7 @@ def check_model_fits(args: Any) -> None:
         config.check_fits(args.seq_len, tok.vocab_size)
         check_tokenizer_fits(config, tok, source=args.init_from,
                              allow_vocab_mismatch=args.allow_vocab_mismatch)
-        read_weights(args.init_from)  # missing or damaged: said now, not after the tokenizer
+        check_weights(args.init_from)  # missing or damaged: said now, not after the tokenizer
     else:
         config = in_flag_names(lambda: BertConfig.preset(
             args.preset, vocab_size=args.vocab_size, **architecture_overrides(args)),

@@ -176,6 +176,27 @@ def test_damaged_safetensors_is_called_damaged(damage, tmp_path):
         minibert.BertModel.from_pretrained(folder)
 
 
+@pytest.mark.parametrize("damage", ["random", "truncated", "empty"])
+def test_check_weights_finds_damage_without_reading_the_tensors(damage, tmp_path, monkeypatch):
+    from minibert.hf import check_weights
+
+    minibert.BertModel(tiny_config()).save_pretrained(tmp_path / "src")
+    whole = (tmp_path / "src" / "model.safetensors").read_bytes()
+    data = {"random": os.urandom(4096), "truncated": whole[:-4], "empty": b""}[damage]
+    (tmp_path / "m").mkdir()
+    folder = _folder_with(tmp_path / "m", "model.safetensors", data)
+    with pytest.raises(ValueError, match=r"model\.safetensors is damaged"):
+        check_weights(folder)
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("check_weights read the tensors")
+
+    monkeypatch.setattr(safetensors_torch, "load_file", no_reading)
+    check_weights(tmp_path / "src")  # a whole file: its header suffices
+    with pytest.raises(FileNotFoundError, match="no weights in"):
+        check_weights(tmp_path)
+
+
 def test_git_lfs_pointer_is_named_as_such(tmp_path):
     pointer = b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 9\n"
     folder = _folder_with(tmp_path, "model.safetensors", pointer)

@@ -245,10 +245,17 @@ def test_existing_run_is_never_overwritten_and_damage_is_detected(data_dir, tmp_
         capsys, _args(data_dir, out, cache, "--max-steps", "8", "--resume"))
 
 
-def test_continued_pretraining_on_a_folder_of_text_files(data_dir, tmp_path, allocator_calls):
+def test_continued_pretraining_on_a_folder_of_text_files(data_dir, tmp_path, allocator_calls,
+                                                         monkeypatch):
     """--init-from a checkpoint, --data-dir any folder of .txt files (domain adaptation)."""
+    import safetensors.torch
+
     cache = tmp_path / "cache"
     assert pretrain.main(_args(data_dir, tmp_path / "base", cache, "--max-steps", "2")) == 0
+    reads = []
+    load_file = safetensors.torch.load_file
+    monkeypatch.setattr(safetensors.torch, "load_file",
+                        lambda file, *a, **k: reads.append(file) or load_file(file, *a, **k))
     domain = tmp_path / "domain"
     domain.mkdir()
     rng = random.Random(1)
@@ -260,6 +267,7 @@ def test_continued_pretraining_on_a_folder_of_text_files(data_dir, tmp_path, all
     args = _args(domain, out, cache, "--init-from", str(tmp_path / "base" / "final"),
                  "--max-steps", "3", "--keep-freed-memory")
     assert pretrain.main(args) == 0
+    assert len(reads) == 1  # checked before --out is made by its header alone, then read once
     assert allocator_calls == [True, True]  # asked by both runs (the first by default)
     base_tok = minibert.Tokenizer.from_pretrained(tmp_path / "base" / "final")
     assert minibert.Tokenizer.from_pretrained(out / "final").fingerprint == base_tok.fingerprint
