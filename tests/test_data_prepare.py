@@ -80,3 +80,20 @@ def test_the_runs_tokenizer(data_dir, tmp_path, caplog, monkeypatch):
     assert f"every {prepare._nth(k)} document of train" in caplog.text
     assert [prepare._nth(k) for k in (1, 2, 3, 4, 11, 12, 13, 21, 22, 112)] == \
         ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "112th"]
+
+
+def test_corpora_that_split_the_same_text_otherwise_differ(tmp_path):
+    """The same characters cut into other documents are another corpus: other blocks, so
+    another cache key (a key over the text alone reused one corpus's token file for the
+    other)."""
+    folders = {"two": " = a = \n the cat sat.\n = b = \n on the mat.\n",
+               "one": " = a = \n the cat sat.= b = \n on the mat.\n"}
+    keys = {}
+    for name, text in folders.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.txt").write_text(text)
+        (tmp_path / name / "valid.txt").write_text(" = v = \n the dog.\n")
+        train = load_corpus(tmp_path / name).splits["train"]
+        keys[name] = (len(train), train.fingerprint)
+    assert keys["two"][0] == 2 and keys["one"][0] == 1
+    assert keys["two"][1] != keys["one"][1]

@@ -54,8 +54,8 @@ class Documents:
     be far bigger than memory; iterate it as often as needed (each pass reads the disk
     again). A text folder's two splits read the same files and each keeps its own
     documents by index: every `holdout_every`-th document is `valid`, the others `train`.
-    `len()` (documents), `n_chars` and `fingerprint` (a hash of the documents' text, the
-    token cache's key) come from the scan `load_corpus` makes.
+    `len()` (documents), `n_chars` and `fingerprint` (a hash of each document's length and
+    text, the token cache's key) come from the scan `load_corpus` makes.
     """
 
     def __init__(self, files: list[Path], layout: str, split: str,
@@ -268,7 +268,10 @@ def _scan(splits: list[Documents]) -> list[CorpusFile]:
                     if d.keeps(i):
                         d.n_documents += 1
                         d.n_chars += len(doc)
-                        hashes[id(d)].update(doc.encode("utf-8", "surrogatepass"))
+                        # Each document's length before it: the same characters cut
+                        # into other documents are another corpus, with other blocks.
+                        text = doc.encode("utf-8", "surrogatepass")
+                        hashes[id(d)].update(len(text).to_bytes(8, "little") + text)
                 n_file, chars_file, i = n_file + 1, chars_file + len(doc), i + 1
             files.append(CorpusFile(path, "+".join(d.split for d in group), n_file, chars_file))
     for d in splits:
