@@ -215,3 +215,31 @@ def test_a_sample_of_a_split_is_spread_over_all_of_it(tmp_path):
     assert list(sample) == list(sample) == whole[::sample.k]
     assert list(sample)[-1].startswith("b document")  # from the last file too, not the first
     assert list(train.sample(10**9)) == whole
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32"])
+def test_a_utf16_or_utf32_corpus_file_is_refused(tmp_path, encoding):
+    """Read as UTF-8, UTF-16 text keeps its words (the normaliser drops the NULs) but loses
+    every line break, so a file of documents became one document without a word said."""
+    from minibert.data.text import iter_documents
+
+    f = tmp_path / "corpus.txt"
+    f.write_bytes("the cat sat\n\nthe dog went\n\na city\n".encode(encoding))
+    with pytest.raises(ValueError, match=r"corpus\.txt is not UTF-8.*save it as UTF-8"):
+        list(iter_documents(f))
+    (tmp_path / "more.txt").write_text("\n\n".join(f"document {i}" for i in range(40)))
+    with pytest.raises(ValueError, match=r"corpus\.txt is not UTF-8"):
+        load_corpus(tmp_path)
+
+
+def test_a_corpus_file_with_carriage_returns_only_is_refused(tmp_path):
+    """Classic Mac OS line ends (\\r alone) are no line ends to a reader of \\n: the whole
+    file would be one line, one document, held in memory at once."""
+    from minibert.data.text import iter_lines
+
+    f = tmp_path / "mac.txt"
+    f.write_bytes(b"the cat sat\r\rthe dog went\r")
+    with pytest.raises(ValueError, match=r"mac\.txt ends its lines with \\r alone.*\\n"):
+        list(iter_lines(f))
+    f.write_bytes(b"windows\r\n\r\nline ends\r\n")  # \r\n is fine
+    assert list(iter_lines(f)) == ["windows", "", "line ends"]

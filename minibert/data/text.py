@@ -4,7 +4,9 @@ written so that a crash never leaves half a file.
 Web-scraped corpora regularly contain a few bytes that are not valid UTF-8. A
 pipeline that crashes on byte 3,141,592,653 of a 5 GB file wastes an hour, so
 every reader in minibert decodes with replacement (U+FFFD) and reports how many
-bytes it replaced in one warning per file, instead of raising.
+bytes it replaced in one warning per file, instead of raising. A file that is plainly
+not UTF-8 text with `\\n` line ends (UTF-16, or classic Mac OS `\\r` line ends) is
+refused by its first bytes instead: read as UTF-8 it would silently lose its line breaks.
 """
 from __future__ import annotations
 
@@ -76,10 +78,14 @@ def iter_text_chunks(path: PathLike, chunk_bytes: int = _CHUNK_BYTES) -> Iterato
     n_replaced = 0
     tail = b""
     with open(path, "rb") as f:
+        first = True
         while True:
             block = f.read(chunk_bytes)
             if not block:
                 break
+            if first:
+                _check_utf8_lines(path, block)
+                first = False
             block = tail + block
             cut = block.rfind(b"\n") + 1
             if cut == 0:  # no newline yet: keep accumulating (a very long line)
@@ -99,6 +105,27 @@ def iter_text_chunks(path: PathLike, chunk_bytes: int = _CHUNK_BYTES) -> Iterato
             UnicodeWarning,
             stacklevel=2,
         )
+
+
+# UTF-8 text holds no NUL bytes; UTF-16 and UTF-32 put one beside every ASCII character.
+_MAX_NUL_SHARE = 0.1
+
+
+def _check_utf8_lines(path: Path, head: bytes) -> None:
+    """Refuse a file whose first bytes are plainly not UTF-8 text with `\\n` line ends.
+
+    Decoded with replacement, such a file does not fail: UTF-16's words survive (the
+    tokenizer's normaliser drops the NULs) but its line breaks do not, and a file that
+    ends lines with `\\r` alone has none either, so documents would silently run together
+    (and a line is held in memory whole). A few stray bad bytes stay a warning.
+    """
+    boms = (b"\xff\xfe", b"\xfe\xff")  # UTF-16's, and UTF-32 LE's starts with the first
+    if head.startswith(boms) or head.count(0) > _MAX_NUL_SHARE * len(head):
+        raise ValueError(f"{path} is not UTF-8 text: it looks like UTF-16 or UTF-32 (a byte "
+                         f"order mark or many NUL bytes); save it as UTF-8")
+    if b"\r" in head and b"\n" not in head:
+        raise ValueError(f"{path} ends its lines with \\r alone (classic Mac OS line ends); "
+                         f"convert them to \\n, e.g. tr '\\r' '\\n' < in > out")
 
 
 def _decode(raw: bytes) -> tuple[str, int]:
