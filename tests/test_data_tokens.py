@@ -266,3 +266,22 @@ def test_a_streamed_split_tokenizes_and_trains_as_its_list(tmp_path, caplog):
     assert a.n_docs == len(docs) == 57
     assert (tmp_path / "streamed.tok").read_bytes() == (tmp_path / "listed.tok").read_bytes()
     assert np.array_equal(a.doc_offsets, b.doc_offsets)
+
+
+def test_the_text_file_read_is_never_the_output(tok, tmp_path):
+    """out_path naming the text it reads (a slip of the command line) would have replaced
+    the corpus with its token file."""
+    from minibert.data import load_corpus
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    text = "\n\n".join(f"the cat sat on mat {i}" for i in range(30)) + "\n"
+    (corpus / "notes.txt").write_text(text)
+    (tmp_path / "link.txt").symlink_to(corpus / "notes.txt")
+    split = load_corpus(corpus).splits["train"]
+    for source in (corpus / "notes.txt", [str(corpus / "notes.txt")], split):
+        for out in (corpus / "notes.txt", tmp_path / "link.txt"):
+            with pytest.raises(ValueError, match="is the text file it reads"):
+                tokenize_to_memmap(source, tok, out)
+    assert (corpus / "notes.txt").read_text() == text
+    assert sorted(p.name for p in corpus.iterdir()) == ["notes.txt"]  # no temporary left

@@ -222,7 +222,7 @@ def tokenize_to_memmap(
     try:
         with open(tmp, "wb") as f:
             f.write(b"\0" * HEADER_BYTES)  # placeholder; the real header goes in last
-            docs = _documents(source)
+            docs = _documents(source, out_path)
             while batch := list(itertools.islice(docs, batch_docs)):
                 encoded = encode(batch, add_special_tokens=False)
                 counts = [len(e) for e in encoded]
@@ -276,9 +276,18 @@ def _encode_header(header: dict) -> bytes:
     return MAGIC + body + b" " * (room - len(body)) + b"\n"
 
 
-def _documents(source) -> Iterator[str]:
-    """Yield the documents of `source` (see `tokenize_to_memmap`)."""
+def _check_not_output(text_file: Path, out_path: Path) -> None:
+    if out_path.exists() and os.path.samefile(text_file, out_path):
+        raise ValueError(f"tokenize_to_memmap: out_path {out_path} is the text file it reads; "
+                         f"the token file would replace the text. Give another out_path")
+
+
+def _documents(source, out_path: Path) -> Iterator[str]:
+    """Yield the documents of `source` (see `tokenize_to_memmap`), refusing a text file
+    that is `out_path` itself: the token file would replace the text when renamed."""
     if isinstance(source, Documents):  # documents already: none of them is a file name
+        for path in source.files:
+            _check_not_output(path, out_path)
         yield from source
         return
     if isinstance(source, (str, os.PathLike)):
@@ -300,6 +309,7 @@ def _documents(source) -> Iterator[str]:
         else:
             raise TypeError(f"tokenize_to_memmap: items must be str (a document or a file "
                             f"name) or pathlib.Path (a text file), got {type(item).__name__}")
+        _check_not_output(path, out_path)
         logger.info("tokenize_to_memmap: reading the documents of %s", path)
         yield from iter_documents(path)
     if n == 0:
