@@ -55,6 +55,16 @@ def test_every_missing_column_is_named(tmp_path):
                   f"(columns found: 'text', 'gold')"
 
 
+@pytest.mark.parametrize("name", ["train.tsv", "train.csv"])
+def test_a_line_of_spaces_is_blank_like_an_empty_line(tmp_path, name):
+    """An editor's trailing spaces on an empty line were a row of one field, refused as
+    "1 field(s) but the header has 2 (a tab inside a text?)"."""
+    sep = "\t" if name.endswith(".tsv") else ","
+    path = write(tmp_path / name, f"text{sep}label\nthe cat{sep}pos\n   \n \na dog{sep}neg\n")
+    assert read_table(path, ["text", "label"]) == [(2, ["the cat", "pos"]),
+                                                   (5, ["a dog", "neg"])]
+
+
 def test_a_blank_first_line_is_not_taken_for_an_empty_header(tmp_path):
     path = write(tmp_path / "train.csv", "\nsentence,label\ngreat,pos\n")
     assert message(read_table, path, ["sentence", "label"]) == \

@@ -65,8 +65,8 @@ def read_table(path: PathLike, columns: list[str]) -> list[tuple[int, list[str]]
         line = reader.line_num + 1
         for fields in reader:
             line, start = reader.line_num + 1, line  # a quoted CSV field may span lines
-            if not fields:  # a blank line
-                continue
+            if not fields or (len(fields) == 1 and not fields[0].strip()):
+                continue  # a blank line, or one of spaces only
             if len(fields) != len(header):
                 hint = "a tab inside a text?" if kind == ".tsv" else \
                     "quote a text that holds commas"
