@@ -332,6 +332,21 @@ def test_answer_across_a_window_edge_is_found_in_the_window_that_holds_it(tok):
     assert short.text != "New York City"
 
 
+def test_a_predicted_span_keeps_the_accents_that_follow_its_last_letter(tok):
+    """Written decomposed (NFD), an accent is a character of its own after its letter; the
+    tokenizer strips it, so its token's offsets end before it, and the predicted text lost
+    its last accent and the exact match."""
+    context = "the cat e\u0301te\u0301 sat on the mat"
+    answer = "e\u0301te\u0301"
+    ex = QAExample("q", "where did the cat go", context, [(answer, context.index(answer))],
+                   False)
+    (f,) = encode_qa(tok, [ex])
+    start, end = np.full(len(f["input_ids"]), -9.0), np.full(len(f["input_ids"]), -9.0)
+    start[f["start_position"]], end[f["end_position"]] = 9.0, 9.0
+    (pred,) = best_span([start], [end], [f], [ex])
+    assert (pred.text, pred.start, pred.end) == (answer, 8, 8 + len(answer))
+
+
 def test_unanswerable_questions_and_the_null_score_rule(tok):
     impossible = QAExample("x", QUESTION, CONTEXT, [], True)
     features = encode_qa(tok, [impossible], max_len=36, doc_stride=10)

@@ -20,6 +20,7 @@ BERT's recipe (Devlin et al. 2019, section 4.2, and run_squad.py of google-resea
 """
 from __future__ import annotations
 
+import unicodedata
 from collections import defaultdict
 from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
 
@@ -174,6 +175,10 @@ def best_span(start_logits: Sequence, end_logits: Sequence, features: Sequence[M
             continue
         f, i, j = best
         start, end = int(f["offsets"][i][0]), int(f["offsets"][j][1])
+        # A combining mark (a decomposed accent) belongs to the letter before it, but a
+        # tokenizer that strips accents ends that letter's token before the mark.
+        while end < len(ex.context) and unicodedata.combining(ex.context[end]):
+            end += 1
         predictions.append(SpanPrediction(ex.id, ex.context[start:end], start, end,
                                           best_score, diff))
     return predictions
