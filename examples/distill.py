@@ -16,9 +16,11 @@ teacher's tokenizer: teacher and student share one vocabulary. The same student 
 trained again without the teacher (plain MLM, same seed, same steps), and the three are
 evaluated on the same masked evaluation blocks. Outputs in --out: eval.json (teacher,
 distilled, baseline), metrics.jsonl and checkpoints/ of the distillation, baseline/ (the same
-for the run without the teacher) and final/ (the distilled student, loadable by
-transformers, with the tokenizer). Bad input ends with one line on stderr and exit status 2,
-before --out is touched; the exit status says how a run ended (minibert/cli.py).
+for the run without the teacher) and final/ (the distilled student with the tokenizer,
+loadable by transformers when its switches are BERT's or ModernBERT's; --norm, --position
+and the other architecture flags are pretrain_wikitext.py's, applied to the student). Bad
+input ends with one line on stderr and exit status 2, before --out is touched; the exit
+status says how a run ended (minibert/cli.py).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def parse_args(argv=None):
     # the training flags apply to each of the two student runs.
     pretrain.add_data_args(p)
     m = p.add_argument_group("student")
-    m.add_argument("--norm", choices=["pre", "post"], help="default post (original BERT)")
+    pretrain.add_architecture_args(m)  # the student's switches; unset, its preset's own
     m.add_argument("--attention", choices=["sdpa", "math", "chunked"])
     m.add_argument("--dropout", type=float, help="overrides hidden and attention dropout")
     m.add_argument("--compile", action="store_true", help="torch.compile the student + teacher")
@@ -79,21 +81,24 @@ def prepare(args, ctx):
         raise ValueError(f"unknown --student-preset {args.student_preset!r}; choose one of "
                          f"{', '.join(ALL_PRESETS)}")
     cfg = pretrain.check_args(args, ctx)  # every numeric flag, the batch split
-    teacher, _ = load_teacher(args.teacher, args.seq_len, args.allow_vocab_mismatch)
-    return cfg, teacher, pretrain.read_corpus(args, ctx)
+    teacher, tok = load_teacher(args.teacher, args.seq_len, args.allow_vocab_mismatch)
+    student = student_config(args, teacher, tok)
+    student.check_fits(args.seq_len, tok.vocab_size, what="the student")
+    return cfg, teacher, student, pretrain.read_corpus(args, ctx)
 
 
-def build_student(args, teacher: minibert.BertForMaskedLM,
-                  tok: minibert.Tokenizer) -> minibert.BertForMaskedLM:
-    """A fresh student of --student-preset with exactly the teacher's output vocabulary."""
-    overrides = {}
+def student_config(args, teacher: minibert.BertForMaskedLM,
+                   tok: minibert.Tokenizer) -> minibert.BertConfig:
+    """--student-preset with its switches as the flags set them, and exactly the teacher's
+    output vocabulary."""
+    overrides = pretrain.architecture_overrides(args)
     if args.attention:
         overrides["attention"] = args.attention
     if args.dropout is not None:
         overrides.update(hidden_dropout=args.dropout, attention_dropout=args.dropout)
-    return minibert.BertForMaskedLM(minibert.BertConfig.preset(
+    return cli.in_flag_names(lambda: minibert.BertConfig.preset(
         args.student_preset, vocab_size=teacher.config.vocab_size, pad_token_id=tok.pad_id,
-        norm_position=args.norm or "post", **overrides))
+        **overrides), pretrain.ARCHITECTURE_FLAGS)
 
 
 def report(rows: dict[str, dict]) -> str:
@@ -106,7 +111,7 @@ def report(rows: dict[str, dict]) -> str:
 
 
 def run(args, ctx, prepared) -> None:
-    cfg, teacher, corpus = prepared
+    cfg, teacher, student, corpus = prepared
     # The teacher's tokenizer (--init-from is the teacher), read after rank 0 has written it.
     data, identity = pretrain.prepare_data(args, ctx, corpus)
     tok = data.tokenizer
@@ -130,7 +135,7 @@ def run(args, ctx, prepared) -> None:
     #    both students start from the same weights and draw the same dropout masks (the
     #    teacher, in eval mode, draws no random numbers).
     minibert.set_seed(args.seed, deterministic=args.deterministic)
-    distiller = Distiller(build_student(args, teacher, tok), teacher, args.alpha,
+    distiller = Distiller(minibert.BertForMaskedLM(student), teacher, args.alpha,
                           args.temperature)
     n_student = sum(p.numel() for p in distiller.parameters())
     log.info("teacher: %s, %.1fM parameters; student: %s, %.1fM; alpha %g, T %g",
@@ -146,7 +151,7 @@ def run(args, ctx, prepared) -> None:
     rows["teacher"].update(mlm_metrics(teacher, distilled["precision"]))
     # 2. The same student, same seed and steps, without the teacher: plain MLM.
     minibert.set_seed(args.seed, deterministic=args.deterministic)
-    plain = build_student(args, teacher, tok)
+    plain = minibert.BertForMaskedLM(student)
     base_out = args.out / "baseline"
     baseline = train(plain, train_set, collate, cfg, base_out, ctx=ctx,
                      resume=args.resume and latest_checkpoint(base_out / "checkpoints")

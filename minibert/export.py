@@ -1,7 +1,8 @@
 """A training checkpoint (`checkpoints/step_N`) turned into a model folder.
 
 `export_checkpoint` rebuilds the model class a checkpoint of the training loop holds and saves
-it with `save_pretrained`, so it loads with `from_pretrained` (and, Post-LN, in transformers).
+it with `save_pretrained`, so it loads with `from_pretrained` (and in transformers, for
+BERT's and ModernBERT's architectures: `BertConfig.model_type`).
 It sits above the model and its heads, which it builds.
 """
 

@@ -9,9 +9,10 @@ minibert's parameter names are its own (`bert.blocks.3.attn.qkv.weight`); the tr
 transformers' names is one table, `_RENAMES`, plus one structural difference: minibert fuses
 the query, key and value projections into one matrix, which transformers stores as three.
 
-A Pre-LN model (`norm_position="pre"`) has no transformers equivalent. Its folder says so
-(model_type "minibert-preln", weights in `minibert-preln.safetensors`), so transformers
-refuses it instead of loading it into Post-LN blocks, while minibert reads it as usual.
+A model transformers has no class for (`BertConfig.model_type`: Pre-LN BERT, or a mix of
+the modern switches that is neither BERT nor ModernBERT) says so in its folder (model_type
+"minibert-preln" or "minibert", weights in `minibert-preln.safetensors`), so transformers
+refuses it instead of loading it into other blocks, while minibert reads it as usual.
 
 Loading never runs pickled code: safetensors holds only tensors, and `pytorch_model.bin` is
 read with `torch.load(weights_only=True)`, which refuses arbitrary objects. A damaged file,

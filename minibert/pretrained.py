@@ -107,8 +107,9 @@ class PretrainedMixin:
     def save_pretrained(self, path: PathLike, tokenizer: Optional["Tokenizer"] = None) -> None:
         """Write the folder `path`: config.json and the weights, replacing an earlier export.
 
-        A Post-LN model's folder loads in transformers unchanged. A Pre-LN model's is
-        minibert-only (model_type "minibert-preln", weights in minibert-preln.safetensors),
+        Classic BERT's folder loads in transformers' Bert* classes and ModernBERT's in its
+        ModernBert* classes. Any other mix of switches (Pre-LN BERT, BERT with RoPE, ...:
+        `BertConfig.model_type`) is minibert-only (weights in minibert-preln.safetensors),
         which transformers refuses instead of misreading. `tokenizer` is saved into the same
         folder in the same step. Other files already in `path` are kept, and a crash leaves
         the complete old folder or the complete new one (see `atomic.replace_folder`).

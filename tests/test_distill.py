@@ -256,6 +256,26 @@ def _error_line(capsys, argv):
     return err
 
 
+def test_the_student_keeps_its_presets_switches_unless_a_flag_sets_one(data_dir, teacher_dir,
+                                                                      cache, tmp_path):
+    """A modernbert-* student was built Post-LN (the old --norm default), a model neither
+    ModernBERT nor BERT that transformers could not load."""
+    from minibert.distill import load_teacher
+
+    teacher, tok = load_teacher(teacher_dir, 32)
+
+    def student(*extra):
+        argv = _args(data_dir, teacher_dir, tmp_path / "o", cache, *extra)
+        return distill.student_config(distill.parse_args(argv), teacher, tok)
+
+    modern = student("--student-preset", "modernbert-tiny")
+    assert modern.norm_position == "pre" and modern.model_type() == "modernbert"
+    assert student("--student-preset", "tiny").model_type() == "bert"
+    mixed = student("--student-preset", "tiny", "--norm", "pre", "--position", "rope")
+    assert (mixed.norm_position, mixed.position, mixed.mlp) == ("pre", "rope", "gelu")
+    assert modern.vocab_size == teacher.config.vocab_size and modern.pad_token_id == tok.pad_id
+
+
 def test_bad_input_gets_one_line(data_dir, teacher_dir, cache, tmp_path, capsys):
     out = tmp_path / "run"
 
@@ -274,6 +294,7 @@ def test_bad_input_gets_one_line(data_dir, teacher_dir, cache, tmp_path, capsys)
         (args("--max-grad-norm", "-1"), "--max-grad-norm -1.0 must be > 0"),
         (args("--resume"), "no intact checkpoint"),
         (args("--precision", "fp16"), "fp16 needs a CUDA device"),
+        (args("--global-every", "0"), "--global-every 0 must be an integer >= 1"),
     ]
     for argv, words in cases:
         assert words in _error_line(capsys, argv)
