@@ -9,7 +9,8 @@ component of a `tokenizers.Tokenizer`:
 3. model           WordPiece: greedy longest-match-first into vocabulary pieces,
                    non-initial pieces carry the `##` prefix, words longer than
                    100 characters become `[UNK]`;
-4. post-processor  `[CLS] A [SEP]` (and `[CLS] A [SEP] B [SEP]` for pairs).
+4. post-processor  `[CLS] A [SEP]` (and `[CLS] A [SEP] B [SEP]` for pairs); a
+                   tokenizer made without one gets this template, with a warning.
 
 This is the same pipeline transformers' `BertTokenizerFast` builds from a
 `vocab.txt`, so a vocabulary from any BERT checkpoint gives identical ids. The
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -41,6 +43,8 @@ __all__ = ["Encoding", "Explanation", "SPECIAL_TOKENS", "Tokenizer", "default_ca
            "truncated_lengths", "wordpiece"]
 
 TRUNCATION = ("longest_first", "only_first", "only_second")
+
+logger = logging.getLogger(__name__)
 
 
 class Encoding(NamedTuple):
@@ -114,6 +118,14 @@ class Tokenizer:
                 f"the tokenizer vocabulary lacks the special token(s) {missing}; a BERT "
                 f"vocabulary needs all of {list(SPECIAL_TOKENS)}"
             )
+        if backend.post_processor is None:
+            # Without one, encode() gives no [CLS] and [SEP]: a classifier would pool an
+            # ordinary token and train on inputs BERT never saw, without any error.
+            backend.post_processor = _bert_template(backend.token_to_id(CLS),
+                                                    backend.token_to_id(SEP))
+            logger.warning("the tokenizer has no post-processor, so its encodings would "
+                           "lack [CLS] and [SEP]: attached BERT's template, [CLS] A [SEP] "
+                           "and [CLS] A [SEP] B [SEP] (saving keeps it)")
         # Padding and truncation are the collator's job, not the tokenizer's: a
         # tokenizer.json from a checkpoint may carry settings that would silently
         # cut or pad every encoding.
@@ -128,7 +140,8 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ building
     @staticmethod
-    def _bert_pipeline(vocab: Optional[dict], lowercase: bool, strip_accents: Optional[bool]):
+    def _bert_pipeline(vocab: Optional[dict], lowercase: bool, strip_accents: Optional[bool],
+                       chinese_chars: bool = True) -> tokenizers.Tokenizer:
         """An untrained (or vocab-loaded) `tokenizers.Tokenizer` wired like BERT."""
         backend = tokenizers.Tokenizer(
             models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100)
@@ -137,20 +150,22 @@ class Tokenizer:
         )
         # strip_accents=None means "follow lowercase", BERT's own convention.
         backend.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents,
+            clean_text=True, handle_chinese_chars=chinese_chars, strip_accents=strip_accents,
             lowercase=lowercase,
         )
         backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         backend.decoder = decoders.WordPiece(prefix="##")
+        # The template from the start, so that `Tokenizer(backend)` finds one. Untrained,
+        # the ids are those the trainer will give (the special tokens first, in order);
+        # training then attaches it again with the ids it did give.
+        ids = vocab if vocab is not None else {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+        if CLS in ids and SEP in ids:  # else Tokenizer() refuses the vocabulary
+            backend.post_processor = _bert_template(ids[CLS], ids[SEP])
         return backend
 
     def _attach_post_processor(self) -> None:
-        cls, sep = (CLS, self.cls_id), (SEP, self.sep_id)
-        self.backend.post_processor = processors.TemplateProcessing(
-            single=f"{CLS} $A {SEP}",
-            pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
-            special_tokens=[cls, sep],
-        )
+        """BERT's template with this vocabulary's ids (training calls it once they are known)."""
+        self.backend.post_processor = _bert_template(self.cls_id, self.sep_id)
 
     @classmethod
     def train(
@@ -210,7 +225,9 @@ class Tokenizer:
 
         For `vocab.txt` the casing comes from `lowercase` if given, else from
         `do_lower_case` / `strip_accents` in a `tokenizer_config.json` next to
-        it (as in transformers checkpoints), else BERT's default: lowercase.
+        it (as in transformers checkpoints), else BERT's default: lowercase. Whether
+        CJK characters are split one by one comes from its `tokenize_chinese_chars`
+        (default: yes). A `tokenizer.json` holds its own normalizer and is taken as is.
         """
         path = Path(path).expanduser()
         if path.is_dir():
@@ -230,23 +247,22 @@ class Tokenizer:
                 backend = tokenizers.Tokenizer.from_file(str(path))
             except Exception as e:  # the Rust side raises plain Exception on bad JSON
                 raise ValueError(f"{path} is not a valid tokenizers JSON file: {e}") from e
-            return cls(backend)
+            return _named(cls, backend, path)
 
         vocab = _read_vocab_txt(path)
+        config = _read_tokenizer_config(path.parent / "tokenizer_config.json")
         strip_accents = None
-        config = path.parent / "tokenizer_config.json"
-        if lowercase is None and config.is_file():
-            cfg = json.loads(config.read_text(encoding="utf-8"))
-            lowercase = cfg.get("do_lower_case")
-            strip_accents = cfg.get("strip_accents")
+        if lowercase is None:
+            lowercase = config.get("do_lower_case")
+            strip_accents = config.get("strip_accents")
         lowercase = True if lowercase is None else lowercase
-        backend = cls._bert_pipeline(vocab, lowercase, strip_accents)
+        chinese_chars = config.get("tokenize_chinese_chars")
+        backend = cls._bert_pipeline(vocab, lowercase, strip_accents,
+                                     True if chinese_chars is None else chinese_chars)
         # BertTokenizerFast registers the specials as added tokens, so they are
         # matched whole in the raw text ("[MASK]" in a sentence stays one token).
         backend.add_special_tokens([t for t in SPECIAL_TOKENS if t in vocab])
-        tok = cls(backend)
-        tok._attach_post_processor()
-        return tok
+        return _named(cls, backend, path)
 
     # ------------------------------------------------------------------ saving
     def save(self, directory: PathLike, model_max_length: Optional[int] = None) -> Path:
@@ -446,6 +462,62 @@ def wordpiece(word: str, vocab: dict[str, int], unk: str = UNK, prefix: str = "#
         pieces.append(piece)
         start = end
     return pieces
+
+
+def _bert_template(cls_id: int, sep_id: int) -> processors.TemplateProcessing:
+    """BERT's post-processor: `[CLS] A [SEP]`, and `[CLS] A [SEP] B [SEP]` whose token type
+    is 0 up to the first [SEP] and 1 after it, as in transformers' `BertTokenizerFast`."""
+    return processors.TemplateProcessing(
+        single=f"{CLS} $A {SEP}",
+        pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
+        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
+    )
+
+
+def _named(cls: type[Tokenizer], backend: tokenizers.Tokenizer, path: Path) -> Tokenizer:
+    """`cls(backend)`, its refusal of the vocabulary naming the file it came from."""
+    try:
+        return cls(backend)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+# The tokenizer_config.json keys that decide the normalizer; each is true, false or null
+# (null: the default).
+_CONFIG_FLAGS = ("do_lower_case", "strip_accents", "tokenize_chinese_chars")
+
+
+def _read_tokenizer_config(path: Path) -> dict:
+    """The keys of `_CONFIG_FLAGS` in a transformers `tokenizer_config.json` ({} if there is
+    no such file), each checked: a string "false" would otherwise reach the Rust normalizer
+    as a TypeError far from the file that holds it."""
+    if not path.is_file():
+        return {}
+    fix = "repair it or re-save the tokenizer (Tokenizer.save writes this file)"
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 ({e}); {fix}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); {fix}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object, not a {_json_type(config)}; {fix}")
+    for key in _CONFIG_FLAGS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(
+                f"{path}: \"{key}\" is {value!r} (a {_json_type(value)}); booleans must be "
+                f"JSON true or false (or null for the default); {fix}")
+    return {key: config.get(key) for key in _CONFIG_FLAGS}
+
+
+def _json_type(value: object) -> str:
+    """The JSON name of a parsed value's type, for error messages."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "list", dict: "object"}.get(type(value), "null")
 
 
 def _read_vocab_txt(path: Path) -> dict[str, int]:

@@ -488,3 +488,119 @@ def test_explain_shows_each_stage():
     assert [p for ps in e.pieces for p in ps] == \
         [tok.id_to_token(i) for i in e.ids[1:-1]]  # the pieces are the ids, in order
     assert e.ids == tok.encode("Walking, TALKED!")
+
+
+# ---- loading what others made: no post-processor, tokenizer_config.json -----------------
+
+SMALL_VOCAB = list(SPECIAL_TOKENS) + ["the", "cat", "sat", "on", "dog", "city", "##s", "東京",
+                                      "東", "##京"] + list("abcdefghijklmnopqrstuvwxyz.,")
+
+
+def _vocab_folder(folder, vocab=SMALL_VOCAB, config=None):
+    """A BERT checkpoint's tokenizer files: vocab.txt, and tokenizer_config.json if given."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    if config is not None:
+        (folder / "tokenizer_config.json").write_bytes(config)
+    return folder
+
+
+def _without_post_processor(vocab=SMALL_VOCAB):
+    """A tokenizer made with the `tokenizers` library directly: BERT's normalizer,
+    pre-tokenizer and WordPiece model, but no post-processor."""
+    import tokenizers
+    from tokenizers import models, normalizers, pre_tokenizers
+
+    backend = tokenizers.Tokenizer(
+        models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    assert backend.post_processor is None
+    return backend
+
+
+def test_tokenizer_without_post_processor_gets_berts_template(tmp_path, caplog):
+    """Without a post-processor, encode() would give no [CLS] and [SEP]: a classifier would
+    pool an ordinary token. BERT's template is attached, with a warning, whether the
+    tokenizer is wrapped directly or loaded from its tokenizer.json."""
+    reference = Tokenizer.from_pretrained(_vocab_folder(tmp_path / "vocab"))
+    (tmp_path / "bare").mkdir()
+    _without_post_processor().save(str(tmp_path / "bare" / "tokenizer.json"))
+    with caplog.at_level("WARNING", logger="minibert.tokenizer"):
+        wrapped = Tokenizer(_without_post_processor())
+        loaded = Tokenizer.from_pretrained(tmp_path / "bare")
+    assert caplog.text.count("attached BERT's template") == 2
+    pair = loaded.encode_pair("the cats", "a dog")
+    assert [loaded.id_to_token(i) for i in pair.input_ids] == \
+        ["[CLS]", "the", "cat", "##s", "[SEP]", "a", "dog", "[SEP]"]
+    assert pair.token_type_ids == [0, 0, 0, 0, 0, 1, 1, 1]
+    texts = ["The cat sat on a dog.", "東京 city", "", "zz top"]
+    for tok in (wrapped, loaded):
+        assert [tok.encode(t) for t in texts] == [reference.encode(t) for t in texts]
+        for a in texts:
+            for b in texts[:2]:
+                got, want = tok.encode_pair(a, b), reference.encode_pair(a, b)
+                assert (got.input_ids, got.token_type_ids) == \
+                    (want.input_ids, want.token_type_ids), (a, b)
+    # Saved, the template is part of tokenizer.json: it reloads without a warning.
+    loaded.save(tmp_path / "saved")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="minibert.tokenizer"):
+        again = Tokenizer.from_pretrained(tmp_path / "saved")
+    assert "attached" not in caplog.text
+    assert again.fingerprint == loaded.fingerprint
+    assert again.encode_pair("the cats", "a dog") == pair
+
+
+def test_tokenizer_without_post_processor_or_cls_is_refused(tmp_path):
+    """BERT's template needs [CLS] and [SEP]: a vocabulary without them is refused, and
+    from_pretrained names the file."""
+    no_cls = [t for t in SMALL_VOCAB if t != "[CLS]"]
+    with pytest.raises(ValueError, match=r"lacks the special token\(s\) \['\[CLS\]'\]"):
+        Tokenizer(_without_post_processor(no_cls))
+    (tmp_path / "bare").mkdir()
+    _without_post_processor(no_cls).save(str(tmp_path / "bare" / "tokenizer.json"))
+    with pytest.raises(ValueError, match=r"lacks the special token\(s\) \['\[CLS\]'\]") as err:
+        Tokenizer.from_pretrained(tmp_path / "bare")
+    assert str(tmp_path / "bare" / "tokenizer.json") in str(err.value)
+
+
+@pytest.mark.parametrize("chinese_chars", [True, False])
+def test_tokenize_chinese_chars_from_config_matches_transformers(tmp_path, chinese_chars):
+    """`tokenize_chinese_chars` (which `save` writes) decides whether CJK characters are
+    split one by one; transformers reads it from tokenizer_config.json, and so must we."""
+    transformers = pytest.importorskip("transformers")
+    config = json.dumps({"do_lower_case": True, "tokenize_chinese_chars": chinese_chars})
+    folder = _vocab_folder(tmp_path / "vocab", config=config.encode())
+    ref = transformers.BertTokenizerFast.from_pretrained(str(folder))
+    ours = Tokenizer.from_pretrained(folder)
+    texts = ["the city 東京", "東京city", "a 東京東 dog", "東"]
+    assert [ours.encode(t) for t in texts] == ref(texts)["input_ids"]
+    assert (SMALL_VOCAB.index("東京") in ours.encode("the city 東京")) == (not chinese_chars)
+    # The setting concerns CJK characters, not casing: a `lowercase` argument keeps it.
+    assert Tokenizer.from_pretrained(folder, lowercase=True).encode(texts[0]) == \
+        ours.encode(texts[0])
+    ours.save(tmp_path / "saved")
+    (tmp_path / "saved" / "tokenizer.json").unlink()  # load from vocab.txt and the config
+    assert [Tokenizer.from_pretrained(tmp_path / "saved").encode(t) for t in texts] == \
+        ref(texts)["input_ids"]
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"", "is not valid JSON"),
+    (b"{not json", "is not valid JSON"),
+    (b"[]", "must hold a JSON object, not a list"),
+    (b"\xff\xfe{}", "is not UTF-8"),
+    (b'{"do_lower_case": "false"}',
+     "\"do_lower_case\" is 'false' \\(a string\\); booleans must be JSON true or false"),
+    (b'{"strip_accents": 0}', "\"strip_accents\" is 0 \\(a number\\)"),
+    (b'{"tokenize_chinese_chars": "no"}', "\"tokenize_chinese_chars\" is 'no'"),
+])
+def test_malformed_tokenizer_config_is_named(tmp_path, content, problem):
+    """One ValueError that names the file, the problem (and the key) and what to do."""
+    folder = _vocab_folder(tmp_path, config=content)
+    with pytest.raises(ValueError, match=problem) as err:
+        Tokenizer.from_pretrained(folder)
+    message = str(err.value)
+    assert str(folder / "tokenizer_config.json") in message
+    assert "repair it or re-save the tokenizer" in message
