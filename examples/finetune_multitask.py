@@ -125,16 +125,6 @@ def prepare(args, ctx) -> SimpleNamespace:
     return SimpleNamespace(tasks=tasks, tok=tok, model=model, cfg=cfg)
 
 
-class MultiTaskCollator(TaskCollator):
-    """TaskCollator's batch plus `task`, the name its examples share (the model's head)."""
-
-    def __call__(self, examples, epoch: int = 0) -> dict:
-        tasks = {e["task"] for e in examples}
-        if len(tasks) != 1:
-            raise ValueError(f"a batch must hold one task's examples, got {sorted(tasks)}")
-        return {**super().__call__(examples, epoch), "task": tasks.pop()}
-
-
 def run(args, ctx, p: SimpleNamespace) -> None:
     tasks, tok, model, cfg = p.tasks, p.tok, p.model, p.cfg
     finetune.save_tokenizer(args, ctx, tok)
@@ -145,7 +135,7 @@ def run(args, ctx, p: SimpleNamespace) -> None:
     log.info("%s; %d steps, P(task) %s", ", ".join(
         f"{t['name']} ({t['kind']}, {len(t['train'])} training examples)" for t in tasks),
         cfg.max_steps, np.round(batches.probabilities, 3).tolist())
-    collate = MultiTaskCollator(tok.pad_id)
+    collate = TaskCollator(tok.pad_id)  # a batch's `task` names the head it trains
 
     def eval_fn(raw_model, precision: str) -> dict:  # every epoch-equivalent, and at the end
         scores = {}

@@ -74,6 +74,23 @@ def test_each_task_computes_what_its_single_task_model_computes():
         minibert.BertMultiTask(tiny_config(), {"x": ("token", 1)})  # as the token class
 
 
+def test_task_collator_names_the_task_a_batch_belongs_to():
+    """BertMultiTask's batches carry their task from the library's collator, so a user's
+    own multi-task loop needs no collator of its own."""
+    from minibert.data import TaskCollator
+
+    collate = TaskCollator(pad_id=0)
+    ner = [{"input_ids": [2, 5, 3], "labels": [-100, 1, -100], "task": "ner"},
+           {"input_ids": [2, 3], "labels": [-100, -100], "task": "ner"}]
+    batch = collate(ner)
+    assert batch["task"] == "ner" and batch["labels"].shape == (2, 3)
+    assert "task" not in collate([{k: v for k, v in e.items() if k != "task"} for e in ner])
+    with pytest.raises(ValueError, match=r"one task's examples, got \['ner', 'pos'\]"):
+        collate([ner[0], {**ner[1], "task": "pos"}])
+    with pytest.raises(ValueError, match="1 of 2 examples have 'task'"):
+        collate([ner[0], {k: v for k, v in ner[1].items() if k != "task"}])
+
+
 def test_export_loads_in_transformers_and_minibert_with_the_same_logits(tmp_path):
     model = _random_multitask(seed=1)
     ids, mask = random_batch(pad_from=11)

@@ -203,9 +203,11 @@ class TaskCollator:
     `(B, T)` int64, T the longest feature (rounded up to `pad_to_multiple_of` if given),
     plus the targets the features carry: `labels` `(B,)` from a per-feature `label` (int64, or
     float32 for regression), `labels` `(B, T)` from per-token `labels` (padded with
-    `label_pad`), `start_positions` and `end_positions` `(B,)` from QA features. Other
-    keys (offsets, word ids) stay behind for prediction. No randomness: `epoch` is
-    accepted for the engine's call `collate(examples, epoch=e)` and ignored.
+    `label_pad`), `start_positions` and `end_positions` `(B,)` from QA features, and
+    `task` (a str) from features tagged with the name of their task, which all of a
+    batch's must share (`BertMultiTask`'s `task` argument). Other keys (offsets, word ids)
+    stay behind for prediction. No randomness: `epoch` is accepted for the engine's call
+    `collate(examples, epoch=e)` and ignored.
     """
 
     def __init__(self, pad_id: int, label_pad: int = IGNORE_INDEX,
@@ -227,7 +229,7 @@ class TaskCollator:
         batch = {"input_ids": torch.from_numpy(ids),
                  "attention_mask": torch.from_numpy(mask.astype(np.int64)),
                  "token_type_ids": torch.from_numpy(types)}
-        for key in ("label", "labels", "start_position", "end_position"):
+        for key in ("label", "labels", "start_position", "end_position", "task"):
             have = sum(key in e for e in examples)
             if have not in (0, len(examples)):
                 raise ValueError(f"{have} of {len(examples)} examples have {key!r}; a batch "
@@ -245,6 +247,11 @@ class TaskCollator:
                                                     dtype=torch.long)  # (B,)
             batch["end_positions"] = torch.tensor([e["end_position"] for e in examples],
                                                   dtype=torch.long)  # (B,)
+        if "task" in examples[0]:
+            tasks = sorted({e["task"] for e in examples})
+            if len(tasks) != 1:
+                raise ValueError(f"a batch must hold one task's examples, got {tasks}")
+            batch["task"] = tasks[0]
         return batch
 
 
