@@ -22,6 +22,7 @@ below it only logs), and translates the settings' field names into flag names.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import math
@@ -60,6 +61,31 @@ class Stopped(Exception):
 
 # ---- the parser ------------------------------------------------------------------------------
 
+class _DefaultsHelp(argparse.HelpFormatter):
+    """--help with every flag's default: argparse's ArgumentDefaultsHelpFormatter shows it
+    only for flags that have help text, and shows "(default: None)" where a script computes
+    the default (its help says how). Switches (store_true) default to off and say nothing."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and self._default(action) is not None:
+            action = copy.copy(action)  # argparse writes no help line without help text
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = (action.help or "").strip()
+        if self._default(action) is None or "%(default)" in text:
+            return text
+        return f"{text} (default: %(default)s)".strip()
+
+    @staticmethod
+    def _default(action: argparse.Action) -> Any:
+        if (not action.option_strings or action.nargs == 0
+                or action.default is argparse.SUPPRESS):
+            return None
+        return action.default
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser with the defaults shown in --help, and one fix: a negative number
     after a flag is that flag's value.
@@ -71,7 +97,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, description: str) -> None:
         super().__init__(description=description,
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=_DefaultsHelp)
 
     def parse_args(self, args: Optional[Sequence[str]] = None, namespace=None):
         argv = list(sys.argv[1:] if args is None else args)

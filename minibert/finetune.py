@@ -80,9 +80,9 @@ def add_args(p: argparse.ArgumentParser, *, out: str, unit: str = "examples", ep
     t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     t.add_argument("--keep-freed-memory", action="store_true",
                    help="reuse freed memory instead of returning it to the kernel (glibc). "
-                   "The trade: CPU steps up to about 1.1x faster with a 30,522-word "
-                   "vocabulary and a few percent with the default 8,192, and a resident set "
-                   "that stays at its peak instead of shrinking after one "
+                   "The trade: CPU steps a few percent faster (fine-tuning heads refill "
+                   "smaller buffers than pretraining's vocabulary-wide logits), and a "
+                   "resident set that stays at its peak instead of shrinking after one "
                    "(benchmarks/RESULTS.md, 'Memory over a long run' and 'Process settings')")
     r = p.add_argument_group("logging and checkpoints")
     r.add_argument("--out", type=Path, default=Path(out))

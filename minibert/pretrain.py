@@ -70,8 +70,8 @@ def add_data_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     d.add_argument("--eval-split", default="valid")
     d.add_argument("--seq-len", type=int, default=128)
     d.add_argument("--mask-prob", type=float, default=0.3, help="share of tokens masked "
-                   "for training; 30%% reaches a given loss in about 1.46x fewer steps than "
-                   "BERT's 15%% here (benchmarks/RESULTS.md, Wettig et al. 2023)")
+                   "for training; 30%% reaches a given loss in fewer steps than BERT's 15%% "
+                   "(Wettig et al. 2023; measured in benchmarks/RESULTS.md)")
     d.add_argument("--eval-mask-prob", type=float, default=0.15, help="share masked for "
                    "evaluation; fixed apart from --mask-prob so that eval losses compare "
                    "across training rates")
@@ -112,10 +112,10 @@ def add_training_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     t.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction,
                    help="reuse freed memory instead of returning it to the kernel (glibc), "
-                   "from the first training step; on by default on a CPU. The trade: steps "
-                   "up to about 1.2x faster where the host's page faults are dear (1.0x where "
-                   "they are cheap), and a resident set that stays at its peak instead of "
-                   "shrinking after one; it does not make the set grow over a long run "
+                   "from the first training step; on by default on a CPU. The trade: faster "
+                   "steps where the host's page faults are dear (no gain where they are "
+                   "cheap), and a resident set that stays at its peak instead of shrinking "
+                   "after one; it does not make the set grow over a long run "
                    "(benchmarks/RESULTS.md, 'Memory over a long run' and 'Process settings')")
     t.add_argument("--allow-vocab-mismatch", action="store_true", help="with a checkpoint: "
                    "accept a tokenizer whose ids or special tokens are not the model's "

@@ -507,3 +507,16 @@ def test_a_resumed_auto_run_evaluates_in_the_precision_it_trains_in(data_dir, tm
     ref, resumed = (json.loads((tmp_path / o / "eval.json").read_text()) for o in ("ref", "run"))
     assert ref["precision"] == resumed["precision"] == "bf16"
     assert resumed["eval_loss"] == ref["eval_loss"]
+
+
+def test_help_shows_every_default_and_no_none(capsys):
+    """argparse's own formatter left out the default of every flag without help text (most
+    of them) and printed "(default: None)" after defaults the help text explains."""
+    with pytest.raises(SystemExit):
+        pretrain.main(["--help"])
+    out = capsys.readouterr().out
+    for flag, default in (("--lr LR", "0.001"), ("--seq-len SEQ_LEN", "128"),
+                          ("--max-grad-norm MAX_GRAD_NORM", "1.0"), ("--mask-prob MASK_PROB",
+                                                                     "0.3")):
+        assert re.search(rf"{flag}\s[^-]*\(default:\s+{re.escape(default)}\)", out), flag
+    assert "default: None" not in out and "default: False" not in out
