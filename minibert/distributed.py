@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 from dataclasses import dataclass
 
 import torch
@@ -84,7 +85,7 @@ def max_over_ranks(x: int, ctx: DistContext) -> int:
     return int(t)
 
 
-def all_gather_objects(obj, ctx: DistContext) -> list:
+def all_gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
     """Every rank's `obj`, in rank order (pickled over the process group)."""
     if not ctx.distributed:
         return [obj]

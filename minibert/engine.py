@@ -26,10 +26,11 @@ import signal
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
+from torch import Tensor
 from torch.utils.data import Dataset
 
 from .data.mlm import IGNORE_INDEX, count_targets
@@ -92,7 +93,8 @@ def eval_batches(eval_set: Dataset, collate: Callable, cfg: TrainConfig,
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches, precision: str, device: torch.device,
+def evaluate(model: nn.Module, batches: Iterable[Mapping[str, Tensor]], precision: str,
+             device: torch.device,
              ctx: Optional[DistContext] = None) -> dict[str, float]:
     """Mean MLM loss, accuracy on masked tokens and perplexity over `batches`.
 
@@ -128,7 +130,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
           out_dir: Union[str, Path], ctx: DistContext = DistContext(),
           eval_set: Optional[Dataset] = None, resume: bool = False, overwrite: bool = False,
           data_identity: Optional[dict] = None, lengths: Optional[Sequence[int]] = None,
-          eval_fn: Optional[Callable[[nn.Module], Mapping[str, Any]]] = None,
+          eval_fn: Optional[Callable[[nn.Module, str], Mapping[str, Any]]] = None,
           batches: Optional[GlobalBatches] = None) -> dict[str, Any]:
     """Train `model` on `train_set` (examples that `collate` turns into batches).
 

@@ -43,6 +43,8 @@ class Dropout(nn.Dropout):
     """nn.Dropout with the cheaper CPU mask of `kernels.dropout`."""
 
     def forward(self, x: Tensor) -> Tensor:
+        """x: any shape; the same shape, each element zeroed with probability p in
+        training and the rest scaled by 1 / (1 - p)."""
         return dropout(x, self.p, self.training)
 
 
@@ -68,6 +70,9 @@ class Embeddings(nn.Module):
 
     def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor],
                 tied: Optional[TiedWordGradient] = None) -> Tensor:
+        """input_ids, token_type_ids (or None: all segment 0): (B, T) -> (B, T, H).
+
+        `tied`: see `BertModel.forward`'s `tied_word_grad`."""
         T = input_ids.size(1)
         if tied is None:
             word = F.embedding(input_ids, self.word.weight, self.word.padding_idx)
@@ -178,10 +183,11 @@ class FeedForward(nn.Module):
         self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.bias)
 
     def forward(self, x: Tensor) -> Tensor:
+        """x: (..., H) -> (..., H); the blocks pass (N, H), the real tokens (see `unpad`)."""
         if self.gated:
-            a, gate = self.up(x).chunk(2, dim=-1)  # 2 x (B, T, I): x W and x V
-            return self.down(F.gelu(a) * gate)  # (B, T, H)
-        return self.down(F.gelu(self.up(x)))  # (B, T, H) -> (B, T, I) -> (B, T, H)
+            a, gate = self.up(x).chunk(2, dim=-1)  # 2 x (..., I): x W and x V
+            return self.down(F.gelu(a) * gate)  # (..., H)
+        return self.down(F.gelu(self.up(x)))  # (..., H) -> (..., I) -> (..., H)
 
 
 class Block(nn.Module):
@@ -200,6 +206,8 @@ class Block(nn.Module):
         self.drop = Dropout(config.hidden_dropout)
 
     def forward(self, x: Tensor, keep: Optional[Tensor]) -> Tensor:
+        """x: (N, H), the real tokens of a batch whose mask `keep` (B, T) has padding (see
+        `unpad`), or (B, T, H) with `keep` None, a batch without padding. Same shape out."""
         if self.pre_norm:
             # Pre-LN (Xiong et al. 2020, "On Layer Normalization in the Transformer
             # Architecture"): normalise the input of each branch and leave the residual
@@ -216,7 +224,7 @@ class Block(nn.Module):
             # Post-LN, the original BERT (and transformers' layout): add, then normalise.
             x = self.attn_norm(x + self.drop(self.attn(x, keep)))
             x = self.ffn_norm(x + self.drop(self.ffn(x)))
-        return x  # (B, T, H)
+        return x  # (N, H) or (B, T, H), as it came
 
 
 class BertModel(PretrainedMixin, nn.Module):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
 import torch.nn as nn
 from torch import Tensor
@@ -34,6 +34,9 @@ from .heads import (BertForSequenceClassification, BertForTokenClassification,
 from .hf import PathLike, load_hf_state_dict, read_weights
 from .pretrained import read_folder_config
 from .model import BertModel, Dropout, init_weights
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
 
 KINDS = {"sequence": BertForSequenceClassification, "token": BertForTokenClassification}
 TASK_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -153,7 +156,8 @@ class BertMultiTask(nn.Module):
         model.classifier.load_state_dict(head.classifier.state_dict())
         return model.eval()
 
-    def export(self, task: str, path: PathLike, tokenizer=None) -> Path:
+    def export(self, task: str, path: PathLike,
+               tokenizer: Optional["Tokenizer"] = None) -> Path:
         """Write `task`'s single-task model to the folder `path` with `save_pretrained`
         (config.json with id2label, weights, and `tokenizer` if given); returns `path`.
 

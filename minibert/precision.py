@@ -64,7 +64,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return precision
 
 
-def autocast_context(precision: str, device: torch.device):
+def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """The one precision context of a run: autocast for bf16/fp16, nothing for fp32."""
     if precision == "fp32":
         return contextlib.nullcontext()

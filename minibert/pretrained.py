@@ -17,7 +17,7 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 from .atomic import replace_folder
 from .config import BertConfig
@@ -39,6 +39,9 @@ ROW_MULTIPLES = (8, 16, 32, 64, 128)
 ON_OTHER_LABELS = ("error", "new_head")
 
 
+M = TypeVar("M", bound="PretrainedMixin")
+
+
 class PretrainedMixin:
     """`from_pretrained` / `save_pretrained` for the public model classes."""
 
@@ -53,8 +56,8 @@ class PretrainedMixin:
         return {}
 
     @classmethod
-    def from_pretrained(cls, path: PathLike, *, on_other_labels: str = "error",
-                        allow_vocab_mismatch: bool = False, **config_overrides: Any):
+    def from_pretrained(cls: type[M], path: PathLike, *, on_other_labels: str = "error",
+                        allow_vocab_mismatch: bool = False, **config_overrides: Any) -> M:
         """Load a checkpoint directory in transformers' layout (or one minibert saved).
 
         Overrides apply on top of the stored config, e.g. `attention="chunked"` or

@@ -23,7 +23,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
 
 import tokenizers
 from tokenizers import trainers
@@ -51,7 +51,7 @@ def default_cache_dir() -> Path:
 
 
 def train_on_files(cls: type[TokenizerT], files: Union[PathLike, Sequence[PathLike]],
-                   vocab_size: int, *, use_cache: bool, **settings) -> TokenizerT:
+                   vocab_size: int, *, use_cache: bool, **settings: Any) -> TokenizerT:
     """`Tokenizer.train`: every file must exist; the cache key hashes their bytes."""
     if isinstance(files, (str, os.PathLike)):
         files = [files]
@@ -81,7 +81,7 @@ def train_on_files(cls: type[TokenizerT], files: Union[PathLike, Sequence[PathLi
 
 
 def train_on_texts(cls: type[TokenizerT], texts: Iterable[str], vocab_size: int, *,
-                   use_cache: bool, **settings) -> TokenizerT:
+                   use_cache: bool, **settings: Any) -> TokenizerT:
     """`Tokenizer.train_from_iterator`: texts that can be read twice (a list, or a split of
     `load_corpus`, which streams from disk) are hashed for the cache, then trained on; an
     iterator can be read once only, so it is trained on without the cache."""

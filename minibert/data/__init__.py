@@ -2,6 +2,8 @@
 
 * `wikitext`  download WikiText and read it as articles
 * `tokens`    tokenize a corpus once into a memory-mapped token file
+* `normalize` BERT's text normalizer in Python, ahead of the Rust pipeline: the
+                    same ids, sooner
 * `mlm`       pack it into `[CLS] ... [SEP]` blocks; pad and mask batches
 * `sampler`   deterministic, shardable, resumable batch order
 * `seq_warmup` sequence-length warmup: early batches cut to fewer positions
