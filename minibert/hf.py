@@ -128,9 +128,23 @@ def _canonical(sd: dict[str, Tensor], modern: bool = False) -> dict[str, Tensor]
     return out
 
 
+def minibert_class(cls: type) -> type:
+    """The minibert class that `cls` is or derives from, whose name is transformers' class's
+    (`BertForSequenceClassification`): a user's subclass saves and loads as its base."""
+    for c in cls.__mro__:
+        if c.__module__.split(".")[0] == "minibert":
+            return c
+    return cls
+
+
+def _is_bare(model: torch.nn.Module) -> bool:
+    """A bare encoder (BertModel): transformers' bare models name weights without a prefix."""
+    return minibert_class(type(model)).__name__ == "BertModel"
+
+
 def _model_prefix(model: torch.nn.Module) -> str:
     # A bare BertModel's parameters are named `embeddings...`; wrapped ones `bert.embeddings...`.
-    return "bert." if type(model).__name__ == "BertModel" else ""
+    return "bert." if _is_bare(model) else ""
 
 
 def to_hf_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
@@ -140,7 +154,7 @@ def to_hf_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     for name, t in model.state_dict().items():
         names = hf_names(prefix + name, modern)
         for hf_name, part in zip(names, t.chunk(len(names), dim=0)):
-            if type(model).__name__ == "BertModel":  # transformers' bare models: no prefix
+            if _is_bare(model):  # transformers' bare models: no prefix
                 hf_name = hf_name.removeprefix("model." if modern else "bert.")
             out[hf_name] = part.detach().to("cpu").contiguous().clone()
     return out

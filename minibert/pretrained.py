@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Optional, TypeVar
 from .atomic import replace_folder
 from .config import BertConfig
 from .hf import (CONFIG_FILE, MODEL_FILES, PRE_LN_WEIGHTS_FILE, SHARD_FILE, WEIGHTS_FILE, PathLike,
-                 load_hf_state_dict, read_config, read_weights, to_hf_state_dict)
+                 load_hf_state_dict, minibert_class, read_config, read_weights,
+                 to_hf_state_dict)
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -90,12 +91,13 @@ class PretrainedMixin:
         # reads the pooled [CLS] and the other every token: one's trained head is no start
         # for the other (and with another number of labels would not even fit).
         stored = hf_config.get("architectures") or []
-        own_head = not stored or cls.__name__ in stored or f"Modern{cls.__name__}" in stored
+        name = minibert_class(cls).__name__  # a user's subclass reads its base's folders
+        own_head = not stored or name in stored or f"Modern{name}" in stored
         names, now = _stored_labels(hf_config), list(getattr(model, "id2label", []))
         if own_head and asked_labels and names is not None and names != now:
             if on_other_labels == "error":
                 raise ValueError(
-                    f"{path} holds a {cls.__name__} trained for the labels {names}, not "
+                    f"{path} holds a {name} trained for the labels {names}, not "
                     f"{now}: its classifier would score the wrong classes. "
                     f"Pass on_other_labels='new_head' to keep its encoder under a new "
                     f"classifier, or leave num_labels and id2label out to load its own")
@@ -125,7 +127,8 @@ class PretrainedMixin:
         config = self.config.to_hf_dict()
         # transformers' classes of the same task: BertForMaskedLM, ModernBertForMaskedLM, ...
         modern = self.config.model_type() == "modernbert"
-        config.update(architectures=[("Modern" if modern else "") + type(self).__name__],
+        config.update(architectures=[("Modern" if modern else "") +
+                                     minibert_class(type(self)).__name__],
                       tie_word_embeddings=True,
                       **self._hf_config_extras())
         if tokenizer is not None:

@@ -30,6 +30,7 @@ import torch.nn as nn
 
 from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from .distributed import DistContext, all_gather_objects, barrier
+from .hf import minibert_class
 from .state import TrainConfig, TrainState, check_identity, run_identity
 
 
@@ -93,7 +94,9 @@ def save_run(ckpt_root: Path, raw: nn.Module, state: TrainState, cfg: TrainConfi
     moving["rng"] = all_gather_objects(moving["rng"], ctx)  # every rank takes part
     if ctx.is_main:
         save_checkpoint(ckpt_root, state.step, {
-            "model": raw.state_dict(), "model_class": type(raw).__name__, **moving,
+            # The class export rebuilds: minibert's own, for a user's subclass of it.
+            "model": raw.state_dict(), "model_class": minibert_class(type(raw)).__name__,
+            **moving,
             "id2label": list(names) if names else None,
             "model_config": asdict(raw.config), "train_config": asdict(cfg),
             "data_identity": data_identity}, keep=cfg.keep_checkpoints)

@@ -89,6 +89,24 @@ def test_the_state_is_one_object_in_the_checkpoint(corpus, tmp_path):
     assert saved["model_class"] == "BertForMaskedLM"
 
 
+def test_a_subclass_checkpoint_exports_as_its_minibert_class(corpus, tmp_path):
+    """A run of a user's subclass records the minibert class export rebuilds (its own name
+    was "not one of" the exportable classes)."""
+    import minibert
+    from minibert.export import export_checkpoint
+
+    class MyMaskedLM(minibert.BertForMaskedLM):
+        pass
+
+    tok, ds = corpus
+    model = MyMaskedLM(tiny_model(tok).config)
+    train(model, ds, collator(tok), train_config(max_steps=2), tmp_path / "run")
+    export_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"), tmp_path / "out")
+    loaded = minibert.BertForMaskedLM.from_pretrained(tmp_path / "out")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
+                                                 model.state_dict().values()))
+
+
 def test_kill_after_logging_then_resume_logs_each_step_once(corpus, tmp_path):
     """A run killed after logging steps it never checkpointed: on resume those rows go."""
     tok, ds = corpus

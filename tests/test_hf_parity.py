@@ -179,3 +179,35 @@ def test_pre_ln_export_is_refused_by_transformers(tmp_path):
     ids, mask = random_batch()
     with torch.no_grad():
         assert torch.equal(model(ids, mask).logits, again(ids, mask).logits)
+
+
+def test_a_subclass_loads_and_saves_as_its_base_class(tmp_path):
+    """A user's subclass of a model class (to add a method, say) is that class to the files:
+    checked by name, it lost a classifier's trained head on loading, saved itself under an
+    architecture no one knows, and a bare encoder's weights under minibert's own names."""
+    class MyClassifier(minibert.BertForSequenceClassification):
+        pass
+
+    class MyEncoder(minibert.BertModel):
+        pass
+
+    config = tiny_config()
+    ids, mask = random_batch(pad_from=20)
+    hf, path = _hf_model("BertForSequenceClassification", config, tmp_path / "cls", 3)
+    with torch.no_grad():
+        ours = MyClassifier.from_pretrained(path).eval()(ids, mask).logits
+        assert _max_diff(ours, hf(input_ids=ids, attention_mask=mask).logits) < TOL
+    MyClassifier.from_pretrained(path).save_pretrained(tmp_path / "mine")
+    saved = json.loads((tmp_path / "mine" / "config.json").read_text())
+    assert saved["architectures"] == ["BertForSequenceClassification"]
+
+    torch.manual_seed(0)
+    encoder = MyEncoder(config).eval()
+    encoder.save_pretrained(tmp_path / "enc")
+    loaded, info = transformers.BertModel.from_pretrained(tmp_path / "enc",
+                                                          output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    with torch.no_grad():
+        want = encoder(ids, mask).last_hidden_state
+        got = loaded.eval()(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert _max_diff(got, want, mask) < TOL
