@@ -345,15 +345,24 @@ def _from_modernbert(d: dict[str, Any]) -> dict[str, Any]:
     layers, hidden, heads = d["num_hidden_layers"], d["hidden_size"], d["num_attention_heads"]
     if d.get("head_dim") not in (None, hidden // heads):
         raise refuse("head_dim", d["head_dim"], "hidden_size / num_attention_heads")
-    rope = d.get("rope_parameters") or {
-        "full_attention": {"rope_type": "default", "rope_theta": d.get("global_rope_theta",
-                                                                       160000.0)},
-        "sliding_attention": {"rope_type": "default", "rope_theta": d.get("local_rope_theta",
-                                                                          10000.0)}}
+    # As transformers reads them: each layer kind's parameters, a legacy rope_scaling
+    # applied to both, and a theta missing from either taken from the legacy keys.
+    stored = d.get("rope_parameters") or {}
+    rope = {kind: dict(stored.get(kind) or {}, **(d.get("rope_scaling") or {}))
+            for kind in ("full_attention", "sliding_attention")}
+    rope["full_attention"].setdefault("rope_theta", d.get("global_rope_theta", 160000.0))
+    rope["sliding_attention"].setdefault("rope_theta", d.get("local_rope_theta", 10000.0))
     for kind, params in rope.items():
-        if (params or {}).get("rope_type", "default") != "default":
-            raise refuse(f"rope_parameters[{kind!r}].rope_type", params["rope_type"],
-                         "'default' (unscaled RoPE)")
+        scaling = {k: v for k, v in params.items() if k not in ("rope_type", "rope_theta")}
+        if params.get("rope_type", "default") != "default" or scaling:
+            raise refuse(f"rope_parameters[{kind!r}] (or rope_scaling)", params,
+                         "unscaled RoPE (rope_type 'default', rope_theta only)")
+    window = d.get("local_attention", 128)
+    if "sliding_window" in d:  # transformers' other name for half the window
+        if "local_attention" in d and d["local_attention"] != 2 * d["sliding_window"]:
+            raise ValueError(f"config.json has local_attention={d['local_attention']} and "
+                             f"sliding_window={d['sliding_window']}, which must be half of it")
+        window = 2 * d["sliding_window"]
     types = d.get("layer_types")
     every = d.get("global_attn_every_n_layers", 3)
     if types is not None:
@@ -368,10 +377,9 @@ def _from_modernbert(d: dict[str, Any]) -> dict[str, Any]:
         max_position_embeddings=d.get("max_position_embeddings", 8192),
         pad_token_id=d.get("pad_token_id", 0), layer_norm_eps=d.get("norm_eps", 1e-5),
         initializer_range=d.get("initializer_range", 0.02), bias=biases["attention_bias"],
-        global_every=every, local_window=d.get("local_attention", 128),
+        global_every=every, local_window=window,
         rope_theta=float(rope["full_attention"]["rope_theta"]),
-        rope_local_theta=float((rope.get("sliding_attention") or rope["full_attention"])
-                               ["rope_theta"]),
+        rope_local_theta=float(rope["sliding_attention"]["rope_theta"]),
         # minibert has one dropout rate for the residual branches, the embeddings and the
         # classifiers (placed as BERT places it), and one for the attention probabilities.
         hidden_dropout=d.get("mlp_dropout", 0.0), attention_dropout=d.get("attention_dropout",

@@ -166,6 +166,51 @@ def test_what_minibert_cannot_compute_is_refused_by_name(tmp_path, change, named
         minibert.BertForMaskedLM.from_pretrained(tmp_path)
 
 
+@pytest.mark.parametrize("edit", [
+    # the sliding layers' theta missing: transformers takes local_rope_theta's default
+    lambda c: c.update(rope_parameters={"full_attention": {"rope_type": "default",
+                                                           "rope_theta": 20.0}}),
+    # thetas in the legacy keys only
+    lambda c: c.update(rope_parameters={"full_attention": {"rope_type": "default"},
+                                        "sliding_attention": {"rope_type": "default"}},
+                       global_rope_theta=5000.0, local_rope_theta=50.0),
+    # transformers' other name for half the window
+    lambda c: c.update(sliding_window=3) or c.pop("local_attention"),
+], ids=["one-rope-kind", "legacy-thetas", "sliding_window"])
+def test_config_keys_transformers_reads_are_read_alike(tmp_path, edit):
+    """Each of these configs used to load with other thetas or another window than
+    transformers gives the same file: logits off by whole units, without a word."""
+    torch.manual_seed(0)
+    model = transformers.ModernBertForMaskedLM(_hf_config())
+    with torch.no_grad():  # attention far from uniform, so that positions matter
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    edit(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf = transformers.ModernBertForMaskedLM.from_pretrained(tmp_path).eval()
+    ours = minibert.BertForMaskedLM.from_pretrained(tmp_path).eval()
+    ids, mask = _batch(T=30)
+    with torch.no_grad():
+        _close_at_real(ours(ids, mask).logits, hf(input_ids=ids, attention_mask=mask).logits,
+                       mask)
+
+
+def test_scaled_rope_is_refused_however_it_is_written(tmp_path):
+    transformers.ModernBertForMaskedLM(_hf_config()).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "linear", "factor": 4.0}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="rope_scaling.*unscaled RoPE"):
+        minibert.BertForMaskedLM.from_pretrained(tmp_path)
+    config["rope_scaling"] = None
+    config["local_attention"], config["sliding_window"] = 8, 5
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="sliding_window=5, which must be half"):
+        minibert.BertForMaskedLM.from_pretrained(tmp_path)
+
+
 def test_a_classic_bert_is_unchanged_by_default():
     config = minibert.BertConfig()
     assert (config.position, config.mlp, config.bias, config.global_every,
