@@ -26,13 +26,17 @@ def _hf_config(**overrides):
 
 
 def _perturbed(model):
-    """Random norms and biases too, so that a norm or bias read into the wrong place shows."""
+    """Random norms and biases too, so that a norm or bias read into the wrong place shows,
+    and matrices large enough that attention is far from uniform, so that positions (RoPE,
+    the window) change the outputs."""
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g) if name.endswith(
                     "weight") else 0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
     return model.eval()
 
 
