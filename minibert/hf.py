@@ -160,12 +160,32 @@ def to_hf_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     return out
 
 
+def _check_tied_decoder(model: torch.nn.Module, sd: dict[str, Tensor], modern: bool) -> None:
+    """Refuse an MLM checkpoint whose stored decoder matrix is not its word embeddings.
+
+    minibert's MLM head decodes with the word-embedding matrix (tied, as BERT and ModernBERT
+    are), so a checkpoint may store the decoder's copy or not. A copy that differs (a model
+    trained untied, its config notwithstanding) is one minibert cannot compute; transformers
+    would decode with the copy, and the logits would differ from minibert's.
+    """
+    if minibert_class(type(model)).__name__ != "BertForMaskedLM":
+        return  # the other heads never decode over the vocabulary
+    decoder = "decoder.weight" if modern else "cls.predictions.decoder.weight"
+    words = hf_names("bert.embeddings.word.weight", modern)[0]
+    if decoder in sd and words in sd and not torch.equal(sd[decoder], sd[words]):
+        raise ValueError(f"the checkpoint's MLM decoder matrix ({decoder}) is not its word "
+                         f"embeddings ({words}); minibert decodes with the embeddings, as BERT "
+                         f"does, and cannot compute an untied model. Load it as a BertModel "
+                         f"or a classifier to use its encoder")
+
+
 def load_hf_state_dict(model: torch.nn.Module, sd: dict[str, Tensor]) -> None:
     """Copy a transformers-layout state dict into `model`, with clear errors and warnings."""
     modern = is_modernbert(model)
     sd = _canonical(sd, modern)
     if "cls.predictions.bias" not in sd and "cls.predictions.decoder.bias" in sd:
         sd["cls.predictions.bias"] = sd["cls.predictions.decoder.bias"]
+    _check_tied_decoder(model, sd, modern)
     prefix = _model_prefix(model)
     own = model.state_dict()
     new, missing = {}, []

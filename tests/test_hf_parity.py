@@ -211,3 +211,23 @@ def test_a_subclass_loads_and_saves_as_its_base_class(tmp_path):
         want = encoder(ids, mask).last_hidden_state
         got = loaded.eval()(input_ids=ids, attention_mask=mask).last_hidden_state
     assert _max_diff(got, want, mask) < TOL
+
+
+def test_a_stored_decoder_other_than_the_embeddings_is_refused(tmp_path):
+    """transformers decodes with a stored decoder matrix; minibert decodes with the word
+    embeddings. A copy equal to them loads; one that differs used to load silently, with
+    logits off by whole units."""
+    from safetensors.torch import load_file, save_file
+
+    _, path = _hf_model("BertForMaskedLM", tiny_config(), tmp_path / "m")
+    weights = load_file(str(path / "model.safetensors"))
+    words = weights["bert.embeddings.word_embeddings.weight"]
+    save_file({**weights, "cls.predictions.decoder.weight": words.clone()},
+              str(path / "model.safetensors"))
+    minibert.BertForMaskedLM.from_pretrained(path)  # the same matrix, stored twice
+    save_file({**weights, "cls.predictions.decoder.weight": words + 0.1},
+              str(path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"decoder matrix \(cls\.predictions\.decoder\.weight"
+                                         r"\) is not its word embeddings"):
+        minibert.BertForMaskedLM.from_pretrained(path)
+    minibert.BertForSequenceClassification.from_pretrained(path, num_labels=2)  # no decoder

@@ -363,3 +363,14 @@ def test_a_mix_of_switches_round_trips_as_a_minibert_only_folder(tmp_path):
         assert torch.equal(again(ids, mask).logits, model(ids, mask).logits)
     with pytest.raises((ValueError, KeyError, OSError)):
         transformers.AutoModelForMaskedLM.from_pretrained(tmp_path)
+
+
+def test_a_stored_decoder_other_than_the_embeddings_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    transformers.ModernBertForMaskedLM(_hf_config()).save_pretrained(tmp_path)
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    words = weights["model.embeddings.tok_embeddings.weight"]
+    save_file({**weights, "decoder.weight": words + 0.1}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"\(decoder\.weight\) is not its word embeddings"):
+        minibert.BertForMaskedLM.from_pretrained(tmp_path)
