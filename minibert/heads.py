@@ -16,7 +16,7 @@ so each head loads from and saves to transformers' checkpoints. Shapes follow th
 `model.py` (B, T, H, V, N, C).
 
 Padding never enters a loss: the encoder leaves padding positions at zero, so their logits
-are only the bias. Token classification ignores labels placed there; question answering
+are only the bias. Masked LM and token classification ignore labels placed there; question answering
 gives padding a logit of the dtype's minimum, so the softmax over positions runs on the
 sequence's own tokens. On a batch without padding the losses are transformers' exactly.
 """
@@ -106,8 +106,9 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
         Without labels, `logits` is (B, T, V). With labels the head runs *only* on the N
         predicted positions (sparse prediction, as in Cramming and academic-budget-bert):
         with 15% masking that skips 85% of the largest matmul and of the vocabulary-wide
-        softmax. `logits` is then (N, V), in the row-major order of `labels != IGNORE_INDEX`, and
-        `loss` is the mean cross-entropy over those N tokens (NaN when N == 0, as in torch).
+        softmax. `logits` is then (N, V), in the row-major order of the labelled real tokens
+        (a label on padding is ignored), and `loss` is the mean cross-entropy over those N
+        tokens (NaN when N == 0, as in torch).
         """
         decoder = self.bert.embeddings.word.weight  # (V, H), tied
         # The lookup's gradient and the decoder's meet in one (V, H) gradient. Left to
@@ -125,6 +126,8 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
         _check_shape("labels", labels, tuple(input_ids.shape), "the shape of input_ids")
         _check_ids("labels", labels, "token ids to predict (IGNORE_INDEX elsewhere)")
         predicted = labels != IGNORE_INDEX  # (B, T) bool
+        if attention_mask is not None:  # the encoder did not compute padding: never score it
+            predicted &= attention_mask.bool()
         h, targets = h[predicted], labels[predicted]  # (N, H), (N,)
         _check_range("labels", targets, decoder.size(0), "vocabulary")  # N ids, not B x T
         n = targets.numel()

@@ -144,6 +144,20 @@ def test_question_answering_position_on_padding_is_ignored():
     assert abs(losses[0]) < 1e3 and losses[0] != inside
 
 
+def test_masked_lm_label_on_padding_is_ignored():
+    """The encoder does not compute padding, so a label there was scored against a zero
+    hidden state: a loss neither transformers' nor the real tokens'."""
+    model = _randomise(minibert.BertForMaskedLM(tiny_config()), seed=2)
+    ids, mask = random_batch(pad_from=20)
+    labels = torch.full_like(ids, -100)
+    labels[0, 3], labels[1, 7] = 11, 12
+    with torch.no_grad():
+        real = model(ids, mask, labels=labels)
+        labels[1, 25] = 13  # on padding
+        padded = model(ids, mask, labels=labels)
+    assert padded.loss.item() == real.loss.item() and padded.logits.shape == (2, 99)
+
+
 # ---- checkpoints both ways ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("cls_name, kwargs", [
