@@ -32,7 +32,7 @@ from torch import Tensor
 
 from .config import BertConfig
 from .data.mlm import IGNORE_INDEX
-from .pretrained import PretrainedMixin
+from .pretrained import PretrainedMixin, default_labels, stored_labels
 from .kernels import TiedWordGradient
 from .model import BertModel, Dropout, init_weights
 
@@ -195,12 +195,11 @@ class _Labelled(PretrainedMixin):
 
     @classmethod
     def _init_kwargs(cls, hf_config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-        # An explicit num_labels / id2label wins, else the checkpoint's label map, else 2
-        # classes. The stored names are kept only when their number matches.
-        stored = hf_config.get("id2label") or {}
-        stored = [str(stored[k]) for k in sorted(stored, key=int)]
+        # An explicit num_labels / id2label wins, else the checkpoint's classes
+        # (`stored_labels`). The stored names are kept only when their number matches.
+        stored = stored_labels(hf_config)
         id2label = overrides.pop("id2label", None)
-        num_labels = overrides.pop("num_labels", None) or len(id2label or stored) or 2
+        num_labels = overrides.pop("num_labels", None) or len(id2label or stored)
         if id2label is None and len(stored) == num_labels:
             id2label = stored
         return {"num_labels": num_labels, "id2label": id2label}
@@ -294,7 +293,7 @@ def label_names(num_labels: int, id2label: Optional[Sequence[str]], minimum: int
     if not isinstance(num_labels, int) or isinstance(num_labels, bool) or num_labels < minimum:
         raise ValueError(f"num_labels={num_labels!r} must be an integer >= {minimum}"
                          + (" (1 means regression)" if minimum == 1 else ""))
-    names = [f"LABEL_{i}" for i in range(num_labels)] if id2label is None else \
+    names = default_labels(num_labels) if id2label is None else \
         [str(n) for n in id2label]
     if len(names) != num_labels or len(set(names)) != num_labels:
         raise ValueError(f"id2label must hold num_labels={num_labels} distinct names, got "

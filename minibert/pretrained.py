@@ -93,8 +93,13 @@ class PretrainedMixin:
         stored = hf_config.get("architectures") or []
         name = minibert_class(cls).__name__  # a user's subclass reads its base's folders
         own_head = not stored or name in stored or f"Modern{name}" in stored
-        names, now = _stored_labels(hf_config), list(getattr(model, "id2label", []))
-        if own_head and asked_labels and names is not None and names != now:
+        own_head = own_head and any(k.startswith("classifier.") for k in sd)
+        names, now = stored_labels(hf_config) if own_head and asked_labels else [], []
+        if names:
+            now = list(model.id2label)
+        # Classes nobody named (LABEL_i) may be named now; other names are other classes.
+        renamed = names == default_labels(len(names)) and len(names) == len(now)
+        if names and names != now and not renamed:
             if on_other_labels == "error":
                 raise ValueError(
                     f"{path} holds a {name} trained for the labels {names}, not "
@@ -237,9 +242,19 @@ def _check_folder_tokenizer(folder: Path, hf_config: dict[str, Any]) -> None:
                          f"allow_vocab_mismatch=True for deliberate vocabulary surgery")
 
 
-def _stored_labels(hf_config: dict[str, Any]) -> Optional[list[str]]:
-    """The class names of a checkpoint's classifier, in id order (None without id2label)."""
+def stored_labels(hf_config: dict[str, Any]) -> list[str]:
+    """The class names of a checkpoint's classifier, in id order, as transformers reads them:
+    its id2label, else LABEL_0, LABEL_1, ... for `num_labels` classes, else for 2 (the
+    default, which transformers leaves out of config.json)."""
     stored = hf_config.get("id2label")
-    if not isinstance(stored, dict) or not stored:
-        return None
-    return [str(stored[k]) for k in sorted(stored, key=int)]
+    if isinstance(stored, dict) and stored:
+        return [str(stored[k]) for k in sorted(stored, key=int)]
+    n = hf_config.get("num_labels", 2)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"config.json has num_labels={n!r}; it must be a whole number >= 1")
+    return default_labels(n)
+
+
+def default_labels(n: int) -> list[str]:
+    """The names of n classes nobody named: LABEL_0 ... LABEL_{n-1}, as in transformers."""
+    return [f"LABEL_{i}" for i in range(n)]

@@ -231,3 +231,31 @@ def test_a_stored_decoder_other_than_the_embeddings_is_refused(tmp_path):
                                          r"\) is not its word embeddings"):
         minibert.BertForMaskedLM.from_pretrained(path)
     minibert.BertForSequenceClassification.from_pretrained(path, num_labels=2)  # no decoder
+
+
+def test_a_classifier_with_unnamed_classes_reads_as_transformers_reads_it(tmp_path):
+    """transformers writes no id2label for a default binary classifier. Read as "no names",
+    its head could not be replaced for 3 classes (a shape error), nor its classes named."""
+    config = tiny_config()
+    ids, mask = random_batch(pad_from=20)
+    hf, path = _hf_model("BertForSequenceClassification", config, tmp_path / "binary")
+    stored = json.loads((path / "config.json").read_text())
+    stored.pop("id2label", None), stored.pop("label2id", None)
+    (path / "config.json").write_text(json.dumps(stored))
+    named = minibert.BertForSequenceClassification.from_pretrained(path, id2label=["no", "yes"])
+    assert named.id2label == ["no", "yes"]
+    assert torch.equal(named.classifier.weight, hf.classifier.weight)  # its trained head
+    with pytest.raises(ValueError, match=r"trained for the labels \['LABEL_0', 'LABEL_1'\]"):
+        minibert.BertForSequenceClassification.from_pretrained(path, num_labels=3)
+    fresh = minibert.BertForSequenceClassification.from_pretrained(
+        path, num_labels=3, on_other_labels="new_head")
+    assert fresh.num_labels == 3 and fresh.classifier.weight.shape[0] == 3
+    # num_labels written without names: that many classes, as transformers reads it
+    hf3, path3 = _hf_model("BertForSequenceClassification", config, tmp_path / "three", 3)
+    stored = json.loads((path3 / "config.json").read_text())
+    stored.pop("id2label", None), stored.pop("label2id", None)
+    (path3 / "config.json").write_text(json.dumps({**stored, "num_labels": 3}))
+    three = minibert.BertForSequenceClassification.from_pretrained(path3).eval()
+    with torch.no_grad():
+        assert _max_diff(three(ids, mask).logits,
+                         hf3(input_ids=ids, attention_mask=mask).logits) < TOL
