@@ -74,8 +74,10 @@ def back_off(batch: dict, micro: int, per_rank: int, cfg: TrainConfig, state: Tr
     micro //= 2
     while per_rank % micro:  # whole micro-batches only, so the global batch is unchanged
         micro -= 1
+    # The same global batch and gradients; with dropout on, other masks than a run that fit.
     logger.warning("out of memory with micro-batch %s: retrying the step with micro-batch %d "
-                   "(accumulation %d)", shape, micro, per_rank // micro)
+                   "(accumulation %d; with dropout on, the masks drawn differ from a run "
+                   "that fitted)", shape, micro, per_rank // micro)
     return micro
 
 

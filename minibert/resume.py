@@ -79,8 +79,15 @@ def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identit
                          f"pass max_steps (--max-steps) >= {step}")
     raw.load_state_dict(saved["model"])
     state.load_state_dict(saved, rank=ctx.rank, seed=cfg.seed)
-    if cfg.micro_batch_size != saved["train_config"]["micro_batch_size"]:
+    before = saved["train_config"]["micro_batch_size"]
+    if cfg.micro_batch_size != before:
         state.micro_batch_size = None  # the resume chose another micro-batch: it wins
+        if raw.config.hidden_dropout or raw.config.attention_dropout:
+            logger.warning("micro-batch %s, was %s, with dropout on: dropout's masks are drawn "
+                           "one micro-batch at a time, so the run goes on with other masks "
+                           "than it would have drawn (the same gradients otherwise); keep "
+                           "the micro-batch for a bit-identical resume",
+                           cfg.micro_batch_size, before)
     logger.info("resumed from %s (step %d)", last, state.step)
     return cfg
 

@@ -2,6 +2,7 @@
 micro-batches, an interrupted run against an uninterrupted one, and injected failures."""
 
 import json
+import logging
 import os
 import signal
 import time
@@ -506,3 +507,18 @@ def test_a_resumed_run_keeps_the_micro_batch_it_backed_off_to(corpus, tmp_path):
     train(limited(tiny_model(tok)), ds, collator(tok),
           replace(cfg, max_steps=4, micro_batch_size=2), tmp_path, resume=True)
     assert sizes == [2] * 8
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_a_resume_with_another_micro_batch_says_when_dropout_makes_it_inexact(
+        corpus, tmp_path, caplog, dropout):
+    """Dropout's masks are drawn one micro-batch at a time: with dropout on, a resume with
+    another micro-batch goes on with other masks, which used to pass without a word."""
+    tok, ds = corpus
+    cfg = train_config(max_steps=2, micro_batch_size=16)
+    train(tiny_model(tok, dropout=dropout), ds, collator(tok), cfg, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="minibert"):
+        train(tiny_model(tok, dropout=dropout), ds, collator(tok),
+              replace(cfg, max_steps=3, micro_batch_size=4), tmp_path, resume=True)
+    warned = "micro-batch 4, was 16, with dropout on" in caplog.text
+    assert warned == (dropout > 0)
