@@ -267,8 +267,8 @@ def _last_training_loss(metrics: Path) -> Optional[float]:
     loss = None
     for line in metrics.read_text().splitlines():
         row = json.loads(line) if line.strip() else {}
-        if "loss" in row:
-            loss = float(row["loss"])
+        if "loss" in row:  # null: a skipped step's non-finite loss
+            loss = float("nan") if row["loss"] is None else float(row["loss"])
     return loss
 
 

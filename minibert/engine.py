@@ -303,8 +303,9 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
         scores = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision,
                            micro, state.step)
         # A resumed run that was already finished (a script's later stage resumed with it)
-        # evaluates again for its result, but its log holds that row already.
-        if ctx.is_main and state.step > start_step:
+        # evaluates again for its result; its log may hold that row already, or not (a run
+        # stopped at its last step, or during this evaluation).
+        if ctx.is_main and not _logged_eval(metrics_file, state.step):
             _log_row(metrics_file, {"step": state.step, "train_seconds": result["train_seconds"],
                                     **_numbers(scores)}, None)
     result.update(_numbers(scores or {}))
@@ -474,9 +475,23 @@ def _progress_bar(enabled: bool, total: int, initial: int):
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True) if enabled else None
 
 
+def _logged_eval(path: Path, step: int) -> bool:
+    """Whether the log holds an evaluation row (one without a training "lr") of `step`."""
+    if not path.is_file():
+        return False
+    for line in path.read_text().splitlines():
+        row = json.loads(line) if line.strip() else {}
+        if row.get("step") == step and "lr" not in row:
+            return True
+    return False
+
+
 def _log_row(path: Path, row: dict, bar) -> None:
+    # Strict JSON: a skipped step's NaN loss is written null, which every JSON reader takes.
+    strict = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+              for k, v in row.items()}
     with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
+        f.write(json.dumps(strict, allow_nan=False) + "\n")
     text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                       for k, v in row.items())
     if bar is not None:

@@ -174,8 +174,12 @@ def test_non_finite_step_is_skipped_and_counted(corpus, tmp_path):
     snapshots = []
     model = _nan_model(tok, bad_calls={3}, snapshots=snapshots)
     result = train(model, ds, collator(tok), train_config(max_steps=3), tmp_path)
-    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    def strict(token):
+        raise ValueError(f"{token} is not JSON")
+
+    rows = [json.loads(line, parse_constant=strict) for line in open(tmp_path / "metrics.jsonl")]
     assert result["skipped_steps"] == 1 and [r["skipped"] for r in rows[:3]] == [0, 0, 1]
+    assert rows[2]["loss"] is None  # NaN, written as JSON's null for jq and JavaScript alike
     # step 3 (the third forward) was skipped: the weights are those it started from
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), snapshots[2]))
     assert not all(torch.equal(p, q) for p, q in zip(snapshots[1], snapshots[2]))
@@ -522,3 +526,27 @@ def test_a_resume_with_another_micro_batch_says_when_dropout_makes_it_inexact(
               replace(cfg, max_steps=3, micro_batch_size=4), tmp_path, resume=True)
     warned = "micro-batch 4, was 16, with dropout on" in caplog.text
     assert warned == (dropout > 0)
+
+
+def test_the_final_evaluation_is_logged_once_however_the_run_was_stopped(corpus, tmp_path,
+                                                                        monkeypatch):
+    """A run killed during its final evaluation (its last checkpoint saved) and resumed, and
+    a run stopped by a signal at its last step and finished, never logged that evaluation."""
+    import minibert.engine
+
+    tok, ds = corpus
+    evaluate = minibert.engine.evaluate
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("the second SIGTERM")
+
+    cfg = train_config(max_steps=2)
+    monkeypatch.setattr(minibert.engine, "evaluate", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "run", eval_set=ds)
+    monkeypatch.setattr(minibert.engine, "evaluate", evaluate)
+    for _ in range(2):  # resumed, then resumed again when already finished
+        train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "run", eval_set=ds,
+              resume=True)
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["step"] for r in rows if "eval_loss" in r] == [2]
