@@ -153,9 +153,12 @@ def run(args, ctx, prepared) -> None:
     minibert.set_seed(args.seed, deterministic=args.deterministic)
     plain = minibert.BertForMaskedLM(student)
     base_out = args.out / "baseline"
+    # Resumed, the baseline goes on from its checkpoint; one stopped before its first
+    # checkpoint has only a log, of steps it will compute again, so it starts over.
+    base_saved = latest_checkpoint(base_out / "checkpoints") is not None
     baseline = train(plain, train_set, collate, cfg, base_out, ctx=ctx,
-                     resume=args.resume and latest_checkpoint(base_out / "checkpoints")
-                     is not None, data_identity=identity, eval_fn=mlm_metrics)
+                     resume=args.resume and base_saved, overwrite=args.resume and not base_saved,
+                     data_identity=identity, eval_fn=mlm_metrics)
     # A baseline that diverged says nothing about distillation: no row, no final/.
     if not cli.finished(baseline, ctx, cfg.lr, plain, base_out,
                         what="the run without the teacher"):

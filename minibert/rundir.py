@@ -164,12 +164,21 @@ def open_run(out_dir: Union[str, os.PathLike], resume: bool, main: bool = True) 
     out_dir = Path(out_dir)
     with RunLock(out_dir):
         ckpts = out_dir / "checkpoints"
-        if resume and latest_checkpoint(ckpts) is None:
-            raise FileNotFoundError(f"--resume: no intact checkpoint in {ckpts}")
+        resumable = latest_checkpoint(ckpts) is not None
         found = run_exists(out_dir)
+        # A run stopped before its first checkpoint left a log but nothing to resume from:
+        # say so, rather than send a fresh start to --resume and --resume back again.
+        stuck = (f"; it saved no checkpoint, so it cannot be resumed: delete "
+                 f"{', '.join(found)} in it to start again, or choose another --out"
+                 if found and not resumable else "")
+        if resume and not resumable:
+            raise FileNotFoundError(f"--resume: no intact checkpoint in {ckpts}"
+                                    + (f" ({out_dir} holds {', '.join(found)}{stuck})"
+                                       if stuck else ""))
         if not resume and found:
-            raise FileExistsError(f"{out_dir} already holds a run ({', '.join(found)}); pass "
-                                  f"--resume to continue it, or choose another --out")
+            raise FileExistsError(f"{out_dir} already holds a run ({', '.join(found)})"
+                                  + (stuck or "; pass --resume to continue it, or choose "
+                                     "another --out"))
         yield
 
 

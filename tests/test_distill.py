@@ -233,6 +233,11 @@ def test_end_to_end_three_rows_and_exact_resume(data_dir, teacher_dir, cache, tm
     shutil.rmtree(out / "checkpoints" / "step_00000004")
     assert distill.main(_args(data_dir, teacher_dir, out, cache, "--resume")) == 0
     assert _timeless(json.loads((out / "eval.json").read_text())) == _timeless(rows)
+    # The baseline stopped before its first checkpoint, its log written: it starts over (it
+    # was refused both as a fresh start and as a resume, and --resume could never finish).
+    shutil.rmtree(out / "baseline" / "checkpoints")
+    assert distill.main(_args(data_dir, teacher_dir, out, cache, "--resume")) == 0
+    assert _timeless(json.loads((out / "eval.json").read_text())) == _timeless(rows)
     err = _error_line(capsys, _args(data_dir, teacher_dir, out, cache, "--resume",
                                     "--alpha", "0.3"))
     assert "alpha: checkpoint 0.5, now 0.3" in err

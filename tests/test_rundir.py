@@ -112,3 +112,20 @@ def test_run_exists_lists_what_a_run_leaves(tmp_path):
     (tmp_path / "final" / "config.json").write_text("{}")
     (tmp_path / "eval.json").write_text("{}")
     assert run_exists(tmp_path) == ["final/", "eval.json", "metrics.jsonl", "checkpoints/"]
+
+
+def test_a_run_without_a_checkpoint_is_named_as_such_both_ways(tmp_path):
+    """A run stopped before its first checkpoint: a fresh start was told to pass --resume,
+    and --resume that there was no checkpoint, with no way out named."""
+    from minibert.rundir import open_run
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0, "lr": 0.001}\n')
+    for resume in (False, True):
+        with pytest.raises(OSError, match="it saved no checkpoint, so it cannot be resumed: "
+                                          "delete metrics.jsonl in it to start again"):
+            with open_run(tmp_path, resume=resume):
+                pass
+    (tmp_path / "metrics.jsonl").unlink()
+    with pytest.raises(FileNotFoundError, match=r"no intact checkpoint in \S+$"):
+        with open_run(tmp_path, resume=True):  # nothing there at all: no advice needed
+            pass
