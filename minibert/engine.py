@@ -296,10 +296,13 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                               "skipped_steps": state.skipped,
                               "wall_seconds": round(time.perf_counter() - run_start, 2),
                               "train_seconds": round(state.train_seconds, 3),
-                              "interrupted": state.step < cfg.max_steps, "precision": precision,
+                              # A signal during the last step stops the run all the same:
+                              # the script exits 128 + N, and a resume evaluates it.
+                              "interrupted": state.step < cfg.max_steps or stop_signal is not None,
+                              "precision": precision,
                               "environment": env, "steps_this_run": state.step - start_step,
                               "stop_signal": stop_signal}
-    if (eval_set is not None or eval_fn is not None) and state.step == cfg.max_steps:
+    if (eval_set is not None or eval_fn is not None) and not result["interrupted"]:
         scores = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision,
                            micro, state.step)
         # A resumed run that was already finished (a script's later stage resumed with it)

@@ -550,3 +550,25 @@ def test_the_final_evaluation_is_logged_once_however_the_run_was_stopped(corpus,
               resume=True)
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in rows if "eval_loss" in r] == [2]
+
+
+def test_a_signal_during_the_last_step_stops_the_run_before_its_evaluation(corpus, tmp_path):
+    """It was answered with the final evaluation and a normal finish, so a script exited 0
+    (and exported) instead of 128 + N, and a long evaluation could outlast the grace time."""
+    tok, ds = corpus
+    collate, calls = collator(tok), {"n": 0}
+
+    def collate_and_preempt(examples, epoch=None):
+        calls["n"] += 1
+        if calls["n"] == 2:  # during step 2 of 2
+            os.kill(os.getpid(), signal.SIGTERM)
+        return collate(examples, epoch=epoch)
+
+    cfg = train_config(max_steps=2)
+    result = train(tiny_model(tok), ds, collate_and_preempt, cfg, tmp_path, eval_set=ds)
+    assert result["interrupted"] and result["stop_signal"] == signal.SIGTERM
+    assert "eval_loss" not in result
+    done = train(tiny_model(tok), ds, collate, cfg, tmp_path, eval_set=ds, resume=True)
+    assert not done["interrupted"] and done["steps_this_run"] == 0 and "eval_loss" in done
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in rows if "eval_loss" in r] == [2]
