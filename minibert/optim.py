@@ -94,7 +94,9 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.01,
     for the whole update) is used wherever torch has it: CUDA, and the CPU since torch 2.4,
     where it is several times faster than the multi-tensor `foreach` kernel (measured in
     benchmarks/RESULTS.md, "Speed levers kept, each measured"); `foreach` is the fallback.
-    All compute the same update.
+    Both compute AdamW's update, equal up to rounding (not bit for bit: the kernels order
+    their floating-point operations differently), so a checkpoint keeps the kernel its run
+    began with and a resume uses it.
     """
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr >= 0:
         raise ValueError(f"lr={lr!r} must be a number >= 0")
