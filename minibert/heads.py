@@ -19,6 +19,8 @@ Padding never enters a loss: the encoder leaves padding positions at zero, so th
 are only the bias. Masked LM and token classification ignore labels placed there; question answering
 gives padding a logit of the dtype's minimum, so the softmax over positions runs on the
 sequence's own tokens. On a batch without padding the losses are transformers' exactly.
+Padding goes on the right: a sequence classifier reads [CLS] at position 0, and refuses a
+batch where that position is padding (`check_cls_first`).
 """
 
 from __future__ import annotations
@@ -172,9 +174,21 @@ def _transform(config: BertConfig) -> Optional[Transform]:
     return head
 
 
+def check_cls_first(attention_mask: Optional[Tensor]) -> None:
+    """Refuse a batch whose position 0, where a classifier reads [CLS], is padding in some
+    row (padded on the left): the encoder leaves padding at zero, so that row's class would
+    come from a zero vector. minibert's collators pad on the right."""
+    if attention_mask is not None and not bool(attention_mask[:, 0].all()):
+        rows = (attention_mask[:, 0] == 0).nonzero().flatten().tolist()
+        raise ValueError(f"attention_mask is 0 at position 0 in row(s) {rows[:8]}: the "
+                         f"[CLS] token the classifier reads is padding there (padded on the "
+                         f"left?); pad on the right, [CLS] first")
+
+
 def pool(h: Tensor, attention_mask: Optional[Tensor], how: str) -> Tensor:
     """(B, T, H) -> (B, H): the [CLS] vector, or the mean over real tokens."""
     if how == "cls":
+        check_cls_first(attention_mask)
         return h[:, 0]
     if attention_mask is None:
         return h.mean(dim=1)
@@ -237,6 +251,7 @@ class BertForSequenceClassification(_Labelled, nn.Module):
         """
         out = self.bert(input_ids, attention_mask, token_type_ids)
         if self.head is None:
+            check_cls_first(attention_mask)
             pooled = out.pooler_output  # (B, H): tanh(W h_[CLS] + b)
         else:
             pooled = self.head(pool(out.last_hidden_state, attention_mask,

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from .config import BertConfig
 from .heads import (BertForSequenceClassification, BertForTokenClassification,
-                    SequenceClassifierOutput, TokenClassifierOutput, label_names,
+                    SequenceClassifierOutput, TokenClassifierOutput, check_cls_first, label_names,
                     sequence_classification_loss, token_classification_loss)
 from .hf import PathLike, load_hf_state_dict, read_weights
 from .pretrained import read_folder_config
@@ -135,6 +135,7 @@ class BertMultiTask(nn.Module):
         head = self._head(task)
         out = self.bert(input_ids, attention_mask, token_type_ids)
         if head.kind == "sequence":
+            check_cls_first(attention_mask)
             logits = head.classifier(head.drop(out.pooler_output))  # (B, H) -> (B, C)
             loss = None if labels is None else sequence_classification_loss(logits, labels)
             return SequenceClassifierOutput(loss, logits)

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from .config import BertConfig
 from .data.mlm import pad_batch
+from .heads import check_cls_first
 from .hf import PathLike, load_hf_state_dict, read_weights
 from .pretrained import read_folder_config
 from .model import BertModel
@@ -50,7 +51,8 @@ def pool(hidden: Tensor, attention_mask: Tensor, pooling: str) -> Tensor:
     """hidden: (B, T, H), attention_mask: (B, T) with 1 for real tokens -> (B, H)."""
     check_pooling(pooling)
     if pooling == "cls":
-        return hidden[:, 0]  # [CLS] is always the first token
+        check_cls_first(attention_mask)
+        return hidden[:, 0]  # [CLS] is the first token
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
     if pooling == "mean":
         # sentence-transformers clamps the count at 1e-9; every row here has >= 2 real tokens.
