@@ -323,7 +323,8 @@ def sequence_classification_loss(logits: Tensor, labels: Tensor) -> Tensor:
     """logits (B, C), labels (B,): MSE on float labels when C == 1 (regression), otherwise
     cross-entropy on class ids. Computed in float32 whatever the autocast dtype."""
     num_labels = logits.size(-1)
-    _check_shape("labels", labels, (logits.size(0),), "one label per sequence")
+    _check_shape("labels", labels, (logits.size(0),), "one label per sequence (multi-label "
+                 "targets, a column per class, are not supported)")
     if num_labels == 1:
         return F.mse_loss(logits.squeeze(-1).float(), labels.float())
     _check_ids("labels", labels, f"integer class ids for classification (num_labels="

@@ -161,6 +161,8 @@ def test_bad_masks_and_labels():
         clf(ids, labels=torch.tensor([0.0, 1.0]))
     with pytest.raises(ValueError, match="one label per sequence"):
         clf(ids, labels=torch.tensor([[0], [1]]))
+    with pytest.raises(ValueError, match=r"multi-label targets, a column per class, are not"):
+        clf(ids, labels=torch.tensor([[0, 1, 1], [1, 0, 0]]))
     with pytest.raises(ValueError, match="num_labels"):
         minibert.BertForSequenceClassification(tiny_config(), num_labels=0)
 
