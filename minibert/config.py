@@ -247,17 +247,23 @@ class BertConfig:
                  "first_block_attn_norm", "global_every", "local_window", "task_head",
                  "classifier_pooling")
 
+    @staticmethod
+    def check_tied_decoder(d: dict[str, Any]) -> None:
+        """Refuse a config.json whose MLM decoder is a matrix of its own, for a model that
+        decodes (a masked LM): minibert's decoder is the word embeddings, as BERT's and
+        ModernBERT's are. The encoder and the other heads never decode, and load it."""
+        if d.get("tie_word_embeddings", True) is not True:
+            raise ValueError("config.json has tie_word_embeddings=false: its MLM decoder is a "
+                             "matrix of its own, and minibert's is the word embeddings, as "
+                             "BERT's and ModernBERT's are; load it as a BertModel or a "
+                             "classifier to use its encoder")
+
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], **overrides: Any) -> "BertConfig":
         """Build a config from a transformers BERT or ModernBERT `config.json` dict (or one
         minibert wrote), then apply overrides."""
         model_type = d.get("model_type", "bert")
-        # Neither family's decoder: minibert's MLM decoder is the word embeddings, and its
-        # attention is bidirectional.
-        if d.get("tie_word_embeddings", True) is not True:
-            raise ValueError("config.json has tie_word_embeddings=false: its MLM decoder is a "
-                             "matrix of its own, and minibert's is the word embeddings, as "
-                             "BERT's and ModernBERT's are")
+        # Neither family's decoder: minibert's attention is bidirectional.
         for key in ("is_decoder", "add_cross_attention"):  # transformers' decoder switches
             if d.get(key):
                 raise ValueError(f"config.json has {key}=true (a decoder: causal attention"

@@ -184,7 +184,9 @@ def check_model_fits(args: Any) -> None:
     is written: --init-from's config and tokenizer (`check_tokenizer_fits`), or --preset's
     positions (its vocabulary is the tokenizer the run trains)."""
     if args.init_from:
-        config = BertConfig.from_hf_dict(read_config(args.init_from))
+        stored = read_config(args.init_from)
+        BertConfig.check_tied_decoder(stored)  # pretraining decodes: a masked LM
+        config = BertConfig.from_hf_dict(stored)
         for field, value in architecture_overrides(args).items():
             if getattr(config, field) != value:
                 raise ValueError(f"{ARCHITECTURE_FLAGS[field]} contradicts {args.init_from}, "

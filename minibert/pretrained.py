@@ -83,6 +83,8 @@ class PretrainedMixin:
                              f"{ON_OTHER_LABELS}")
         asked_labels = bool({"num_labels", "id2label"} & set(config_overrides))
         hf_config = read_folder_config(path, allow_vocab_mismatch)
+        if minibert_class(cls).__name__ == "BertForMaskedLM":
+            BertConfig.check_tied_decoder(hf_config)
         init_kwargs = cls._init_kwargs(hf_config, config_overrides)
         config = BertConfig.from_hf_dict(hf_config, **config_overrides)
         model = cls(config, **init_kwargs)

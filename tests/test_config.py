@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 import minibert
 from minibert import BertConfig
@@ -119,4 +120,23 @@ def test_an_untied_bert_decoder_is_refused_by_name(tmp_path):
         intermediate_size=32, max_position_embeddings=32, tie_word_embeddings=False))
     hf.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="tie_word_embeddings"):
+        minibert.BertForMaskedLM.from_pretrained(tmp_path)
+
+
+def test_an_untied_checkpoint_loads_where_nothing_decodes(tmp_path):
+    """Untied, the decoder is the only thing minibert cannot compute: the encoder and the
+    classifiers of such a folder were refused too."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
+    hf = transformers.BertForSequenceClassification(transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=32, tie_word_embeddings=False,
+        num_labels=3)).eval()
+    hf.save_pretrained(tmp_path)
+    ids = torch.randint(1, 50, (2, 9))
+    with torch.no_grad():
+        ours = minibert.BertForSequenceClassification.from_pretrained(tmp_path).eval()
+        assert (ours(ids).logits - hf(input_ids=ids).logits).abs().max() < 1e-5
+    minibert.BertModel.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="tie_word_embeddings=false"):
         minibert.BertForMaskedLM.from_pretrained(tmp_path)
