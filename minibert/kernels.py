@@ -20,24 +20,32 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
 
     On the CPU, `F.dropout` draws one 32-bit random number per element through torch's
     generator. Here one 64-bit draw serves four elements, each keeping 15 random bits (p is
-    rounded to a multiple of 1/32768), and only the boolean mask is saved for the backward
-    pass: faster per call, forward and backward (measured by benchmarks/bench_levers.py;
-    the numbers are in benchmarks/RESULTS.md, "Speed levers kept, each measured"). The
-    numbers still come from torch's generator, so `set_seed` and checkpointed RNG states
-    reproduce them.
+    rounded to a multiple of 1/32768, and the survivors scaled for that rate), and only the
+    boolean mask is saved for the backward pass: faster per call, forward and backward
+    (measured by benchmarks/bench_levers.py; the numbers are in benchmarks/RESULTS.md,
+    "Speed levers kept, each measured"). The numbers still come from torch's generator, so
+    `set_seed` and checkpointed RNG states reproduce them.
     On other devices `F.dropout` is already a fused kernel and is used as it is.
     """
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p, training=True)
+    # The rate the 15-bit lanes can draw, and the scale that keeps the expectation exact at
+    # that rate (1 / (1 - p) would be off by up to 1/65536 of it, and scale a p so small
+    # that nothing is ever dropped).
+    drop = round(p * 32768)
+    if drop == 0:
+        return x
+    if drop == 32768:
+        return x * 0.0  # all dropped; zero gradients, as F.dropout(p=1) gives
     n = x.numel()
     bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_()  # 63 random bits each
     # Four 16-bit lanes per draw; the low 15 bits of every lane are uniform. (The top lane's
     # sign bit is always 0, which is why 15 and not 16 bits are used.)
     lanes = bits.view(torch.int16)[:n].view(x.shape)
-    keep = (lanes & 0x7FFF) >= round(p * 32768)
-    return torch.where(keep, x * (1.0 / (1.0 - p)), 0.0)
+    keep = (lanes & 0x7FFF) >= drop
+    return torch.where(keep, x * (32768 / (32768 - drop)), 0.0)
 
 
 class TiedWordGradient:

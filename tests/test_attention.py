@@ -163,9 +163,14 @@ def test_dropout_statistics_gradient_and_reproducibility():
     y = dropout(x, 0.1)
     dropped = y == 0
     assert abs(dropped.float().mean().item() - 0.1) < 0.003  # 786k draws: sd ~ 3e-4
-    assert torch.allclose(y[~dropped], x[~dropped] / 0.9)
+    # The survivors are scaled for the rate drawn, 3277 / 32768 (not 0.1): the expectation
+    # is then exact, where 1 / 0.9 was off by 7e-6 of it.
+    scale = 32768 / (32768 - 3277)
+    assert torch.equal(y[~dropped], x[~dropped] * scale)
     (g,) = torch.autograd.grad(y.sum(), x)
-    assert torch.equal(g, (~dropped).float() / 0.9)  # gradient flows through kept elements
+    assert torch.equal(g, (~dropped).float() * scale)  # gradient flows through kept elements
+    assert torch.equal(dropout(x, 1e-6), x)  # a rate below 1/65536 drops, and scales, nothing
+    assert not dropout(x, 1.0).any()
     torch.manual_seed(3)
     assert torch.equal(dropout(x, 0.1), y)  # the seed fixes the mask
     assert dropout(x, 0.1, training=False) is x and dropout(x, 0.0) is x
