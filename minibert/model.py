@@ -31,7 +31,7 @@ from .attention import attention
 from .config import BertConfig
 from .kernels import TiedWordGradient, dropout
 from .pretrained import PretrainedMixin
-from .rope import apply_rope, rope_angles
+from .rope import apply_rope, rope_angles, rope_dtype
 
 
 class BertOutput(NamedTuple):
@@ -127,7 +127,8 @@ class SelfAttention(nn.Module):
         # split H into nh heads of hs dims and move heads next to batch: (B, nh, T, hs)
         q, k, v = (t.view(B, T, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
         if self.rope_theta is not None:  # rotate by position: t is the column in the grid
-            cos, sin = rope_angles(T, q.size(-1), self.rope_theta, q.device)  # (T, hs)
+            cos, sin = rope_angles(T, q.size(-1), self.rope_theta, q.device,
+                                   rope_dtype(q.dtype))  # (T, hs)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = attention(q, k, v, keep, self.backend,
                       dropout_p=self.dropout_p if self.training else 0.0,

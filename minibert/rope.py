@@ -28,10 +28,11 @@ from torch import Tensor
 
 
 @functools.lru_cache(maxsize=32)  # every layer and step of a run asks for the same angles
-def rope_angles(seq_len: int, head_size: int, theta: float, device: torch.device
-                ) -> tuple[Tensor, Tensor]:
-    """cos and sin of every (position, dimension) angle, each (T, hs), in fp32; computed
-    once per (T, hs, theta, device) and shared, so never modify them in place.
+def rope_angles(seq_len: int, head_size: int, theta: float, device: torch.device,
+                dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """cos and sin of every (position, dimension) angle, each (T, hs), in fp32 (or fp64, for
+    a model in fp64); computed once per (T, hs, theta, device, dtype) and shared, so never
+    modify them in place.
 
     Angle (t, i) = t · theta^(-2i / hs) for the pair's first half; the second half repeats
     it, so that a whole (T, hs) row multiplies a whole head vector. Made outside inference
@@ -39,14 +40,14 @@ def rope_angles(seq_len: int, head_size: int, theta: float, device: torch.device
     inference tensors, which a later training step could not save for backward.
     """
     with torch.inference_mode(False):
-        return _angles(seq_len, head_size, theta, device)
+        return _angles(seq_len, head_size, theta, device, dtype)
 
 
-def _angles(seq_len: int, head_size: int, theta: float, device: torch.device
-            ) -> tuple[Tensor, Tensor]:
-    inv_freq = theta ** (-torch.arange(0, head_size, 2, dtype=torch.float32, device=device)
+def _angles(seq_len: int, head_size: int, theta: float, device: torch.device,
+            dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    inv_freq = theta ** (-torch.arange(0, head_size, 2, dtype=dtype, device=device)
                          / head_size)  # (hs/2,)
-    angles = torch.arange(seq_len, dtype=torch.float32, device=device)[:, None] * inv_freq
+    angles = torch.arange(seq_len, dtype=dtype, device=device)[:, None] * inv_freq
     angles = torch.cat((angles, angles), dim=-1)  # (T, hs): pair i and i + hs/2 share it
     return angles.cos(), angles.sin()
 
@@ -60,9 +61,16 @@ def rotate_half(x: Tensor) -> Tensor:
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate queries or keys by their positions. x: (B, nh, T, hs); cos, sin: (T, hs).
 
-    Each pair (x_i, x_{i+hs/2}) at position t turns by angle (t, i). Computed in fp32 and
-    returned in x's dtype: under bf16 autocast, rounding the rotated vectors once keeps the
-    angles exact, where rounding cos and sin to bf16 first would blur far positions.
+    Each pair (x_i, x_{i+hs/2}) at position t turns by angle (t, i). Computed in fp32 (fp64
+    for fp64 inputs, with `rope_dtype`'s angles) and returned in x's dtype: under bf16
+    autocast, rounding the rotated vectors once keeps the angles exact, where rounding cos
+    and sin to bf16 first would blur far positions.
     """
-    y = x.float() * cos + rotate_half(x.float()) * sin
+    wide = x.to(rope_dtype(x.dtype))
+    y = wide * cos + rotate_half(wide) * sin
     return y.to(x.dtype)
+
+
+def rope_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype RoPE computes in for inputs of `dtype`: fp32, or fp64 for fp64."""
+    return torch.promote_types(dtype, torch.float32)

@@ -8,7 +8,8 @@ import torch
 from minibert.rope import apply_rope, rope_angles
 
 
-def _rope_by_complex_numbers(x: torch.Tensor, theta: float) -> torch.Tensor:
+def _rope_by_complex_numbers(x: torch.Tensor, theta: float,
+                             dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Pair (x_i, x_{i+hs/2}) as the complex number x_i + j x_{i+hs/2}, at position t
     multiplied by exp(j t theta^(-2i/hs)): RoFormer's rotation, in the half-split layout."""
     *_, T, hs = x.shape
@@ -17,7 +18,7 @@ def _rope_by_complex_numbers(x: torch.Tensor, theta: float) -> torch.Tensor:
     t = torch.arange(T, dtype=torch.float64)[:, None]
     i = torch.arange(half, dtype=torch.float64)[None, :]
     z = z * torch.polar(torch.ones(T, half, dtype=torch.float64), t * theta ** (-2 * i / hs))
-    return torch.cat((z.real, z.imag), dim=-1).float()
+    return torch.cat((z.real, z.imag), dim=-1).to(dtype)
 
 
 def test_rope_is_the_rotation_of_the_formula():
@@ -72,3 +73,15 @@ def test_angles_first_made_under_inference_mode_still_train():
         model.eval()(ids)
     model.train()(ids).logits.sum().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_a_float64_model_rotates_in_float64():
+    """fp64 is how a reference check is run (gradcheck, a loop in float64); RoPE rounded its
+    inputs to fp32 and capped every such check of a RoPE model near 1e-7."""
+    from minibert.rope import rope_dtype
+
+    x = torch.randn(2, 3, 50, 8, dtype=torch.float64, requires_grad=True)
+    cos, sin = rope_angles(50, 8, 10000.0, torch.device("cpu"), rope_dtype(x.dtype))
+    want = _rope_by_complex_numbers(x.detach(), 10000.0, torch.float64)
+    assert (apply_rope(x, cos, sin) - want).abs().max() < 1e-12
+    assert torch.autograd.gradcheck(lambda t: apply_rope(t, cos, sin), (x,))
