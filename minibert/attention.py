@@ -208,7 +208,12 @@ class _Tiles:
         return self.buffers[key]
 
     def matmul(self, name: str, a: Tensor, b: Tensor) -> Tensor:
-        """a @ b into the statistics-dtype buffer `name`: (B, nh, rows, cols)."""
+        """a @ b into the statistics-dtype buffer `name`: (B, nh, rows, cols).
+
+        In bf16/fp16 the product is rounded to a's dtype first, as `math`'s scores are:
+        torch's CPU matmul has no bf16-in, fp32-out form. The softmax statistics that follow
+        are fp32; the scores they start from carry bf16's rounding, which a fused kernel
+        (`sdpa`, FlashAttention) avoids by keeping them in fp32."""
         f32 = _stats_dtype(a)
         out = self.get(name, a.size(-2), b.size(-1), f32)
         if a.dtype == f32:
