@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from .distributed import unwrap
+from .hf import minibert_class
 from .optim import resolve_warmup
 from .precision import PRECISIONS
 from .rng import rank_seed, rng_state, set_rng_state, set_seed
@@ -168,8 +169,12 @@ RESUME_MAY_CHANGE = frozenset({
 def run_identity(model: nn.Module, cfg: "TrainConfig") -> dict[str, Any]:
     """The model (its class and config) and the training settings that decide what a run
     computes (see RESUME_MAY_CHANGE)."""
-    return {"model_class": type(unwrap(model)).__name__,
-            "model_config": asdict(unwrap(model).config),
+    raw = unwrap(model)
+    # The class as checkpoints name it: minibert's own for a user's subclass (export
+    # rebuilds it), and the subclass's name, which older checkpoints of such a run hold.
+    return {"model_class": minibert_class(type(raw)).__name__,
+            "model_subclass": type(raw).__name__,
+            "model_config": asdict(raw.config),
             "train_config": {k: v for k, v in asdict(cfg).items() if k not in RESUME_MAY_CHANGE}}
 
 
@@ -195,7 +200,8 @@ def check_identity(saved: dict, now: dict, path: Path) -> None:
     diffs = []
     # The same config under another head (an MLM run resumed as a classifier) would fail
     # deep in load_state_dict, or load an encoder under a head it was not trained with.
-    if saved.get("model_class", now["model_class"]) != now["model_class"]:
+    if saved.get("model_class", now["model_class"]) not in (now["model_class"],
+                                                            now.get("model_subclass")):
         diffs.append(("model class", repr(saved["model_class"]), repr(now["model_class"])))
     for section, label in (("model_config", "model "), ("train_config", ""),
                            ("data_identity", "")):

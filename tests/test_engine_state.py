@@ -101,6 +101,7 @@ def test_a_subclass_checkpoint_exports_as_its_minibert_class(corpus, tmp_path):
     tok, ds = corpus
     model = MyMaskedLM(tiny_model(tok).config)
     train(model, ds, collator(tok), train_config(max_steps=2), tmp_path / "run")
+    train(model, ds, collator(tok), train_config(max_steps=3), tmp_path / "run", resume=True)
     export_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"), tmp_path / "out")
     loaded = minibert.BertForMaskedLM.from_pretrained(tmp_path / "out")
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
