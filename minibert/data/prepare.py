@@ -69,8 +69,13 @@ def prepare_corpus(run_dir: PathLike, splits: Sequence[str], *,
                         vocab_size=vocab_size, resume=resume, cache_dir=cache_dir)
     for s in splits:
         docs = corpus.splits[s]
-        (run_dir / "tokenizer" / f"{s}.key").write_text(docs.fingerprint)  # for every rank
-        path = token_file(tok, docs.fingerprint, cache_dir)
+        key_file = run_dir / "tokenizer" / f"{s}.key"
+        # A run begun under the earlier key (the text without the documents' lengths) keeps
+        # it: the same text, so the same tokens, and its checkpoints name that key.
+        old = key_file.read_text() if resume and key_file.is_file() else None
+        key = old if old == docs.legacy_fingerprint else docs.fingerprint
+        key_file.write_text(key)  # for every rank
+        path = token_file(tok, key, cache_dir)
         if path.is_file():
             try:
                 TokenFile.open(path, tok)
