@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .data.mlm import IGNORE_INDEX
+from .data.mlm import predicted
 from .heads import BertForMaskedLM, MaskedLMOutput
 from .hf import read_config
 from .pretrained import check_tokenizer_fits
@@ -100,7 +100,7 @@ class Distiller(nn.Module):
             # Same labels, so the same N positions in the same (row-major) order.
             teacher_logits = self.teacher(input_ids, attention_mask, token_type_ids,
                                           labels).logits  # (N, V)
-        targets = labels[labels != IGNORE_INDEX]  # (N,)
+        targets = labels[predicted(labels, attention_mask)]  # (N,), as the heads select them
         loss = distillation_loss(student.logits, teacher_logits, targets, self.alpha,
                                  self.temperature)
         return MaskedLMOutput(loss, student.logits)

@@ -33,7 +33,7 @@ import torch.nn as nn
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .data.mlm import IGNORE_INDEX, count_targets
+from .data.mlm import count_targets, predicted
 from .data.sampler import GlobalBatches
 from .data.seq_warmup import cut_for_step
 from .distributed import DistContext, all_reduce_sum, max_over_ranks, unwrap
@@ -109,7 +109,8 @@ def evaluate(model: nn.Module, batches: Iterable[Mapping[str, Tensor]], precisio
         batch = _to_device(batch, device)
         with autocast_context(precision, device):
             out = model(**batch)
-        targets = batch["labels"][batch["labels"] != IGNORE_INDEX]  # (N,), order of out.logits
+        labels = batch["labels"]
+        targets = labels[predicted(labels, batch.get("attention_mask"))]  # (N,), as out.logits
         n = targets.numel()
         if n:
             sums += torch.stack([out.loss.double() * n,

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import BertConfig
-from .data.mlm import IGNORE_INDEX
+from .data.mlm import IGNORE_INDEX, predicted
 from .pretrained import PretrainedMixin, default_labels, stored_labels
 from .kernels import TiedWordGradient
 from .model import BertModel, Dropout, init_weights
@@ -127,10 +127,8 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
             return MaskedLMOutput(None, self.head(h, decoder, tied))
         _check_shape("labels", labels, tuple(input_ids.shape), "the shape of input_ids")
         _check_ids("labels", labels, "token ids to predict (IGNORE_INDEX elsewhere)")
-        predicted = labels != IGNORE_INDEX  # (B, T) bool
-        if attention_mask is not None:  # the encoder did not compute padding: never score it
-            predicted &= attention_mask.bool()
-        h, targets = h[predicted], labels[predicted]  # (N, H), (N,)
+        keep = predicted(labels, attention_mask)  # (B, T) bool: labelled real tokens
+        h, targets = h[keep], labels[keep]  # (N, H), (N,)
         _check_range("labels", targets, decoder.size(0), "vocabulary")  # N ids, not B x T
         n = targets.numel()
         # N changes from batch to batch, and with it the size of the head's largest blocks

@@ -156,6 +156,20 @@ def test_masked_lm_label_on_padding_is_ignored():
         labels[1, 25] = 13  # on padding
         padded = model(ids, mask, labels=labels)
     assert padded.loss.item() == real.loss.item() and padded.logits.shape == (2, 99)
+    # Every other count of targets agrees with the head: the evaluation, the distillation
+    # loss and the accumulation weights (evaluate and the Distiller failed on a shape).
+    from minibert.data.mlm import count_targets
+    from minibert.distill import Distiller
+    from minibert.engine import evaluate
+
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    assert count_targets(batch) == 2
+    scores = evaluate(model, [batch], "fp32", torch.device("cpu"))
+    assert abs(scores["eval_loss"] - real.loss.item()) < 1e-6
+    distiller = Distiller(model, _randomise(minibert.BertForMaskedLM(tiny_config()), seed=3),
+                          alpha=0.5, temperature=2.0)
+    with torch.no_grad():
+        assert distiller(**batch).logits.shape == (2, 99)
 
 
 # ---- checkpoints both ways ----------------------------------------------------------------------

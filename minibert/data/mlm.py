@@ -133,13 +133,24 @@ def pad_batch(sequences: Sequence, pad_id: int, pad_to_multiple_of: Optional[int
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
+def predicted(labels: torch.Tensor, attention_mask: Optional[torch.Tensor] = None
+              ) -> torch.Tensor:
+    """Where a loss scores a label: not IGNORE_INDEX, and, for per-token labels (B, T), on a
+    real token (attention_mask 1). The encoder does not compute padding, so the heads never
+    score a label there; every count of targets must agree with them. Same shape as labels."""
+    keep = labels != IGNORE_INDEX
+    if attention_mask is not None and attention_mask.shape == labels.shape:
+        keep &= attention_mask.bool()
+    return keep
+
+
 def count_targets(batch: Mapping[str, torch.Tensor]) -> int:
     """Predicted items in a batch, the unit its loss is a mean over: masked tokens (MLM),
-    labelled positions (token classification), examples (classification, and QA, whose
-    batches carry `start_positions` instead of `labels`)."""
+    labelled real positions (token classification), examples (classification, and QA,
+    whose batches carry `start_positions` instead of `labels`)."""
     if "labels" not in batch:
         return int(batch["start_positions"].shape[0])
-    return int((batch["labels"] != IGNORE_INDEX).sum())
+    return int(predicted(batch["labels"], batch.get("attention_mask")).sum())
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
