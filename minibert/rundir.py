@@ -168,9 +168,10 @@ def open_run(out_dir: Union[str, os.PathLike], resume: bool, main: bool = True) 
         found = run_exists(out_dir)
         # A run stopped before its first checkpoint left a log but nothing to resume from:
         # say so, rather than send a fresh start to --resume and --resume back again.
+        # (Checkpoints that are there but damaged are another matter: never advise deleting.)
         stuck = (f"; it saved no checkpoint, so it cannot be resumed: delete "
                  f"{', '.join(found)} in it to start again, or choose another --out"
-                 if found and not resumable else "")
+                 if found and "checkpoints/" not in found else "")
         if resume and not resumable:
             raise FileNotFoundError(f"--resume: no intact checkpoint in {ckpts}"
                                     + (f" ({out_dir} holds {', '.join(found)}{stuck})"

@@ -238,6 +238,13 @@ def test_end_to_end_three_rows_and_exact_resume(data_dir, teacher_dir, cache, tm
     shutil.rmtree(out / "baseline" / "checkpoints")
     assert distill.main(_args(data_dir, teacher_dir, out, cache, "--resume")) == 0
     assert _timeless(json.loads((out / "eval.json").read_text())) == _timeless(rows)
+    # Its checkpoints there but all damaged: refused, and nothing is deleted.
+    for state in (out / "baseline" / "checkpoints").glob("step_*/*"):
+        if state.is_file():
+            state.write_bytes(b"damaged")
+    assert "no intact checkpoint" in _error_line(
+        capsys, _args(data_dir, teacher_dir, out, cache, "--resume"))
+    assert any((out / "baseline" / "checkpoints").iterdir())
     err = _error_line(capsys, _args(data_dir, teacher_dir, out, cache, "--resume",
                                     "--alpha", "0.3"))
     assert "alpha: checkpoint 0.5, now 0.3" in err

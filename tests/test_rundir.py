@@ -125,6 +125,14 @@ def test_a_run_without_a_checkpoint_is_named_as_such_both_ways(tmp_path):
                                           "delete metrics.jsonl in it to start again"):
             with open_run(tmp_path, resume=resume):
                 pass
+    # Checkpoints that are there but damaged: never advise deleting them.
+    (tmp_path / "checkpoints" / "step_00000001").mkdir(parents=True)
+    for resume in (False, True):
+        with pytest.raises(OSError) as e:
+            with open_run(tmp_path, resume=resume):
+                pass
+        assert "delete" not in str(e.value)
+    (tmp_path / "checkpoints" / "step_00000001").rmdir()
     (tmp_path / "metrics.jsonl").unlink()
     with pytest.raises(FileNotFoundError, match=r"no intact checkpoint in \S+$"):
         with open_run(tmp_path, resume=True):  # nothing there at all: no advice needed
