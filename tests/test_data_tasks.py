@@ -332,12 +332,13 @@ def test_answer_across_a_window_edge_is_found_in_the_window_that_holds_it(tok):
     assert short.text != "New York City"
 
 
-def test_a_predicted_span_keeps_the_accents_that_follow_its_last_letter(tok):
+@pytest.mark.parametrize("answer", ["e\u0301te\u0301", "\u0939\u0902"],
+                         ids=["decomposed-accent", "anusvara"])
+def test_a_predicted_span_keeps_the_accents_that_follow_its_last_letter(tok, answer):
     """Written decomposed (NFD), an accent is a character of its own after its letter; the
-    tokenizer strips it, so its token's offsets end before it, and the predicted text lost
-    its last accent and the exact match."""
-    context = "the cat e\u0301te\u0301 sat on the mat"
-    answer = "e\u0301te\u0301"
+    tokenizer strips it (any nonspacing mark, of combining class 0 or not), so its token's
+    offsets end before it, and the predicted text lost its last mark and the exact match."""
+    context = f"the cat {answer} sat on the mat"
     ex = QAExample("q", "where did the cat go", context, [(answer, context.index(answer))],
                    False)
     (f,) = encode_qa(tok, [ex])

@@ -175,9 +175,10 @@ def best_span(start_logits: Sequence, end_logits: Sequence, features: Sequence[M
             continue
         f, i, j = best
         start, end = int(f["offsets"][i][0]), int(f["offsets"][j][1])
-        # A combining mark (a decomposed accent) belongs to the letter before it, but a
-        # tokenizer that strips accents ends that letter's token before the mark.
-        while end < len(ex.context) and unicodedata.combining(ex.context[end]):
+        # A nonspacing mark (a decomposed accent, a Devanagari anusvara) belongs to the letter
+        # before it, but a tokenizer that strips accents (every Mn character, as BERT's
+        # normaliser does) ends that letter's token before the mark.
+        while end < len(ex.context) and unicodedata.category(ex.context[end]) == "Mn":
             end += 1
         predictions.append(SpanPrediction(ex.id, ex.context[start:end], start, end,
                                           best_score, diff))
