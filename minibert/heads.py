@@ -185,8 +185,7 @@ def check_cls_first(attention_mask: Optional[Tensor]) -> None:
 
 def pool(h: Tensor, attention_mask: Optional[Tensor], how: str) -> Tensor:
     """(B, T, H) -> (B, H): the [CLS] vector, or the mean over real tokens."""
-    if how == "cls":
-        check_cls_first(attention_mask)
+    if how == "cls":  # the callers have refused a padded position 0 (`check_cls_first`)
         return h[:, 0]
     if attention_mask is None:
         return h.mean(dim=1)
@@ -247,9 +246,11 @@ class BertForSequenceClassification(_Labelled, nn.Module):
 
         logits: (B, C).
         """
+        if self.head is None or self.config.classifier_pooling == "cls":
+            # Before the encoder: on a GPU the host then waits for nothing queued by it.
+            check_cls_first(attention_mask)
         out = self.bert(input_ids, attention_mask, token_type_ids)
         if self.head is None:
-            check_cls_first(attention_mask)
             pooled = out.pooler_output  # (B, H): tanh(W h_[CLS] + b)
         else:
             pooled = self.head(pool(out.last_hidden_state, attention_mask,

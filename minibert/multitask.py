@@ -133,9 +133,10 @@ class BertMultiTask(nn.Module):
         IGNORE_INDEX where nothing is predicted), with the single-task classes' losses.
         """
         head = self._head(task)
+        if head.kind == "sequence":  # before the encoder, as the single-task classifier
+            check_cls_first(attention_mask)
         out = self.bert(input_ids, attention_mask, token_type_ids)
         if head.kind == "sequence":
-            check_cls_first(attention_mask)
             logits = head.classifier(head.drop(out.pooler_output))  # (B, H) -> (B, C)
             loss = None if labels is None else sequence_classification_loss(logits, labels)
             return SequenceClassifierOutput(loss, logits)
