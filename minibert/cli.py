@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import logging
 import math
 import re
@@ -39,6 +38,7 @@ from .data.tokens import TokenFileError
 from .data.wikitext import DownloadError
 from .distributed import DistContext, all_gather_objects, cleanup, init_distributed
 from .recovery import TrainingError
+from .resume import read_rows
 from .rundir import open_run
 from .state import SettingsMismatch
 
@@ -262,11 +262,8 @@ def finished(result: Mapping[str, Any], ctx: DistContext, lr: float,
 
 def _last_training_loss(metrics: Path) -> Optional[float]:
     """The loss of the last training row of a run's metrics.jsonl (None without one)."""
-    if not metrics.is_file():
-        return None
     loss = None
-    for line in metrics.read_text().splitlines():
-        row = json.loads(line) if line.strip() else {}
+    for row in read_rows(metrics):
         if "loss" in row:  # null: a skipped step's non-finite loss
             loss = float("nan") if row["loss"] is None else float(row["loss"])
     return loss

@@ -41,7 +41,7 @@ from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
 from .precision import MATMUL_DTYPES, autocast_context, resolve_precision
 from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.engine.TrainingError)
 from .recovery import back_off, optimizer_out_of_memory, skip_step
-from .resume import claim_out_dir, drop_rows_after, resume_run, save_run
+from .resume import claim_out_dir, drop_rows_after, read_rows, resume_run, save_run
 from .model import flops_per_token
 from .environment import log_environment
 from .memory import release_freed_memory, reset_peak_memory
@@ -481,13 +481,7 @@ def _progress_bar(enabled: bool, total: int, initial: int):
 
 def _logged_eval(path: Path, step: int) -> bool:
     """Whether the log holds an evaluation row (one without a training "lr") of `step`."""
-    if not path.is_file():
-        return False
-    for line in path.read_text().splitlines():
-        row = json.loads(line) if line.strip() else {}
-        if row.get("step") == step and "lr" not in row:
-            return True
-    return False
+    return any(row.get("step") == step and "lr" not in row for row in read_rows(path))
 
 
 def _log_row(path: Path, row: dict, bar) -> None:

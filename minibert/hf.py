@@ -160,6 +160,12 @@ def to_hf_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     return out
 
 
+def decodes(cls: type) -> bool:
+    """Whether a model class decodes over the vocabulary (a masked LM), the one head whose
+    checkpoint must have its decoder tied to the word embeddings."""
+    return minibert_class(cls).__name__ == "BertForMaskedLM"
+
+
 def _check_tied_decoder(model: torch.nn.Module, sd: dict[str, Tensor], modern: bool) -> None:
     """Refuse an MLM checkpoint whose stored decoder matrix is not its word embeddings.
 
@@ -168,7 +174,7 @@ def _check_tied_decoder(model: torch.nn.Module, sd: dict[str, Tensor], modern: b
     trained untied, its config notwithstanding) is one minibert cannot compute; transformers
     would decode with the copy, and the logits would differ from minibert's.
     """
-    if minibert_class(type(model)).__name__ != "BertForMaskedLM":
+    if not decodes(type(model)):
         return  # the other heads never decode over the vocabulary
     decoder = "decoder.weight" if modern else "cls.predictions.decoder.weight"
     words = hf_names("bert.embeddings.word.weight", modern)[0]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional, TypeVar
 from .atomic import replace_folder
 from .config import BertConfig
 from .hf import (CONFIG_FILE, MODEL_FILES, PRE_LN_WEIGHTS_FILE, SHARD_FILE, WEIGHTS_FILE, PathLike,
-                 load_hf_state_dict, minibert_class, read_config, read_weights,
+                 decodes, load_hf_state_dict, minibert_class, read_config, read_weights,
                  to_hf_state_dict)
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class PretrainedMixin:
                              f"{ON_OTHER_LABELS}")
         asked_labels = bool({"num_labels", "id2label"} & set(config_overrides))
         hf_config = read_folder_config(path, allow_vocab_mismatch)
-        if minibert_class(cls).__name__ == "BertForMaskedLM":
+        if decodes(cls):  # config.json's word; the weights are checked again on loading
             BertConfig.check_tied_decoder(hf_config)
         init_kwargs = cls._init_kwargs(hf_config, config_overrides)
         config = BertConfig.from_hf_dict(hf_config, **config_overrides)

@@ -129,6 +129,22 @@ def drop_rows_after(metrics_file: Path, step: int) -> None:
                 metrics_file, step)
 
 
+def read_rows(metrics_file: Path) -> list[dict]:
+    """The rows of a run's metrics.jsonl ([] without one), skipping a row cut short by a
+    kill. A skipped step's loss and grad_norm are null (JSON has no NaN)."""
+    if not metrics_file.is_file():
+        return []
+    rows = []
+    for line in metrics_file.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 def _row_step(line: str) -> float:
     try:
         return json.loads(line)["step"]

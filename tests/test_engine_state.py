@@ -285,3 +285,16 @@ def test_a_resume_past_max_steps_is_refused_and_a_finished_run_is_only_scored(co
     assert again["steps"] == 4 and again["steps_this_run"] == 0 and again["metric"] == 2.0
     assert not again["interrupted"]
     assert (tmp_path / "metrics.jsonl").read_text() == rows
+
+
+def test_the_log_reader_skips_a_row_cut_short(tmp_path):
+    """One reader for metrics.jsonl: a kill mid-write leaves half a row, which crashed the
+    final-evaluation check and the divergence check that parsed the file themselves."""
+    from minibert.resume import read_rows
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 1, "loss": null, "lr": 0.1}\n{"step": 2, "eval_loss": 3.0}\n'
+                   '{"step": 3, "lo')
+    assert read_rows(log) == [{"step": 1, "loss": None, "lr": 0.1},
+                              {"step": 2, "eval_loss": 3.0}]
+    assert read_rows(tmp_path / "none.jsonl") == []
