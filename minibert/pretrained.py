@@ -96,9 +96,10 @@ class PretrainedMixin:
         name = minibert_class(cls).__name__  # a user's subclass reads its base's folders
         own_head = not stored or name in stored or f"Modern{name}" in stored
         own_head = own_head and any(k.startswith("classifier.") for k in sd)
-        names, now = stored_labels(hf_config) if own_head and asked_labels else [], []
-        if names:
-            now = list(model.id2label)
+        names: list[str] = []  # the checkpoint's classes, when its head would be kept
+        now: list[str] = []
+        if own_head and asked_labels:
+            names, now = stored_labels(hf_config), list(model.id2label)
         # Classes nobody named (LABEL_i) may be named now; other names are other classes.
         renamed = names == default_labels(len(names)) and len(names) == len(now)
         if names and names != now and not renamed:
