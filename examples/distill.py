@@ -33,11 +33,11 @@ import torch.nn as nn
 
 import minibert
 from minibert import cli, pretrain
+from minibert.checkpoint import checkpoint_written
 from minibert.config import ALL_PRESETS
 from minibert.data import MLMCollator
 from minibert.distill import Distiller, check_alpha_temperature, load_teacher, teacher_digest
 from minibert.engine import eval_batches, evaluate, train
-from minibert.rundir import run_exists
 
 log = logging.getLogger("distill")
 
@@ -156,7 +156,7 @@ def run(args, ctx, prepared) -> None:
     # Resumed, the baseline goes on from its checkpoint; one stopped before its first
     # checkpoint has only a log, of steps it will compute again, so it starts over. (One
     # whose checkpoints are all damaged is resumed, and refused: nothing is deleted.)
-    base_saved = "checkpoints/" in run_exists(base_out)
+    base_saved = checkpoint_written(base_out / "checkpoints")
     baseline = train(plain, train_set, collate, cfg, base_out, ctx=ctx,
                      resume=args.resume and base_saved, overwrite=args.resume and not base_saved,
                      data_identity=identity, eval_fn=mlm_metrics)

@@ -211,6 +211,12 @@ def latest_checkpoint(root: PathLike) -> Optional[Path]:
 
 # ---- helpers ------------------------------------------------------------------------------
 
+def checkpoint_written(root: PathLike) -> bool:
+    """Whether a save under `root` ever completed: a checkpoint folder by its final name,
+    intact or not (a save killed midway leaves only its temporary folder)."""
+    return bool(_step_dirs(Path(root)))
+
+
 def _step_dirs(root: Path) -> list[Path]:
     """Checkpoint directories under `root` by their final name, newest step first."""
     if not root.is_dir():

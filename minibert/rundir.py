@@ -159,7 +159,8 @@ def open_run(out_dir: Union[str, os.PathLike], resume: bool, main: bool = True) 
     if not main:
         yield
         return
-    from .checkpoint import latest_checkpoint  # here, so the module alone stays stdlib-only
+    # here, so the module alone stays stdlib-only
+    from .checkpoint import checkpoint_written, latest_checkpoint
 
     out_dir = Path(out_dir)
     with RunLock(out_dir):
@@ -171,7 +172,7 @@ def open_run(out_dir: Union[str, os.PathLike], resume: bool, main: bool = True) 
         # (Checkpoints that are there but damaged are another matter: never advise deleting.)
         stuck = (f"; it saved no checkpoint, so it cannot be resumed: delete "
                  f"{', '.join(found)} in it to start again, or choose another --out"
-                 if found and "checkpoints/" not in found else "")
+                 if found and not checkpoint_written(ckpts) else "")
         if resume and not resumable:
             raise FileNotFoundError(f"--resume: no intact checkpoint in {ckpts}"
                                     + (f" ({out_dir} holds {', '.join(found)}{stuck})"

@@ -236,6 +236,7 @@ def test_end_to_end_three_rows_and_exact_resume(data_dir, teacher_dir, cache, tm
     # The baseline stopped before its first checkpoint, its log written: it starts over (it
     # was refused both as a fresh start and as a resume, and --resume could never finish).
     shutil.rmtree(out / "baseline" / "checkpoints")
+    (out / "baseline" / "checkpoints" / ".tmp-step_00000002").mkdir(parents=True)  # killed
     assert distill.main(_args(data_dir, teacher_dir, out, cache, "--resume")) == 0
     assert _timeless(json.loads((out / "eval.json").read_text())) == _timeless(rows)
     # Its checkpoints there but all damaged: refused, and nothing is deleted.

@@ -120,11 +120,13 @@ def test_a_run_without_a_checkpoint_is_named_as_such_both_ways(tmp_path):
     from minibert.rundir import open_run
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0, "lr": 0.001}\n')
+    (tmp_path / "checkpoints" / ".tmp-step_00000001").mkdir(parents=True)  # a save killed
     for resume in (False, True):
         with pytest.raises(OSError, match="it saved no checkpoint, so it cannot be resumed: "
-                                          "delete metrics.jsonl in it to start again"):
+                                          "delete metrics.jsonl, checkpoints/ in it"):
             with open_run(tmp_path, resume=resume):
                 pass
+    (tmp_path / "checkpoints" / ".tmp-step_00000001").rmdir()
     # Checkpoints that are there but damaged: never advise deleting them.
     (tmp_path / "checkpoints" / "step_00000001").mkdir(parents=True)
     for resume in (False, True):
