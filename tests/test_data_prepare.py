@@ -115,9 +115,13 @@ def test_a_run_begun_under_the_earlier_corpus_key_keeps_it_on_resume(data_dir, t
             h.update(doc.encode("utf-8"))
         old[split] = h.hexdigest()
         (run / "tokenizer" / f"{split}.key").write_text(old[split])
-    prepare.prepare_corpus(run, SPLITS, data_dir=data_dir, cache_dir=cache, resume=True)
-    data = prepare.load_prepared(run, SPLITS, seq_len=32, cache_dir=cache)
-    assert data.keys == old and old["train"] != corpus.splits["train"].fingerprint
+    for _ in range(2):  # resumed, and resumed again
+        prepare.prepare_corpus(run, SPLITS, data_dir=data_dir, cache_dir=cache, resume=True)
+        data = prepare.load_prepared(run, SPLITS, seq_len=32, cache_dir=cache)
+        assert data.keys == old and old["train"] != corpus.splits["train"].fingerprint
+    # Its tokens are cached under the new key, which alone tells such corpora apart.
+    new_key = corpus.splits["train"].fingerprint
+    assert data.splits["train"].tokens.path == prepare.token_file(data.tokenizer, new_key, cache)
     assert data.splits["train"].tokens.n_docs == len(corpus.splits["train"])
     fresh = tmp_path / "fresh"
     prepare.prepare_corpus(fresh, SPLITS, data_dir=data_dir, cache_dir=cache, vocab_size=120)

@@ -5,6 +5,9 @@ their text this way. What it writes:
 
     RUN/tokenizer/               the run's tokenizer (tokenizer.json, vocab.txt)
     RUN/tokenizer/SPLIT.key      the fingerprint of split SPLIT's text
+    RUN/tokenizer/SPLIT.run-key  only for a run begun under the earlier fingerprint (the
+                                 text without its documents' lengths): the key its
+                                 checkpoints name, kept so that the run still resumes
     CACHE/tokens/TOK-KEY.tok     the split's token file (memmap), named by the tokenizer's
                                  fingerprint and the text's key: any run reuses it
 
@@ -70,12 +73,17 @@ def prepare_corpus(run_dir: PathLike, splits: Sequence[str], *,
     for s in splits:
         docs = corpus.splits[s]
         key_file = run_dir / "tokenizer" / f"{s}.key"
+        run_key = run_dir / "tokenizer" / f"{s}.run-key"
         # A run begun under the earlier key (the text without the documents' lengths) keeps
-        # it: the same text, so the same tokens, and its checkpoints name that key.
-        old = key_file.read_text() if resume and key_file.is_file() else None
-        key = old if old == docs.legacy_fingerprint else docs.fingerprint
-        key_file.write_text(key)  # for every rank
-        path = token_file(tok, key, cache_dir)
+        # it as its identity, which its checkpoints name; its tokens are cached under the
+        # new key, which alone tells corpora of the same characters apart.
+        earlier = [f.read_text() for f in (run_key, key_file) if resume and f.is_file()]
+        if docs.legacy_fingerprint in earlier:
+            run_key.write_text(docs.legacy_fingerprint)
+        else:
+            run_key.unlink(missing_ok=True)
+        key_file.write_text(docs.fingerprint)  # for every rank
+        path = token_file(tok, docs.fingerprint, cache_dir)
         if path.is_file():
             try:
                 TokenFile.open(path, tok)
@@ -105,10 +113,14 @@ def load_prepared(run_dir: PathLike, splits: Sequence[str], seq_len: int,
     `seq_len` tokens ([CLS] ... [SEP])."""
     run_dir = Path(run_dir)
     tok = Tokenizer.from_pretrained(run_dir / "tokenizer")
-    keys = {s: (run_dir / "tokenizer" / f"{s}.key").read_text() for s in splits}
+    folder = run_dir / "tokenizer"
+    keys = {s: (folder / f"{s}.key").read_text() for s in splits}
     sets = {s: PackedMLMDataset(TokenFile.open(token_file(tok, keys[s], cache_dir), tok),
                                 seq_len) for s in splits}
-    return PreparedCorpus(tok, sets, keys)
+    # The keys the run's identity holds: a run begun under the earlier key keeps that one.
+    identity = {s: (folder / f"{s}.run-key").read_text() if (folder / f"{s}.run-key").is_file()
+                else keys[s] for s in splits}
+    return PreparedCorpus(tok, sets, identity)
 
 
 def run_tokenizer(run_dir: PathLike, train_texts: Union[Documents, Iterable[str]], *,
