@@ -20,7 +20,6 @@ same run: the data, tokenizer and settings are compared with the checkpoint's.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ from minibert import cli, pretrain
 from minibert.config import ALL_PRESETS
 from minibert.data import MLMCollator
 from minibert.engine import eval_batches, evaluate, train
+from minibert.resume import read_rows
 
 log = logging.getLogger("pretrain")
 
@@ -92,7 +92,7 @@ def plot_loss(out: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    rows = read_rows(out / "metrics.jsonl")
     train_rows = [r for r in rows if "loss" in r]
     eval_rows = [r for r in rows if "eval_loss" in r]
     plt.figure(figsize=(6, 4))

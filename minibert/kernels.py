@@ -16,7 +16,8 @@ from torch import Tensor
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Inverted dropout (Srivastava et al. 2014): zero each element with probability p and
-    scale the survivors by 1 / (1 - p), so the expected value is unchanged.
+    scale the survivors by 1 / (1 - p), so the expected value is unchanged (on the CPU, p
+    as drawn: rounded to a multiple of 1/32768, nothing dropped below 1/65536).
 
     On the CPU, `F.dropout` draws one 32-bit random number per element through torch's
     generator. Here one 64-bit draw serves four elements, each keeping 15 random bits (p is

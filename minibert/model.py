@@ -44,7 +44,8 @@ class Dropout(nn.Dropout):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: any shape; the same shape, each element zeroed with probability p in
-        training and the rest scaled by 1 / (1 - p)."""
+        training and the rest scaled by 1 / (1 - p) (`kernels.dropout`: on the CPU, p as
+        its random bits can draw it)."""
         return dropout(x, self.p, self.training)
 
 

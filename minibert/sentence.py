@@ -50,8 +50,7 @@ def check_pooling(pooling: str) -> str:
 def pool(hidden: Tensor, attention_mask: Tensor, pooling: str) -> Tensor:
     """hidden: (B, T, H), attention_mask: (B, T) with 1 for real tokens -> (B, H)."""
     check_pooling(pooling)
-    if pooling == "cls":
-        check_cls_first(attention_mask)
+    if pooling == "cls":  # SentenceEncoder has refused a padded position 0 (`check_cls_first`)
         return hidden[:, 0]  # [CLS] is the first token
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
     if pooling == "mean":
@@ -154,6 +153,8 @@ class SentenceEncoder(nn.Module):
         normalize: scale each row to unit L2 norm; None (the default) uses `self.normalize`.
         """
         normalize = check_normalize(normalize, self.normalize)
+        if self.pooling == "cls":  # before the encoder: a GPU host then waits for nothing
+            check_cls_first(attention_mask)
         hidden = self.model(input_ids, attention_mask, token_type_ids).last_hidden_state
         emb = pool(hidden, attention_mask, self.pooling)  # (B, H)
         return F.normalize(emb, dim=-1) if normalize else emb

@@ -102,6 +102,13 @@ def test_a_subclass_checkpoint_exports_as_its_minibert_class(corpus, tmp_path):
     model = MyMaskedLM(tiny_model(tok).config)
     train(model, ds, collator(tok), train_config(max_steps=2), tmp_path / "run")
     train(model, ds, collator(tok), train_config(max_steps=3), tmp_path / "run", resume=True)
+    # A checkpoint written before, naming the subclass itself, resumes too; another class not.
+    from minibert.state import SettingsMismatch, check_identity, run_identity
+
+    now = {**run_identity(model, train_config(max_steps=3)), "data_identity": {}}
+    check_identity({**now, "model_class": "MyMaskedLM"}, now, tmp_path)
+    with pytest.raises(SettingsMismatch, match="model class"):
+        check_identity({**now, "model_class": "BertForTokenClassification"}, now, tmp_path)
     export_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"), tmp_path / "out")
     loaded = minibert.BertForMaskedLM.from_pretrained(tmp_path / "out")
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),

@@ -482,16 +482,13 @@ def test_the_sparse_head_runs_on_a_round_number_of_rows_with_the_same_loss(monke
 def test_a_classifier_refuses_a_batch_padded_on_the_left():
     """[CLS] at position 0 is what a sequence classifier reads; padded on the left, that
     position is padding, which the encoder leaves at zero: the class came from nothing."""
-    from minibert.sentence import pool
-
     ids, mask = random_batch(pad_from=20)
     left = torch.cat([mask[:, 20:], mask[:, :20]], dim=1)  # row 1's padding first
     multi = minibert.BertMultiTask(tiny_config(), {"s": ("sequence", 3)})
     calls = [lambda m: minibert.BertForSequenceClassification(tiny_config(), 3)(ids, m),
              lambda m: minibert.BertForSequenceClassification(
                  tiny_config(task_head="transform"), 3)(ids, m),
-             lambda m: multi(ids, m, task="s"),
-             lambda m: pool(torch.randn(3, T, 32), m, "cls")]
+             lambda m: multi(ids, m, task="s")]
     for call in calls:
         with pytest.raises(ValueError, match=r"position 0 in row\(s\) \[1\].*pad on the right"):
             call(left)

@@ -85,3 +85,22 @@ def test_a_float64_model_rotates_in_float64():
     want = _rope_by_complex_numbers(x.detach(), 10000.0, torch.float64)
     assert (apply_rope(x, cos, sin) - want).abs().max() < 1e-12
     assert torch.autograd.gradcheck(lambda t: apply_rope(t, cos, sin), (x,))
+
+
+def test_a_float64_rope_model_runs_its_rotations_in_float64(monkeypatch):
+    """Through the model, not apply_rope alone: the attention layer must ask for fp64 angles
+    (the layer is what passes `rope_dtype`)."""
+    import minibert
+    import minibert.model
+
+    config = minibert.BertConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
+                                 intermediate_size=32, max_position_embeddings=64,
+                                 position="rope", rope_theta=10000.0)
+    model = minibert.BertModel(config).double().eval()
+    ids = torch.randint(1, 50, (2, 30))
+    with torch.no_grad():
+        ours = model(ids).last_hidden_state
+        monkeypatch.setattr(minibert.model, "apply_rope", lambda x, cos, sin:
+                            _rope_by_complex_numbers(x, 10000.0, torch.float64))
+        reference = model(ids).last_hidden_state
+    assert ours.dtype == torch.float64 and (ours - reference).abs().max() < 1e-12

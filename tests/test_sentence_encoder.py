@@ -296,3 +296,13 @@ def test_the_encoder_keeps_the_mode_of_the_model_it_wraps(mlm_folder, tok):
     ids = torch.tensor([tok.encode("the cat sat")])
     mask = torch.ones_like(ids)
     assert torch.equal(loaded(ids, mask), loaded(ids, mask))
+
+
+def test_cls_pooling_refuses_a_batch_padded_on_the_left(tok):
+    """[CLS] pooling reads position 0, padding in a left-padded row (a zero vector)."""
+    model = minibert.BertModel(tiny_config(vocab_size=tok.vocab_size))
+    ids = torch.randint(5, tok.vocab_size, (2, 6))
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
+    with pytest.raises(ValueError, match=r"position 0 in row\(s\) \[1\]"):
+        minibert.SentenceEncoder(model, tok, pooling="cls")(ids, mask)
+    minibert.SentenceEncoder(model, tok, pooling="mean")(ids, mask)  # mean pooling: fine
