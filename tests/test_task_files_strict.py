@@ -237,3 +237,13 @@ def test_a_json_key_given_twice_that_is_not_read_is_fine(tmp_path):
                  '"plausible_answers": [], "plausible_answers": []}]}]}]}')
     assert read_squad(path) == [QAExample("q1", "What sat?", "The cat sat.", [("cat", 4)],
                                           False)]
+
+
+def test_scores_are_not_taken_for_class_names(tmp_path):
+    """STS-B's similarity scores (0.0 - 5.0) were trained as one class per distinct value,
+    and a dev score not seen in training was refused as an unknown label."""
+    path = write(tmp_path / "train.tsv", "text\tlabel\na\t0.0\nb\t2.5\nc\t5.0\n")
+    assert "scores for regression, not class names" in message(LabelMap.from_labels,
+                                                               ["0.0", "2.5", "5.0"], path)
+    # Whole numbers written as decimals (a float column exported by pandas) stay classes.
+    assert LabelMap.from_labels(["0.0", "1.0", "1.0"], path).names == ["0.0", "1.0"]

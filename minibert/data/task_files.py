@@ -109,6 +109,11 @@ def _columns(header: list[str], columns: list[str], path: Path) -> list[int]:
     return [at[c][0] for c in columns]
 
 
+def _is_number(x: str) -> bool:
+    """Whether `x` is written as a decimal number (1, -0.5, 2.5e3), in ASCII."""
+    return re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", x) is not None
+
+
 def _is_int(x: str) -> bool:
     """Whether `x` is written as a whole number: an optional sign, then ASCII digits.
 
@@ -142,6 +147,16 @@ class LabelMap:
         """
         labels = list(labels)
         integers = bool(labels) and all(_is_int(x) for x in labels)
+        if labels and all(_is_number(x) for x in labels) and \
+                any(not float(x).is_integer() for x in labels):
+            # Scores such as STS-B's 0.0 - 5.0 would become one class per distinct value.
+            values = sorted(set(labels), key=float)
+            shown = ", ".join(values[:5]) + (", ..." if len(values) > 5 else "")
+            raise ValueError(f"{path}: every label is a number and some are fractions "
+                             f"({shown}): scores "
+                             f"for regression, not class names; the scripts train "
+                             f"classifiers (regression is BertForSequenceClassification with "
+                             f"num_labels=1, trained on float labels)")
         names = sorted({cls._canonical(x, integers) for x in labels},
                        key=int if integers else str)
         if len(names) < 2:
