@@ -163,6 +163,10 @@ def open_run(out_dir: Union[str, os.PathLike], resume: bool, main: bool = True) 
     from .checkpoint import checkpoint_written, latest_checkpoint
 
     out_dir = Path(out_dir)
+    if resume and not out_dir.is_dir():  # said before the lock would make the folder
+        raise FileNotFoundError(f"--resume: no intact checkpoint: {out_dir} does not exist, "
+                                f"so it holds no run to continue; check --out, or start "
+                                f"without --resume")
     with RunLock(out_dir):
         ckpts = out_dir / "checkpoints"
         resumable = latest_checkpoint(ckpts) is not None

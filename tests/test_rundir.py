@@ -139,3 +139,14 @@ def test_a_run_without_a_checkpoint_is_named_as_such_both_ways(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"no intact checkpoint in \S+$"):
         with open_run(tmp_path, resume=True):  # nothing there at all: no advice needed
             pass
+
+
+def test_a_refused_resume_of_a_folder_that_does_not_exist_makes_none(tmp_path):
+    """The lock was taken first and made the folder, so a refused --resume left --out
+    behind, which a pipeline checking for it would take for a run."""
+    from minibert.rundir import open_run
+
+    with pytest.raises(FileNotFoundError, match="does not exist, so it holds no run"):
+        with open_run(tmp_path / "out", resume=True):
+            pass
+    assert not (tmp_path / "out").exists()
