@@ -30,6 +30,7 @@ from torch import Tensor
 
 from .config import BertConfig
 from .data.mlm import pad_batch
+from . import heads
 from .heads import check_cls_first
 from .hf import PathLike, load_hf_state_dict, read_weights
 from .pretrained import read_folder_config
@@ -50,12 +51,9 @@ def check_pooling(pooling: str) -> str:
 def pool(hidden: Tensor, attention_mask: Tensor, pooling: str) -> Tensor:
     """hidden: (B, T, H), attention_mask: (B, T) with 1 for real tokens -> (B, H)."""
     check_pooling(pooling)
-    if pooling == "cls":  # SentenceEncoder has refused a padded position 0 (`check_cls_first`)
-        return hidden[:, 0]  # [CLS] is the first token
+    if pooling != "max":  # [CLS] (SentenceEncoder has refused a padded position 0) or mean:
+        return heads.pool(hidden, attention_mask, pooling)  # the classifiers' own pooling
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-    if pooling == "mean":
-        # sentence-transformers clamps the count at 1e-9; every row here has >= 2 real tokens.
-        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
     # sentence-transformers fills padding with -1e9; -inf gives the same maximum whenever a row
     # has a real token (always: [CLS] and [SEP]) and cannot be beaten by a huge activation.
     return hidden.masked_fill(mask == 0, float("-inf")).amax(dim=1)
