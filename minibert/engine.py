@@ -485,7 +485,8 @@ def _logged_eval(path: Path, step: int) -> bool:
 
 
 def _log_row(path: Path, row: dict, bar) -> None:
-    # Strict JSON: a skipped step's NaN loss is written null, which every JSON reader takes.
+    # Strict JSON: a non-finite number (a NaN loss, an inf grad_norm) is written null, which
+    # every JSON reader takes.
     strict = {k: None if isinstance(v, float) and not math.isfinite(v) else v
               for k, v in row.items()}
     with open(path, "a") as f:

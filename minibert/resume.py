@@ -131,7 +131,8 @@ def drop_rows_after(metrics_file: Path, step: int) -> None:
 
 def read_rows(metrics_file: Path) -> list[dict]:
     """The rows of a run's metrics.jsonl ([] without one), skipping a row cut short by a
-    kill. A skipped step's loss and grad_norm are null (JSON has no NaN)."""
+    kill. A non-finite number (a skipped step's loss, an overflowed grad_norm) is null:
+    JSON has no NaN."""
     if not metrics_file.is_file():
         return []
     rows = []
