@@ -165,6 +165,14 @@ class BertConfig:
     def head_size(self) -> int:
         return self.hidden_size // self.num_heads
 
+    @property
+    def has_segments(self) -> bool:
+        """Whether the model reads `token_type_ids`. Without segment embeddings
+        (type_vocab_size=0, as ModernBERT) the two texts of a pair are told apart by their
+        [SEP] alone, and the collators, built with `segments=config.has_segments`, leave
+        the segment ids out of the batch."""
+        return self.type_vocab_size > 0
+
     def window(self, layer: int) -> int | None:
         """How far a query of block `layer` sees: None in a global layer, else the number
         of positions on each side (local_window // 2, ModernBERT's sliding window)."""

@@ -340,10 +340,13 @@ def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional
     if token_type_ids is not None and token_type_ids.numel() > 0:
         lo, hi = torch.aminmax(token_type_ids)
         if config.type_vocab_size == 0 and (lo != 0 or hi != 0):
-            # All zeros is one segment, what collators send; a second segment is not seen.
+            # All zeros is one segment, which changes nothing. A second segment would be
+            # ignored without a word, and the caller believes the model sees it.
             raise ValueError("token_type_ids mark a second segment, but this model has no "
                              "segment embeddings (type_vocab_size=0, as ModernBERT): it "
-                             "cannot tell the two texts of a pair apart; leave them out")
+                             "tells the texts of a pair apart by [SEP] alone; leave "
+                             "token_type_ids out (the collators do, with segments=False: "
+                             "segments=model.config.has_segments)")
         if config.type_vocab_size and (lo < 0 or hi >= config.type_vocab_size):
             raise ValueError(f"token_type_ids must lie in [0, type_vocab_size="
                              f"{config.type_vocab_size}), found values from {int(lo)} to "

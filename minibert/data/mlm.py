@@ -176,15 +176,18 @@ class MLMCollator:
             "whole word masking" variant). Predicting `##ing` while `walk` is visible
             is a much easier task than predicting the word; masking words removes that
             shortcut. A word cut by the start of a block is a word of its own.
+        segments: False for a model without segment embeddings
+            (`model.config.has_segments`, False for ModernBERT): the batch then holds no
+            `token_type_ids`, as `TaskCollator(..., segments=False)`.
 
     Call it on a list of examples: id sequences that already hold `[CLS]`/`[SEP]`,
     or dicts with `input_ids` and `index` (what `PackedMLMDataset`
     yields). It returns a dict of `(B, T)` int64 tensors: `input_ids`,
     `attention_mask` (1 on tokens, 0 on padding), `token_type_ids` (zeros
-    unless the examples carry them) and `labels` (the original id where a token
-    was selected, -100 elsewhere). Special tokens (`[PAD] [UNK] [CLS] [SEP]
-    [MASK]`) are never selected. Each example with any ordinary token gets at
-    least one selected token, so no example, and no batch, has an empty loss.
+    unless the examples carry them; left out with `segments=False`) and `labels`
+    (the original id where a token was selected, -100 elsewhere). Special tokens
+    (`[PAD] [UNK] [CLS] [SEP] [MASK]`) are never selected. Each example with any ordinary
+    token gets at least one selected token, so no example, and no batch, has an empty loss.
 
     Examples without an index are keyed by a hash of their ids instead; set the
     epoch with `set_epoch` (or `epoch=` in the call) so that masks change
@@ -195,7 +198,7 @@ class MLMCollator:
 
     def __init__(self, tokenizer: "Tokenizer", mlm_probability: float = 0.15,
                  pad_to_multiple_of: Optional[int] = None, *, seed: int = 0,
-                 whole_word_mask: bool = False) -> None:
+                 whole_word_mask: bool = False, segments: bool = True) -> None:
         if not isinstance(mlm_probability, (int, float)) or not 0.0 < mlm_probability < 1.0:
             raise ValueError(f"mlm_probability={mlm_probability!r} must lie strictly between 0 "
                              f"and 1 (BERT uses 0.15)")
@@ -210,6 +213,7 @@ class MLMCollator:
         self.ordinary_ids = np.setdiff1d(np.arange(tokenizer.vocab_size, dtype=np.int64),
                                          self.special_ids)
         self.whole_word_mask = bool(whole_word_mask)
+        self.segments = bool(segments)
         # (V,) bool: which ids continue the word before them (WordPiece's "##" pieces).
         self.continues_word = np.array(
             [(tokenizer.id_to_token(i) or "").startswith("##")
@@ -242,16 +246,16 @@ class MLMCollator:
 
         T = ids.shape[1]
         attention_mask = (np.arange(T)[None, :] < lengths[:, None]).astype(np.int64)
-        token_type_ids = np.zeros_like(ids)
-        for b, t in enumerate(types):
-            if t is not None:
-                token_type_ids[b, :lengths[b]] = np.asarray(t, dtype=np.int64)
-        return {
-            "input_ids": torch.from_numpy(input_ids),
-            "attention_mask": torch.from_numpy(attention_mask),
-            "token_type_ids": torch.from_numpy(token_type_ids),
-            "labels": torch.from_numpy(labels),
-        }
+        batch = {"input_ids": torch.from_numpy(input_ids),
+                 "attention_mask": torch.from_numpy(attention_mask)}
+        if self.segments:
+            token_type_ids = np.zeros_like(ids)  # (B, T)
+            for b, t in enumerate(types):
+                if t is not None:
+                    token_type_ids[b, :lengths[b]] = np.asarray(t, dtype=np.int64)
+            batch["token_type_ids"] = torch.from_numpy(token_type_ids)
+        batch["labels"] = torch.from_numpy(labels)
+        return batch
 
     def mask(self, ids: np.ndarray, lengths: np.ndarray, keys: np.ndarray, epoch: int
              ) -> tuple[np.ndarray, np.ndarray]:

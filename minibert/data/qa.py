@@ -52,7 +52,8 @@ def encode_qa(tok: "Tokenizer", examples: Sequence[QAExample], max_len: int = 38
     Questions longer than `max_question_len` tokens are cut (BERT's
     `max_query_length`); the context gets the rest of `max_len`.
 
-    Each feature holds `input_ids` and `token_type_ids` ((T,) int64), the training
+    Each feature holds `input_ids` and `token_type_ids` ((T,) int64; for a model without
+    segment embeddings, `TaskCollator(..., segments=False)` leaves them out), the training
     targets `start_position` and `end_position` (token indices; 0, the `[CLS]`,
     when the window does not hold the whole first answer), and for `best_span`:
     `example` (its index in `examples`), `offsets` ((T, 2) int64, each context

@@ -70,7 +70,8 @@ def encode_classification(tok: "Tokenizer", texts: Sequence[str],
     Inputs over `max_len` tokens are cut at the end; a pair loses tokens from its
     longer text first, as BERT did and transformers does (`longest_first`, see
     `minibert.tokenizer.truncated_lengths`). Each feature holds `input_ids`
-    and `token_type_ids` ((T,) int64, types 0 for the text and 1 for the pair) and,
+    and `token_type_ids` ((T,) int64, types 0 for the text and 1 for the pair; for a model
+    without segment embeddings, `TaskCollator(..., segments=False)` leaves them out) and,
     with `labels`, its `label` (a class id, or a float for regression).
     """
     _check_max_len(max_len, 3 if pairs is None else 4)
@@ -199,36 +200,44 @@ def word_predictions(features: Sequence[Mapping], token_predictions: Sequence[Se
 class TaskCollator:
     """Pad a list of task features into a batch of tensors (dynamic padding).
 
-    Returns `input_ids`, `attention_mask` (1 on tokens) and `token_type_ids`, all
-    `(B, T)` int64, T the longest feature (rounded up to `pad_to_multiple_of` if given),
-    plus the targets the features carry: `labels` `(B,)` from a per-feature `label` (int64, or
-    float32 for regression), `labels` `(B, T)` from per-token `labels` (padded with
-    `label_pad`), `start_positions` and `end_positions` `(B,)` from QA features, and
-    `task` (a str) from features tagged with the name of their task, which all of a
-    batch's must share (`BertMultiTask`'s `task` argument). Other keys (offsets, word ids)
-    stay behind for prediction. No randomness: `epoch` is accepted for the engine's call
-    `collate(examples, epoch=e)` and ignored.
+    Returns `input_ids`, `attention_mask` (1 on tokens) and `token_type_ids` (unless
+    `segments=False`, below), all `(B, T)` int64, T the longest feature (rounded up to
+    `pad_to_multiple_of` if given), plus the targets the features carry: `labels` `(B,)`
+    from a per-feature `label` (int64, or float32 for regression), `labels` `(B, T)` from
+    per-token `labels` (padded with `label_pad`), `start_positions` and `end_positions`
+    `(B,)` from QA features, and `task` (a str) from features tagged with the name of their
+    task, which all of a batch's must share (`BertMultiTask`'s `task` argument). Other keys
+    (offsets, word ids) stay behind for prediction. No randomness: `epoch` is accepted for
+    the engine's call `collate(examples, epoch=e)` and ignored.
+
+    `segments=False` leaves `token_type_ids` out, for a model without segment embeddings
+    (`segments=model.config.has_segments`; every ModernBERT): its pairs are marked by
+    [SEP] alone, as transformers' ModernBERT takes them, and the model refuses a second
+    segment. The features keep their segment ids either way: the same features serve a
+    model with segments and one without.
     """
 
     def __init__(self, pad_id: int, label_pad: int = IGNORE_INDEX,
-                 pad_to_multiple_of: Optional[int] = None) -> None:
+                 pad_to_multiple_of: Optional[int] = None, *, segments: bool = True) -> None:
         check_pad_multiple(pad_to_multiple_of)
         self.pad_id = pad_id
         self.label_pad = label_pad
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.segments = bool(segments)
 
     def __call__(self, examples: Sequence[Mapping], epoch: int = 0) -> dict[str, torch.Tensor]:
         multiple = self.pad_to_multiple_of
         ids, lengths = pad_batch([e["input_ids"] for e in examples], self.pad_id, multiple)
         T = ids.shape[1]
-        types = np.zeros_like(ids)  # (B, T)
-        for row, e in zip(types, examples):
-            if "token_type_ids" in e:
-                row[:len(e["token_type_ids"])] = e["token_type_ids"]
         mask = np.arange(T)[None, :] < lengths[:, None]  # (B, T), True on tokens
         batch = {"input_ids": torch.from_numpy(ids),
-                 "attention_mask": torch.from_numpy(mask.astype(np.int64)),
-                 "token_type_ids": torch.from_numpy(types)}
+                 "attention_mask": torch.from_numpy(mask.astype(np.int64))}
+        if self.segments:
+            types = np.zeros_like(ids)  # (B, T)
+            for row, e in zip(types, examples):
+                if "token_type_ids" in e:
+                    row[:len(e["token_type_ids"])] = e["token_type_ids"]
+            batch["token_type_ids"] = torch.from_numpy(types)
         for key in ("label", "labels", "start_position", "end_position", "task"):
             have = sum(key in e for e in examples)
             if have not in (0, len(examples)):
