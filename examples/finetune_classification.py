@@ -92,7 +92,7 @@ def run(args, ctx, p: SimpleNamespace) -> None:
              "(%d per epoch); %d training texts reach --seq-len %d", len(p.train_set),
              len(p.eval_set), len(task.names), ", ".join(task.names[:10]), cfg.max_steps,
              args.batch_size, cfg.eval_every, truncated, args.seq_len)
-    collate = TaskCollator(tok.pad_id)
+    collate = TaskCollator(tok.pad_id, segments=model.config.has_segments)
 
     def eval_fn(raw_model, precision: str) -> dict:  # every epoch, and at the end
         pred = predict(raw_model, p.eval_set, collate, finetune.eval_batch_size(args, ctx),

@@ -135,7 +135,8 @@ def run(args, ctx, p: SimpleNamespace) -> None:
     log.info("%s; %d steps, P(task) %s", ", ".join(
         f"{t['name']} ({t['kind']}, {len(t['train'])} training examples)" for t in tasks),
         cfg.max_steps, np.round(batches.probabilities, 3).tolist())
-    collate = TaskCollator(tok.pad_id)  # a batch's `task` names the head it trains
+    # A batch's `task` names the head it trains.
+    collate = TaskCollator(tok.pad_id, segments=model.config.has_segments)
 
     def eval_fn(raw_model, precision: str) -> dict:  # every epoch-equivalent, and at the end
         scores = {}

@@ -109,7 +109,7 @@ def run(args, ctx, p: SimpleNamespace) -> None:
              "of %d (%d per epoch)", len(questions["train"]), len(p.train_set),
              len(questions["eval"]), len(p.eval_set), cfg.max_steps, args.batch_size,
              cfg.eval_every)
-    collate = TaskCollator(tok.pad_id)
+    collate = TaskCollator(tok.pad_id, segments=model.config.has_segments)
     gold = {ex.id: [text for text, _ in ex.answers] for ex in questions["eval"]}  # [] if none
 
     def eval_fn(raw_model, precision: str) -> dict:  # every epoch, and at the end

@@ -82,7 +82,7 @@ def run(args, ctx, p: SimpleNamespace) -> None:
     log.info("%d training sentences in %d windows, %d eval sentences in %d; %d tags; %d steps",
              len(task.train), len(p.train_set), len(task.eval), len(p.eval_set),
              len(task.names), cfg.max_steps)
-    collate = TaskCollator(tok.pad_id)
+    collate = TaskCollator(tok.pad_id, segments=model.config.has_segments)
 
     def eval_fn(raw_model, precision: str) -> dict:  # every epoch, and at the end
         pred = predict(raw_model, p.eval_set, collate, finetune.eval_batch_size(args, ctx),

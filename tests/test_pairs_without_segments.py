@@ -1,10 +1,11 @@
 """Pair tasks on a model without segment embeddings (`type_vocab_size=0`: every
 `modernbert-*` preset and every ModernBERT checkpoint). Such a model tells the two texts of a
 pair apart by their [SEP] alone, so the collators leave `token_type_ids` out of its batches.
-QA and pair classification then train, and the exported folders give transformers'
-ModernBert classes' logits on pair inputs; a second segment handed to such a model by hand
-is still refused."""
+QA and pair classification then train, through the library and through the scripts, and the
+exported folders give transformers' ModernBert classes' logits on pair inputs; a second
+segment handed to such a model by hand is still refused."""
 
+import csv
 import json
 import random
 
@@ -13,7 +14,8 @@ import torch
 
 import minibert
 from minibert.data import MLMCollator, QAExample, TaskCollator, encode_classification, encode_qa
-from engine_utils import WORDS
+from minibert.export import export_checkpoint
+from engine_utils import WORDS, load_example, quick_runs  # noqa: F401 (fixture)
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -156,3 +158,106 @@ def test_a_modern_model_fine_tunes_on_pairs_and_exports_what_transformers_comput
         _close_at_real(a.end_logits, b.end_logits, inputs["attention_mask"])
     else:
         torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- fine-tuned by the scripts
+
+finetune_qa = load_example("finetune_qa")
+finetune_classification = load_example("finetune_classification")
+finetune_multitask = load_example("finetune_multitask")
+
+
+def _squad(path, examples):
+    path.write_text(json.dumps({"data": [{"paragraphs": [
+        {"context": ex.context, "qas": [{"id": ex.id, "question": ex.question, "answers": [
+            {"text": t, "answer_start": s} for t, s in ex.answers]}]} for ex in examples]}]}))
+    return path
+
+
+def _tsv(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, delimiter="\t", lineterminator="\n")
+        w.writerow(["premise", "hypothesis", "label"])
+        w.writerows(rows)
+    return path
+
+
+def _run(script, tmp_path, *argv):
+    out = tmp_path / "out"
+    common = ["--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--batch-size", "4",
+              "--max-steps", "2", "--no-progress", "--precision", "fp32", "--lr", "1e-3"]
+    assert script.main([*argv, *common]) == 0
+    return out
+
+
+def test_the_qa_script_fine_tunes_a_modern_preset_and_exports_what_transformers_computes(
+        tmp_path):
+    examples = _qa_examples(12, 2)
+    data = _squad(tmp_path / "train.json", examples)
+    out = _run(finetune_qa, tmp_path, "--train", str(data), "--eval", str(data), "--preset",
+               "modernbert-tiny", "--vocab-size", "200", "--seq-len", "32", "--doc-stride", "8")
+    assert json.loads((out / "eval.json").read_text())["steps"] == 2
+    final = out / "final"
+    tok = minibert.Tokenizer.from_pretrained(final)
+    features = encode_qa(tok, examples, max_len=32, doc_stride=8)
+    batch = TaskCollator(tok.pad_id, segments=False)(features)
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    ours = minibert.BertForQuestionAnswering.from_pretrained(final).eval()
+    predictions = json.loads((out / "predictions.json").read_text())
+    with torch.no_grad():
+        a = ours(**inputs)
+    spans = minibert.data.best_span(a.start_logits, a.end_logits, features, examples)
+    assert {s.id: s.text for s in spans} == predictions  # final/ is the model that answered
+    # The last checkpoint, exported, is the same model: both folders load in transformers.
+    checkpoint = sorted((out / "checkpoints").glob("step_*"))[-1]
+    exported = export_checkpoint(checkpoint, tmp_path / "exported")
+    for folder in (final, exported):
+        hf = transformers.ModernBertForQuestionAnswering.from_pretrained(
+            folder, attn_implementation="eager").eval()
+        with torch.no_grad():
+            b = hf(**inputs)
+        _close_at_real(a.start_logits, b.start_logits, inputs["attention_mask"])
+        _close_at_real(a.end_logits, b.end_logits, inputs["attention_mask"])
+
+
+def test_the_classification_script_fine_tunes_a_modern_preset_on_pairs(tmp_path):
+    rows = _pairs(16, 2)
+    data = _tsv(tmp_path / "train.tsv", rows)
+    out = _run(finetune_classification, tmp_path, "--train", str(data), "--eval", str(data),
+               "--text-column", "premise", "--text-pair-column", "hypothesis",
+               "--label-column", "label", "--preset", "modernbert-tiny", "--vocab-size", "200",
+               "--seq-len", "32")
+    assert json.loads((out / "eval.json").read_text())["steps"] == 2
+    final = out / "final"
+    tok = minibert.Tokenizer.from_pretrained(final)
+    names = json.loads((out / "labels.json").read_text())["id2label"]
+    features = encode_classification(tok, [r[0] for r in rows], pairs=[r[1] for r in rows],
+                                     max_len=32)
+    inputs = TaskCollator(tok.pad_id, segments=False)(features)
+    ours = minibert.BertForSequenceClassification.from_pretrained(final).eval()
+    hf = transformers.ModernBertForSequenceClassification.from_pretrained(
+        final, attn_implementation="eager").eval()
+    with torch.no_grad():
+        a, b = ours(**inputs).logits, hf(**inputs).logits
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    with open(out / "predictions.tsv") as f:  # final/ is the model that predicted
+        predicted = [r["prediction"] for r in csv.DictReader(f, delimiter="\t")]
+    assert predicted == [names[i] for i in a.argmax(-1).tolist()]
+
+
+def test_the_multitask_script_fine_tunes_a_model_without_segments_on_pairs(tmp_path):
+    """BertMultiTask builds BERT's heads, so its model without segments is a BERT with
+    `type_vocab_size=0`: started from such a checkpoint, a pair task trains."""
+    rows = _pairs(16, 3)
+    data = _tsv(tmp_path / "train.tsv", rows)
+    tok = minibert.Tokenizer.train_from_iterator([r[0] for r in rows] + [" ".join(WORDS)],
+                                                 vocab_size=200, use_cache=False)
+    config = minibert.BertConfig.preset("tiny", vocab_size=tok.vocab_size,
+                                        pad_token_id=tok.pad_id, type_vocab_size=0)
+    minibert.BertForMaskedLM(config).save_pretrained(tmp_path / "mlm", tokenizer=tok)
+    out = _run(finetune_multitask, tmp_path, "--task", f"nli:sequence:{data}:{data}",
+               "--text-column", "premise", "--text-pair-column", "hypothesis",
+               "--label-column", "label", "--init-from", str(tmp_path / "mlm"),
+               "--seq-len", "32")
+    exported = minibert.BertForSequenceClassification.from_pretrained(out / "final" / "nli")
+    assert exported.config.type_vocab_size == 0
