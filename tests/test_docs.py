@@ -109,14 +109,15 @@ def test_walkthrough_code_links_name_symbols_that_exist():
             f"walkthrough links {name} to {file}, which does not define it"
 
 
-def test_qa_doc_snippet_runs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("preset", ["tiny", "modernbert-tiny"])
+def test_qa_doc_snippet_runs(tmp_path, monkeypatch, preset):
     """docs/qa.md's snippet, on an untrained model saved where it looks (it checks the calls,
-    not the answer)."""
+    not the answer), with segment embeddings and without (ModernBERT)."""
     monkeypatch.chdir(tmp_path)
     tok = minibert.Tokenizer.train_from_iterator(
         ["what is the capital ? the capital is lima ."] * 20, vocab_size=40, use_cache=False)
     model = minibert.BertForQuestionAnswering(
-        minibert.BertConfig.preset("tiny", vocab_size=tok.vocab_size))
+        minibert.BertConfig.preset(preset, vocab_size=tok.vocab_size, pad_token_id=tok.pad_id))
     model.save_pretrained("runs/squad/final", tokenizer=tok)
     (block,) = python_blocks(ROOT / "docs" / "qa.md")
     exec(compile(block, "docs/qa.md python block 1", "exec"), {})
