@@ -3,7 +3,8 @@
 Fine-tuning evaluates by predicting every example of a set and scoring the predictions,
 and so does research code that loads a fine-tuned model. `predict` is that loop, once:
 
-    pred = predict(model, features, TaskCollator(tok.pad_id), batch_size=32)
+    collate = TaskCollator(tok.pad_id, segments=model.config.has_segments)
+    pred = predict(model, features, collate, batch_size=32)
     classes = [int(c) for c in pred.argmax()]          # sequence classification: (C,) each
     tags = word_predictions(features, pred.argmax())   # token classification: (T, C) each
     starts = pred.outputs["start_logits"]              # question answering: (T,) each
