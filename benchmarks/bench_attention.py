@@ -113,7 +113,7 @@ def chunk_for(T: int, args: argparse.Namespace) -> int:
 def pick(T: int, device: str, dtype: str, repeats: int) -> int:
     import torch
 
-    from minibert.attention import pick_chunk_size
+    from minibert.autotune import pick_chunk_size
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # it logs every tile's time
     t0 = time.perf_counter()
@@ -171,7 +171,7 @@ def main() -> None:
     # The tile a user gets without choosing one, so that a bare run measures the default.
     p.add_argument("--chunk-size", default=str(BertConfig.attention_chunk_size),
                    help="the chunked backend's tile (default: BertConfig's), or 'auto': "
-                   "minibert.attention.pick_chunk_size measures the fastest at each length "
+                   "minibert.autotune.pick_chunk_size measures the fastest at each length "
                    "on this machine")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--window", type=int, help="a local layer: each query sees the keys within "

@@ -104,7 +104,7 @@ def step_table() -> None:
         ("+ no dropout (the pretraining default)", "math", True, OURS, 0.0),
     ]
     ids, labels = batch()
-    ours_sdpa, A.BACKENDS["sdpa"] = A.BACKENDS["sdpa"], torch_sdpa  # the "sdpa" rows: torch's
+    ours_sdpa, A.sdpa_attention = A.sdpa_attention, torch_sdpa  # the "sdpa" rows: torch's
     runs = [(label, *build(attention, fused, p), drop, []) for label, attention, fused, drop, p
             in variants]
     for _ in range(8):  # the first round is warm-up
@@ -113,7 +113,7 @@ def step_table() -> None:
             step(model, opt, drop, ids, labels)
             times.append(time.perf_counter() - t0)
     A.dropout = M.dropout = OURS
-    A.BACKENDS["sdpa"] = ours_sdpa
+    A.sdpa_attention = ours_sdpa
     print("| variant (base, 8x128, bf16 autocast, dropout 0.1) | s/step (median of 7) | "
           "tokens/s |")
     print("|---|---|---|")

@@ -25,19 +25,14 @@ that all three agree to 1e-5 in the forward pass and 1e-4 in the gradients.
 
 from __future__ import annotations
 
-import logging
 import math
-import statistics
-import time
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .kernels import dropout
-
-logger = logging.getLogger(__name__)
+from .kernels import TileBuffers, dropout
 
 
 def window_bias(keep: Optional[Tensor], T: int, window: int, dtype: torch.dtype,
@@ -83,11 +78,9 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
     """PyTorch's fused kernel. With no padding mask it may use FlashAttention on CUDA.
 
     torch's fused CPU kernels have no dropout: with attention dropout, torch falls back to
-    its own unfused formula and draws the mask with `bernoulli_`, one element at a time.
-    `math_attention` is the same formula with minibert's cheaper dropout, so an fp32 step on
-    a CPU trains through it instead: faster in the call alone, and enough to widen minibert's
-    lead over transformers' mini step (benchmarks/RESULTS.md, "Against transformers").
-    In bf16 it does not: torch's fallback computes the scores and softmax in fp32 there.
+    its own unfused formula. `math_attention` is that formula with minibert's CPU dropout
+    (`kernels.dropout`), so an fp32 CPU step with dropout trains through it instead; in bf16
+    torch's fallback keeps the scores and softmax in fp32, and is kept.
     """
     if dropout_p > 0 and q.device.type == "cpu" and q.dtype == torch.float32:
         return math_attention(q, k, v, bias, dropout_p)
@@ -185,51 +178,8 @@ def _outside(rows: slice, cols: slice, T: int, window: Optional[int]) -> bool:
     return cols.start - r1 > window or rows.start - c1 > window
 
 
-class _Tiles:
-    """The tile-sized buffers of one pass, made once and written again by every tile.
-
-    A tile's scores, probabilities and their gradients are the pass's largest temporaries,
-    and a fresh (B, nh, cq, ck) tensor per tile means thousands of allocations of a few MB
-    each at long lengths. Where the C allocator hands such blocks back to the kernel (glibc,
-    by default), every one of them is mapped and zeroed again page by page, which cost more
-    than the matmuls; one buffer per tile shape is written in place instead. At most four
-    shapes: full tiles, and the shorter last row and column blocks.
-    """
-
-    def __init__(self, like: Tensor) -> None:
-        self.batch, self.device = like.shape[:2], like.device
-        self.buffers: dict[tuple, Tensor] = {}
-
-    def get(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> Tensor:
-        key = (name, rows, cols, dtype)
-        if key not in self.buffers:
-            self.buffers[key] = torch.empty(*self.batch, rows, cols, dtype=dtype,
-                                            device=self.device)
-        return self.buffers[key]
-
-    def matmul(self, name: str, a: Tensor, b: Tensor) -> Tensor:
-        """a @ b into the statistics-dtype buffer `name`: (B, nh, rows, cols).
-
-        In bf16/fp16 the product is rounded to a's dtype first, as `math`'s scores are:
-        torch's CPU matmul has no bf16-in, fp32-out form. The softmax statistics that follow
-        are fp32; the scores they start from carry bf16's rounding, which a fused kernel
-        (`sdpa`, FlashAttention) avoids by keeping them in fp32."""
-        f32 = _stats_dtype(a)
-        out = self.get(name, a.size(-2), b.size(-1), f32)
-        if a.dtype == f32:
-            return torch.matmul(a, b, out=out)
-        return out.copy_(torch.matmul(a, b, out=self.get("low", a.size(-2), b.size(-1),
-                                                        a.dtype)))
-
-    def low(self, x: Tensor, dtype: torch.dtype) -> Tensor:
-        """x in the matmul dtype: itself when it already is, else a copy in a buffer."""
-        if x.dtype == dtype:
-            return x
-        return self.get("low", x.size(-2), x.size(-1), dtype).copy_(x)
-
-
 def _scores(qs_i: Tensor, kj: Tensor, bias: Optional[Tensor], rows: slice, cols: slice,
-            window: Optional[int], tiles: _Tiles) -> Tensor:
+            window: Optional[int], tiles: TileBuffers) -> Tensor:
     """One tile's scores from the pre-scaled queries `qs_i` = q_i / √hs, plus its bias:
     (B, nh, cq, ck), in the statistics dtype, in the tile buffer "s" (the next tile
     overwrites it). A tile that the window's edge cuts gets the dtype's minimum outside the
@@ -247,12 +197,10 @@ def _scores(qs_i: Tensor, kj: Tensor, bias: Optional[Tensor], rows: slice, cols:
     return s
 
 
-# The loops below spend as little as they can outside the two matmuls of each tile, because
-# on a CPU in bf16 those matmuls are fast and everything else is not: the scale is folded
-# into q once (q / √hs, one pass over (T, hs) instead of one over every tile), the first key
-# tile of a row block starts the running statistics instead of rescaling zeros, the tile's
-# elementwise steps run in place in reused buffers (`_Tiles`), and dQ_i is summed in a local
-# and scaled once.
+# The loops below keep the work outside each tile's two matmuls small: the scale is folded
+# into q once, the first key tile of a row block starts the running statistics instead of
+# rescaling zeros, the elementwise steps run in place in reused tile buffers
+# (`kernels.TileBuffers`), and dQ_i is summed in a local and scaled once.
 
 class _ChunkedAttention(torch.autograd.Function):
     @staticmethod
@@ -265,7 +213,7 @@ class _ChunkedAttention(torch.autograd.Function):
         f32 = _stats_dtype(q)
         row_max = torch.empty(B, nh, T, 1, dtype=f32, device=q.device)  # m of each query row
         log_sum = torch.empty_like(row_max)  # log l of each query row
-        tiles = _Tiles(q)
+        tiles = TileBuffers(q)
         for i in range(n_blocks):
             rows = slice(i * chunk, (i + 1) * chunk)
             qs_i = qs[:, :, rows]  # (B, nh, cq, hs)
@@ -309,7 +257,7 @@ class _ChunkedAttention(torch.autograd.Function):
         dq = torch.empty(q.shape, dtype=f32, device=q.device)  # (B, nh, T, hs)
         dk = torch.zeros_like(dq)  # (B, nh, T, hs)
         dv = torch.zeros_like(dq)  # (B, nh, T, hs)
-        tiles = _Tiles(q)
+        tiles = TileBuffers(q)
         # D_i = Σ_j P_ij dP_ij, the softmax Jacobian's correction, (B, nh, T, 1). It equals
         # rowsum(dO ∘ O) with dropout too: O = (P ∘ M) V for the scaled keep-mask M, and the
         # dP below is taken against P through that same M, so Σ_j P_ij M_ij (dO_i · V_j) is
@@ -343,94 +291,6 @@ class _ChunkedAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
-# ---------------------------------------------------------------------------------------------
-# The tile size, chosen by measurement
-# ---------------------------------------------------------------------------------------------
-# Every tile pays the same fixed cost (Python, kernel launches, the elementwise softmax
-# updates) beside its matmuls, whose work grows as c². A larger tile amortises that cost until
-# its (B, nh, c, c) temporaries fall out of cache or the matmul kernel stops getting faster.
-# The default, 512 (`BertConfig.attention_chunk_size`), was the fastest tile measured at
-# T = 4096 in both fp32 and bf16 once the tiles' buffers were reused (`_Tiles`), and ran
-# faster than `math` in both (benchmarks/RESULTS.md, "Attention backends: memory and time
-# against sequence length"); its buffers are a few MB per head, against the T² of `math`.
-# Where that balance lies is still the device's business, so `pick_chunk_size` measures the
-# tiles on the machine at hand. The candidates stop at 512, so the memory stays O(T · c) with
-# a constant c, whatever wins.
-# A larger tile needs more memory and must be clearly faster to win: the same 512 tile timed
-# in two processes once differed by far more than the margin by which a pick had preferred
-# it to 256 (same section).
-CHUNK_CANDIDATES = (64, 128, 256, 512)
-LARGER_TILE_GAIN = 0.9  # a larger tile wins only in under 90% of the smaller one's time
-
-
-def time_chunk_sizes(num_heads: int, head_dim: int, seq_len: int,
-                     device: str | torch.device = "cpu",
-                     dtype: torch.dtype = torch.float32,
-                     candidates: tuple[int, ...] = CHUNK_CANDIDATES,
-                     repeats: int = 3) -> dict[int, float]:
-    """Seconds of one chunked forward + backward pass per tile size, median of `repeats`.
-
-    One sequence (batch 1) of `seq_len` tokens with `num_heads` heads of `head_dim` dims, after
-    one warm-up pass per tile. Tiles longer than `seq_len` are left out (they would all be the
-    same single tile). The inputs come from a private generator, so the global RNG is untouched.
-    """
-    if not candidates or any(not isinstance(c, int) or c < 1 for c in candidates):
-        raise ValueError(f"candidates {candidates!r} must be a non-empty tuple of tile sizes >= 1")
-    if min(num_heads, head_dim, seq_len, repeats) < 1:
-        raise ValueError(f"num_heads {num_heads}, head_dim {head_dim}, seq_len {seq_len} and "
-                         f"repeats {repeats} must all be at least 1")
-    gen = torch.Generator(device=device).manual_seed(0)
-    q, k, v, grad = (torch.randn(1, num_heads, seq_len, head_dim, generator=gen, device=device,
-                                 dtype=dtype) for _ in range(4))
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    fits = [c for c in sorted(set(candidates)) if c <= seq_len] or [min(candidates)]
-    return {c: _median_seconds(q, k, v, grad, c, repeats) for c in fits}
-
-
-def _median_seconds(q: Tensor, k: Tensor, v: Tensor, grad: Tensor, chunk: int,
-                    repeats: int) -> float:
-    def sync() -> None:
-        if q.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    times = []
-    for i in range(repeats + 1):  # the first pass is a warm-up
-        sync()
-        t0 = time.perf_counter()
-        torch.autograd.grad(chunked_attention(q, k, v, None, 0.0, chunk), (q, k, v), grad)
-        sync()
-        if i:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def pick_chunk_size(num_heads: int, head_dim: int, seq_len: int,
-                    device: str | torch.device = "cpu",
-                    dtype: torch.dtype = torch.float32,
-                    candidates: tuple[int, ...] = CHUNK_CANDIDATES, repeats: int = 3) -> int:
-    """The fastest `chunked_attention` tile for this shape on this device, by `time_chunk_sizes`.
-
-    From the smallest up, a larger tile replaces the best so far only in under
-    `LARGER_TILE_GAIN` of its time: a difference within timing noise is not worth the
-    memory. Measure once and pass the result as
-    `BertConfig.attention_chunk_size`, so the model, its checkpoints and a resumed run keep it
-    (a tile changes the rounding, so a run that re-measured could not resume exactly).
-    Timing costs a warm-up and `repeats` passes per tile, most at long sequences on a small
-    CPU (benchmarks/RESULTS.md, "Attention backends: memory and time against sequence length").
-    """
-    timings = time_chunk_sizes(num_heads, head_dim, seq_len, device, dtype, candidates, repeats)
-    best = min(timings)
-    for c in sorted(timings):
-        if timings[c] < LARGER_TILE_GAIN * timings[best]:
-            best = c
-    logger.info("chunked attention at T=%d on %s: %s s -> tile %d", seq_len, device,
-                ", ".join(f"{c}: {t:.3f}" for c, t in timings.items()), best)
-    return best
-
-
-BACKENDS = {"math": math_attention, "sdpa": sdpa_attention, "chunked": chunked_attention}
-
-
 def attention(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], backend: str,
               dropout_p: float = 0.0, chunk_size: int = 512,
               window: Optional[int] = None) -> Tensor:
@@ -449,4 +309,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], backend: 
         bias = window_bias(keep, q.size(2), window, q.dtype, q.device)
     else:
         bias = None if keep is None else key_padding_bias(keep, q.dtype)
-    return BACKENDS[backend](q, k, v, bias, dropout_p)
+    if backend == "math":
+        return math_attention(q, k, v, bias, dropout_p)
+    return sdpa_attention(q, k, v, bias, dropout_p)

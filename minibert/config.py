@@ -101,7 +101,7 @@ class BertConfig:
     # "math": the explicit formula, for reading.
     # "chunked": exact attention in O(T * chunk) training memory (see attention.py).
     attention: str = "sdpa"
-    attention_chunk_size: int = 512  # the tile; attention.pick_chunk_size measures the best
+    attention_chunk_size: int = 512  # the tile; autotune.pick_chunk_size measures the best
     # The modern switches (module docstring); the defaults are classic BERT's.
     position: str = "learned"
     rope_theta: float = 10000.0  # RoPE's base in global layers

@@ -124,3 +124,48 @@ class _TiedLookup(torch.autograd.Function):
             ids, rows = ids[keep], rows[keep]
         grad.index_add_(0, ids, rows.to(grad.dtype))
         return None, grad, None, None
+
+
+class TileBuffers:
+    """The tile-sized buffers of one chunked-attention pass, made once and written again by
+    every tile; replaces a fresh `a @ b` (and its fp32 copy) per tile in
+    `attention.chunked_attention`, with the same values (tests/test_attention.py).
+
+    A tile's scores, probabilities and their gradients are the pass's largest temporaries,
+    and a fresh (B, nh, cq, ck) tensor per tile means thousands of allocations of a few MB
+    each at long lengths. Where the C allocator hands such blocks back to the kernel (glibc,
+    by default), every one of them is mapped and zeroed again page by page, which cost more
+    than the matmuls (docs/machine-room.md); one buffer per tile shape is written in place
+    instead. At most four shapes: full tiles, and the shorter last row and column blocks.
+    """
+
+    def __init__(self, like: Tensor) -> None:
+        self.batch, self.device = like.shape[:2], like.device
+        self.buffers: dict[tuple, Tensor] = {}
+
+    def get(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> Tensor:
+        key = (name, rows, cols, dtype)
+        if key not in self.buffers:
+            self.buffers[key] = torch.empty(*self.batch, rows, cols, dtype=dtype,
+                                            device=self.device)
+        return self.buffers[key]
+
+    def matmul(self, name: str, a: Tensor, b: Tensor) -> Tensor:
+        """a @ b into the statistics-dtype buffer `name`: (B, nh, rows, cols).
+
+        In bf16/fp16 the product is rounded to a's dtype first, as `math`'s scores are:
+        torch's CPU matmul has no bf16-in, fp32-out form. The softmax statistics that follow
+        are fp32; the scores they start from carry bf16's rounding, which a fused kernel
+        (`sdpa`, FlashAttention) avoids by keeping them in fp32."""
+        f32 = torch.promote_types(a.dtype, torch.float32)  # the softmax statistics' dtype
+        out = self.get(name, a.size(-2), b.size(-1), f32)
+        if a.dtype == f32:
+            return torch.matmul(a, b, out=out)
+        return out.copy_(torch.matmul(a, b, out=self.get("low", a.size(-2), b.size(-1),
+                                                        a.dtype)))
+
+    def low(self, x: Tensor, dtype: torch.dtype) -> Tensor:
+        """x in the matmul dtype: itself when it already is, else a copy in a buffer."""
+        if x.dtype == dtype:
+            return x
+        return self.get("low", x.size(-2), x.size(-1), dtype).copy_(x)
