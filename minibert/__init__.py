@@ -2,41 +2,46 @@
 
     >>> import minibert
     >>> model = minibert.BertForMaskedLM(minibert.BertConfig.preset("tiny", vocab_size=1000))
+
+The names below are imported from their modules on first use (PEP 562 `__getattr__`), so
+`import minibert.model` loads the model's files and nothing of the training engine or the
+data pipeline (tests/test_layout.py).
 """
 
-from .config import BertConfig
-from .rng import set_seed
-from .tokenizer import Tokenizer
-from .model import BertModel, BertOutput
-from .heads import (
-    BertForMaskedLM,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-    MaskedLMOutput,
-    QuestionAnsweringModelOutput,
-    SequenceClassifierOutput,
-    TokenClassifierOutput,
-)
-from .multitask import BertMultiTask
-from .sentence import SentenceEncoder
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BertConfig",
-    "BertModel",
-    "BertForMaskedLM",
-    "BertForSequenceClassification",
-    "BertForTokenClassification",
-    "BertForQuestionAnswering",
-    "BertMultiTask",
-    "BertOutput",
-    "MaskedLMOutput",
-    "SequenceClassifierOutput",
-    "TokenClassifierOutput",
-    "QuestionAnsweringModelOutput",
-    "SentenceEncoder",
-    "Tokenizer",
-    "set_seed",
-]
+# public name -> the module that defines it
+_WHERE = {
+    "BertConfig": "config",
+    "BertModel": "model",
+    "BertOutput": "model",
+    "BertForMaskedLM": "heads",
+    "BertForSequenceClassification": "heads",
+    "BertForTokenClassification": "heads",
+    "BertForQuestionAnswering": "heads",
+    "MaskedLMOutput": "heads",
+    "SequenceClassifierOutput": "heads",
+    "TokenClassifierOutput": "heads",
+    "QuestionAnsweringModelOutput": "heads",
+    "BertMultiTask": "multitask",
+    "SentenceEncoder": "sentence",
+    "Tokenizer": "tokenizer",
+    "set_seed": "rng",
+}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -37,13 +37,12 @@ from typing import Any, Optional, Union
 import torch
 
 from .atomic import free_mb, fsync
+from .hf import META_FILE, STATE_FILE
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "minibert-checkpoint"
 FORMAT_VERSION = 1
-STATE_FILE = "state.pt"
-META_FILE = "meta.json"
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
 _TMP_PREFIX = ".tmp-"  # a dot name never matches _STEP_DIR, so readers never see it
 

@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .data.mlm import predicted
+from .labels import predicted
 from .heads import BertForMaskedLM, MaskedLMOutput
 from .hf import read_config
 from .pretrained import check_tokenizer_fits

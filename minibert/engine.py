@@ -33,7 +33,8 @@ import torch.nn as nn
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .data.mlm import count_targets, predicted
+from .data.mlm import count_targets
+from .labels import predicted
 from .data.sampler import GlobalBatches
 from .data.seq_warmup import cut_for_step
 from .distributed import DistContext, all_reduce_sum, max_over_ranks, unwrap

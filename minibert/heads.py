@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import BertConfig
-from .data.mlm import IGNORE_INDEX, predicted
+from .labels import IGNORE_INDEX, predicted
 from .pretrained import PretrainedMixin, default_labels, stored_labels
 from .kernels import TiedWordGradient
 from .model import BertModel, Dropout, init_weights

@@ -36,11 +36,14 @@ from typing import Any, Union
 import torch
 from torch import Tensor
 
-from .checkpoint import META_FILE, STATE_FILE
-
 logger = logging.getLogger(__name__)
 
 PathLike = Union[str, os.PathLike]
+
+# The two files of a training checkpoint's folder (checkpoint.py writes them): named here,
+# beside the model folder's files, so that a loader given one recognises it and says so.
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
 
 # minibert name -> transformers name, applied in order to names that start with "bert." (the
 # encoder), "head." (MLM head), "classifier." (sequence and token classification) or
@@ -260,7 +263,7 @@ def read_config(path: PathLike) -> dict[str, Any]:
         steps = sorted(p.name for p in path.glob("step_*") if (p / META_FILE).is_file())
         if steps:
             raise FileNotFoundError(f"{path} holds training checkpoints ({', '.join(steps[-2:])}"
-                                    f"), not a model folder; export one with minibert.hf."
+                                    f"), not a model folder; export one with minibert.export."
                                     f"export_checkpoint({str(path / steps[-1])!r}, OUT)")
         raise FileNotFoundError(f"{cfg} not found; a checkpoint directory holds config.json")
     try:

@@ -2,7 +2,12 @@
 the model half never reaches into the run half, so each half reads on its own."""
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "minibert"
 
@@ -93,3 +98,18 @@ def test_the_model_half_does_not_import_the_run_half():
         assert not reached & RUN_HALF, f"minibert.{module} imports {sorted(reached & RUN_HALF)}"
     on_disk = {p.stem for p in PACKAGE.glob("*.py")}
     assert MODEL_HALF | RUN_HALF <= on_disk  # the lists name modules that exist
+
+
+@pytest.mark.parametrize("module", ["minibert.config", "minibert.model", "minibert.heads"])
+def test_importing_the_textbook_loads_nothing_of_the_run_half_or_the_data(module):
+    """Transitively, in a fresh interpreter: what `import minibert.model` really loads, the
+    package's __init__ included, not only what the file names."""
+    code = ("import sys, json; import " + module + "; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('minibert'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=PACKAGE.parent).stdout
+    loaded = set(json.loads(out))
+    assert module in loaded
+    run_half = {m for m in loaded if m.partition(".")[2] in RUN_HALF}
+    data = {m for m in loaded if m.startswith("minibert.data")}  # download, corpus, task files
+    assert not run_half and not data, f"import {module} loads {sorted(run_half | data)}"

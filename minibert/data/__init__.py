@@ -15,72 +15,65 @@
                     encoders for classification, token labels and QA (`qa`),
                     `TaskCollator`, and whole tasks read from two files (`TaskData`)
 * `prepare`   a pretraining corpus made ready once: read, the run's tokenizer, the
-                    token cache (import `minibert.data.prepare`: it needs the tokenizer,
-                    which needs this package)
+                    token cache (import `minibert.data.prepare`)
 """
-from .corpus import Corpus, CorpusFile, load_corpus
-from .mlm import IGNORE_INDEX, MLMCollator, PackedMLMDataset, pad_batch
-from .sampler import LengthGroupedBatchSampler, ShardedSampler
-from .tasks import (
-    LabelMap,
-    QAExample,
-    Sentence,
-    SequenceSplit,
-    SpanPrediction,
-    TaskCollator,
-    TaskData,
-    TokenSplit,
-    best_span,
-    encode_classification,
-    encode_qa,
-    encode_token_classification,
-    random_subset,
-    read_conll,
-    read_conll_task,
-    read_squad,
-    read_table,
-    read_table_task,
-    word_predictions,
-)
-from .text import iter_documents, load_text_folder
-from .tokens import TokenFile, TokenFileError, tokenize_to_memmap
-from .wikitext import DownloadError, download_wikitext, load_wikitext
 
-__all__ = [
-    "Corpus",
-    "CorpusFile",
-    "IGNORE_INDEX",
-    "DownloadError",
-    "LabelMap",
-    "LengthGroupedBatchSampler",
-    "MLMCollator",
-    "PackedMLMDataset",
-    "QAExample",
-    "Sentence",
-    "SequenceSplit",
-    "ShardedSampler",
-    "SpanPrediction",
-    "TaskCollator",
-    "TaskData",
-    "TokenFile",
-    "TokenFileError",
-    "TokenSplit",
-    "best_span",
-    "download_wikitext",
-    "encode_classification",
-    "encode_qa",
-    "encode_token_classification",
-    "iter_documents",
-    "load_corpus",
-    "load_text_folder",
-    "load_wikitext",
-    "pad_batch",
-    "random_subset",
-    "read_conll",
-    "read_conll_task",
-    "read_squad",
-    "read_table",
-    "read_table_task",
-    "tokenize_to_memmap",
-    "word_predictions",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# The names above are imported from their module on first use (PEP 562 `__getattr__`), so
+# that importing one module of the package (`minibert.data.mlm`, say) loads only what that
+# module needs, not the download, corpus and task-file code beside it.
+# name -> the module of this package that defines it
+_WHERE = {
+    "Corpus": "corpus",
+    "CorpusFile": "corpus",
+    "load_corpus": "corpus",
+    "IGNORE_INDEX": "mlm",
+    "MLMCollator": "mlm",
+    "PackedMLMDataset": "mlm",
+    "pad_batch": "mlm",
+    "LengthGroupedBatchSampler": "sampler",
+    "ShardedSampler": "sampler",
+    "LabelMap": "tasks",
+    "QAExample": "tasks",
+    "Sentence": "tasks",
+    "SequenceSplit": "tasks",
+    "SpanPrediction": "tasks",
+    "TaskCollator": "tasks",
+    "TaskData": "tasks",
+    "TokenSplit": "tasks",
+    "best_span": "tasks",
+    "encode_classification": "tasks",
+    "encode_qa": "tasks",
+    "encode_token_classification": "tasks",
+    "random_subset": "tasks",
+    "read_conll": "tasks",
+    "read_conll_task": "tasks",
+    "read_squad": "tasks",
+    "read_table": "tasks",
+    "read_table_task": "tasks",
+    "word_predictions": "tasks",
+    "iter_documents": "text",
+    "load_text_folder": "text",
+    "TokenFile": "tokens",
+    "TokenFileError": "tokens",
+    "tokenize_to_memmap": "tokens",
+    "DownloadError": "wikitext",
+    "download_wikitext": "wikitext",
+    "load_wikitext": "wikitext",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

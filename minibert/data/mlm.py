@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from ..labels import IGNORE_INDEX, predicted
 from .tokens import TokenFile
 
 if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
 
-IGNORE_INDEX = -100  # label value that torch's cross_entropy skips
 
 # ------------------------------------------------------------------ packing
 
@@ -131,17 +131,6 @@ def pad_batch(sequences: Sequence, pad_id: int, pad_to_multiple_of: Optional[int
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def predicted(labels: torch.Tensor, attention_mask: Optional[torch.Tensor] = None
-              ) -> torch.Tensor:
-    """Where a loss scores a label: not IGNORE_INDEX, and, for per-token labels (B, T), on a
-    real token (attention_mask 1). The encoder does not compute padding, so the heads never
-    score a label there; every count of targets must agree with them. Same shape as labels."""
-    keep = labels != IGNORE_INDEX
-    if attention_mask is not None and attention_mask.shape == labels.shape:
-        keep &= attention_mask.bool()
-    return keep
 
 
 def count_targets(batch: Mapping[str, torch.Tensor]) -> int:
