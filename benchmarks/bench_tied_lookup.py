@@ -68,7 +68,7 @@ def main() -> None:
     labels = torch.where(torch.rand(ids.shape, generator=g) < 0.15, ids, -100)
 
     def step(way: str) -> float:
-        minibert.heads.TiedWordGradient = WAYS[way]  # what BertForMaskedLM builds per forward
+        minibert.kernels.TiedWordGradient = WAYS[way]  # what BertForMaskedLM builds per forward
         start = time.perf_counter()
         model(ids, labels=labels).loss.backward()
         assert not model.bert.embeddings.word.weight.grad.is_sparse
@@ -89,7 +89,7 @@ def main() -> None:
                 step(way)
             print(f"--- {way}: one step, by self CPU time")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
-    minibert.heads.TiedWordGradient = TiedWordGradient
+    minibert.kernels.TiedWordGradient = TiedWordGradient
     dense = statistics.median(times["dense"])
     print(f"{args.preset}, {args.batch_size} x {args.seq_len}, fp32, allocator "
           f"{'keeping freed memory' if args.keep_freed_memory else 'as it comes'}, "

@@ -35,12 +35,8 @@ from torch import Tensor
 from .config import BertConfig
 from .labels import IGNORE_INDEX, predicted
 from .pretrained import PretrainedMixin, default_labels, stored_labels
-from .kernels import TiedWordGradient
+from .kernels import TiedWordGradient, round_up_rows, tied_word_gradient
 from .model import BertModel, Dropout, init_weights
-
-
-# The sparse MLM head's rows are rounded up to a multiple of this on a CPU (BertForMaskedLM).
-PREDICTION_ROWS = 64
 
 
 class MaskedLMOutput(NamedTuple):
@@ -66,21 +62,34 @@ class QuestionAnsweringModelOutput(NamedTuple):
 
 # ---- masked language modelling ---------------------------------------------------------------
 
-class MLMHead(nn.Module):
-    """Transform (dense, GELU, LayerNorm), then the decoder tied to the word embeddings.
-
-    The decoder keeps its bias when `config.bias` is off, as ModernBERT's does."""
+class Transform(nn.Module):
+    """Dense, GELU, LayerNorm: (..., H) -> (..., H). The first half of BERT's MLM head, and
+    with `task_head="transform"` (ModernBERT's heads) the layer before every classifier: it
+    replaces BERT's tanh pooler for sequences and adds a layer before the token and span
+    classifiers."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.norm(F.gelu(self.dense(h)))
+
+
+class MLMHead(Transform):
+    """The transform (dense, GELU, LayerNorm), then the decoder tied to the word embeddings.
+
+    The decoder keeps its bias when `config.bias` is off, as ModernBERT's does."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, h: Tensor, word_embeddings: Tensor,
                 tied: Optional[TiedWordGradient] = None) -> Tensor:
         """h: (..., H), word_embeddings: (V, H) -> logits (..., V)."""
-        h = self.norm(F.gelu(self.dense(h)))
+        h = super().forward(h)
         # The decoder *is* the input embedding matrix (weight tying, Press & Wolf 2017): it
         # saves V x H parameters, and since there is only one tensor there is nothing to
         # re-tie after loading, moving or compiling the model.
@@ -113,14 +122,9 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
         tokens (NaN when N == 0, as in torch).
         """
         decoder = self.bert.embeddings.word.weight  # (V, H), tied
-        # The lookup's gradient and the decoder's meet in one (V, H) gradient. Left to
-        # autograd, that costs vocabulary-sized temporaries each step, new memory a CPU
-        # maps page by page (little to a sizeable share of a BERT-base step, as the host makes
-        # page faults cheap or dear: benchmarks/RESULTS.md, "Against transformers");
-        # `TiedWordGradient` builds the sum in place.
-        # On a GPU that traffic is cheap, and compiled graphs keep to plain autograd.
-        tied = TiedWordGradient() if (decoder.device.type == "cpu" and torch.is_grad_enabled()
-                                      and not torch.compiler.is_compiling()) else None
+        # The lookup's gradient and the decoder's meet in one (V, H) gradient; on a CPU,
+        # `kernels.tied_word_gradient` builds that sum in place (None: plain autograd).
+        tied = tied_word_gradient(decoder)
         h = self.bert(input_ids, attention_mask, token_type_ids,
                       tied_word_grad=tied).last_hidden_state  # (B, T, H)
         if labels is None:
@@ -131,38 +135,13 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
         h, targets = h[keep], labels[keep]  # (N, H), (N,)
         _check_range("labels", targets, decoder.size(0), "vocabulary")  # N ids, not B x T
         n = targets.numel()
-        # N changes from batch to batch, and with it the size of the head's largest blocks
-        # (N x V logits, their fp32 copy and their gradients). On a CPU, blocks of a new size
-        # every step fragment the C allocator's heap, and in bf16 each new shape adds a kernel
-        # to oneDNN's cache as well, so a long run's resident set climbs (benchmarks/
-        # RESULTS.md, "Memory over a long run"; bench_shapes.py). So the head runs on N rounded
-        # up to a multiple of PREDICTION_ROWS: the extra rows are zeros whose targets are
-        # ignored, so the loss (a mean over the N real targets) and every gradient are those
-        # of the N rows, and a few block sizes repeat instead of a new one each step.
-        pad = (-n) % PREDICTION_ROWS if h.device.type == "cpu" else 0
-        if pad:
-            h = torch.cat([h, h.new_zeros(pad, h.size(1))])
-            targets = torch.cat([targets, targets.new_full((pad,), IGNORE_INDEX)])
-        logits = self.head(h, decoder, tied)  # (N + pad, H) -> (N + pad, V)
+        h, targets = round_up_rows(h, targets)  # kernels.py: on a CPU, a few row counts repeat
+        logits = self.head(h, decoder, tied)  # (N', H) -> (N', V), N' >= N rows
         loss = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX)
         return MaskedLMOutput(loss, logits[:n])
 
 
 # ---- classification: one label per sequence or per token -------------------------------------
-
-class Transform(nn.Module):
-    """`task_head="transform"` (ModernBERT's heads): the MLM head's dense, GELU and LayerNorm
-    before a classifier, on every kind of task. It replaces BERT's tanh pooler for
-    sequences and adds a layer before the token and span classifiers. (..., H) -> (..., H)."""
-
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
-
-    def forward(self, h: Tensor) -> Tensor:
-        return self.norm(F.gelu(self.dense(h)))
-
 
 def _transform(config: BertConfig) -> Optional[Transform]:
     if config.task_head != "transform":

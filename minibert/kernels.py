@@ -9,9 +9,13 @@ compute the same thing.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .labels import IGNORE_INDEX
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -78,6 +82,42 @@ class TiedWordGradient:
     def decoder(self, h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         """h: (..., H), weight: (V, H), bias: (V,) -> logits (..., V)."""
         return _TiedDecoder.apply(h, weight, bias, self)
+
+
+def tied_word_gradient(weight: Tensor) -> Optional[TiedWordGradient]:
+    """The `TiedWordGradient` for one training forward of a model whose decoder is `weight`
+    (V, H), or None, which means plain autograd (`F.embedding` and `F.linear`).
+
+    Used on a CPU with gradients on: there each vocabulary-sized temporary is fresh memory
+    mapped page by page. On a GPU that traffic is cheap, and compiled graphs keep to plain
+    autograd."""
+    if weight.device.type == "cpu" and torch.is_grad_enabled() and \
+            not torch.compiler.is_compiling():
+        return TiedWordGradient()
+    return None
+
+
+# The sparse MLM head's rows are rounded up to a multiple of this on a CPU (`round_up_rows`).
+PREDICTION_ROWS = 64
+
+
+def round_up_rows(h: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """The sparse MLM head's N predicted rows, h (N, H) and targets (N,), padded on a CPU to
+    a multiple of `PREDICTION_ROWS` with zero rows whose targets are IGNORE_INDEX. Replaces
+    running the head on (h, targets) as they are: the loss (a mean over the real targets),
+    the real rows' logits and every gradient are the same (tests/test_heads.py).
+
+    N changes from batch to batch, and with it the size of the head's largest blocks (N x V
+    logits, their fp32 copy and their gradients). On a CPU, blocks of a new size every step
+    fragment the C allocator's heap, and in bf16 each new shape adds a kernel to oneDNN's
+    cache, so a long run's resident set climbs (docs/machine-room.md); with the rows rounded
+    up a few block sizes repeat instead. Elsewhere the rows are returned as they are.
+    """
+    pad = (-targets.numel()) % PREDICTION_ROWS if h.device.type == "cpu" else 0
+    if not pad:
+        return h, targets
+    return (torch.cat([h, h.new_zeros(pad, h.size(1))]),
+            torch.cat([targets, targets.new_full((pad,), IGNORE_INDEX)]))
 
 
 class _TiedDecoder(torch.autograd.Function):

@@ -119,7 +119,7 @@ def keep_freed_memory() -> bool:
     all stay below gains little (the bench_process.py rows for a vocabulary of 8,192). The
     cost: the resident set no longer shrinks after a peak. It does not make the set climb
     over a long run: what did was the sparse MLM head's blocks taking a new size every
-    step, with or without this setting, and their sizes now repeat (`heads.PREDICTION_ROWS`;
+    step, with or without this setting, and their sizes now repeat (`kernels.PREDICTION_ROWS`;
     `benchmarks/bench_soak.py` measures both ways, in "Memory over a long run").
     The setting is process-wide and cannot be undone, so the engine never makes it; call
     this once, at the start of a CPU training script (the example scripts'

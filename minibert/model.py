@@ -82,12 +82,11 @@ class Embeddings(nn.Module):
         x = word
         if self.position is not None:
             x = x + self.position.weight[:T]  # (B, T, H) + (T, H) broadcast
-        if self.token_type is None:
-            pass
-        elif token_type_ids is None:  # single-segment input: every token is segment 0
-            x = x + self.token_type.weight[0]
-        else:
-            x = x + self.token_type(token_type_ids)
+        if self.token_type is not None:  # no table: a model without segments (ModernBERT)
+            if token_type_ids is None:  # single-segment input: every token is segment 0
+                x = x + self.token_type.weight[0]
+            else:
+                x = x + self.token_type(token_type_ids)
         return self.drop(self.norm(x))
 
 
@@ -146,8 +145,7 @@ def unpad(x: Tensor, keep: Tensor) -> Tensor:
     Unpadding, as in MosaicBERT (Portes et al. 2023) and ModernBERT (Warner et al. 2024):
     every layer but attention works on each token alone (embeddings' norm, projections,
     feed-forward, LayerNorms), so a padded batch can run them on its real tokens only and
-    save the work of the padding (measured by benchmarks/bench_unpadding.py; the numbers are
-    in benchmarks/RESULTS.md, "Speed levers kept, each measured", under Unpadding). The real
+    save the work of the padding (benchmarks/bench_unpadding.py measures it). The real
     tokens' outputs are exactly the same.
     """
     return x[keep]

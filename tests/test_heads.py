@@ -419,7 +419,7 @@ def test_tied_word_gradient_is_autograds_without_a_vocabulary_sized_temporary(pr
         model.zero_grad(set_to_none=True)
         with monkeypatch.context() as mp:
             if not tied:
-                mp.setattr(minibert.heads, "TiedWordGradient", lambda: None)
+                mp.setattr(minibert.kernels, "TiedWordGradient", lambda: None)
             with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, \
                     torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
                 for _ in range(2):  # gradient accumulation: the second pass adds to .grad
@@ -452,7 +452,7 @@ def test_the_sparse_head_runs_on_a_round_number_of_rows_with_the_same_loss(monke
     the N rows alone."""
     import torch.nn.functional as F
 
-    from minibert import heads
+    from minibert import kernels
 
     torch.manual_seed(0)
     model = minibert.BertForMaskedLM(tiny_config()).eval()  # no dropout: two passes compare
@@ -465,7 +465,7 @@ def test_the_sparse_head_runs_on_a_round_number_of_rows_with_the_same_loss(monke
                         lambda h, *a: rows.append(h.shape[0]) or head_forward(h, *a))
     out = model(ids, labels=labels)
     out.loss.backward()
-    assert rows == [heads.PREDICTION_ROWS] and out.logits.shape == (3, 99)
+    assert rows == [kernels.PREDICTION_ROWS] and out.logits.shape == (3, 99)
     grads = [p.grad.clone() for p in model.parameters()]
 
     model.zero_grad()
