@@ -22,6 +22,7 @@ and word, which map predictions back onto the text.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -300,9 +301,12 @@ class Tokenizer:
         try:
             self.save(tmp)
             os.replace(tmp, directory)
-        except OSError:
-            # Another process won the race and the entry already exists: keep theirs.
+        except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY) and directory.is_dir():
+                return  # another process cached it first: the entry is the same, keep theirs
+            raise OSError(e.errno, f"could not cache the tokenizer in {directory}: "
+                                   f"{e.strerror or e}") from None
 
     # ------------------------------------------------------------------ using
     @property

@@ -140,6 +140,29 @@ def test_training_is_cached_by_content_and_settings(tmp_path, monkeypatch):
                 if p.name.startswith(".tmp")]
 
 
+def test_a_cache_write_that_fails_is_named_and_a_lost_race_keeps_the_winner(
+        trained, tmp_path, monkeypatch):
+    """Only a cache entry that already exists means another process won the race; a full
+    disk or a permission error while caching is an error, named as such."""
+    import errno
+
+    def full_disk(directory):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(trained, "save", full_disk)
+        with pytest.raises(OSError, match="No space left") as info:
+            trained._save_atomically(tmp_path / "entry")
+    assert info.value.errno == errno.ENOSPC and str(tmp_path / "entry") in str(info.value)
+    assert not (tmp_path / "entry").exists() and not list(tmp_path.glob(".tmp-*"))
+
+    trained._save_atomically(tmp_path / "entry")  # the winner
+    winner = (tmp_path / "entry" / "tokenizer.json").read_text()
+    trained._save_atomically(tmp_path / "entry")  # the loser: keeps the winner's entry
+    assert (tmp_path / "entry" / "tokenizer.json").read_text() == winner
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
 def test_generators_train_without_cache(tmp_path):
     tok = Tokenizer.train_from_iterator((t for t in CORPUS), vocab_size=300, min_frequency=1,
                                         cache_dir=tmp_path)
