@@ -63,6 +63,17 @@ def test_walkthrough_snippets_run(tmp_path, monkeypatch):
     assert not (tmp_path / "cache").exists()  # no tokenizer cache written
 
 
+def test_machine_room_snippets_run():
+    """Every python block of docs/machine-room.md runs, in order, in one namespace: each
+    hand-written kernel against the plain call it replaces, and the allocator's page faults."""
+    blocks = python_blocks(ROOT / "docs" / "machine-room.md")
+    assert len(blocks) >= 4
+    namespace: dict = {}
+    for i, code in enumerate(blocks):
+        exec(compile(code, f"docs/machine-room.md python block {i + 1}", "exec"), namespace)
+    assert namespace["in_place"].shape == namespace["plain"].shape
+
+
 def _slug(heading: str) -> str:
     """GitHub's anchor for a markdown heading."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
@@ -70,7 +81,9 @@ def _slug(heading: str) -> str:
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/walkthrough.md", "docs/finetune.md",
-                                 "docs/qa.md", "docs/multitask.md", "docs/distill.md"])
+                                 "docs/qa.md", "docs/multitask.md", "docs/distill.md",
+                                 "docs/machine-room.md", "docs/runs.md",
+                                 "docs/results-map.md"])
 def test_local_links_point_at_files_and_headings_that_exist(doc):
     path = ROOT / doc
     for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
