@@ -14,9 +14,9 @@ from typing import Optional
 from torch import Tensor
 
 from . import heads
-from .checkpoint import load_checkpoint
+from .checkpoint import STATE_FILE, load_checkpoint
 from .config import BertConfig
-from .hf import PathLike, error_gist
+from .hf import PathLike, check_finite, error_gist
 from .model import BertModel
 
 EXPORTABLE = ("BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",
@@ -38,6 +38,9 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
     if not isinstance(weights, dict) or not isinstance(config, dict):
         raise ValueError(f"checkpoint {checkpoint_dir} has no 'model' and 'model_config' "
                          f"entries; export handles checkpoints of minibert's training loop")
+    # A model folder of NaN weights would only be refused where it is loaded.
+    check_finite(weights, checkpoint_dir / STATE_FILE,
+                 fix="export an earlier checkpoint of the run, from before it diverged")
     name = model_class or state.get("model_class") or _class_from_names(weights, config)
     if name not in EXPORTABLE:
         raise ValueError(f"model_class={name!r} is not one of {EXPORTABLE}")

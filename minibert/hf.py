@@ -16,7 +16,9 @@ refuses it instead of loading it into other blocks, while minibert reads it as u
 
 Loading never runs pickled code: safetensors holds only tensors, and `pytorch_model.bin` is
 read with `torch.load(weights_only=True)`, which refuses arbitrary objects. A damaged file,
-or a shard index pointing outside its folder, is one error naming the file.
+or a shard index pointing outside its folder, is one error naming the file. So is a tensor
+holding NaN or infinity (`NonFiniteWeightsError`): bytes overwritten in a copy still parse
+as floats, and such weights would make every output NaN and every training step be skipped.
 
 `PretrainedMixin` (pretrained.py) gives the model classes `from_pretrained` and
 `save_pretrained` on top of these functions; `export.export_checkpoint` turns a training
@@ -31,7 +33,7 @@ import logging
 import os
 import re
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any, Union
+from typing import Any, Mapping, Union
 
 import torch
 from torch import Tensor
@@ -239,6 +241,43 @@ SHARD_FILE = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$"
 _LFS_POINTER = b"version https://git-lfs"
 
 
+class NonFiniteWeightsError(ValueError):
+    """A weights file holds NaN or infinite values; the message names the tensor and file."""
+
+
+def check_finite(tensors: Mapping[str, Tensor], file: PathLike,
+                 fix: str = "download or export it again") -> None:
+    """Refuse NaN or infinity in `tensors`, the weights read from `file`.
+
+    Raises NonFiniteWeightsError naming the first such tensor, `file` and how many of its
+    values are not finite; `fix` says what to do. Integer tensors (a position_ids buffer)
+    have no NaN and pass.
+    """
+    for name, t in tensors.items():
+        if _finite(t):
+            continue
+        counts = [f"{n} {what}" for n, what in ((int(torch.isnan(t).sum()), "NaN"),
+                                                 (int(torch.isinf(t).sum()), "infinite"))
+                  if n]
+        raise NonFiniteWeightsError(
+            f"{file}: tensor {name} holds {' and '.join(counts)} of its {t.numel()} values; "
+            f"the weights are damaged (a bad download, copy or disk) or were saved from a "
+            f"run that diverged, and would make every output NaN: {fix}")
+
+
+def _finite(t: Tensor) -> bool:
+    """Whether every value of `t` is finite, in one reduction for nearly every tensor."""
+    if not (t.is_floating_point() or t.is_complex()):
+        return True
+    if t.dtype.itemsize == 1:  # float8: torch lacks some reductions for it
+        t = t.float()
+    # A sum is NaN or infinite whenever one of its terms is, and a reduction is several
+    # times faster than the elementwise test, which builds a mask as large as the tensor.
+    # Only a sum that is not finite needs that test: it tells a sum of large finite
+    # weights that overflowed from a NaN.
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
 def require_safetensors() -> None:
     """For a script that saves a model folder when it ends: call it before training, so that
     a missing safetensors is said at the start, not after hours of work."""
@@ -278,7 +317,10 @@ def read_config(path: PathLike) -> dict[str, Any]:
 def read_weights(path: PathLike) -> dict[str, Tensor]:
     """The tensors of a model folder: safetensors preferred, pickles only as weights.
 
-    A missing file is a FileNotFoundError and a damaged one a ValueError, each naming the file.
+    A missing file is a FileNotFoundError and a damaged one a ValueError, each naming the
+    file; a tensor holding NaN or infinity is a NonFiniteWeightsError (a ValueError) naming
+    the tensor and its file. That check is one sum per tensor, as each is read: a small
+    cost beside reading it.
     """
     files = _weight_files(Path(path))
     if files[0].suffix != ".safetensors":
@@ -290,11 +332,14 @@ def read_weights(path: PathLike) -> dict[str, Tensor]:
 
 
 def check_weights(path: PathLike) -> None:
-    """Raise what `read_weights` would for missing or damaged weights, without reading them.
+    """Raise what `read_weights` would for missing, damaged or non-finite weights, without
+    keeping them.
 
     For a script that must refuse a bad checkpoint before it writes anything, and loads the
-    weights only later: safetensors' header gives every tensor's byte range, checked against
-    the file's size, so a file cut short is found without reading its tensors. A pickled
+    weights only later. Every file's header is checked first (safetensors' header gives
+    every tensor's byte range, checked against the file's size, so a file cut short is
+    found before any tensor is read); then each tensor is read, checked for NaN and
+    infinity, and dropped, so at most one tensor is held at a time. A pickled
     `pytorch_model.bin` has no such header and is read whole.
     """
     files = _weight_files(Path(path))
@@ -303,6 +348,8 @@ def check_weights(path: PathLike) -> None:
         return
     for file in files:
         _load_safetensors(file, header_only=True)
+    for file in files:
+        _load_safetensors(file, keep=False)
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -347,22 +394,30 @@ def _shard_files(index: Path) -> list[Path]:
     return shards
 
 
-def _load_safetensors(file: Path, header_only: bool = False) -> dict[str, Tensor]:
-    """The tensors in `file`; with `header_only`, none: the header is read and checked
-    against the file's size (every tensor's byte range must lie inside it)."""
+def _load_safetensors(file: Path, header_only: bool = False, keep: bool = True
+                      ) -> dict[str, Tensor]:
+    """The tensors in `file`, each checked to be finite as it is read (`check_finite`);
+    with `header_only`, none: the header is read and checked against the file's size (every
+    tensor's byte range must lie inside it). `keep=False` checks every tensor and returns
+    none, holding one at a time."""
     try:
         from safetensors import SafetensorError, safe_open
-        from safetensors.torch import load_file
     except ImportError:
         raise ImportError(f"reading {file} needs the safetensors package: "
                           f"pip install 'minibert[hf]'") from None
+    sd: dict[str, Tensor] = {}
     try:
-        if header_only:
-            with safe_open(str(file), framework="pt"):
+        with safe_open(str(file), framework="pt") as f:
+            if header_only:
                 return {}
-        return load_file(str(file))
+            for name in f.keys():  # what safetensors' load_file does, with the check
+                t = f.get_tensor(name)
+                check_finite({name: t}, file)
+                if keep:
+                    sd[name] = t
     except SafetensorError as e:
         raise _damaged(file, "safetensors file", e) from None
+    return sd
 
 
 def _load_torch_file(file: Path) -> dict[str, Tensor]:
@@ -384,6 +439,7 @@ def _load_torch_file(file: Path) -> dict[str, Tensor]:
             raise _damaged(file, "PyTorch checkpoint", e) from None
     if not isinstance(sd, dict) or not all(isinstance(t, Tensor) for t in sd.values()):
         raise ValueError(f"{file} does not hold a state dict (name -> tensor)")
+    check_finite(sd, file)
     return sd
 
 

@@ -6,7 +6,7 @@
 * `save_run`: the checkpoint of a step: weights, optimizer, scaler, every rank's RNG state,
   the TrainState, and the run identity.
 * `resume_run`: the newest intact checkpoint, loaded after `check_identity` has compared
-  its run identity with this run's.
+  its run identity with this run's, and `check_saved_weights` has found its weights finite.
 * `drop_rows_after`: the log rows a killed run wrote after its last checkpoint go.
 
 The *run identity* (state.py) is everything that decides what a run computes: the model
@@ -28,9 +28,10 @@ from pathlib import Path
 
 import torch.nn as nn
 
-from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import (STATE_FILE, CheckpointError, latest_checkpoint, load_checkpoint,
+                         save_checkpoint)
 from .distributed import DistContext, all_gather_objects, barrier
-from .hf import minibert_class
+from .hf import check_finite, minibert_class
 from .state import TrainConfig, TrainState, check_identity, run_identity
 
 
@@ -77,6 +78,7 @@ def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identit
         raise ValueError(f"--resume: the run in {ckpt_root.parent} is at step {step}, past "
                          f"max_steps={cfg.max_steps} ({last.name}); a run cannot go back: "
                          f"pass max_steps (--max-steps) >= {step}")
+    check_saved_weights(saved, last)
     raw.load_state_dict(saved["model"])
     state.load_state_dict(saved, rank=ctx.rank, seed=cfg.seed)
     before = saved["train_config"]["micro_batch_size"]
@@ -90,6 +92,21 @@ def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identit
                            cfg.micro_batch_size, before)
     logger.info("resumed from %s (step %d)", last, state.step)
     return cfg
+
+
+def check_saved_weights(saved: dict, checkpoint: Path) -> None:
+    """Refuse a checkpoint whose model weights hold NaN or infinity, naming the tensor and
+    the checkpoint's file (`hf.NonFiniteWeightsError`, a ValueError).
+
+    The engine skips a step whose loss or gradient is not finite, but one finite update
+    can still overflow a weight (a rate far too high), and the checkpoint of that step
+    then holds it. Resumed, every step of such a run would be non-finite and skipped until
+    the run stopped, blaming its learning rate; refused, the message says which checkpoint
+    to set aside. Damage on disk is found before this, by the checksum in meta.json.
+    """
+    check_finite(saved["model"], checkpoint / STATE_FILE, fix=(
+        f"move {checkpoint.name} out of {checkpoint.parent} to resume from the checkpoint "
+        f"before it, or start the run again (a lower learning rate is the usual cure)"))
 
 
 def save_run(ckpt_root: Path, raw: nn.Module, state: TrainState, cfg: TrainConfig,

@@ -177,7 +177,9 @@ def test_damaged_safetensors_is_called_damaged(damage, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["random", "truncated", "empty"])
-def test_check_weights_finds_damage_without_reading_the_tensors(damage, tmp_path, monkeypatch):
+def test_check_weights_finds_damage(damage, tmp_path):
+    """What loading would refuse, said by the check a script makes before writing (NaN
+    weights: test_nonfinite_weights.py)."""
     from minibert.hf import check_weights
 
     minibert.BertModel(tiny_config()).save_pretrained(tmp_path / "src")
@@ -187,12 +189,7 @@ def test_check_weights_finds_damage_without_reading_the_tensors(damage, tmp_path
     folder = _folder_with(tmp_path / "m", "model.safetensors", data)
     with pytest.raises(ValueError, match=r"model\.safetensors is damaged"):
         check_weights(folder)
-
-    def no_reading(*args, **kwargs):
-        raise AssertionError("check_weights read the tensors")
-
-    monkeypatch.setattr(safetensors_torch, "load_file", no_reading)
-    check_weights(tmp_path / "src")  # a whole file: its header suffices
+    check_weights(tmp_path / "src")
     with pytest.raises(FileNotFoundError, match="no weights in"):
         check_weights(tmp_path)
 
