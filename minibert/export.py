@@ -4,7 +4,7 @@
 it with `save_pretrained`, together with the run's tokenizer, so the folder is what the run's
 final/ would be: it loads with `from_pretrained`, fine-tunes with the scripts' --init-from,
 and loads in transformers (model and AutoTokenizer) for BERT's and ModernBERT's
-architectures (`BertConfig.model_type`).
+architectures (`hf.model_type`).
 It sits above the model and its heads, which it builds.
 """
 

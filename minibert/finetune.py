@@ -27,7 +27,7 @@ from .config import ALL_PRESETS, BertConfig
 from .data.sampler import batches_per_epoch
 from .data.tasks import TaskData, word_predictions
 from .distributed import DistContext, all_gather_objects
-from .hf import read_config, require_safetensors
+from .hf import config_from_hf, read_config, require_safetensors
 from .metrics import sequence_scores, token_scores
 from .precision import resolve_precision
 from .predict import Predictions
@@ -221,7 +221,7 @@ def build_model(cls: Any, args: Any, tok: Tokenizer, **head: Any) -> nn.Module:
                                       pad_token_id=tok.pad_id, **dropout), **head)
         model.config.check_fits(args.seq_len, tok.vocab_size)
         return model
-    config = BertConfig.from_hf_dict(read_config(args.init_from))
+    config = config_from_hf(read_config(args.init_from))
     config.check_fits(args.seq_len, tok.vocab_size)
     check_tokenizer_fits(config, tok, source=args.init_from,
                          allow_vocab_mismatch=args.allow_vocab_mismatch)

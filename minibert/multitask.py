@@ -31,7 +31,7 @@ from .config import BertConfig
 from .heads import (BertForSequenceClassification, BertForTokenClassification,
                     SequenceClassifierOutput, TokenClassifierOutput, check_cls_first, label_names,
                     sequence_classification_loss, token_classification_loss)
-from .hf import PathLike, load_hf_state_dict, read_weights
+from .hf import PathLike, config_from_hf, load_hf_state_dict, read_weights
 from .pretrained import read_folder_config
 from .model import BertModel, Dropout, init_weights
 
@@ -179,7 +179,7 @@ class BertMultiTask(nn.Module):
         on top of the stored config, e.g. `hidden_dropout=0.0`. A folder whose tokenizer
         is not the vocabulary its config.json records is refused unless
         `allow_vocab_mismatch`, as in the model classes' `from_pretrained`."""
-        config = BertConfig.from_hf_dict(read_folder_config(path, allow_vocab_mismatch),
+        config = config_from_hf(read_folder_config(path, allow_vocab_mismatch),
                                          **config_overrides)
         model = cls(config, tasks)
         load_hf_state_dict(model.bert, read_weights(path))

@@ -23,7 +23,8 @@ from .data.corpus import Corpus, load_corpus
 from .data.prepare import PreparedCorpus, check_splits, load_prepared, prepare_corpus
 from .data.wikitext import WIKITEXT_VARIANTS
 from .distributed import DistContext, barrier
-from .hf import check_weights, read_config, require_safetensors
+from .hf import (check_tied_decoder, check_weights, config_from_hf, read_config,
+                 require_safetensors)
 from .precision import resolve_precision
 from .pretrained import check_tokenizer_fits
 from .state import TrainConfig
@@ -185,8 +186,8 @@ def check_model_fits(args: Any) -> None:
     positions (its vocabulary is the tokenizer the run trains)."""
     if args.init_from:
         stored = read_config(args.init_from)
-        BertConfig.check_tied_decoder(stored)  # pretraining decodes: a masked LM
-        config = BertConfig.from_hf_dict(stored)
+        check_tied_decoder(stored)  # pretraining decodes: a masked LM
+        config = config_from_hf(stored)
         for field, value in architecture_overrides(args).items():
             if getattr(config, field) != value:
                 raise ValueError(f"{ARCHITECTURE_FLAGS[field]} contradicts {args.init_from}, "

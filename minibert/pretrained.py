@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 from .atomic import replace_folder
 from .config import BertConfig
-from .hf import (CONFIG_FILE, MODEL_FILES, PRE_LN_WEIGHTS_FILE, SHARD_FILE, WEIGHTS_FILE, PathLike,
-                 decodes, load_hf_state_dict, minibert_class, read_config, read_weights,
-                 to_hf_state_dict)
+from .hf import (CONFIG_FILE, MODEL_FILES, MODERNBERT_MODEL_TYPE, PRE_LN_WEIGHTS_FILE, SHARD_FILE,
+                 WEIGHTS_FILE, PathLike, check_tied_decoder, config_from_hf, config_to_hf,
+                 decodes, load_hf_state_dict, minibert_class, model_type, read_config,
+                 read_weights, to_hf_state_dict)
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -84,9 +85,9 @@ class PretrainedMixin:
         asked_labels = bool({"num_labels", "id2label"} & set(config_overrides))
         hf_config = read_folder_config(path, allow_vocab_mismatch)
         if decodes(cls):  # config.json's word; the weights are checked again on loading
-            BertConfig.check_tied_decoder(hf_config)
+            check_tied_decoder(hf_config)
         init_kwargs = cls._init_kwargs(hf_config, config_overrides)
-        config = BertConfig.from_hf_dict(hf_config, **config_overrides)
+        config = config_from_hf(hf_config, **config_overrides)
         model = cls(config, **init_kwargs)
         sd = read_weights(path)
         # The sequence and token classifiers share transformers' name `classifier.`, but one
@@ -122,7 +123,7 @@ class PretrainedMixin:
 
         Classic BERT's folder loads in transformers' Bert* classes and ModernBERT's in its
         ModernBert* classes. Any other mix of switches (Pre-LN BERT, BERT with RoPE, ...:
-        `BertConfig.model_type`) is minibert-only (weights in minibert-preln.safetensors),
+        `hf.model_type`) is minibert-only (weights in minibert-preln.safetensors),
         which transformers refuses instead of misreading. `tokenizer` is saved into the same
         folder in the same step. Other files already in `path` are kept, and a crash leaves
         the complete old folder or the complete new one (see `atomic.replace_folder`).
@@ -132,9 +133,9 @@ class PretrainedMixin:
         except ImportError:
             raise ImportError("save_pretrained writes safetensors: pip install 'minibert[hf]'"
                               ) from None
-        config = self.config.to_hf_dict()
+        config = config_to_hf(self.config)
         # transformers' classes of the same task: BertForMaskedLM, ModernBertForMaskedLM, ...
-        modern = self.config.model_type() == "modernbert"
+        modern = model_type(self.config) == MODERNBERT_MODEL_TYPE
         config.update(architectures=[("Modern" if modern else "") +
                                      minibert_class(type(self)).__name__],
                       tie_word_embeddings=True,
@@ -147,7 +148,7 @@ class PretrainedMixin:
         state = to_hf_state_dict(self)
         # BERT and ModernBERT folders load in transformers; any other mix of switches is
         # minibert-only, under a weights name transformers never looks for.
-        weights = WEIGHTS_FILE if self.config.model_type() in ("bert", "modernbert") else \
+        weights = WEIGHTS_FILE if model_type(self.config) in ("bert", MODERNBERT_MODEL_TYPE) else \
             PRE_LN_WEIGHTS_FILE
 
         def write(folder: Path) -> None:

@@ -28,11 +28,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .config import BertConfig
 from .data.mlm import pad_batch
 from . import heads
 from .heads import check_cls_first
-from .hf import PathLike, load_hf_state_dict, read_weights
+from .hf import PathLike, config_from_hf, load_hf_state_dict, read_weights
 from .pretrained import read_folder_config
 from .model import BertModel
 from .tokenizer import Tokenizer
@@ -132,7 +131,7 @@ class SentenceEncoder(nn.Module):
         in the model classes' `from_pretrained`.
         """
         check_pooling(pooling)  # before reading any file
-        config = BertConfig.from_hf_dict(read_folder_config(path, allow_vocab_mismatch),
+        config = config_from_hf(read_folder_config(path, allow_vocab_mismatch),
                                          **config_overrides)
         tokenizer = Tokenizer.from_pretrained(path)
         model = BertModel(config, add_pooler=False)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import minibert
+from minibert.hf import _MINIBERT_ONLY, config_to_hf
 
 
 @pytest.fixture(autouse=True)
@@ -35,8 +36,8 @@ def tiny_config(**overrides) -> minibert.BertConfig:
 def hf_config(config: minibert.BertConfig):
     """The transformers BertConfig for a minibert config (fields both libraries know)."""
     transformers = pytest.importorskip("transformers")
-    d = config.to_hf_dict()
-    for key in minibert.BertConfig._MINIBERT_ONLY:
+    d = config_to_hf(config)
+    for key in _MINIBERT_ONLY:
         d.pop(key)
     return transformers.BertConfig(**d)
 

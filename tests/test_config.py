@@ -4,6 +4,7 @@ import torch
 import minibert
 from minibert import BertConfig
 from minibert.config import PRESETS
+from minibert.hf import config_from_hf, config_to_hf
 
 
 def test_defaults_are_bert_base():
@@ -52,26 +53,26 @@ def test_unknown_preset_and_field():
 
 def test_hf_dict_round_trip():
     c = BertConfig.preset("small", vocab_size=5000, norm_position="pre", attention="chunked")
-    d = c.to_hf_dict()
+    d = config_to_hf(c)
     assert d["num_hidden_layers"] == 4 and d["num_attention_heads"] == 8
     assert d["hidden_dropout_prob"] == 0.1 and d["norm_position"] == "pre"
-    assert BertConfig.from_hf_dict(d) == c
-    assert BertConfig.from_hf_dict(d, attention="math").attention == "math"
+    assert config_from_hf(d) == c
+    assert config_from_hf(d, attention="math").attention == "math"
 
 
 def test_pre_ln_has_its_own_model_type():
     # transformers' BERT is Post-LN only; an unknown model_type makes its AutoConfig refuse a
     # Pre-LN config.json instead of misreading it (see hf.py for the weights file).
-    assert BertConfig(norm_position="pre").to_hf_dict()["model_type"] == "minibert-preln"
-    assert BertConfig().to_hf_dict()["model_type"] == "bert"
-    d = BertConfig(norm_position="pre").to_hf_dict()
+    assert config_to_hf(BertConfig(norm_position="pre"))["model_type"] == "minibert-preln"
+    assert config_to_hf(BertConfig())["model_type"] == "bert"
+    d = config_to_hf(BertConfig(norm_position="pre"))
     del d["norm_position"]
-    assert BertConfig.from_hf_dict(d).norm_position == "pre"
+    assert config_from_hf(d).norm_position == "pre"
     d["norm_position"] = "post"
     with pytest.raises(ValueError, match="minibert-preln.*norm_position"):
-        BertConfig.from_hf_dict(d)
-    old_export = dict(BertConfig().to_hf_dict(), norm_position="pre")  # before the model_type
-    assert BertConfig.from_hf_dict(old_export).norm_position == "pre"
+        config_from_hf(d)
+    old_export = dict(config_to_hf(BertConfig()), norm_position="pre")  # before the model_type
+    assert config_from_hf(old_export).norm_position == "pre"
 
 
 def test_hf_dict_from_transformers():
@@ -79,7 +80,7 @@ def test_hf_dict_from_transformers():
     hc = transformers.BertConfig(vocab_size=321, hidden_size=64, num_hidden_layers=3,
                                  num_attention_heads=4, intermediate_size=128,
                                  hidden_dropout_prob=0.0, layer_norm_eps=1e-7)
-    c = BertConfig.from_hf_dict(hc.to_dict())
+    c = config_from_hf(hc.to_dict())
     assert (c.vocab_size, c.hidden_size, c.num_layers, c.num_heads) == (321, 64, 3, 4)
     assert c.hidden_dropout == 0.0 and c.layer_norm_eps == 1e-7 and c.norm_position == "post"
 
@@ -92,10 +93,10 @@ def test_hf_dict_from_transformers():
     ("position_embedding_type", "relative_key", "position_embedding_type"),
 ])
 def test_hf_dict_refuses_what_minibert_does_not_implement(key, value, word):
-    d = BertConfig().to_hf_dict()
+    d = config_to_hf(BertConfig())
     d[key] = value
     with pytest.raises(ValueError, match=word):
-        BertConfig.from_hf_dict(d)
+        config_from_hf(d)
 
 
 def test_check_fits_refuses_long_sequences_and_larger_vocabularies():

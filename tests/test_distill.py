@@ -16,6 +16,7 @@ from minibert.checkpoint import latest_checkpoint, load_checkpoint
 from minibert.data import MLMCollator
 from minibert.distill import Distiller, distillation_loss
 from minibert.engine import TrainConfig, train
+from minibert.hf import model_type
 from minibert.optim import build_optimizer
 
 from engine_utils import load_example, wikitext_folder
@@ -282,8 +283,8 @@ def test_the_student_keeps_its_presets_switches_unless_a_flag_sets_one(data_dir,
         return distill.student_config(distill.parse_args(argv), teacher, tok)
 
     modern = student("--student-preset", "modernbert-tiny")
-    assert modern.norm_position == "pre" and modern.model_type() == "modernbert"
-    assert student("--student-preset", "tiny").model_type() == "bert"
+    assert modern.norm_position == "pre" and model_type(modern) == "modernbert"
+    assert model_type(student("--student-preset", "tiny")) == "bert"
     mixed = student("--student-preset", "tiny", "--norm", "pre", "--position", "rope")
     assert (mixed.norm_position, mixed.position, mixed.mlp) == ("pre", "rope", "gelu")
     assert modern.vocab_size == teacher.config.vocab_size and modern.pad_token_id == tok.pad_id

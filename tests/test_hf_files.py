@@ -18,6 +18,7 @@ import minibert.hf as hf
 from conftest import random_batch, tiny_config
 from minibert.checkpoint import save_checkpoint
 from minibert.export import export_checkpoint
+from minibert.hf import config_to_hf
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -142,7 +143,7 @@ def test_save_onto_a_file_names_it(tmp_path):
 # ---- C. damaged and hostile weight files ---------------------------------------------------
 
 def _folder_with(tmp_path, name, data: bytes):
-    (tmp_path / "config.json").write_text(json.dumps(tiny_config().to_hf_dict()))
+    (tmp_path / "config.json").write_text(json.dumps(config_to_hf(tiny_config())))
     (tmp_path / name).write_bytes(data)
     return tmp_path
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import minibert
+from minibert.hf import config_to_hf
 from conftest import random_batch, tiny_config
 
 BACKENDS = ["math", "sdpa", "chunked"]
@@ -183,7 +184,7 @@ def test_from_pretrained_corrupt_config_names_the_file(tmp_path):
 
 
 def test_from_pretrained_without_weights_lists_what_it_looked_for(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(tiny_config().to_hf_dict()))
+    (tmp_path / "config.json").write_text(json.dumps(config_to_hf(tiny_config())))
     with pytest.raises(FileNotFoundError, match="model.safetensors.*pytorch_model.bin"):
         minibert.BertModel.from_pretrained(tmp_path)
 
@@ -200,7 +201,7 @@ class _Exploit:
 
 def test_pickled_object_in_checkpoint_is_refused_without_running_it(tmp_path):
     model = minibert.BertModel(tiny_config())
-    (tmp_path / "config.json").write_text(json.dumps(model.config.to_hf_dict()))
+    (tmp_path / "config.json").write_text(json.dumps(config_to_hf(model.config)))
     marker = tmp_path / "pwned"
     sd = dict(model.state_dict())
     sd["evil"] = _Exploit(str(marker))

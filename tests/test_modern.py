@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import minibert
 from minibert.attention import attention
+from minibert.hf import config_to_hf
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -220,7 +221,7 @@ def test_a_classic_bert_is_unchanged_by_default():
     assert (config.position, config.mlp, config.bias, config.global_every,
             config.task_head, config.first_block_attn_norm) == ("learned", "gelu", True, 1,
                                                                 "bert", True)
-    assert config.to_hf_dict()["model_type"] == "bert"
+    assert config_to_hf(config)["model_type"] == "bert"
 
 
 @pytest.mark.parametrize("field,value", [("position", "alibi"), ("mlp", "swiglu"),
@@ -316,12 +317,12 @@ def test_a_modern_preset_family():
         (22, 768, 12, 1152)
     assert (base.local_window, base.global_every, base.rope_theta, base.rope_local_theta) == \
         (128, 3, 160000.0, 10000.0)
-    assert base.to_hf_dict()["model_type"] == "modernbert"
+    assert config_to_hf(base)["model_type"] == "modernbert"
     mini = minibert.BertConfig.preset("modernbert-mini", vocab_size=8192)
     assert (mini.num_layers, mini.hidden_size) == (4, 256)
     # Only some switches of the family: a minibert-only architecture, refused by transformers.
     hybrid = minibert.BertConfig.preset("mini", position="rope")
-    assert hybrid.to_hf_dict()["model_type"] == "minibert"
+    assert config_to_hf(hybrid)["model_type"] == "minibert"
 
 
 def test_qa_matches_transformers(tmp_path):
