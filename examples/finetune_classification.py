@@ -100,8 +100,9 @@ def run(args, ctx, p: SimpleNamespace) -> None:
         return finetune.task_scores(task, pred, p.eval_set)
 
     # What --resume compares besides the model and training settings: the same examples,
-    # read from the same columns, encoded by the same tokenizer, for the same classes.
-    identity = {"train file": sha256_file(args.train),
+    # read from the same columns, encoded by the same tokenizer, for the same classes; and
+    # the same evaluation examples, so that every epoch's scores compare (minibert/state.py).
+    identity = {"train file": sha256_file(args.train), "--eval file": sha256_file(args.eval),
                 "--max-train-examples": args.max_train_examples,
                 "--text-column": args.text_column, "--text-pair-column": args.text_pair_column,
                 "--label-column": args.label_column, "--seq-len": args.seq_len,

@@ -148,9 +148,11 @@ def run(args, ctx, p: SimpleNamespace) -> None:
                 "tasks": scores}
 
     # What --resume compares: the same tasks in the same order (the dataset's layout), each
-    # with its training file's content and labels, read and encoded the same way.
+    # with its training file's content and labels, read and encoded the same way, and its
+    # evaluation file's content, so that every epoch's scores compare (minibert/state.py).
     identity = {"tasks": [f"{t['name']}:{t['kind']}" for t in tasks],
                 **{f"{t['name']} train file": sha256_file(t["train_file"]) for t in tasks},
+                **{f"{t['name']} eval file": sha256_file(t["eval_file"]) for t in tasks},
                 **{f"{t['name']} labels": t["data"].names for t in tasks},
                 "--text-column": args.text_column, "--text-pair-column": args.text_pair_column,
                 "--label-column": args.label_column, "--scheme": args.scheme,

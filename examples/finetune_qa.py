@@ -124,11 +124,15 @@ def run(args, ctx, p: SimpleNamespace) -> None:
                 "predictions": predictions}
 
     # What --resume compares besides the model and training settings: the same questions,
-    # cut into the same windows by the same tokenizer.
-    identity = {"train file": sha256_file(args.train),
+    # cut into the same windows by the same tokenizer; and the same evaluation questions,
+    # whose answers are picked by the same rules, so that every epoch's scores compare
+    # (minibert/state.py).
+    identity = {"train file": sha256_file(args.train), "--eval file": sha256_file(args.eval),
                 "--max-train-examples": args.max_train_examples, "--seq-len": args.seq_len,
                 "--doc-stride": args.doc_stride, "--max-question-len": args.max_question_len,
-                "--version-2": args.version_2, "tokenizer": tok.fingerprint}
+                "--version-2": args.version_2, "tokenizer": tok.fingerprint,
+                "--max-answer-length": args.max_answer_length, "--n-best": args.n_best,
+                "--null-score-diff-threshold": args.null_score_diff_threshold}
     cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)
     result = train(model, p.train_set, collate, cfg, args.out, ctx=ctx, resume=args.resume,
                    lengths=[len(f["input_ids"]) for f in p.train_set], eval_fn=eval_fn,

@@ -89,7 +89,11 @@ def run(args, ctx, p: SimpleNamespace) -> None:
                        precision, ctx.device)
         return finetune.task_scores(task, pred, p.eval_set, args.scheme)
 
-    identity = {"train file": sha256_file(args.train), "--seq-len": args.seq_len,
+    # What --resume compares besides the model and training settings: the same sentences,
+    # windows, tags and tokenizer, and the same evaluation sentences, so that every epoch's
+    # scores compare (minibert/state.py).
+    identity = {"train file": sha256_file(args.train), "--eval file": sha256_file(args.eval),
+                "--seq-len": args.seq_len,
                 "--max-train-examples": args.max_train_examples, "--scheme": args.scheme,
                 "tokenizer": tok.fingerprint, "labels": task.names}
     cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)

@@ -59,6 +59,16 @@ NUMBER_RULES = [
 ]
 
 
+def flag_names(args: Any) -> dict[str, str]:
+    """What a refused resume calls the settings: TrainConfig's fields as FLAGS, and each
+    split's text (the identity's `corpus SPLIT`) as the flag that chose the split."""
+    chose: dict[str, list[str]] = {}
+    for flag, split in (("--train-split", args.train_split), ("--eval-split", args.eval_split)):
+        chose.setdefault(split, []).append(flag)
+    return {**FLAGS, **{f"corpus {split}": f"the text of {' and '.join(flags)} {split}"
+                        for split, flags in chose.items()}}
+
+
 def add_data_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     d = p.add_argument_group("data")
     d.add_argument("--data-dir", type=Path, help="WikiText folder (raw or tokenized layout), "
@@ -129,7 +139,10 @@ def add_run_args(p: argparse.ArgumentParser, default_out: Path) -> argparse._Arg
     r.add_argument("--out", type=Path, default=default_out)
     r.add_argument("--log-every", type=int, default=10)
     r.add_argument("--eval-every", type=int, default=0, help="0 = only at the end")
-    r.add_argument("--eval-batches", type=int, default=20)
+    r.add_argument("--eval-batches", type=int, default=20, help="global batches of the "
+                   "evaluation split scored at each evaluation; fixed for the run, as the "
+                   "split is (a resume with another value is refused), so that every "
+                   "eval_loss is on the same text")
     r.add_argument("--save-every", type=int, default=100)
     r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     r.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")

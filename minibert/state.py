@@ -11,6 +11,12 @@ the model). The weights and the run identity join them in `resume.save_run`.
 The *run identity* is everything that decides what a run computes: the model config, the
 training settings but those in `RESUME_MAY_CHANGE`, and the data's identity given by the
 caller. A resume with any of them changed is refused by name (`check_identity`).
+
+The evaluation data belongs to the identity as much as the training data: its examples,
+how many of them are scored (`eval_batches`) and how they are scored. A resume that
+evaluated on other data would log, under one run, scores that cannot be compared, with
+nothing in metrics.jsonl to tell them apart. A model is scored on other data by evaluating
+its final/ folder, which leaves the run's log as it was.
 """
 
 from __future__ import annotations
@@ -159,11 +165,12 @@ class TrainState:
 
 # ---- the run identity -------------------------------------------------------------------------
 
-# Fields that may change between a run and its resumption without changing what it computes.
+# Fields that may change between a run and its resumption without changing what it computes,
+# or what its log reports. (Not `eval_batches`: the share of the evaluation set scored is
+# what each eval_loss means; see the module docstring.)
 RESUME_MAY_CHANGE = frozenset({
     "max_steps", "micro_batch_size", "auto_micro_batch", "log_every", "eval_every",
-    "eval_batches", "save_every", "keep_checkpoints", "max_bad_steps", "compile", "progress",
-    "peak_flops"})
+    "save_every", "keep_checkpoints", "max_bad_steps", "compile", "progress", "peak_flops"})
 
 
 def run_identity(model: nn.Module, cfg: "TrainConfig") -> dict[str, Any]:
@@ -209,9 +216,18 @@ def check_identity(saved: dict, now: dict, path: Path) -> None:
             {k: v for k, v in saved[section].items() if k not in RESUME_MAY_CHANGE}
         new = now[section]
         for key in sorted(set(old) | set(new), key=str):
-            if old.get(key, _UNSET) != new.get(key, _UNSET):
-                diffs.append((f"{label}{key}", _show(old.get(key, _UNSET)),
-                              _show(new.get(key, _UNSET))))
+            before, after = old.get(key, _UNSET), new.get(key, _UNSET)
+            if before == after:
+                continue
+            if isinstance(before, dict) and isinstance(after, dict):
+                # e.g. a corpus's text keys, one per split: name the split that changed,
+                # rather than two dicts of hashes
+                diffs += [(f"{label}{key} {k}", _show(before.get(k, _UNSET)),
+                           _show(after.get(k, _UNSET)))
+                          for k in sorted(set(before) | set(after), key=str)
+                          if before.get(k, _UNSET) != after.get(k, _UNSET)]
+            else:
+                diffs.append((f"{label}{key}", _show(before), _show(after)))
     if diffs:
         raise SettingsMismatch(path, diffs)
 

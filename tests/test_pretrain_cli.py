@@ -379,7 +379,7 @@ def test_resume_refuses_other_data_settings(data_dir, tmp_path, capsys):
     (tmp_path / "other").mkdir()
     other = wikitext_folder(tmp_path / "other", sizes=(("train", 100), ("valid", 20)))
     err = _error_line(capsys, _args(other, out, cache, "--max-steps", "4", "--resume"))
-    assert "corpus: checkpoint" in err
+    assert "the text of --train-split train: checkpoint" in err
     # The same run resumes, and its tokenizer is read, never written again (a kill during a
     # rewrite could leave it truncated and the run unresumable).
     tokenizer = out / "tokenizer" / "tokenizer.json"

@@ -4,7 +4,9 @@ negative number after a flag reaches the flag's own check."""
 
 import json
 import math
+import shutil
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -304,3 +306,62 @@ def test_an_unanswerable_question_is_named_with_its_flags_value(flag, said, inpu
     err = _one_line(capsys, "finetune_qa", args)
     assert f"question 'q3' is marked is_impossible {said}" in err and "pass --version-2" in err
     assert not (tmp_path / "out").exists()
+
+
+# ---- the evaluation data belongs to the run ----------------------------------------------------
+
+def _fewer(src, dst):
+    """`dst`: the file `src` with about half its examples, as another evaluation set."""
+    text = src.read_text()
+    if src.suffix == ".json":
+        doc = json.loads(text)
+        doc["data"][0]["paragraphs"] = doc["data"][0]["paragraphs"][:4]
+        dst.write_text(json.dumps(doc))
+    elif src.suffix == ".conll":
+        dst.write_text("\n\n".join(text.strip().split("\n\n")[:8]) + "\n")
+    else:
+        dst.write_text("".join(text.splitlines(keepends=True)[:9]))
+    return dst
+
+
+@pytest.mark.parametrize("script,said", [
+    ("finetune_classification", "--eval file: checkpoint"),
+    ("finetune_token_classification", "--eval file: checkpoint"),
+    ("finetune_qa", "--eval file: checkpoint"),
+    ("finetune_multitask", "t eval file: checkpoint")])
+def test_a_resume_on_other_evaluation_data_is_refused(script, said, inputs, tmp_path, capsys):
+    """A resume scored its later epochs on another --eval file than its first ones, and
+    metrics.jsonl mixed the two with nothing to tell them apart."""
+    out = tmp_path / "out"
+    assert load_example(script).main(script_argv(script, inputs, out)) == 0
+    rows = (out / "metrics.jsonl").read_text()
+    args = script_argv(script, inputs, out, "--resume", "--max-steps", "2")
+    original = {"finetune_classification": "train.tsv", "finetune_qa": "train.json"}.get(
+        script, "train.conll")
+    other = str(_fewer(inputs / original, tmp_path / f"other{Path(original).suffix}"))
+    if script == "finetune_multitask":
+        at = args.index("--task") + 1
+        args[at] = args[at].rsplit(":", 1)[0] + ":" + other
+    else:
+        args[args.index("--eval") + 1] = other
+    assert said in _one_line(capsys, script, args)
+    assert (out / "metrics.jsonl").read_text() == rows
+
+
+@pytest.mark.parametrize("script", ["pretrain_wikitext", "distill"])
+def test_a_resume_on_another_eval_split_or_share_of_it_is_refused(script, inputs, tmp_path,
+                                                                 capsys):
+    """The evaluation split's text, and --eval-batches (how much of it is scored), are the
+    run's: the same text in another folder resumes, other text or another count does not."""
+    out = tmp_path / "out"
+    assert load_example(script).main(script_argv(script, inputs, out)) == 0
+    wiki = tmp_path / "wiki"
+    shutil.copytree(inputs / "wiki", wiki)
+    args = script_argv(script, inputs, out, "--resume", "--max-steps", "2", "--data-dir",
+                       str(wiki))
+    articles = (wiki / "valid.txt").read_text().split(" = Article ")
+    (wiki / "valid.txt").write_text(" = Article ".join(articles[:-1]))
+    assert "the text of --eval-split valid: checkpoint" in _one_line(capsys, script, args)
+    shutil.copy(inputs / "wiki" / "valid.txt", wiki / "valid.txt")
+    assert "--eval-batches: checkpoint 1, now 2" in _one_line(capsys, script, [
+        *args, "--eval-batches", "2"])
