@@ -76,6 +76,10 @@ def prepare(args, ctx):
     """The flags, the teacher (its tokenizer and positions) and the corpus, before --out is
     touched: (the run's settings, the teacher, the corpus read)."""
     check_alpha_temperature(args.alpha, args.temperature)
+    if args.teacher.is_file():
+        raise NotADirectoryError(f"--teacher {args.teacher} is a file, not a checkpoint "
+                                 f"folder; pass the folder that holds config.json, the "
+                                 f"weights and the tokenizer")
     if not args.teacher.is_dir():
         raise FileNotFoundError(f"--teacher {args.teacher}: no such checkpoint folder")
     if args.student_preset not in ALL_PRESETS:

@@ -291,6 +291,10 @@ def require_safetensors() -> None:
 def read_config(path: PathLike) -> dict[str, Any]:
     """The parsed `config.json` of a model folder, with errors that name the file."""
     path = Path(path)
+    if path.is_file():  # e.g. the model.safetensors of a folder: "does not exist" misleads
+        raise NotADirectoryError(f"{path} is a file, not a checkpoint directory; pass the "
+                                 f"folder that holds config.json and model.safetensors or "
+                                 f"pytorch_model.bin (perhaps {str(path.parent)!r})")
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist (or is not "
                                 f"a directory); expected config.json and model.safetensors "

@@ -365,3 +365,44 @@ def test_a_resume_on_another_eval_split_or_share_of_it_is_refused(script, inputs
     shutil.copy(inputs / "wiki" / "valid.txt", wiki / "valid.txt")
     assert "--eval-batches: checkpoint 1, now 2" in _one_line(capsys, script, [
         *args, "--eval-batches", "2"])
+
+
+# ---- messages that name the way out ------------------------------------------------------------
+
+@pytest.mark.parametrize("script", ["finetune_classification", "finetune_token_classification",
+                                    "finetune_qa", "finetune_multitask"])
+@pytest.mark.parametrize("flag", ["--train", "--eval"])
+def test_a_data_file_flag_given_a_folder_says_it_is_a_folder(script, flag, inputs, tmp_path,
+                                                            capsys):
+    """It was said to be "not found", and the user went looking for a typo."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    args = script_argv(script, inputs, tmp_path / "out")
+    if script == "finetune_multitask":
+        at = args.index("--task") + 1
+        name, kind, train, evaluation = args[at].split(":")
+        args[at] = ":".join([name, kind, *((str(folder), evaluation) if flag == "--train"
+                                           else (train, str(folder)))])
+    else:
+        args[args.index(flag) + 1] = str(folder)
+    err = _one_line(capsys, script, args)
+    assert f"{folder} is a folder" in err and "not found" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("script,flag", [("finetune_classification", "--init-from"),
+                                         ("pretrain_wikitext", "--init-from"),
+                                         ("distill", "--teacher"), ("embed", "--model")])
+def test_a_model_folder_flag_given_a_file_says_it_is_a_file(script, flag, inputs, tmp_path,
+                                                            capsys):
+    """The weights file of a model folder, given for the folder, was "not found"."""
+    weights = inputs / "teacher" / "model.safetensors"
+    out = tmp_path / "out"
+    args = script_argv(script, inputs, out)
+    if flag in args:
+        args[args.index(flag) + 1] = str(weights)
+    else:
+        args += [flag, str(weights)]
+    err = _one_line(capsys, script, args)
+    assert f"{weights} is a file" in err, err
+    assert not out.exists()

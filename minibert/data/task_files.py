@@ -22,10 +22,23 @@ from typing import Iterable, NamedTuple, Union
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def _read_utf8(path: Path, expected: str) -> str:
-    """The file's text; a clear error if it is missing, not UTF-8 or holds only whitespace."""
+def _check_is_file(path: Path) -> None:
+    """Refuse a path that is no file: a folder is said to be one (with what it holds, where
+    the file asked for often is), since "not found" sends the user looking for a typo."""
+    if path.is_dir():
+        files = sorted(p.name for p in path.iterdir() if p.is_file() and
+                       not p.name.startswith("."))
+        held = (f"it holds {', '.join(files[:5])}{', ...' if len(files) > 5 else ''}"
+                if files else "it holds no files")
+        raise IsADirectoryError(f"{path} is a folder, not a file ({held}); name the file to "
+                                f"read")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found")
+
+
+def _read_utf8(path: Path, expected: str) -> str:
+    """The file's text; a clear error if it is missing, not UTF-8 or holds only whitespace."""
+    _check_is_file(path)
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")  # -sig: drop the byte-order mark some editors write
@@ -49,6 +62,7 @@ def read_table(path: PathLike, columns: list[str]) -> list[tuple[int, list[str]]
     Values are stripped of surrounding whitespace; an empty one is an error.
     """
     path = Path(path)
+    _check_is_file(path)  # before its name's extension: a folder has none to tell
     kind = path.suffix.lower()
     if kind not in (".tsv", ".csv"):
         raise ValueError(f"{path}: cannot tell the format from the extension {path.suffix!r}; "
