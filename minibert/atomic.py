@@ -9,6 +9,8 @@ target holds the old content or the new, never a mix of the two and never half a
 * `write_files_atomically(dir, {name: text})`: small text files (a tokenizer, eval.json).
 * `replace_folder(path, write)`: a whole folder (a model export), swapped in one step.
 * `fsync(path)`: make a file's data or a folder's entries durable.
+* `write_failure(error, what, folder, then)`: what stopped a write, said so that the user
+  knows what to do: a full disk, a quota, a file-size limit are three different fixes.
 
 Checkpoints (`checkpoint.py`) follow the same rule with a folder per step.
 """
@@ -18,13 +20,14 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import secrets
 import shutil
 import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Callable, Mapping, Union
+from typing import Callable, Mapping, Optional, Union
 
 PathLike = Union[str, os.PathLike]
 
@@ -119,10 +122,9 @@ def replace_folder(path: Path, write: Callable[[Path], None],
         shutil.rmtree(new, ignore_errors=True)
         if isinstance(e, (OSError, RuntimeError)) or type(e).__name__ == "SafetensorError":
             # A full disk reaches us as "os error 28" inside a SafetensorError, or as torch's
-            # "unexpected pos": say what was being written, the space left, and what is safe.
-            raise OSError(f"could not write {path} ({_gist(e)}); {free_mb(path.parent):.0f} "
-                          f"MB are free on its disk. Free some space and save again; what "
-                          f"{path} held before is intact") from None
+            # "unexpected pos": say what was being written, why it stopped, and what is safe.
+            raise OSError(write_failure(e, str(path), path.parent, "save again") +
+                          f"; what {path} held before is intact") from None
         raise
     # Done: drop the previous export, and what saves killed mid-way left behind.
     for p in path.parent.iterdir():
@@ -203,6 +205,59 @@ def free_mb(path: PathLike) -> float:
         return shutil.disk_usage(path).free / 2**20
     except OSError:
         return float("nan")
+
+
+def write_failure(error: BaseException, what: str, folder: PathLike, then: str,
+                  freeing: str = "some space") -> str:
+    """"could not write WHAT (the error); why, what to do, and THEN": the message of a write
+    into `folder` that failed with `error`.
+
+    The cause decides the fix, so it is named: EFBIG is this process's file-size limit
+    (`ulimit -f`), which no free space lifts; EDQUOT is the user's quota on a disk that may
+    have room; ENOSPC is a full disk, with the space left. An error that carries no number
+    (torch's "unexpected pos" from a writer given a path) is taken for a full disk, the
+    usual cause.
+    """
+    code, said = _os_error(error)
+    if code == errno.EFBIG:
+        limit = _file_size_limit()
+        why = (f"EFBIG: the file reached this process's file-size limit"
+               f"{f' of {limit} bytes' if limit else ''}, not the end of the disk. Raise the "
+               f"limit (`ulimit -f unlimited` in the shell that runs it)")
+    elif code == getattr(errno, "EDQUOT", "none here"):  # not an errno on Windows
+        why = (f"EDQUOT: the disk quota is used up ({free_mb(folder):.0f} MB are free on the "
+               f"disk, not for this user). Free {freeing} within the quota, or have it raised")
+    elif code in (None, errno.ENOSPC):
+        why = f"{free_mb(folder):.0f} MB are free on its disk. Free {freeing}"
+    else:  # a folder not writable, a read-only disk...: nothing that space would fix
+        why = (f"{errno.errorcode.get(code, code)}: {os.strerror(code)}, which no free space "
+               f"would fix. Correct it")
+    return f"could not write {what} ({said}); {why} and {then}"
+
+
+def _os_error(error: BaseException) -> tuple[Optional[int], str]:
+    """(errno, a line saying it) of what stopped a write. torch.save reports a failed write as
+    "unexpected pos", with the OSError of the file object's write as its context;
+    safetensors says "os error 27" (or "code: 27") inside its message."""
+    seen: Optional[BaseException] = error
+    for _ in range(8):  # the chain is short; the bound guards against a cycle
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno is not None:
+            return seen.errno, _gist(seen)
+        seen = seen.__cause__ or seen.__context__
+    found = re.search(r"os error (\d+)|code: (\d+)", str(error))
+    return (int(found.group(1) or found.group(2)) if found else None), _gist(error)
+
+
+def _file_size_limit() -> Optional[int]:
+    """This process's file-size limit in bytes (`ulimit -f`); None without one."""
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def _gist(error: BaseException) -> str:

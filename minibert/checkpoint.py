@@ -36,7 +36,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .atomic import free_mb, fsync
+from .atomic import fsync, write_failure
 from .hf import META_FILE, STATE_FILE
 
 logger = logging.getLogger(__name__)
@@ -110,12 +110,12 @@ def save_checkpoint(root: PathLike, step: int, state: dict[str, Any],
             os.replace(old, final)  # put the previous checkpoint of this step back
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, (OSError, RuntimeError)):
-            # torch.save reports a full disk as "[enforce fail at inline_container.cc] unexpected
-            # pos", which never mentions space: say what was being written and what is left.
-            raise OSError(f"could not write checkpoint {final} ({_gist(e)}); "
-                          f"{free_mb(root):.0f} MB are free on its disk. Free some space (or "
-                          f"keep fewer checkpoints) and resume; the earlier checkpoints are "
-                          f"intact") from None
+            # torch.save reports a failed write as "[enforce fail at inline_container.cc]
+            # unexpected pos", which says neither space nor limit: say what was being
+            # written, what stopped it and what is left.
+            raise OSError(write_failure(e, f"checkpoint {final}", root, "resume",
+                                        freeing="some space (or keep fewer checkpoints)") +
+                          "; the earlier checkpoints are intact") from None
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

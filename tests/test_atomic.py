@@ -34,6 +34,25 @@ def test_a_safetensors_write_error_is_reported_as_an_os_error(tmp_path):
     assert not (tmp_path / "final").exists()
 
 
+def test_a_file_size_limit_while_replacing_a_folder_is_named(tmp_path):
+    """safetensors says "os error 27"; the message used to call it a full disk."""
+    class SafetensorError(Exception):
+        pass
+
+    def write(folder):
+        raise SafetensorError("Error while serializing: I/O error: File too large (os error 27)")
+
+    with pytest.raises(OSError) as e:
+        replace_folder(tmp_path / "final", write)
+    assert "EFBIG" in str(e.value) and "file-size limit" in str(e.value)
+    assert "MB are free" not in str(e.value)
+    # and an error that is no matter of space is not said to be one
+    with pytest.raises(OSError) as e:
+        replace_folder(tmp_path / "final", lambda f: (_ for _ in ()).throw(
+            PermissionError(errno.EACCES, "Permission denied")))
+    assert "EACCES" in str(e.value) and "MB are free" not in str(e.value)
+
+
 def test_replace_folder_keeps_what_the_writer_does_not_own(tmp_path):
     target = tmp_path / "final"
     write_files_atomically(target, {"weights": "1", "tokenizer.json": "{}"})

@@ -219,3 +219,53 @@ def test_a_full_disk_is_one_clear_error_and_keeps_older_checkpoints(tmp_path, mo
     monkeypatch.undo()
     assert latest_checkpoint(tmp_path).name == "step_00000001"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001"]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="a file-size limit is POSIX's setrlimit")
+def test_a_file_size_limit_is_named_not_taken_for_a_full_disk(tmp_path):
+    """A checkpoint bigger than `ulimit -f` was said to have filled the disk, with the
+    (plentiful) free space: the user went freeing space that was never short."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = """if True:
+        import resource, signal, sys, torch
+        from minibert.checkpoint import save_checkpoint
+        root = sys.argv[1]
+        save_checkpoint(root, 1, {"w": torch.ones(3)})
+        # Ignored, SIGXFSZ no longer kills the process: the write fails with EFBIG instead.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE,
+                           (200_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        try:
+            save_checkpoint(root, 2, {"w": torch.zeros(100_000)})  # 400 kB
+        except OSError as e:
+            print(e)
+    """
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    said = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert said.returncode == 0, said.stderr
+    message = said.stdout.strip()
+    assert "step_00000002" in message and "EFBIG" in message, message
+    assert "file-size limit of 200000 bytes" in message and "ulimit -f" in message, message
+    assert "MB are free" not in message, message
+    assert latest_checkpoint(tmp_path).name == "step_00000001"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001"]
+
+
+def test_a_used_up_quota_is_named_not_taken_for_a_full_disk(tmp_path, monkeypatch):
+    import errno
+
+    import minibert.checkpoint as checkpoint
+
+    def over_quota(obj, f):
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+    monkeypatch.setattr(checkpoint.torch, "save", over_quota)
+    with pytest.raises(OSError, match=r"step_00000001 .*EDQUOT: the disk quota is used up"):
+        save_checkpoint(tmp_path, 1, {"w": torch.zeros(3)})
+    assert list(tmp_path.iterdir()) == []
