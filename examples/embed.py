@@ -99,6 +99,10 @@ def main(argv=None) -> int:
     try:
         if args.top_k < 1 or args.batch_size < 1:
             raise ValueError("--top-k and --batch-size must be at least 1")
+        if args.query is not None and not args.query.strip():
+            # An empty text encodes to [CLS] [SEP] alone: a ranking by nothing that was asked.
+            raise ValueError(f"--query is empty ({args.query!r}); give the text to search "
+                             f"for, or leave --query out to only write the vectors")
         if args.out.is_dir():
             raise ValueError(f"--out {args.out} is a folder; give the .npy file to write")
         texts, numbers = read_texts(args.input)  # read before the model: the cheaper check

@@ -115,6 +115,9 @@ def error_cases(tmp, model_dir, texts_file):
         ("out under a file", {"--out": texts_file / "v.npy"}, "cannot make the folder"),
         ("too long", {"--max-length": 65}, "max_position_embeddings=64"),
         ("top-k", {"--top-k": 0}, "--top-k"),
+        # an empty text ranks the lines by nothing that was asked
+        ("empty query", {"--query": ""}, "--query is empty"),
+        ("blank query", {"--query": " \t "}, "--query is empty"),
     ]
 
 
