@@ -35,6 +35,10 @@ from minibert.predict import predict
 
 log = logging.getLogger("finetune_qa")
 
+# encode_qa's arguments as the flags that set them, for its messages.
+WINDOW_FLAGS = {"max_len": "--seq-len", "doc_stride": "--doc-stride",
+                "max_question_len": "--max-question-len"}
+
 
 def parse_args(argv=None):
     p = cli.ArgumentParser(__doc__.split("\n")[0])
@@ -92,10 +96,10 @@ def prepare(args, ctx) -> SimpleNamespace:
         dict.fromkeys(ex.context for ex in questions["train"])))
     minibert.set_seed(args.seed)
     model = finetune.build_model(minibert.BertForQuestionAnswering, args, tok)
-    train_set, eval_set = (encode_qa(tok, questions[s], max_len=args.seq_len,
-                                     doc_stride=args.doc_stride,
-                                     max_question_len=args.max_question_len)
-                           for s in ("train", "eval"))
+    # A question too long for its window is said in the flags that set the window.
+    train_set, eval_set = (cli.in_flag_names(lambda s=s: encode_qa(
+        tok, questions[s], max_len=args.seq_len, doc_stride=args.doc_stride,
+        max_question_len=args.max_question_len), WINDOW_FLAGS) for s in ("train", "eval"))
     cfg = finetune.epoch_config(args, ctx, len(train_set),
                                 f"{args.train} gives {len(train_set)} training windows")
     return SimpleNamespace(questions=questions, tok=tok, model=model, cfg=cfg,

@@ -234,7 +234,8 @@ def test_bad_files_get_one_line_naming_file_and_question(data, tmp_path, capsys,
 def test_bad_flags(data, tmp_path, capsys):
     out = tmp_path / "out"
     for extra, words in [(["--doc-stride", "44"], "--doc-stride 44 must lie in [0, 44)"),
-                         (["--doc-stride", "40"], "doc_stride=40"),  # after a 6-token question
+                         # after a 6-token question, in the flags' names
+                         (["--doc-stride", "40"], "must exceed --doc-stride 40"),
                          (["--max-answer-length", "0"], "--max-answer-length must be at least 1"),
                          (["--batch-size", "1000"], "fewer than one batch"),
                          (["--resume"], "no intact checkpoint")]:

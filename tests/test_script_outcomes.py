@@ -149,8 +149,10 @@ REFUSALS = [
     ("finetune_token_classification", ["--batch-size", "256"], "fewer than one batch"),
     ("finetune_token_classification", ["--seq-len", "600"], "exceeds the model's"),
     ("finetune_qa", ["--batch-size", "256"], "fewer than one batch"),
-    # "cat ?" leaves a window of 16 tokens 11 for context: no more than the overlap.
-    ("finetune_qa", ["--doc-stride", "11"], "must exceed doc_stride=11"),
+    # "cat ?" leaves a window of 16 tokens 11 for context: no more than the overlap; said in
+    # the flags that set them, not encode_qa's arguments
+    ("finetune_qa", ["--doc-stride", "11"], "--seq-len 16 leaves 11 context tokens"),
+    ("finetune_qa", ["--doc-stride", "11"], "must exceed --doc-stride 11; raise --seq-len"),
     ("finetune_multitask", ["--seq-len", "600"], "exceeds the model's"),
     ("pretrain_wikitext", ["--seq-len", "600"], "exceeds the model's"),
     ("distill", ["--seq-len", "100"], "exceeds the teacher's"),
@@ -246,7 +248,7 @@ def test_a_refused_resume_leaves_the_run_as_it_was(inputs, tmp_path, capsys):
     main = load_example("finetune_qa").main
     assert main(script_argv("finetune_qa", inputs, out, "--log-every", "1")) == 0
     before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-    for flags, words in [(["--doc-stride", "11"], "doc_stride=11"),
+    for flags, words in [(["--doc-stride", "11"], "--doc-stride 11"),
                          (["--batch-size", "256"], "fewer than one batch")]:
         assert words in _one_line(capsys, "finetune_qa", script_argv(
             "finetune_qa", inputs, out, "--resume", "--max-steps", "2", *flags))
