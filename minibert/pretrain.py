@@ -243,7 +243,10 @@ def read_corpus(args: Any, ctx: DistContext) -> Optional[Corpus]:
     if not ctx.is_main or args.data_dir is None:
         return None
     corpus = load_corpus(args.data_dir)  # refuses a folder whose text files it would not read
-    check_splits(corpus, (args.train_split, args.eval_split), args.data_dir)
+    # A copy of WikiText without its train split (one found offline holds valid and test):
+    # the message names the flags that train on another split.
+    check_splits(corpus, (args.train_split, args.eval_split), args.data_dir,
+                 flags=("--train-split", "--eval-split"))
     return corpus
 
 

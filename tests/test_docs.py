@@ -144,3 +144,30 @@ def test_readme_shows_the_two_commands_first():
     prose = [ln for ln in before.splitlines() if ln.strip() and not ln.startswith("#")]
     assert len(" ".join(prose).split()) <= 120
     assert "examples/pretrain_wikitext.py" in text[:text.index("## ", text.index("```bash"))]
+
+
+def _bash_lines(text: str) -> list[str]:
+    return [ln.strip() for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+            for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def test_readme_offline_command_trains_on_a_copy_without_a_train_split(tmp_path):
+    """The offline copy of WikiText-2 holds only valid and test: the README's command for it
+    names the splits to use, and runs."""
+    import shlex
+
+    from engine_utils import load_example, wikitext_folder
+
+    (line,) = [ln for ln in _bash_lines((ROOT / "README.md").read_text())
+               if "pretrain_wikitext.py" in ln and "--train-split" in ln]
+    args = shlex.split(line)[2:]  # after `python examples/pretrain_wikitext.py`
+    folder = tmp_path / "wikitext-2-raw"
+    folder.mkdir()
+    wikitext_folder(folder, sizes=(("valid", 20), ("test", 8)))
+    args = [str(folder) if a == "path/to/wikitext-2-raw" else
+            str(tmp_path / a) if a.startswith("runs/") else a for a in args]
+    assert str(folder) in args
+    small = ["--cache-dir", str(tmp_path / "cache"), "--preset", "tiny", "--vocab-size", "100",
+             "--seq-len", "16", "--batch-size", "4", "--max-steps", "1", "--eval-batches", "1",
+             "--no-progress", "--precision", "fp32"]
+    assert load_example("pretrain_wikitext").main(args + small) == 0

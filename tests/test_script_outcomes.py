@@ -392,6 +392,25 @@ def test_a_data_file_flag_given_a_folder_says_it_is_a_folder(script, flag, input
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("script", ["pretrain_wikitext", "distill"])
+def test_a_wikitext_folder_without_a_train_split_names_the_flags_that_choose_one(
+        script, inputs, tmp_path, capsys):
+    """The copy of WikiText-2 found offline holds only valid.txt and test.txt."""
+    wiki = tmp_path / "wiki"
+    wiki.mkdir()
+    for split in ("valid", "test"):
+        shutil.copy(inputs / "wiki" / "valid.txt", wiki / f"{split}.txt")
+    out = tmp_path / "out"
+    args = script_argv(script, inputs, out, "--data-dir", str(wiki))
+    err = _one_line(capsys, script, args)
+    assert "split 'train' not found" in err and "test, valid" in err
+    assert "--train-split" in err and "--eval-split" in err
+    assert not out.exists()
+    # and the flags it names are the way out
+    assert load_example(script).main([*args, "--train-split", "valid",
+                                      "--eval-split", "test"]) == 0
+
+
 @pytest.mark.parametrize("script,flag", [("finetune_classification", "--init-from"),
                                          ("pretrain_wikitext", "--init-from"),
                                          ("distill", "--teacher"), ("embed", "--model")])

@@ -98,13 +98,16 @@ def prepare_corpus(run_dir: PathLike, splits: Sequence[str], *,
     return tok
 
 
-def check_splits(corpus: Corpus, splits: Sequence[str], data_dir: PathLike) -> None:
-    """Refuse a split the corpus does not have, naming those it has."""
+def check_splits(corpus: Corpus, splits: Sequence[str], data_dir: PathLike,
+                 flags: Sequence[str] = ()) -> None:
+    """Refuse a split the corpus does not have, naming those it has, and `flags`, the
+    options that choose `splits` (one each), where a caller has them."""
     for s in splits:
         if s not in corpus.splits:
+            how = (f"choose among those with {' and '.join(flags)}" if flags else
+                   "choose the training and evaluation splits among those")
             raise FileNotFoundError(f"split {s!r} not found in {data_dir} (found: "
-                                    f"{', '.join(sorted(corpus.splits))}); choose the "
-                                    f"training and evaluation splits among those")
+                                    f"{', '.join(sorted(corpus.splits))}); {how}")
 
 
 def load_prepared(run_dir: PathLike, splits: Sequence[str], seq_len: int,
