@@ -171,3 +171,21 @@ def test_readme_offline_command_trains_on_a_copy_without_a_train_split(tmp_path)
              "--seq-len", "16", "--batch-size", "4", "--max-steps", "1", "--eval-batches", "1",
              "--no-progress", "--precision", "fp32"]
     assert load_example("pretrain_wikitext").main(args + small) == 0
+
+
+def test_readme_says_what_pip_installs_and_how_to_get_the_cpu_build():
+    """torch from PyPI on Linux is the CUDA build, about 20 nvidia-* wheels; the README's one
+    way to the CPU build was an index that is not always reachable."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("### Installing torch")
+    section = text[start:text.index("\n## ", start)]
+    assert "CUDA build" in section and "nvidia-" in section and "several GB" in section
+    installs = [ln for ln in _bash_lines(section) if ln.startswith("pip install")]
+    assert any("download.pytorch.org/whl/cpu" in ln for ln in installs)
+    # and ways that need only the index you have: a +cpu version it serves, a wheel file
+    assert any('"torch==' in ln and '+cpu"' in ln for ln in installs)
+    assert any(ln.endswith(".whl") for ln in installs)
+    assert "torch.version.cuda" in section
+    # CI's comment says what its pin installs, which depends on where pip looks
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "torch==2.13.0" in ci and "CUDA build" in ci and "+cpu" in ci
