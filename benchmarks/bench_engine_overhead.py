@@ -36,7 +36,8 @@ from minibert.data import MLMCollator, PackedMLMDataset, load_wikitext, tokenize
 from minibert.distributed import DistContext
 from minibert.engine import TrainConfig, autocast_context, train
 from minibert.model import flops_per_token as minibert_flops
-from minibert.precision import MATMUL_DTYPES, measure_peak_flops
+from minibert.meters import measure_peak_flops
+from minibert.precision import MATMUL_DTYPES
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2"
 

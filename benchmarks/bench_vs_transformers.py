@@ -220,7 +220,8 @@ def main() -> None:
         child_memory(*args.child_memory, args)
         return
 
-    from minibert.precision import MATMUL_DTYPES, measure_peak_flops
+    from minibert.meters import measure_peak_flops
+    from minibert.precision import MATMUL_DTYPES
     from minibert.memory import keep_freed_memory
 
     if args.keep_freed_memory and not keep_freed_memory():

@@ -39,7 +39,7 @@ from .data.sampler import GlobalBatches
 from .data.seq_warmup import cut_for_step
 from .distributed import DistContext, all_reduce_sum, max_over_ranks, unwrap
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
-from .precision import MATMUL_DTYPES, autocast_context, resolve_precision
+from .precision import MATMUL_DTYPES, auto_precision, autocast_context, resolve_precision
 from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.engine.TrainingError)
 from .recovery import back_off, optimizer_out_of_memory, skip_step
 from .resume import claim_out_dir, drop_rows_after, read_rows, resume_run, save_run
@@ -189,13 +189,9 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
         claim_out_dir(out_dir, overwrite, ctx)
         if ctx.rank > 0:  # DDP puts rank 0's weights everywhere; dropout must differ by rank
             set_seed(rank_seed(cfg.seed, ctx.rank))
-    if state.precision is None:  # a fresh start (or a checkpoint older than the field)
-        state.precision = precision
-    elif state.precision != precision:  # "auto" decided otherwise today: keep the run's
-        logger.info("precision auto: the run computes in %s since its start; keeping it "
-                    "(%s measured now)", state.precision, precision)
-        precision = resolve_precision(state.precision, device)  # still possible here?
-        peak_dtype = MATMUL_DTYPES[precision]
+    kept = _keep_precision(state, cfg.precision, precision, device, ctx)
+    if kept != precision:
+        precision, peak_dtype = kept, MATMUL_DTYPES[kept]
         peak = cfg.peak_flops or measure_peak_flops(device, peak_dtype)
     batches.seek(state.epoch, state.consumed)
     micro = state.micro_batch_size or micro  # a micro-batch an earlier start backed off to
@@ -350,6 +346,25 @@ def _lr(cfg: TrainConfig, warmup: int, step: int, first: bool) -> float:
                     "rate stays at min_lr=%g from here on", step, cfg.decay_steps, cfg.min_lr)
     return lr_at(step, max_lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=warmup,
                  total_steps=cfg.decay_steps, schedule=cfg.schedule)
+
+
+def _keep_precision(state: TrainState, asked: str, decided: str, device: torch.device,
+                    ctx: DistContext) -> str:
+    """The precision the run computes in: the one decided at its first start, which a resume
+    keeps whatever "auto" decides today (on another machine, or another torch); said in one
+    line when "auto" chose it."""
+    if state.precision is None:  # a fresh start (or a checkpoint older than the field)
+        state.precision = decided
+    kept = state.precision
+    if ctx.is_main and asked == "auto":
+        reason = auto_precision(device)[1]
+        if kept == decided:
+            logger.info("precision auto: %s (%s)", kept, reason)
+        else:
+            logger.info("precision auto: %s, the run's since its start, kept (today's choice "
+                        "would be %s: %s)", kept, decided, reason)
+    # Refused where today's device cannot compute in the run's precision (bf16 on a GPU without).
+    return decided if kept == decided else resolve_precision(kept, device)
 
 
 def _remeasured(peak: float, device: torch.device, dtype: torch.dtype) -> float:

@@ -49,7 +49,8 @@ def environment_report(device: Device) -> dict[str, Any]:
     """What this run executes on: versions, device, bf16 support, threads, CPUs.
 
     `bf16_supported`: bf16 autocast runs on the device (always on a CPU). `bf16_native`: its
-    bf16 matmuls run in hardware, not emulated, so bf16 can be faster than fp32.
+    bf16 matmuls run in hardware, not emulated, so bf16 can be faster than fp32 (None: a CPU
+    whose flags cannot be read here).
     """
     device = device if isinstance(device, torch.device) else torch.device(device)
     report: dict[str, Any] = {
@@ -104,12 +105,13 @@ def environment_warnings(report: dict[str, Any], precision: Optional[str] = None
         warnings.append(f"bf16 was requested but {report['device_name']} does not support "
                         f"it; use fp16 or fp32")
     elif precision == "bf16" and report["device"] == "cpu" and report["bf16_native"] is False:
-        speedup = report.get("bf16_matmul_speedup")  # measured by log_environment
-        cost = ("a bf16 run will be far slower than fp32" if speedup is None else
-                f"a bf16 matmul runs {1 / speedup:.0f}x slower than fp32 here")
-        if speedup is None or speedup < 1:
-            warnings.append(f"bf16 matmuls are emulated on {report['device_name']} (no AMX "
-                            f"or AVX512-BF16 instructions): {cost}; use fp32")
+        warnings.append(f"bf16 matmuls are emulated on {report['device_name']} (no AMX, "
+                        f"AVX512-BF16 or Arm BF16 instructions): a bf16 run will be many "
+                        f"times slower than fp32; use fp32")
+    elif precision == "bf16" and report["device"] == "cpu" and report["bf16_native"] is None:
+        warnings.append(f"bf16 was requested, and this system does not say whether "
+                        f"{report['device_name']} multiplies bf16 in hardware; where it "
+                        f"emulates bf16, a run is many times slower than in fp32")
     return warnings
 
 
@@ -119,9 +121,6 @@ def log_environment(device: Device, precision: Optional[str] = None) -> dict[str
     The returned dict has the warnings under "warnings", ready to be stored with the run.
     """
     report = environment_report(device)
-    if precision == "bf16" and report["bf16_native"] is False and report["device"] == "cpu":
-        # how much slower, for the warning
-        report["bf16_matmul_speedup"] = _precision.cpu_bf16_speedup()
     report["warnings"] = environment_warnings(report, precision)
     logger.info("environment: %s", ", ".join(f"{k}={v}" for k, v in report.items()
                                               if k != "warnings"))

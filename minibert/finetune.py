@@ -74,8 +74,8 @@ def add_args(p: argparse.ArgumentParser, *, out: str, unit: str = "examples", ep
     t.add_argument("--warmup-ratio", type=float, default=0.1, help="fraction of --decay-steps")
     t.add_argument("--weight-decay", type=float, default=0.01)
     t.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
-                   help="auto: bf16 on a CUDA GPU that has it and on a CPU with native, "
-                   "faster bf16 matmuls; fp32 elsewhere")
+                   help="auto: bf16 on a CUDA GPU that has it and on a CPU whose flags name "
+                   "bf16 matrix instructions (AMX, AVX512-BF16, Arm BF16); fp32 elsewhere")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     t.add_argument("--keep-freed-memory", action="store_true",

@@ -1,12 +1,15 @@
-"""The precision a run computes in, and what each precision costs on this device.
+"""The precision a run computes in, and what this device declares it can do.
 
 * `resolve_precision`, `autocast_context`: the run's precision, checked against the device,
   and the one autocast context built from it (fp32: none; bf16 / fp16: `torch.autocast`).
-* `cpu_bf16_native`, `cpu_bf16_speedup`: whether this CPU multiplies bf16 matrices in
-  hardware, and how much faster than fp32 it does so. bf16 is the fast precision on GPUs
-  and on CPUs with AMX or AVX512-BF16; elsewhere torch emulates it, tens of times slower.
+* `auto_precision`: what "auto" picks on a device, and the reason, in words.
+* `cpu_bf16_native`: whether this CPU declares bf16 matrix instructions. bf16 is the fast
+  precision on GPUs and on CPUs with AMX or AVX512-BF16; elsewhere torch emulates it, tens
+  of times slower than fp32.
 
-`cpu_bf16_speedup` probes with `meters.measure_peak_flops`.
+"auto" is decided from what the device declares, never from a timing: a probe timed at the
+start of a run measures whatever else the machine is doing too, and flipped the choice
+between two starts of one command, which then ended with other weights.
 """
 
 from __future__ import annotations
@@ -15,46 +18,27 @@ import contextlib
 import functools
 import logging
 import re
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 
-from .meters import measure_peak_flops
-
 logger = logging.getLogger(__name__)
 
-Device = Union[str, torch.device]
 PRECISIONS = ("fp32", "bf16", "fp16")
 # The dtype each precision's matmuls run in: autocast's dtype, and the MFU ceiling's.
 MATMUL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-# "auto" takes bf16 on a CPU only if its matmuls run this much faster than fp32's: autocast
-# adds a cast of every weight and of activations where fp32 and bf16 ops meet (a small share
-# of a BERT-base step: benchmarks/RESULTS.md, "Process settings: the allocator and the
-# threads"), and a 0.1 s probe is noisy on a busy machine.
-_BF16_AUTO_MIN_SPEEDUP = 1.5
-
-
 def resolve_precision(precision: str, device: torch.device) -> str:
     """The precision a run uses; refuse what the device lacks.
 
-    "auto" -> bf16 on CUDA devices with native bf16; on a CPU, bf16 where its matmuls are
-    native (`cpu_bf16_native`) and measured at least 1.5x faster than fp32's
-    (`cpu_bf16_speedup`, once per process); fp32 elsewhere. bf16 asked for by name on a CPU
-    that emulates it is allowed (it is correct, only slow); `log_environment` warns.
+    "auto" -> `auto_precision`: bf16 where the device declares native bf16 (a CUDA device
+    that has it, a CPU whose flags name bf16 matrix instructions), fp32 elsewhere. The same
+    device gives the same answer however busy it is. bf16 asked for by name on a CPU that
+    emulates it is allowed (it is correct, only slow); `log_environment` warns.
     """
     if precision == "auto":
-        if device.type == "cuda":
-            cuda_bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
-            return "bf16" if cuda_bf16 else "fp32"
-        if device.type == "cpu" and cpu_bf16_native():
-            speedup = cpu_bf16_speedup()
-            choice = "bf16" if speedup >= _BF16_AUTO_MIN_SPEEDUP else "fp32"
-            logger.info("precision auto: %s (bf16 matmuls %.1fx as fast as fp32 on this CPU)",
-                        choice, speedup)
-            return choice
-        return "fp32"
+        return auto_precision(device)[0]
     if precision == "fp16" and device.type != "cuda":
         raise ValueError("--precision fp16 needs a CUDA device (fp16 autocast with loss "
                          "scaling); on CPU use bf16, which needs no scaler")
@@ -62,6 +46,34 @@ def resolve_precision(precision: str, device: torch.device) -> str:
         raise ValueError(f"--precision bf16: {torch.cuda.get_device_name(device)} does not "
                          f"support bfloat16; use fp16")
     return precision
+
+
+def auto_precision(device: torch.device) -> tuple[str, str]:
+    """What "auto" picks on `device`, and why: (precision, reason), the reason a phrase such
+    as "this CPU reports amx_bf16: native bf16 matmuls" for the run's log.
+
+    Only what the device declares decides. A CPU's instruction-set flags (`cpu_bf16_flags`)
+    name the bf16 matrix instructions it has; with one, bf16 matmuls run several times
+    faster than fp32's, without, torch emulates them tens of times slower
+    (benchmarks/RESULTS.md, its opening section on the machines), so there is nothing in
+    between for a timing to settle. Where no flags can be read, fp32: it is always correct,
+    and bf16 stays one `precision="bf16"` away.
+    """
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return "bf16", f"{name} computes bf16 natively"
+        return "fp32", f"{name} has no native bf16"
+    if device.type != "cpu":
+        return "fp32", f"no bf16 check for {device.type} devices; fp32 always works"
+    flags = cpu_bf16_flags()
+    if flags is None:
+        return "fp32", ("this system shows no CPU flags (/proc/cpuinfo) to tell native bf16 "
+                        "from emulated; ask for bf16 by name if this CPU has it")
+    if flags:
+        return "bf16", f"this CPU reports {', '.join(flags)}: native bf16 matmuls"
+    return "fp32", (f"this CPU reports none of {', '.join(sorted(_BF16_CPU_FLAGS))}: bf16 "
+                    f"matmuls would be emulated")
 
 
 def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
@@ -87,44 +99,27 @@ _BF16_CPU_FLAGS = frozenset({"amx_bf16", "avx512_bf16", "bf16"})
 
 
 @functools.lru_cache(maxsize=None)
-def cpu_bf16_native() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (cached per process).
+def cpu_bf16_flags() -> Optional[tuple[str, ...]]:
+    """The bf16 matrix instructions this CPU declares, as /proc/cpuinfo names them (sorted;
+    empty where it has none), or None where there are no flags to read (macOS, Windows).
+    Read once per process: a CPU's flags do not change while it runs."""
+    cpuinfo = _read_cpuinfo()
+    match = re.search(r"^(?:flags|Features)\s*:(.*)$", cpuinfo or "", re.MULTILINE)
+    if match is None:
+        return None
+    return tuple(sorted(_BF16_CPU_FLAGS.intersection(match.group(1).split())))
+
+
+def cpu_bf16_native() -> Optional[bool]:
+    """Whether this CPU multiplies bf16 matrices in hardware; None where it does not say.
 
     Why it matters: elsewhere torch still runs bf16 (autocast works on every CPU), but it
     emulates each bf16 multiply-add with fp32 arithmetic plus conversions, tens of times
     slower than fp32, where a CPU that has them runs bf16 several times faster than fp32
     (both measured in benchmarks/RESULTS.md, whose opening section names the machines).
 
-    Read from the CPU's instruction-set flags in /proc/cpuinfo (`_BF16_CPU_FLAGS`); where
-    there are none to read (macOS, Windows), a short timed probe decides: bf16 counts as
-    native when its matmuls run at least half as fast as fp32's, which emulation never does.
+    Read from the CPU's instruction-set flags (`cpu_bf16_flags`), never timed: a timing
+    depends on the load of the machine, the flags do not.
     """
-    cpuinfo = _read_cpuinfo()
-    match = re.search(r"^(?:flags|Features)\s*:(.*)$", cpuinfo or "", re.MULTILINE)
-    if match:
-        return not _BF16_CPU_FLAGS.isdisjoint(match.group(1).split())
-    return cpu_bf16_speedup() >= 0.5
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_bf16_speedup() -> float:
-    """bf16 matmul FLOP/s over fp32 matmul FLOP/s on this CPU, measured once per process.
-
-    Two `measure_peak_flops` runs of 0.1 s each, on one thread: on a shared machine a small
-    multi-threaded product waits for its slowest thread to be scheduled, and that wait
-    would be timed instead of the arithmetic; the ratio per core is what decides. Above 1,
-    bf16 multiplies faster; far below 1 where it is emulated (benchmarks/RESULTS.md, its
-    opening section on the machines).
-    """
-    cpu, threads = torch.device("cpu"), torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        bf16 = measure_peak_flops(cpu, torch.bfloat16, budget_s=0.1)
-        fp32 = measure_peak_flops(cpu, torch.float32, budget_s=0.1)
-    finally:
-        torch.set_num_threads(threads)
-    return bf16 / fp32
-
-
-def _device(device: Device) -> torch.device:
-    return device if isinstance(device, torch.device) else torch.device(device)
+    flags = cpu_bf16_flags()
+    return None if flags is None else bool(flags)

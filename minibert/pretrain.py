@@ -116,8 +116,8 @@ def add_training_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     t.add_argument("--adam-eps", type=float, default=1e-6)
     t.add_argument("--max-grad-norm", type=float, default=1.0)
     t.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
-                   help="auto: bf16 on a CUDA GPU that has it and on a CPU with native, "
-                   "faster bf16 matmuls; fp32 elsewhere")
+                   help="auto: bf16 on a CUDA GPU that has it and on a CPU whose flags name "
+                   "bf16 matrix instructions (AMX, AVX512-BF16, Arm BF16); fp32 elsewhere")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--deterministic", action="store_true")
     t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")

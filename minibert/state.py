@@ -126,9 +126,9 @@ class TrainState:
     # (recovery.back_off); None: TrainConfig.micro_batch_size. A resumed run keeps it, so
     # it does not run out of memory again to find it, unless the resume sets another one.
     micro_batch_size: Optional[int] = None
-    # The precision the run computes in, decided at its first start: "auto" measures the
-    # machine (precision.resolve_precision), and a measurement on a busy machine, or on
-    # another machine, must not switch a resumed run to another precision.
+    # The precision the run computes in, decided at its first start: "auto" reads what the
+    # device declares (precision.auto_precision), and a resume on another machine, or under
+    # another torch, must not switch the run to another precision.
     precision: Optional[str] = None
     optimizer: Optional[torch.optim.Optimizer] = field(default=None, repr=False, compare=False)
     scaler: Optional[torch.amp.GradScaler] = field(default=None, repr=False, compare=False)

@@ -271,6 +271,25 @@ def test_a_ceiling_measured_on_a_busy_machine_is_measured_again(corpus, tmp_path
     assert minibert.engine._remeasured(5.0, torch.device("cpu"), torch.float32) == 5.0
 
 
+def test_precision_auto_states_its_decision_and_reason_in_one_line(corpus, tmp_path,
+                                                                   monkeypatch, caplog):
+    import minibert.precision as precision
+
+    tok, ds = corpus
+    for cache in [f for f in vars(precision).values() if hasattr(f, "cache_clear")]:
+        cache.cache_clear()  # as in a new process
+    monkeypatch.setattr(precision, "_read_cpuinfo",
+                        lambda: "model name\t: Some CPU\nflags\t\t: fpu avx2 amx_bf16\n")
+    with caplog.at_level(logging.INFO, logger="minibert"):
+        result = train(tiny_model(tok), ds, collator(tok),
+                       train_config(max_steps=2, precision="auto"), tmp_path / "run")
+    for cache in [f for f in vars(precision).values() if hasattr(f, "cache_clear")]:
+        cache.cache_clear()
+    lines = [r.getMessage() for r in caplog.records if "precision auto" in r.getMessage()]
+    assert result["precision"] == "bf16"
+    assert lines == ["precision auto: bf16 (this CPU reports amx_bf16: native bf16 matmuls)"]
+
+
 def test_training_time_leaves_out_evaluation_and_survives_resume(corpus, tmp_path):
     """`train_seconds` and tokens/s count the steps only: an evaluation that takes 0.4 s after
     every step shows in the wall time, not in them. A resumed run adds to the saved total."""

@@ -490,20 +490,24 @@ def test_the_main_job_trains_the_modern_family_and_its_switches(data_dir, tmp_pa
 
 def test_a_resumed_auto_run_evaluates_in_the_precision_it_trains_in(data_dir, tmp_path,
                                                                     monkeypatch):
-    """--precision auto measures the machine at every start; a resume whose measurement says
-    otherwise keeps training in the run's precision (engine), and must evaluate in it too:
-    eval.json then equals the uninterrupted run's."""
+    """--precision auto decides by the CPU's flags; a resume on a machine whose CPU decides
+    otherwise (the run's folder moved, or is shared) keeps training in the run's precision
+    (engine), and must evaluate in it too: eval.json then equals the uninterrupted run's."""
     import minibert.precision as precision
 
-    def run(out, speedup, *extra):
-        monkeypatch.setattr(precision, "cpu_bf16_speedup", lambda: speedup)
+    def run(out, flags, *extra):
+        monkeypatch.setattr(precision, "_read_cpuinfo", lambda: f"flags\t\t: fpu avx2 {flags}\n")
+        precision.cpu_bf16_flags.cache_clear()
         args = _args(data_dir, tmp_path / out, tmp_path / "cache", *extra)
         args[args.index("--precision") + 1] = "auto"
         assert pretrain.main(args) == 0
 
-    run("ref", 3.0)
-    run("run", 3.0, "--max-steps", "3", "--decay-steps", "6")
-    run("run", 1.0, "--resume")  # the probe now says fp32 is as fast
+    try:
+        run("ref", "avx512_bf16")
+        run("run", "avx512_bf16", "--max-steps", "3", "--decay-steps", "6")
+        run("run", "", "--resume")  # a CPU without bf16 instructions now
+    finally:
+        precision.cpu_bf16_flags.cache_clear()
     ref, resumed = (json.loads((tmp_path / o / "eval.json").read_text()) for o in ("ref", "run"))
     assert ref["precision"] == resumed["precision"] == "bf16"
     assert resumed["eval_loss"] == ref["eval_loss"]

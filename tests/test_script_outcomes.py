@@ -102,8 +102,8 @@ def test_run_script_exit_statuses(tmp_path, capsys):
 
 
 def test_run_script_bounds_the_kernel_cache_before_anything_runs(tmp_path, monkeypatch):
-    """oneDNN reads its cache's bound once, at the first bf16 matmul, which `prepare` may
-    already make (`--precision auto` times one)."""
+    """oneDNN reads its cache's bound once, at the first bf16 matmul, which `prepare` could
+    already make."""
     import minibert.memory
 
     order = []
