@@ -108,7 +108,7 @@ def main() -> None:
                    help="the MFU ceiling in FLOP/s (a datasheet number); default: measured")
     args = p.parse_args()
     device = torch.device(args.device)
-    # The ceiling the engine would measure at its start, measured once here for both.
+    # One ceiling for both, measured here and handed to the engine (its peak_flops).
     measured = measure_peak_flops(device, MATMUL_DTYPES[args.precision])
     peak = args.peak_flops or measured
     with tempfile.TemporaryDirectory() as tmp:

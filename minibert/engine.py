@@ -46,7 +46,7 @@ from .resume import claim_out_dir, drop_rows_after, read_rows, resume_run, save_
 from .model import flops_per_token
 from .environment import log_environment
 from .memory import release_freed_memory, reset_peak_memory
-from .meters import StepMeter, measure_peak_flops
+from .meters import StepMeter, mfu_ceiling
 from .rng import rank_seed, set_seed
 from .state import TrainConfig, TrainState
 
@@ -174,9 +174,6 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     batches = batches or GlobalBatches(len(train_set), cfg.batch_size, seed=cfg.seed,
                                        rank=ctx.rank, world_size=ctx.world_size, lengths=lengths)
     env = log_environment(device, precision) if ctx.is_main else {}
-    # Measured before any RNG state is restored, so a resumed run draws what the original did.
-    peak_dtype = MATMUL_DTYPES[precision]
-    peak = cfg.peak_flops or measure_peak_flops(device, peak_dtype)  # validated: None or > 0
     ckpt_root, metrics_file = out_dir / "checkpoints", out_dir / "metrics.jsonl"
     data_identity = dict(data_identity or {})
     state = TrainState(optimizer=optimizer, scaler=scaler)
@@ -189,10 +186,8 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
         claim_out_dir(out_dir, overwrite, ctx)
         if ctx.rank > 0:  # DDP puts rank 0's weights everywhere; dropout must differ by rank
             set_seed(rank_seed(cfg.seed, ctx.rank))
-    kept = _keep_precision(state, cfg.precision, precision, device, ctx)
-    if kept != precision:
-        precision, peak_dtype = kept, MATMUL_DTYPES[kept]
-        peak = cfg.peak_flops or measure_peak_flops(device, peak_dtype)
+    precision = _keep_precision(state, cfg.precision, precision, device, ctx)
+    peak = _ceiling(cfg, precision, ctx) if ctx.is_main else 0.0  # only rank 0 logs MFU
     batches.seek(state.epoch, state.consumed)
     micro = state.micro_batch_size or micro  # a micro-batch an earlier start backed off to
     warmup = resolve_warmup(cfg.warmup, cfg.decay_steps)
@@ -203,6 +198,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     meter, start_step, run_start = StepMeter(), state.step, time.perf_counter()
     scores: Optional[Mapping[str, Any]] = None  # the last evaluation's, returned whole
     stop_signal: Optional[int] = None
+    beaten = False  # whether a row has beaten the MFU ceiling yet (said once a run)
     reset_peak_memory(device)
     with StopFlag() as stop:
         while state.step < cfg.max_steps:
@@ -264,13 +260,12 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                 bar.set_postfix(loss=f"{loss:.3f}")
             # ---- 5: log, evaluate, save
             if ctx.is_main and (state.step % cfg.log_every == 0 or state.step == cfg.max_steps):
-                if cfg.peak_flops is None and meter.flops_per_s() > peak * ctx.world_size:
-                    peak = _remeasured(peak, device, peak_dtype)
                 row = {"step": state.step, "train_seconds": round(state.train_seconds, 3),
                        "loss": round(loss, 5),
                        "lr": optimizer.param_groups[0]["lr"], "grad_norm": round(grad_norm, 4),
                        **meter.take(peak * ctx.world_size, device), "skipped": state.skipped}
                 _log_row(metrics_file, row, bar)
+                beaten = beaten or _ceiling_beaten(row["mfu"])
             if cfg.eval_every and state.step % cfg.eval_every == 0 and \
                     state.step < cfg.max_steps and (eval_set is not None or eval_fn is not None):
                 scores = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision,
@@ -367,14 +362,31 @@ def _keep_precision(state: TrainState, asked: str, decided: str, device: torch.d
     return decided if kept == decided else resolve_precision(kept, device)
 
 
-def _remeasured(peak: float, device: torch.device, dtype: torch.dtype) -> float:
-    """Training beat the MFU ceiling: the machine was busy when it was measured. Measure again
-    (under a second, outside the steps' time) and keep the larger; with no memory to spare for
-    the measuring matrices, keep the old one."""
-    try:
-        return max(peak, measure_peak_flops(device, dtype))
-    except torch.OutOfMemoryError:
-        return peak
+def _ceiling(cfg: TrainConfig, precision: str, ctx: DistContext) -> float:
+    """The MFU ceiling of the run's rows, FLOP/s of one rank, stated in one line: the given
+    `peak_flops`, else this machine's recorded one (`meters.mfu_ceiling`, measured by the
+    first run here). Never measured again during the run, so the figure does not move with
+    the load of the machine."""
+    dtype = MATMUL_DTYPES[precision]
+    if cfg.peak_flops:  # validated: None or > 0
+        peak, source = cfg.peak_flops, "given as TrainConfig.peak_flops"
+    else:
+        peak, source = mfu_ceiling(ctx.device, dtype)
+    rate = f"{peak / 1e12:.4g} TFLOP/s" if peak >= 1e12 else f"{peak / 1e9:.4g} GFLOP/s"
+    ranks = f" x {ctx.world_size} ranks" if ctx.world_size > 1 else ""
+    logger.info("MFU ceiling: %s%s (%s matmuls), %s", rate, ranks, precision, source)
+    return peak
+
+
+def _ceiling_beaten(mfu: float) -> bool:
+    """Say once a run that a row's MFU is above 1: its ceiling is below what training reaches,
+    which a ceiling measured while the machine was busy is. Not measured again here: a new
+    figure would then depend on the load at that moment."""
+    if mfu > 1:
+        logger.warning("MFU %.2f is above 1: the MFU ceiling stated at the start is below what "
+                       "training reaches (measured while the machine was busy?); delete its "
+                       "recorded entry to measure it again, or set TrainConfig.peak_flops", mfu)
+    return mfu > 1
 
 
 def _optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,

@@ -32,7 +32,8 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it, else what `platform` says."""
     try:
         with open("/proc/cpuinfo") as f:
             match = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.MULTILINE)
@@ -69,7 +70,7 @@ def environment_report(device: Device) -> dict[str, Any]:
         "kernel_cache_capacity": kernel_cache_capacity(),  # see limit_kernel_cache
     }
     if device.type == "cpu":
-        report["device_name"] = _cpu_name()
+        report["device_name"] = cpu_name()
         report["bf16_supported"] = True  # always runs on a CPU, emulated where not native
         report["bf16_native"] = _precision.cpu_bf16_native()
     elif device.type == "cuda":

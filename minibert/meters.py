@@ -2,20 +2,31 @@
 the matmul ceiling MFU is a fraction of.
 
 * `measure_peak_flops`: the achievable matmul rate of a device in a dtype, bounded in time.
+* `mfu_ceiling`: that rate measured once per machine, recorded, and read back by every run.
 * `mfu`: model FLOPs (`model.flops_per_token`) per second over that ceiling.
 * `StepMeter`: the tokens, seconds and FLOPs of the steps between two log rows.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
+import math
 import time
-from typing import Union
+from pathlib import Path
+from typing import NamedTuple, Optional, Union
 
 import torch
 
+from .atomic import write_files_atomically
+from .environment import cpu_name
 from .memory import peak_memory_mb, reset_peak_memory
+from .tokenizer_train import default_cache_dir
 
 Device = Union[str, torch.device]
+# Where `mfu_ceiling` records each machine's ceilings, under `default_cache_dir()`
+# ($MINIBERT_CACHE, else ~/.cache/minibert).
+CEILINGS_FILE = "mfu_ceilings.json"
 
 
 def _synchronize(device: torch.device) -> None:
@@ -72,6 +83,79 @@ def measure_peak_flops(device: Device, dtype: torch.dtype = torch.float32,
     while time.perf_counter() - start < budget_s:
         rates.append(2.0 * n**3 / seconds(a, b))
     return max(rates)
+
+
+class Ceiling(NamedTuple):
+    """An MFU ceiling in FLOP/s, and where it came from, in words, for the run's log."""
+
+    flops_per_s: float
+    source: str
+
+
+def machine_key(device: Device, dtype: torch.dtype) -> str:
+    """What a matmul ceiling depends on, in words: the device (a CPU's model name and the
+    widest vector instructions torch uses on it, with the threads it runs on; a GPU's name),
+    the dtype and the torch version. A CPU's model name alone may cover CPUs with and
+    without bf16 instructions ("AMD EPYC"), hence the vector width."""
+    device = _device(device)
+    if device.type == "cpu":
+        where = (f"cpu {cpu_name()} ({torch.backends.cpu.get_cpu_capability()}, "
+                 f"{torch.get_num_threads()} threads)")
+    elif device.type == "cuda":
+        where = f"cuda {torch.cuda.get_device_name(device)}"
+    else:
+        where = device.type
+    return f"{where}, {str(dtype).removeprefix('torch.')}, torch {torch.__version__}"
+
+
+def mfu_ceiling(device: Device, dtype: torch.dtype,
+                cache_dir: Optional[Union[str, Path]] = None) -> Ceiling:
+    """The matmul ceiling of this machine in `dtype`: measured once, recorded, then reused.
+
+    A ceiling timed at the start of every run would time whatever else the machine is doing
+    as well: low while other work shares it, so that one run logs a higher MFU on a busy
+    machine than on a quiet one. So the first run on a machine measures it
+    (`measure_peak_flops`, given a second) and records it in `cache_dir`/mfu_ceilings.json
+    (default `default_cache_dir()`: $MINIBERT_CACHE, else ~/.cache/minibert) under
+    `machine_key`; every later run reads that record back, and the source says where it came
+    from. A ceiling measured while the machine was busy stays low until its entry is deleted
+    (the next run measures again) or a run is given one (`TrainConfig.peak_flops`). Where the
+    record cannot be written (a read-only home), the measurement serves this run alone, and
+    the source says so.
+    """
+    path = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    path = path / CEILINGS_FILE
+    key = machine_key(device, dtype)
+    records = _read_records(path)
+    record = records.get(key)
+    if isinstance(record, dict) and _sound(record.get("flops_per_s")):
+        return Ceiling(float(record["flops_per_s"]),
+                       f"measured on {record.get('measured', 'an earlier run')} and recorded "
+                       f"in {path} for {key}; delete that entry to measure again")
+    flops = measure_peak_flops(device, dtype, budget_s=1.0)
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    records[key] = {"flops_per_s": flops, "measured": now}
+    try:
+        write_files_atomically(path.parent, {path.name: json.dumps(records, indent=2) + "\n"})
+    except OSError as error:
+        return Ceiling(flops, f"measured now; it could not be recorded in {path} ({error}), "
+                              f"so the next run measures again")
+    return Ceiling(flops, f"measured now and recorded in {path} for {key}, for every later "
+                          f"run on this machine")
+
+
+def _read_records(path: Path) -> dict:
+    """The recorded ceilings, or none where the file is missing or unreadable (a damaged
+    record is measured again and written whole)."""
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return records if isinstance(records, dict) else {}
+
+
+def _sound(flops: object) -> bool:
+    return isinstance(flops, (int, float)) and math.isfinite(flops) and flops > 0
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:

@@ -67,7 +67,9 @@ class TrainConfig:
     # Steps (or a fraction of decay_steps) over which batches grow to full length; 0 = off.
     seq_len_warmup: Union[int, float] = 0
     seq_len_start: int = 32
-    peak_flops: Optional[float] = None  # MFU ceiling, FLOP/s; None = measured, again if beaten
+    # The MFU ceiling, FLOP/s; None = this machine's, measured by its first run and recorded
+    # (meters.mfu_ceiling).
+    peak_flops: Optional[float] = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "max_steps", "log_every", "eval_batches", "keep_checkpoints",
@@ -94,7 +96,7 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.weight_decay={self.weight_decay} must be >= 0")
         if self.peak_flops is not None and not self.peak_flops > 0:
             raise ValueError(f"TrainConfig.peak_flops={self.peak_flops} must be > 0 (FLOP/s), "
-                             f"or None to measure it")
+                             f"or None for this machine's recorded ceiling")
         # Without decay_steps the horizon is max_steps at a fresh start but the checkpoint's
         # on a resume, which may stop earlier: a warmup's length is then checked by `train`,
         # once it knows the horizon, and only its form here.

@@ -25,6 +25,19 @@ def allocator_calls(monkeypatch):
     return calls
 
 
+@pytest.fixture(autouse=True, scope="session")
+def cache_dir(tmp_path_factory):
+    """$MINIBERT_CACHE in this test session's own folder, for the tests and the scripts they
+    start: what a run records there (its machine's MFU ceiling, a trained tokenizer) must not
+    land in the user's ~/.cache/minibert. Session-wide, so it is set before the module-wide
+    fixtures that already train, and the ceiling is measured once per session as it is once
+    per machine; a test that needs a fresh folder sets its own."""
+    folder = tmp_path_factory.getbasetemp() / "minibert-cache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINIBERT_CACHE", str(folder))
+        yield folder
+
+
 def tiny_config(**overrides) -> minibert.BertConfig:
     """A 2-layer model small enough that every test runs in well under a second."""
     fields = dict(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4,

@@ -77,14 +77,14 @@ def load_example(name: str):
 @pytest.fixture(autouse=True, scope="module")
 def quick_runs():
     """For the script tests (import it into the test module): no peak-FLOPs timing, which the
-    engine does at the start of a run for its MFU column and is not what they test, and one thread:
+    first run on a machine does for its MFU column and is not what they test, and one thread:
     these models are too small to gain from more, and spinning OpenMP threads slow down many
     times over when another process shares the cores."""
-    import minibert.engine
+    import minibert.meters
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(minibert.engine, "measure_peak_flops", lambda *a, **k: 1e12)
+        mp.setattr(minibert.meters, "measure_peak_flops", lambda *a, **k: 1e12)
         yield
     torch.set_num_threads(threads)

@@ -1,5 +1,5 @@
-"""Seeds and RNG state, peak memory, the CPU allocator setting, FLOPs and MFU, the
-environment report, bf16 on the CPU, the precision choice."""
+"""Seeds and RNG state, peak memory, the CPU allocator setting, FLOPs, MFU and its ceiling,
+the environment report, bf16 on the CPU, the precision choice."""
 
 import io
 import logging
@@ -23,7 +23,7 @@ import minibert.precision as precision
 from minibert.environment import environment_report, log_environment
 from minibert.memory import peak_memory_mb, reset_peak_memory
 from minibert.memory import limit_kernel_cache  # the real one: conftest stubs the module's
-from minibert.meters import measure_peak_flops, mfu
+from minibert.meters import machine_key, measure_peak_flops, mfu, mfu_ceiling
 from minibert.precision import auto_precision, cpu_bf16_native, resolve_precision
 from minibert.rng import rng_state, set_rng_state, set_seed
 
@@ -168,6 +168,48 @@ def test_mfu_arithmetic_and_measured_peak():
     for dtype in (torch.float32, torch.bfloat16):  # bf16 too: emulated, it must still be quick
         peak = measure_peak_flops("cpu", dtype, max_n=256)
         assert 1e8 < peak < 1e14  # a real CPU: between 0.1 GFLOP/s and 100 TFLOP/s
+
+
+def test_the_mfu_ceiling_is_measured_once_per_machine_and_read_back(tmp_path, monkeypatch):
+    """The first call measures and records; every later one, in this process or another,
+    reads the record, whatever a measurement would give now. Each dtype and thread count
+    has its own entry; a damaged file is measured again, an unwritable one says so."""
+    import json
+
+    rates, calls = iter([1e11, 5e11, 3e10, 7e10, 2e11]), []
+
+    def fake_peak(device, dtype, **kwargs):
+        calls.append(dtype)
+        return next(rates)
+
+    monkeypatch.setattr(meters, "measure_peak_flops", fake_peak)
+    first = mfu_ceiling("cpu", torch.float32, tmp_path)
+    assert first.flops_per_s == 1e11 and "measured now and recorded in" in first.source
+    again = mfu_ceiling("cpu", torch.float32, tmp_path)
+    assert again.flops_per_s == 1e11 and "recorded in" in again.source
+    assert str(tmp_path / "mfu_ceilings.json") in again.source
+    assert calls == [torch.float32]
+    assert mfu_ceiling("cpu", torch.bfloat16, tmp_path).flops_per_s == 5e11  # its own entry
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:  # another thread count, another ceiling
+        assert machine_key("cpu", torch.float32) not in json.loads(
+            (tmp_path / "mfu_ceilings.json").read_text())
+        assert mfu_ceiling("cpu", torch.float32, tmp_path).flops_per_s == 3e10
+    finally:
+        torch.set_num_threads(threads)
+    assert mfu_ceiling("cpu", torch.float32, tmp_path).flops_per_s == 1e11
+    # By default under $MINIBERT_CACHE (conftest points it at this session's folder).
+    monkeypatch.setenv("MINIBERT_CACHE", str(tmp_path / "env"))
+    assert mfu_ceiling("cpu", torch.float32).flops_per_s == 7e10
+    assert (tmp_path / "env" / "mfu_ceilings.json").is_file()
+    (tmp_path / "env" / "mfu_ceilings.json").write_text('{"cut sh')
+    assert mfu_ceiling("cpu", torch.float32).flops_per_s == 2e11
+    assert mfu_ceiling("cpu", torch.float32).flops_per_s == 2e11
+    (tmp_path / "a file").write_text("")
+    monkeypatch.setattr(meters, "measure_peak_flops", lambda *a, **k: 4e10)
+    alone = mfu_ceiling("cpu", torch.float32, tmp_path / "a file")
+    assert alone.flops_per_s == 4e10 and "could not be recorded" in alone.source
 
 
 def _simulated_matmuls(monkeypatch, flops_per_s: float) -> list:
