@@ -244,10 +244,10 @@ def _os_error(error: BaseException) -> tuple[Optional[int], str]:
         if seen is None:
             break
         if isinstance(seen, OSError) and seen.errno is not None:
-            return seen.errno, _gist(seen)
+            return seen.errno, error_gist(seen)
         seen = seen.__cause__ or seen.__context__
     found = re.search(r"os error (\d+)|code: (\d+)", str(error))
-    return (int(found.group(1) or found.group(2)) if found else None), _gist(error)
+    return (int(found.group(1) or found.group(2)) if found else None), error_gist(error)
 
 
 def _file_size_limit() -> Optional[int]:
@@ -260,6 +260,14 @@ def _file_size_limit() -> Optional[int]:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
-def _gist(error: BaseException) -> str:
+def error_gist(error: BaseException) -> str:
+    """The informative line of an error, for a one-line message (at most 300 characters).
+
+    Its first non-empty line, except for torch.load's, whose first lines advise
+    weights_only=False (which would run code from the file): there, the line that names
+    what the file holds."""
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith(("Unsupported", "WeightsUnpickler error: Unsupported", "size mismatch")):
+            return ln.removeprefix("WeightsUnpickler error: ").split(". Please")[0][:300]
     return lines[0][:300] if lines else type(error).__name__

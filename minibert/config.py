@@ -109,10 +109,10 @@ class BertConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                      "max_position_embeddings", "attention_chunk_size", "global_every"):
-            _check_int(name, getattr(self, name), minimum=1)
-        _check_int("type_vocab_size", self.type_vocab_size, minimum=0)  # 0: no segments
-        _check_int("local_window", self.local_window, minimum=2)
-        _check_int("pad_token_id", self.pad_token_id, minimum=0)
+            check_int("BertConfig", name, getattr(self, name), minimum=1)
+        check_int("BertConfig", "type_vocab_size", self.type_vocab_size, 0)  # 0: no segments
+        check_int("BertConfig", "local_window", self.local_window, minimum=2)
+        check_int("BertConfig", "pad_token_id", self.pad_token_id, minimum=0)
         if self.pad_token_id >= self.vocab_size:
             raise ValueError(f"BertConfig.pad_token_id={self.pad_token_id} must be < "
                              f"vocab_size={self.vocab_size}")
@@ -214,9 +214,11 @@ class BertConfig:
         return dataclasses.replace(self, **known_fields(overrides, "BertConfig.replace"))
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
+def check_int(owner: str, name: str, value: Any, minimum: int) -> None:
+    """Refuse a field that is not an integer >= `minimum` (a bool is not one), naming it as
+    `owner.name`: BertConfig's and TrainConfig's checks share it."""
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"BertConfig.{name}={value!r} must be an integer >= {minimum}")
+        raise ValueError(f"{owner}.{name}={value!r} must be an integer >= {minimum}")
 
 
 def known_fields(fields: dict[str, Any], where: str) -> dict[str, Any]:

@@ -30,19 +30,18 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 import re
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any, Mapping, Union
+from typing import Any, Mapping
 
 import torch
 from torch import Tensor
 
+from .atomic import PathLike, error_gist
 from .config import MODERN, BertConfig, known_fields
 
 logger = logging.getLogger(__name__)
 
-PathLike = Union[str, os.PathLike]
 
 # The two files of a training checkpoint's folder (checkpoint.py writes them): named here,
 # beside the model folder's files, so that a loader given one recognises it and says so.
@@ -457,16 +456,6 @@ def _damaged(file: Path, kind: str, error: Exception) -> ValueError:
                               f"pull` in the clone it came from, or download the file itself")
     return ValueError(f"{file} is damaged or not a {kind} ({error_gist(error)}); download or "
                       f"export it again")
-
-
-def error_gist(error: Exception) -> str:
-    """The informative line of a torch or safetensors error (torch's first lines give advice
-    about weights_only=False, which would run code from the file)."""
-    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
-    for ln in lines:
-        if ln.startswith(("Unsupported", "WeightsUnpickler error: Unsupported", "size mismatch")):
-            return ln.removeprefix("WeightsUnpickler error: ").split(". Please")[0][:300]
-    return lines[0][:300] if lines else type(error).__name__
 
 
 # ---- config.json: BertConfig <-> transformers' BERT and ModernBERT configs --------------------

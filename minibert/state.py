@@ -29,6 +29,7 @@ from typing import Any, Mapping, Optional, Union
 import torch
 import torch.nn as nn
 
+from .config import check_int
 from .distributed import unwrap
 from .hf import minibert_class
 from .optim import resolve_warmup
@@ -74,12 +75,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("batch_size", "max_steps", "log_every", "eval_batches", "keep_checkpoints",
                      "max_bad_steps"):
-            _check_int(name, getattr(self, name), 1)
+            check_int("TrainConfig", name, getattr(self, name), 1)
         for name in ("eval_every", "save_every"):
-            _check_int(name, getattr(self, name), 0)
+            check_int("TrainConfig", name, getattr(self, name), 0)
         for name in ("micro_batch_size", "decay_steps"):
             if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), 1)
+                check_int("TrainConfig", name, getattr(self, name), 1)
         if self.precision not in ("auto",) + PRECISIONS:
             raise ValueError(f"TrainConfig.precision={self.precision!r} is not one of "
                              f"{('auto',) + PRECISIONS}")
@@ -103,7 +104,7 @@ class TrainConfig:
         horizon = self.decay_steps if self.decay_steps is not None else 2**62
         resolve_warmup(self.warmup, horizon)  # raises on a bad one
         resolve_warmup(self.seq_len_warmup, horizon, name="TrainConfig.seq_len_warmup")
-        _check_int("seq_len_start", self.seq_len_start, 1)
+        check_int("TrainConfig", "seq_len_start", self.seq_len_start, 1)
 
 
 @dataclass
@@ -239,8 +240,3 @@ _UNSET = object()
 
 def _show(value: Any) -> str:
     return "not set" if value is _UNSET else repr(value)
-
-
-def _check_int(name: str, value: Any, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"TrainConfig.{name}={value!r} must be an integer >= {low}")

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVa
 import tokenizers
 from tokenizers import trainers
 
+from .atomic import PathLike
 from .data.normalize import PythonNormalizer
 from .special_tokens import SPECIAL_TOKENS
 from .data.text import iter_lines, text_file_named
@@ -38,7 +39,6 @@ TokenizerT = TypeVar("TokenizerT")
 
 logger = logging.getLogger(__name__)
 
-PathLike = Union[str, "os.PathLike[str]"]
 
 # Bumped whenever training changes in a way that makes old cached vocabularies stale.
 _CACHE_FORMAT = 2  # 2: words over the WordPiece length limit are not trained on

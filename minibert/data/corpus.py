@@ -24,15 +24,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-import os
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple, Optional, Union
+from typing import Iterable, Iterator, NamedTuple, Optional
 
+from ..atomic import PathLike
 from .text import (TEXT_SUFFIXES, check_enough_documents, check_holdout_every, iter_documents,
                    iter_lines, text_folder_files)
 from .wikitext import SPLITS, WIKITEXT_LAYOUTS, iter_articles
 
-PathLike = Union[str, "os.PathLike[str]"]
 
 WIKITEXT, TEXT_FOLDER = "wikitext", "text folder"
 

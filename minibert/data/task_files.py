@@ -14,12 +14,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import re
 from pathlib import Path
-from typing import Iterable, NamedTuple, Union
+from typing import Iterable, NamedTuple
 
-PathLike = Union[str, "os.PathLike[str]"]
+from ..atomic import PathLike
+
 
 
 def _check_is_file(path: Path) -> None:

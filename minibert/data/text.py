@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional
 
-PathLike = Union[str, "os.PathLike[str]"]
+from ..atomic import PathLike
+
 
 # 4 MiB chunks keep memory flat however large the file, while amortising Python overhead.
 _CHUNK_BYTES = 1 << 22

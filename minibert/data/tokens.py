@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
+from ..atomic import PathLike
 from .corpus import Documents
 from .normalize import FastEncoder
 from .text import iter_documents, text_file_named
@@ -39,7 +40,6 @@ if TYPE_CHECKING:  # imported lazily: minibert.tokenizer itself imports minibert
 
 logger = logging.getLogger(__name__)
 
-PathLike = Union[str, "os.PathLike[str]"]
 
 MAGIC = b"MINIBERT-TOKENS\n"
 FORMAT_VERSION = 1

@@ -23,13 +23,13 @@ import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Union
+from typing import Iterable, Iterator, Optional
 
+from ..atomic import PathLike
 from .text import iter_lines
 
 logger = logging.getLogger(__name__)
 
-PathLike = Union[str, "os.PathLike[str]"]
 
 BASE_URL = "https://wikitext.smerity.com"
 # name of the archive -> folder inside it, and the file suffix of its splits
