@@ -7,6 +7,8 @@ publishes it with a rename, which the file system performs in one step. After a 
 target holds the old content or the new, never a mix of the two and never half a file.
 
 * `write_files_atomically(dir, {name: text})`: small text files (a tokenizer, eval.json).
+* `atomic_file(path)`: one file written as a stream (a token file, a download), published
+  whole when the `with` block ends.
 * `replace_folder(path, write)`: a whole folder (a model export), swapped in one step.
 * `fsync(path)`: make a file's data or a folder's entries durable.
 * `write_failure(error, what, folder, then)`: what stopped a write, said so that the user
@@ -27,7 +29,8 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Union
+from contextlib import contextmanager
+from typing import IO, Callable, Iterator, Mapping, Optional, Union
 
 PathLike = Union[str, os.PathLike]
 
@@ -53,6 +56,27 @@ def write_files_atomically(directory: PathLike, contents: Mapping[str, str]) -> 
         for tmp in written.values():
             tmp.unlink(missing_ok=True)  # only still there when something failed
     fsync(directory)
+
+
+@contextmanager
+def atomic_file(path: PathLike, mode: str = "wb") -> Iterator[IO]:
+    """`with atomic_file(path) as f:` write `f` in as many pieces as you like; when the block
+    ends the file is flushed to disk and renamed over `path`, and if it raises, the
+    temporary file goes and `path` keeps what it held. The temporary name is unique to this
+    process, beside `path`, and a dot name, so no reader of the folder takes it for data."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync(path.parent)
 
 
 def _write_synced_temp(directory: Path, name: str, text: str) -> Path:

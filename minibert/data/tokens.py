@@ -26,11 +26,11 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
-from ..atomic import PathLike
+from ..atomic import PathLike, atomic_file
 from .corpus import Documents
 from .normalize import FastEncoder
 from .text import iter_documents, text_file_named
@@ -214,58 +214,63 @@ def tokenize_to_memmap(
     """
     out_path = Path(out_path)
     dtype = np.dtype("<u2") if tokenizer.vocab_size <= 1 << 16 else np.dtype("<u4")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
-    lengths = array.array("q")  # 8 bytes a document, not a Python int's 28 + 8
     fast = FastEncoder.of(getattr(tokenizer, "backend", None))
     encode = fast.encode_batch if fast is not None else tokenizer.encode_batch
-    try:
-        with open(tmp, "wb") as f:
-            f.write(b"\0" * HEADER_BYTES)  # placeholder; the real header goes in last
-            docs = _documents(source, out_path)
-            while batch := list(itertools.islice(docs, batch_docs)):
-                encoded = encode(batch, add_special_tokens=False)
-                counts = [len(e) for e in encoded]
-                n = sum(counts)
-                flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=dtype, count=n)
-                f.write(flat.tobytes())
-                # Documents with no tokens (e.g. only control characters) are dropped.
-                lengths.extend(c for c in counts if c)
-            n_tokens = sum(lengths)
-            if n_tokens == 0:
-                raise ValueError(f"the corpus given to tokenize_to_memmap is empty: no tokens "
-                                 f"were produced, nothing was written to {out_path}")
-            ids_end = HEADER_BYTES + n_tokens * dtype.itemsize
-            offsets_offset = -(-ids_end // 8) * 8  # int64 offsets start 8-byte aligned
-            f.write(b"\0" * (offsets_offset - ids_end))
-            offsets = np.zeros(len(lengths) + 1, dtype="<i8")
-            np.cumsum(np.frombuffer(lengths, dtype=np.int64), out=offsets[1:])
-            f.write(offsets.tobytes())
-            header = {
-                "format_version": FORMAT_VERSION,
-                "dtype": dtype.str,
-                "n_tokens": n_tokens,
-                "n_docs": len(lengths),
-                "vocab_size": tokenizer.vocab_size,
-                "tokenizer_fingerprint": tokenizer.fingerprint,
-                "special_ids": {"pad": tokenizer.pad_id, "unk": tokenizer.unk_id,
-                                "cls": tokenizer.cls_id, "sep": tokenizer.sep_id,
-                                "mask": tokenizer.mask_id},
-                "ids_offset": HEADER_BYTES,
-                "offsets_offset": offsets_offset,
-                "file_size": offsets_offset + offsets.nbytes,
-            }
-            f.seek(0)
-            f.write(_encode_header(header))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out_path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_file(out_path) as f:  # a failed run leaves a previous file untouched
+        f.write(b"\0" * HEADER_BYTES)  # placeholder; the real header goes in last
+        lengths = _write_ids(f, _documents(source, out_path), encode, dtype, batch_docs)
+        n_tokens = sum(lengths)
+        if n_tokens == 0:
+            raise ValueError(f"the corpus given to tokenize_to_memmap is empty: no tokens "
+                             f"were produced, nothing was written to {out_path}")
+        _write_index(f, lengths, tokenizer, dtype)
     logger.info("wrote %s: %d tokens in %d documents (%s)", out_path, n_tokens, len(lengths),
                 dtype.name)
     return TokenFile.open(out_path, tokenizer)
+
+
+def _write_ids(f: BinaryIO, docs: Iterator[str], encode: Callable, dtype: np.dtype,
+               batch_docs: int) -> "array.array[int]":
+    """Append the ids of `docs`, encoded `batch_docs` at a time; return each document's
+    length (8 bytes a document, not a Python int's 28 + 8). A document with no tokens (only
+    control characters, say) is dropped."""
+    lengths = array.array("q")
+    while batch := list(itertools.islice(docs, batch_docs)):
+        encoded = encode(batch, add_special_tokens=False)
+        counts = [len(e) for e in encoded]
+        flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=dtype, count=sum(counts))
+        f.write(flat.tobytes())
+        lengths.extend(c for c in counts if c)
+    return lengths
+
+
+def _write_index(f: BinaryIO, lengths: "array.array[int]", tokenizer: "Tokenizer",
+                 dtype: np.dtype) -> None:
+    """After the ids: the documents' offsets (int64, 8-byte aligned), then the header over
+    the placeholder at the start of the file."""
+    n_tokens = sum(lengths)
+    ids_end = HEADER_BYTES + n_tokens * dtype.itemsize
+    offsets_offset = -(-ids_end // 8) * 8  # int64 offsets start 8-byte aligned
+    f.write(b"\0" * (offsets_offset - ids_end))
+    offsets = np.zeros(len(lengths) + 1, dtype="<i8")
+    np.cumsum(np.frombuffer(lengths, dtype=np.int64), out=offsets[1:])
+    f.write(offsets.tobytes())
+    header = {
+        "format_version": FORMAT_VERSION,
+        "dtype": dtype.str,
+        "n_tokens": n_tokens,
+        "n_docs": len(lengths),
+        "vocab_size": tokenizer.vocab_size,
+        "tokenizer_fingerprint": tokenizer.fingerprint,
+        "special_ids": {"pad": tokenizer.pad_id, "unk": tokenizer.unk_id,
+                        "cls": tokenizer.cls_id, "sep": tokenizer.sep_id,
+                        "mask": tokenizer.mask_id},
+        "ids_offset": HEADER_BYTES,
+        "offsets_offset": offsets_offset,
+        "file_size": offsets_offset + offsets.nbytes,
+    }
+    f.seek(0)
+    f.write(_encode_header(header))
 
 
 def _encode_header(header: dict) -> bytes:
