@@ -16,16 +16,14 @@ from __future__ import annotations
 import http.client
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
-from ..atomic import PathLike
+from ..atomic import PathLike, replace_folder
 from .text import iter_lines
 
 logger = logging.getLogger(__name__)
@@ -110,16 +108,16 @@ def download_wikitext(
                 raise DownloadError(f"the archive downloaded from {url} does not verify")
         os.replace(part, zip_path)
 
-    # Extract next to the target and rename: the target appears complete or not at all.
-    tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=cache))
-    try:
+    def extract(new: Path) -> None:  # the zip's one folder, as the new target's content
         with zipfile.ZipFile(zip_path) as zf:
-            zf.extractall(tmp)
-        if target.exists():
-            shutil.rmtree(target)  # an incomplete folder left by hand; the zip is verified
-        os.replace(tmp / folder, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            zf.extractall(new)
+        for entry in (new / folder).iterdir():
+            os.replace(entry, new / entry.name)
+        (new / folder).rmdir()
+
+    # The target appears complete or not at all; an incomplete folder left by hand is
+    # replaced whole (the zip is verified), nothing of it carried over.
+    replace_folder(target, extract, owns=lambda name: True)
     logger.info("WikiText %s extracted to %s", name, target)
     return target
 
