@@ -35,7 +35,7 @@ import minibert
 from minibert.data import MLMCollator, PackedMLMDataset, load_wikitext, tokenize_to_memmap
 from minibert.distributed import DistContext
 from minibert.engine import TrainConfig, autocast_context, train
-from minibert.model import flops_per_token as minibert_flops
+from minibert.meters import flops_per_token as minibert_flops
 from minibert.meters import measure_peak_flops
 from minibert.precision import MATMUL_DTYPES
 

@@ -144,7 +144,7 @@ def step_fn(model, opt, batch, precision: str, device: str):
 
 def time_variants(name: str, precision: str, args) -> dict:
     """Interleaved steps of every variant in this process; medians and tokens/s."""
-    from minibert.model import flops_per_token
+    from minibert.meters import flops_per_token
 
     preset, B, T = CONFIGS[name]
     batch = make_batch(B, T, 30522, args.device)

@@ -43,7 +43,7 @@ from .precision import MATMUL_DTYPES, auto_precision, autocast_context, resolve_
 from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.engine.TrainingError)
 from .recovery import back_off, optimizer_out_of_memory, skip_step
 from .resume import claim_out_dir, drop_rows_after, read_rows, resume_run, save_run
-from .model import flops_per_token
+from .meters import flops_per_token
 from .environment import log_environment
 from .memory import release_freed_memory, reset_peak_memory
 from .meters import StepMeter, mfu_ceiling

@@ -3,7 +3,8 @@ the matmul ceiling MFU is a fraction of.
 
 * `measure_peak_flops`: the achievable matmul rate of a device in a dtype, bounded in time.
 * `mfu_ceiling`: that rate measured once per machine, recorded, and read back by every run.
-* `mfu`: model FLOPs (`model.flops_per_token`) per second over that ceiling.
+* `flops_per_token`: a BertForMaskedLM step's model FLOPs per token (Kaplan et al. 2020).
+* `mfu`: model FLOPs (`flops_per_token`) per second over that ceiling.
 * `StepMeter`: the tokens, seconds and FLOPs of the steps between two log rows.
 """
 
@@ -19,6 +20,7 @@ from typing import NamedTuple, Optional, Union
 import torch
 
 from .atomic import write_files_atomically
+from .config import BertConfig
 from .environment import cpu_name
 from .memory import peak_memory_mb, reset_peak_memory
 from .tokenizer_train import default_cache_dir
@@ -196,3 +198,44 @@ class StepMeter:
 
 def _device(device: Device) -> torch.device:
     return device if isinstance(device, torch.device) else torch.device(device)
+
+
+# ---- what a training step costs -------------------------------------------------------------
+
+def flops_per_token(config: BertConfig, seq_len: int,
+                    mlm_fraction: Optional[float] = None) -> float:
+    """Training FLOPs (forward + backward) per input token of BertForMaskedLM.
+
+        6 * N  +  12 * L * H * T
+
+    The first term is Kaplan et al. 2020 ("Scaling Laws for Neural Language Models", sec.
+    2.1): a matmul parameter costs 2 FLOPs per token forward (a multiply and an add) and 4
+    backward (gradients for the input and for the weight). The second term is attention
+    itself, which has no parameters (PaLM, Chowdhery et al. 2022, appendix B): per layer
+    and token, Q K^T and P V are each 2 * T * H FLOPs forward, 4 * T * H in all, times 3
+    with the backward. Embedding lookups, LayerNorm, GELU, softmax and biases are ignored,
+    as in both papers.
+
+    N counts matmul weights only: per layer Q, K, V and output projections (4 H^2) and the
+    feed-forward (2 H I, or 3 H I with GeGLU). A local (sliding-window) layer's query meets
+    at most 2 w + 1 keys, so its attention term counts min(T, 2 w + 1) instead of T. The
+    MLM head (transform H^2, decoder V H, the tied embedding matrix used as a matmul) runs
+    on every token when `mlm_fraction` is None (dense head)
+    and on that fraction of tokens only with minibert's sparse head (pass the masking
+    probability, e.g. 0.15): counting it for every token would overstate the work done.
+    The pooler is not used in pretraining and is not counted.
+    """
+    if not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len={seq_len!r} must be a positive integer")
+    if mlm_fraction is not None and not 0.0 <= mlm_fraction <= 1.0:
+        raise ValueError(f"mlm_fraction={mlm_fraction!r} must be in [0, 1] (the fraction "
+                         f"of tokens the MLM head predicts), or None for a dense head")
+    L, H, I, V = (config.num_layers, config.hidden_size, config.intermediate_size,
+                  config.vocab_size)
+    ffn = 3 if config.mlp == "geglu" else 2
+    n_encoder = L * (4 * H * H + ffn * H * I)
+    n_head = H * H + V * H
+    head_fraction = 1.0 if mlm_fraction is None else float(mlm_fraction)
+    keys = sum(seq_len if config.window(i) is None else min(seq_len, 2 * config.window(i) + 1)
+               for i in range(L))  # keys each query meets, summed over layers
+    return 6.0 * (n_encoder + head_fraction * n_head) + 12.0 * H * keys

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import minibert
-from minibert.model import flops_per_token
+from minibert.meters import flops_per_token
 from conftest import tiny_config
 import minibert.meters as meters
 import minibert.precision as precision

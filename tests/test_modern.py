@@ -339,7 +339,7 @@ def test_qa_matches_transformers(tmp_path):
 
 def test_flops_count_geglu_and_the_window():
     """GeGLU's third matrix, and a local layer's 2w + 1 keys instead of T."""
-    from minibert.model import flops_per_token
+    from minibert.meters import flops_per_token
 
     classic = minibert.BertConfig.preset("tiny", vocab_size=100)
     geglu = classic.replace(mlp="geglu")
