@@ -145,7 +145,7 @@ def unpad(x: Tensor, keep: Tensor) -> Tensor:
     Unpadding, as in MosaicBERT (Portes et al. 2023) and ModernBERT (Warner et al. 2024):
     every layer but attention works on each token alone (embeddings' norm, projections,
     feed-forward, LayerNorms), so a padded batch can run them on its real tokens only and
-    save the work of the padding (benchmarks/bench_unpadding.py measures it). The real
+    save the work of the padding (docs/machine-room.md says what it buys). The real
     tokens' outputs are exactly the same.
     """
     return x[keep]
