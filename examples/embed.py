@@ -111,11 +111,13 @@ def main(argv=None) -> int:
                              allow_vocab_mismatch=args.allow_vocab_mismatch)
         encoder.to(device(args.device))
         vectors = encoder.encode(texts, batch_size=args.batch_size, max_length=args.max_length)
+        # The query too before --out is written: whatever refuses it, refuses it first.
+        query = (None if args.query is None else
+                 encoder.encode([args.query], max_length=args.max_length))
         save_npy(args.out, vectors.numpy())
         log.info("wrote %s: %d x %d float32 (%s pooling%s)", args.out, *vectors.shape,
                  args.pooling, ", normalised" if args.normalize else "")
-        if args.query is not None:
-            query = encoder.encode([args.query], max_length=args.max_length)
+        if query is not None:
             scores, rows = nearest(query, vectors, args.top_k)
             print(f"nearest to {args.query!r}:")
             for score, row in zip(scores[0].tolist(), rows[0].tolist()):

@@ -1,10 +1,15 @@
 """What every command-line script of examples/ shares: its parser, its start, how it ends.
 
-A script's life is `run_script(args, prepare, run)`: `prepare(args, ctx)` checks the flags
-and reads every input it can before anything is written (a refused run leaves --out as it
-found it); `run(args, ctx, prepared)` then trains inside the run folder, held by its lock
-(`rundir.open_run`). How it ends is said by the exit status, so that `cmd && next` never
-goes on after a run that did not finish well:
+A script's life is `run_script(args, prepare, run)`, and it checks, then writes.
+`prepare(args, ctx)` checks the flags and reads every input it can, writing nothing, and
+returns a namespace whose `runs` lists the training runs it will start (`resume.RunPlan`).
+`run_script` then checks --out: whether it can take a fresh start or holds a run to resume
+(`rundir.check_run_folder`), and with --resume, whether each run's checkpoint continues
+that very run (`resume.check_resume`: the model's class and config, the settings, the
+data). Only then does `run(args, ctx, prepared)` write, inside the run folder held by its
+lock (`rundir.open_run`); a start that ends before it has trained leaves the folder as it
+found it. How it ends is said by the exit status, so that `cmd && next` never goes on
+after a run that did not finish well:
 
     0          the run finished; its outputs are written
     1          the run started and could not finish well: it diverged (steps kept being
@@ -38,8 +43,8 @@ from .data.tokens import TokenFileError
 from .data.wikitext import DownloadError
 from .distributed import DistContext, all_gather_objects, cleanup, init_distributed
 from .recovery import TrainingError
-from .resume import read_rows
-from .rundir import open_run
+from .resume import check_resume, read_rows
+from .rundir import check_run_folder, open_run
 from .state import SettingsMismatch
 
 log = logging.getLogger(__name__)
@@ -170,7 +175,8 @@ def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
                run: Callable[[Any, DistContext, Any], None],
                flags: Mapping[str, str] = {}) -> int:
     """A script's life and its exit status (see the module docstring). `args.device`,
-    `args.out` and `args.resume` are read here. `flags` (TrainConfig field -> flag) names
+    `args.out` and `args.resume` are read here; `prepare` returns a namespace with `runs`,
+    the `resume.RunPlan` of each training run. `flags` (TrainConfig field -> flag) names
     the settings a refused resume differs in as the script's flags."""
     ctx, ok = None, False
     # Before anything multiplies a bf16 matrix: oneDNN reads its bound once, at its first.
@@ -182,9 +188,13 @@ def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
         if Path(args.out).exists() and not Path(args.out).is_dir():
             raise ValueError(f"--out {args.out} is a file; give a folder for the run (its "
                              f"checkpoints, logs and final model)")
-        prepared = prepare(args, ctx)  # nothing is written before this returns
+        prepared = prepare(args, ctx)  # reads and checks; writes nothing
+        if ctx.is_main:  # the rank that writes --out
+            check_run_folder(args.out, args.resume)
+        for plan in prepared.runs:  # every rank loads the checkpoint on --resume
+            check_resume(plan, ctx.device)
         with open_run(args.out, args.resume, main=ctx.is_main):
-            run(args, ctx, prepared)
+            run(args, ctx, prepared)  # the first write to --out
         ok = True
     except Stopped as e:
         ok = True  # every rank stopped at the same step, with its checkpoint saved
