@@ -97,7 +97,12 @@ def test_run_script_exit_statuses(tmp_path, capsys):
     assert status(cli.Stopped(signal.SIGINT, 4)) == 130
     assert status(TrainingError("diverged")) == 1
     assert status(ValueError("bad\n  input")) == 2
-    assert capsys.readouterr().err.splitlines() == ["error: diverged", "error: bad input"]
+    assert capsys.readouterr().err.splitlines() == [
+        "stopped by SIGTERM at step 4, its checkpoint saved: continue with the same command "
+        "plus --resume",
+        "stopped by SIGINT at step 4, its checkpoint saved: continue with the same command "
+        "plus --resume",
+        "error: diverged", "error: bad input"]
     assert status(prepare_error=ValueError("refused"), out=tmp_path / "new") == 2
     assert not (tmp_path / "new").exists()  # prepare runs before the run folder is made
 
