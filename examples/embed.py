@@ -144,6 +144,7 @@ def main(argv=None) -> int:
                 for score, row in zip(scores[0].tolist(), rows[0].tolist()):
                     print(f"{score:.4f}\tline {numbers[row]}\t{texts[row]}")
         except BaseException as e:
+            signals.settle()
             return cli.exit_status(e, signals.received, left=lambda: (
                 f"; {args.out} is written" if written else f" before {args.out} was written"))
     return 0

@@ -95,13 +95,16 @@ class StopOnSignals:
     main thread, and `signals.received` is the signal.
 
     Only the first signal raises: a second one (an impatient Ctrl-C) would otherwise cut
-    short the clean-up the first set off. The training loop puts its own handlers in place
-    for its steps (`engine.StopFlag`) and these back after them. `let_through()`, called
-    inside the `try` that handles `Interrupted`, lets through the signals a script's first
-    lines held back, so that a Ctrl-C while Python imported torch stops the script there."""
+    short the clean-up the first set off; and none does once the script's outcome is
+    decided (`settle()`), while it says so and leaves. The training loop puts its own
+    handlers in place for its steps (`engine.StopFlag`) and these back after them.
+    `let_through()`, called inside the `try` that handles `Interrupted`, lets through the
+    signals a script's first lines held back, so that a Ctrl-C while Python imported torch
+    stops the script there."""
 
     def __enter__(self) -> "StopOnSignals":
         self.received: Optional[int] = None
+        self._settled = False
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():  # else signals are not ours
             for sig in STOP_SIGNALS:
@@ -112,8 +115,11 @@ class StopOnSignals:
         if self._previous and hasattr(signal, "pthread_sigmask"):  # not on Windows
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
+    def settle(self) -> None:
+        self._settled = True
+
     def _raise(self, signum: int, frame: Any) -> None:
-        if self.received is None:
+        if self.received is None and not self._settled:
             self.received = signum
             raise Interrupted(signum)
 
@@ -259,9 +265,11 @@ def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
                 run(args, ctx, prepared)  # the first write to --out
             ok = True
         except BaseException as e:
+            signals.settle()  # the outcome is decided: a signal now would only cut it short
             ok = isinstance(e, Stopped)  # every rank stopped at the same step, saved
             return exit_status(e, signals.received, flags, lambda: _left(args.out, folder))
         finally:
+            signals.settle()
             if ctx is not None:
                 cleanup(ctx, wait=ok)
     return 0
