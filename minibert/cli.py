@@ -4,7 +4,7 @@ A script's life is `run_script(args, prepare, run)`, and it checks, then writes.
 `prepare(args, ctx)` checks the flags and reads every input it can, writing nothing, and
 returns a namespace whose `runs` lists the training runs it will start (`resume.RunPlan`).
 `run_script` then checks --out: whether it can take a fresh start or holds a run to resume
-(`rundir.check_run_folder`), and with --resume, whether each run's checkpoint continues
+(`rundir.RunFolder.check`), and with --resume, whether each run's checkpoint continues
 that very run (`resume.check_resume`: the model's class and config, the settings, the
 data). Only then does `run(args, ctx, prepared)` write, inside the run folder held by its
 lock (`rundir.open_run`); a start that ends before it has trained leaves the folder as it
@@ -54,7 +54,7 @@ from .data.wikitext import DownloadError
 from .distributed import DistContext, all_gather_objects, cleanup, init_distributed
 from .recovery import TrainingError
 from .resume import check_resume, read_rows
-from .rundir import RunFolder, check_run_folder, open_run
+from .rundir import RunFolder, open_run
 from .state import SettingsMismatch
 
 log = logging.getLogger(__name__)
@@ -256,11 +256,10 @@ def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
                 raise ValueError(f"--out {args.out} is a file; give a folder for the run (its "
                                  f"checkpoints, logs and final model)")
             prepared = prepare(args, ctx)  # reads and checks; writes nothing
-            if ctx.is_main:  # the rank that writes --out
-                check_run_folder(args.out, args.resume)
+            folder = open_run(args.out, args.resume, main=ctx.is_main)
+            folder.check()  # what --out holds (the rank that writes it)
             for plan in prepared.runs:  # every rank loads the checkpoint on --resume
                 check_resume(plan, ctx.device)
-            folder = open_run(args.out, args.resume, main=ctx.is_main)
             with folder:
                 run(args, ctx, prepared)  # the first write to --out
             ok = True

@@ -207,13 +207,14 @@ class RunFolder:
     """A run folder held by one start (`open_run`), left as that start found it if the start
     ends, by an exception, before its run has trained.
 
-    Entering checks the folder (`check_run_folder`), looks at what it holds, takes the
-    lock (main rank) and checks again under it. Leaving by an exception puts the folder
-    back, under the lock: what this start made there goes (and the lock file and the
-    folder itself, if it made them), unless the run saved a checkpoint or logged a row.
-    Then `trained` says whether it had (None: this start never held the folder), `made`
-    whether the folder is gone, made by this start, and `left` names what this start made
-    or wrote over and did not take back.
+    `check()` looks at what the folder holds and checks it (`check_run_folder`), reading
+    only; entering (main rank) checks if that was not done, takes the lock, and checks
+    again if the folder changed meanwhile. Leaving by an exception puts the folder back,
+    under the lock: what this start made there goes (and the lock file and the folder
+    itself, if it made them), unless the run saved a checkpoint or logged a row. Then
+    `trained` says whether it had (None: this start never held the folder), `made` whether
+    the folder is gone, made by this start, and `left` names what this start made or
+    wrote over and did not take back.
     """
 
     def __init__(self, path: Path, resume: bool, main: bool = True) -> None:
@@ -224,19 +225,31 @@ class RunFolder:
         self._lock = RunLock(path)
         self._had_lock = False
         self._first_made: Optional[Path] = None  # the outermost folder this start makes
-        self._before: dict[str, tuple] = {}
+        self._before: Optional[dict[str, tuple]] = None
 
-    def __enter__(self) -> RunFolder:
+    def check(self) -> None:
+        """Refuse a start the folder cannot take, before anything is made (main rank)."""
         if not self.main:
-            return self
-        check_run_folder(self.path, self.resume)
+            return
         missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
         self._first_made = missing[-1] if missing else None
         self._before = _listing(self.path)
         self._had_lock = LOCK_FILE in self._before
+        check_run_folder(self.path, self.resume)
+
+    def __enter__(self) -> RunFolder:
+        if not self.main:
+            return self
+        if self._before is None:
+            self.check()
         try:
             self._lock.acquire()
-            check_run_folder(self.path, self.resume)  # again: no other start writes now
+            # Another start may have come and gone since the check: look again (what it
+            # left is not this start's to take back), and check again.
+            now = _listing(self.path)
+            if _without_lock(now) != _without_lock(self._before):
+                self._before = now
+                check_run_folder(self.path, self.resume)
         except BaseException:
             self._leave()
             raise
@@ -258,16 +271,16 @@ class RunFolder:
             self._remove_made_folders()
 
     def _put_back(self) -> None:
-        now = _listing(self.path)
-        changed = [rel for rel, entry in now.items() if self._before.get(rel) != entry
+        before, now = self._before or {}, _listing(self.path)
+        changed = [rel for rel, entry in now.items() if before.get(rel) != entry
                    and rel != LOCK_FILE]
         self.trained = any(_training_output(rel) for rel in changed)
         if self.trained:
             return
         for rel in changed:
-            if rel in self._before:  # a file that was there, written over
+            if rel in before:  # a file that was there, written over
                 self.left.append(rel)
-            elif "/" not in rel or rel.rsplit("/", 1)[0] in self._before:  # new, parent not
+            elif "/" not in rel or rel.rsplit("/", 1)[0] in before:  # new, its parent not
                 try:
                     _remove(self.path / rel)
                 except OSError:
@@ -293,10 +306,11 @@ def open_run(out_dir: Union[str, os.PathLike], resume: bool, main: bool = True) 
     """`with open_run(out_dir, resume) as folder:` hold `out_dir` for one run (the main rank
     locks it) and refuse to mix runs there.
 
-    `check_run_folder` before anything is made, and again under the lock, so the check
-    and every write after it belong to this run alone. A start that ends by an exception
-    before its run has trained leaves the folder as it found it (`RunFolder`). Other ranks
-    (`main=False`) check nothing.
+    `check_run_folder` before anything is made (`RunFolder.check`, or on entering), and
+    again under the lock if the folder changed meanwhile, so the check and every write
+    after it belong to this run alone. A start that ends by an exception before its run
+    has trained leaves the folder as it found it (`RunFolder`). Other ranks (`main=False`)
+    check nothing.
     """
     return RunFolder(Path(out_dir), resume, main)
 
@@ -315,6 +329,10 @@ def _listing(folder: Path) -> dict[str, tuple]:
                 continue
             found[(base / name).as_posix()] = (st.st_size, st.st_mtime_ns)
     return found
+
+
+def _without_lock(listing: dict[str, tuple]) -> dict[str, tuple]:
+    return {rel: entry for rel, entry in listing.items() if rel != LOCK_FILE}
 
 
 _STEP_DIR = re.compile(r"(^|/)checkpoints/step_\d+(/|$)")
