@@ -25,10 +25,19 @@ status says how a run ended (minibert/cli.py).
 
 from __future__ import annotations
 
+import signal
+
+if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
+    # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
+    # stops in one line (minibert.cli.StopOnSignals), where Python would print a traceback.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
 import logging
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import torch
 import torch.nn as nn
 
 import minibert
@@ -37,7 +46,9 @@ from minibert.checkpoint import checkpoint_written
 from minibert.config import ALL_PRESETS
 from minibert.data import MLMCollator
 from minibert.distill import Distiller, check_alpha_temperature, load_teacher, teacher_digest
+from minibert.data.prepare import save_prepared
 from minibert.engine import eval_batches, evaluate, train
+from minibert.resume import RunPlan
 
 log = logging.getLogger("distill")
 
@@ -72,9 +83,10 @@ def main(argv=None) -> int:
     return cli.run_script(args, prepare, run, pretrain.flag_names(args))
 
 
-def prepare(args, ctx):
-    """The flags, the teacher (its tokenizer and positions) and the corpus, before --out is
-    touched: (the run's settings, the teacher, the corpus read)."""
+def prepare(args, ctx) -> SimpleNamespace:
+    """Everything that can be checked, before --out is touched: the flags, the teacher (its
+    tokenizer and positions), the corpus (read, tokenized into the cache), the student, and
+    what --resume compares for each of the two runs (their `RunPlan`s)."""
     check_alpha_temperature(args.alpha, args.temperature)
     if args.teacher.is_file():
         raise NotADirectoryError(f"--teacher {args.teacher} is a file, not a checkpoint "
@@ -89,7 +101,32 @@ def prepare(args, ctx):
     teacher, tok = load_teacher(args.teacher, args.seq_len, args.allow_vocab_mismatch)
     student = student_config(args, teacher, tok)
     student.check_fits(args.seq_len, tok.vocab_size, what="the student")
-    return cfg, teacher, student, pretrain.read_corpus(args, ctx)
+    # The teacher's tokenizer (--init-from is the teacher), or a resumed run's own.
+    data, identity = pretrain.prepare_data(args, ctx, pretrain.read_corpus(args, ctx))
+    # The distillation's own settings join the run identity that --resume compares.
+    distill_identity = {**identity, "--alpha": args.alpha, "--temperature": args.temperature,
+                        "teacher": teacher_digest(teacher)}
+    # The student, distilled. The seed is set right before each student is built, so both
+    # start from the same weights and draw the same dropout masks (the teacher, in eval
+    # mode, draws no random numbers); the one without the teacher is built after the first
+    # has trained. Here it is built on the meta device, for its resume check alone: its
+    # class and config, without memory or random draws.
+    minibert.set_seed(args.seed, deterministic=args.deterministic)
+    distiller = Distiller(minibert.BertForMaskedLM(student), teacher, args.alpha,
+                          args.temperature)
+    with torch.device("meta"):
+        plain = minibert.BertForMaskedLM(student)
+    # Resumed, the baseline goes on from its checkpoint; one stopped before its first
+    # checkpoint has only a log, of steps it will compute again, so it starts over. (One
+    # whose checkpoints are all damaged is resumed, and refused: nothing is deleted.)
+    base_out = args.out / "baseline"
+    base_resumed = args.resume and checkpoint_written(base_out / "checkpoints")
+    return SimpleNamespace(cfg=cfg, teacher=teacher, student=student, data=data,
+                           identity=identity, distill_identity=distill_identity,
+                           distiller=distiller, base_out=base_out,
+                           base_resumed=base_resumed, runs=[
+                               RunPlan(distiller, cfg, distill_identity, args.out, args.resume),
+                               RunPlan(plain, cfg, identity, base_out, base_resumed)])
 
 
 def student_config(args, teacher: minibert.BertForMaskedLM,
@@ -115,19 +152,16 @@ def report(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def run(args, ctx, prepared) -> None:
-    cfg, teacher, student, corpus = prepared
-    # The teacher's tokenizer (--init-from is the teacher), read after rank 0 has written it.
-    data, identity = pretrain.prepare_data(args, ctx, corpus)
+def run(args, ctx, p: SimpleNamespace) -> None:
+    cfg, teacher, data, distiller = p.cfg, p.teacher, p.data, p.distiller
+    if ctx.is_main:
+        save_prepared(args.out, data)  # the run's tokenizer and its corpus keys
     tok = data.tokenizer
     train_set, eval_set = data.splits[args.train_split], data.splits[args.eval_split]
     collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed,
                           whole_word_mask=args.whole_word_mask)
     # Scored as the main job scores: single tokens at --eval-mask-prob, whatever trains.
     eval_collate = MLMCollator(tok, mlm_probability=args.eval_mask_prob, seed=args.seed)
-    # The distillation's own settings join the run identity that --resume compares.
-    distill_identity = {**identity, "--alpha": args.alpha, "--temperature": args.temperature,
-                        "teacher": teacher_digest(teacher)}
 
     def mlm_metrics(model: nn.Module, precision: str) -> dict[str, float]:
         return evaluate(model, eval_batches(eval_set, eval_collate, cfg, ctx), precision,
@@ -136,19 +170,14 @@ def run(args, ctx, prepared) -> None:
     teacher.to(ctx.device)
     rows = {"teacher": {"model": f"teacher ({args.teacher})",
                         "parameters": sum(p.numel() for p in teacher.parameters())}}
-    # 1. The student, distilled. The seed is set right before each student is built, so
-    #    both students start from the same weights and draw the same dropout masks (the
-    #    teacher, in eval mode, draws no random numbers).
-    minibert.set_seed(args.seed, deterministic=args.deterministic)
-    distiller = Distiller(minibert.BertForMaskedLM(student), teacher, args.alpha,
-                          args.temperature)
+    # 1. The student, distilled (built in `prepare`, right after the seed was set).
     n_student = sum(p.numel() for p in distiller.parameters())
     log.info("teacher: %s, %.1fM parameters; student: %s, %.1fM; alpha %g, T %g",
              args.teacher, rows["teacher"]["parameters"] / 1e6, args.student_preset,
              n_student / 1e6, args.alpha, args.temperature)
     cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)  # on by default on a CPU
     distilled = train(distiller, train_set, collate, cfg, args.out, ctx=ctx,
-                      resume=args.resume, data_identity=distill_identity,
+                      resume=args.resume, data_identity=p.distill_identity,
                       eval_fn=lambda m, precision: mlm_metrics(m.student, precision))
     cli.finished(distilled, ctx, cfg.lr, distiller, args.out, what="the distillation")
     # The teacher is scored as its student is, in the precision the distillation ran in
@@ -156,15 +185,11 @@ def run(args, ctx, prepared) -> None:
     rows["teacher"].update(mlm_metrics(teacher, distilled["precision"]))
     # 2. The same student, same seed and steps, without the teacher: plain MLM.
     minibert.set_seed(args.seed, deterministic=args.deterministic)
-    plain = minibert.BertForMaskedLM(student)
-    base_out = args.out / "baseline"
-    # Resumed, the baseline goes on from its checkpoint; one stopped before its first
-    # checkpoint has only a log, of steps it will compute again, so it starts over. (One
-    # whose checkpoints are all damaged is resumed, and refused: nothing is deleted.)
-    base_saved = checkpoint_written(base_out / "checkpoints")
+    plain = minibert.BertForMaskedLM(p.student)
+    base_out = p.base_out
     baseline = train(plain, train_set, collate, cfg, base_out, ctx=ctx,
-                     resume=args.resume and base_saved, overwrite=args.resume and not base_saved,
-                     data_identity=identity, eval_fn=mlm_metrics)
+                     resume=p.base_resumed, overwrite=args.resume and not p.base_resumed,
+                     data_identity=p.identity, eval_fn=mlm_metrics)
     # A baseline that diverged says nothing about distillation: no row, no final/.
     if not cli.finished(baseline, ctx, cfg.lr, plain, base_out,
                         what="the run without the teacher"):

@@ -15,6 +15,14 @@ file. Bad input ends with one line on stderr and exit status 2 (minibert/cli.py)
 
 from __future__ import annotations
 
+import signal
+
+if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
+    # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
+    # stops in one line (minibert.cli.StopOnSignals), where Python would print a traceback.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+import contextlib
 import logging
 import os
 import sys
@@ -69,21 +77,29 @@ def read_texts(path: Path) -> tuple[list[str], list[int]]:
 
 
 def save_npy(path: Path, array: np.ndarray) -> None:
-    """Write `path` through a temporary file beside it, so it is never left half written."""
+    """Write `path` through a temporary file beside it, so it is never left half written;
+    folders made for it go again if it is not written."""
+    made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OSError(f"cannot make the folder of --out {path}: {e.strerror}: {e.filename}"
                       ) from None
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, array)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, array)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
     except BaseException:
-        os.unlink(tmp)
+        for folder in made:  # innermost first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         raise
 
 
@@ -94,38 +110,47 @@ def device(name: str) -> torch.device:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    try:
-        if args.top_k < 1 or args.batch_size < 1:
-            raise ValueError("--top-k and --batch-size must be at least 1")
-        if args.query is not None and not args.query.strip():
-            # An empty text encodes to [CLS] [SEP] alone: a ranking by nothing that was asked.
-            raise ValueError(f"--query is empty ({args.query!r}); give the text to search "
-                             f"for, or leave --query out to only write the vectors")
-        if args.out.is_dir():
-            raise ValueError(f"--out {args.out} is a folder; give the .npy file to write")
-        texts, numbers = read_texts(args.input)  # read before the model: the cheaper check
-        # The folder's vocabulary is checked next, with the rest of the fit and in the
-        # flag's terms, so the loader's own check (which names the argument) is waived here.
-        encoder = SentenceEncoder.from_pretrained(args.model, pooling=args.pooling,
-                                                  normalize=args.normalize,
-                                                  allow_vocab_mismatch=True)
-        check_tokenizer_fits(encoder.model.config, encoder.tokenizer, source=args.model,
-                             allow_vocab_mismatch=args.allow_vocab_mismatch)
-        encoder.to(device(args.device))
-        vectors = encoder.encode(texts, batch_size=args.batch_size, max_length=args.max_length)
-        save_npy(args.out, vectors.numpy())
-        log.info("wrote %s: %d x %d float32 (%s pooling%s)", args.out, *vectors.shape,
-                 args.pooling, ", normalised" if args.normalize else "")
-        if args.query is not None:
-            query = encoder.encode([args.query], max_length=args.max_length)
-            scores, rows = nearest(query, vectors, args.top_k)
-            print(f"nearest to {args.query!r}:")
-            for score, row in zip(scores[0].tolist(), rows[0].tolist()):
-                print(f"{score:.4f}\tline {numbers[row]}\t{texts[row]}")
-    except cli.BAD_INPUT as e:
-        return cli.failed(e)
+    with cli.StopOnSignals() as signals:  # Ctrl-C: one line, exit status 130 (minibert/cli.py)
+        args = parse_args(argv)
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+        written = False
+        try:
+            signals.let_through()
+            if args.top_k < 1 or args.batch_size < 1:
+                raise ValueError("--top-k and --batch-size must be at least 1")
+            if args.query is not None and not args.query.strip():
+                # An empty text encodes to [CLS] [SEP] alone: a ranking by nothing asked.
+                raise ValueError(f"--query is empty ({args.query!r}); give the text to search "
+                                 f"for, or leave --query out to only write the vectors")
+            if args.out.is_dir():
+                raise ValueError(f"--out {args.out} is a folder; give the .npy file to write")
+            texts, numbers = read_texts(args.input)  # read before the model: the cheaper check
+            # The folder's vocabulary is checked next, with the rest of the fit and in the
+            # flag's terms, so the loader's own check (which names the argument) is waived.
+            encoder = SentenceEncoder.from_pretrained(args.model, pooling=args.pooling,
+                                                      normalize=args.normalize,
+                                                      allow_vocab_mismatch=True)
+            check_tokenizer_fits(encoder.model.config, encoder.tokenizer, source=args.model,
+                                 allow_vocab_mismatch=args.allow_vocab_mismatch)
+            encoder.to(device(args.device))
+            vectors = encoder.encode(texts, batch_size=args.batch_size,
+                                     max_length=args.max_length)
+            # The query too before --out is written: whatever refuses it, refuses it first.
+            query = (None if args.query is None else
+                     encoder.encode([args.query], max_length=args.max_length))
+            save_npy(args.out, vectors.numpy())
+            written = True
+            log.info("wrote %s: %d x %d float32 (%s pooling%s)", args.out, *vectors.shape,
+                     args.pooling, ", normalised" if args.normalize else "")
+            if query is not None:
+                scores, rows = nearest(query, vectors, args.top_k)
+                print(f"nearest to {args.query!r}:")
+                for score, row in zip(scores[0].tolist(), rows[0].tolist()):
+                    print(f"{score:.4f}\tline {numbers[row]}\t{texts[row]}")
+        except BaseException as e:
+            signals.settle()
+            return cli.exit_status(e, signals.received, left=lambda: (
+                f"; {args.out} is written" if written else f" before {args.out} was written"))
     return 0
 
 

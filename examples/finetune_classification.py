@@ -26,6 +26,13 @@ the exit status says how a run ended (minibert/cli.py).
 
 from __future__ import annotations
 
+import signal
+
+if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
+    # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
+    # stops in one line (minibert.cli.StopOnSignals), where Python would print a traceback.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
 import csv
 import io
 import logging
@@ -39,6 +46,7 @@ from minibert.checkpoint import sha256_file
 from minibert.data import TaskCollator, read_table_task
 from minibert.engine import train
 from minibert.predict import predict
+from minibert.resume import RunPlan
 
 log = logging.getLogger("finetune")
 
@@ -63,7 +71,8 @@ def main(argv=None) -> int:
 
 def prepare(args, ctx) -> SimpleNamespace:
     """Everything that can be checked, before --out is touched: the flags, both files'
-    rows, the tokenizer against the model, and the encoded examples."""
+    rows, a resumed run's labels, the tokenizer against the model, the encoded examples,
+    and what --resume compares (the run's `RunPlan`)."""
     finetune.check_args(args, ctx, positive=["max_train_examples"])
     shortest = 5 if args.text_pair_column else 3
     if args.seq_len < shortest:
@@ -71,15 +80,25 @@ def prepare(args, ctx) -> SimpleNamespace:
                          f"token of each text)")
     task = read_table_task(args.train, args.eval, args.text_column, args.text_pair_column,
                            args.label_column, args.max_train_examples, args.seed)
+    finetune.check_labels(args, task.names)
     cfg = finetune.epoch_config(args, ctx, len(task.train),
                                 f"{args.train} gives {len(task.train)} training examples")
     tok = finetune.prepare_tokenizer(args, ctx, task.train.tokenizer_texts())
     minibert.set_seed(args.seed)
     model = finetune.build_model(minibert.BertForSequenceClassification, args, tok,
                                  num_labels=len(task.names), id2label=task.names)
-    return SimpleNamespace(task=task, tok=tok, model=model, cfg=cfg,
+    # What --resume compares besides the model and training settings: the same examples,
+    # read from the same columns, encoded by the same tokenizer, for the same classes; and
+    # the same evaluation examples, so that every epoch's scores compare (minibert/state.py).
+    identity = {"train file": sha256_file(args.train), "--eval file": sha256_file(args.eval),
+                "--max-train-examples": args.max_train_examples,
+                "--text-column": args.text_column, "--text-pair-column": args.text_pair_column,
+                "--label-column": args.label_column, "--seq-len": args.seq_len,
+                "tokenizer": tok.fingerprint, "labels": task.names}
+    return SimpleNamespace(task=task, tok=tok, model=model, cfg=cfg, identity=identity,
                            train_set=task.train.encode(tok, args.seq_len),
-                           eval_set=task.eval.encode(tok, args.seq_len))
+                           eval_set=task.eval.encode(tok, args.seq_len),
+                           runs=[RunPlan(model, cfg, identity, args.out, args.resume)])
 
 
 def run(args, ctx, p: SimpleNamespace) -> None:
@@ -99,18 +118,10 @@ def run(args, ctx, p: SimpleNamespace) -> None:
                        precision, ctx.device)
         return finetune.task_scores(task, pred, p.eval_set)
 
-    # What --resume compares besides the model and training settings: the same examples,
-    # read from the same columns, encoded by the same tokenizer, for the same classes; and
-    # the same evaluation examples, so that every epoch's scores compare (minibert/state.py).
-    identity = {"train file": sha256_file(args.train), "--eval file": sha256_file(args.eval),
-                "--max-train-examples": args.max_train_examples,
-                "--text-column": args.text_column, "--text-pair-column": args.text_pair_column,
-                "--label-column": args.label_column, "--seq-len": args.seq_len,
-                "tokenizer": tok.fingerprint, "labels": task.names}
     cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)
     result = train(model, p.train_set, collate, cfg, args.out, ctx=ctx, resume=args.resume,
                    lengths=[len(f["input_ids"]) for f in p.train_set], eval_fn=eval_fn,
-                   data_identity=identity)
+                   data_identity=p.identity)
     if not cli.finished(result, ctx, cfg.lr, model, args.out):
         return
     model.save_pretrained(args.out / "final", tokenizer=tok)

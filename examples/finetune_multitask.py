@@ -25,6 +25,13 @@ input ends with one line on stderr and exit status 2, before --out is touched.
 
 from __future__ import annotations
 
+import signal
+
+if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
+    # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
+    # stops in one line (minibert.cli.StopOnSignals), where Python would print a traceback.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
 import logging
 import sys
 from pathlib import Path
@@ -41,6 +48,7 @@ from minibert.engine import train
 from minibert.metrics import SCHEMES, canonical_scheme, numbers
 from minibert.multitask import KINDS, check_task_name
 from minibert.predict import predict
+from minibert.resume import RunPlan
 
 log = logging.getLogger("finetune_multitask")
 
@@ -93,7 +101,8 @@ def main(argv=None) -> int:
 
 def prepare(args, ctx) -> SimpleNamespace:
     """Everything that can be checked, before --out is touched: the tasks and flags, every
-    task's files (its `TaskData`), the tokenizer against the model, the encoded examples."""
+    task's files (its `TaskData`), the tokenizer against the model, the encoded examples,
+    and what --resume compares (the run's `RunPlan`)."""
     tasks = parse_tasks(args.task)
     finetune.check_args(args, ctx)
     if args.seq_len < 5:
@@ -122,7 +131,18 @@ def prepare(args, ctx) -> SimpleNamespace:
     # --epochs counts epoch-equivalents: all tasks' training examples once, on average.
     cfg = finetune.train_config(args, max(1, batches_per_epoch(n_train, args.batch_size,
                                                                ctx.world_size)))
-    return SimpleNamespace(tasks=tasks, tok=tok, model=model, cfg=cfg)
+    # What --resume compares: the same tasks in the same order (the dataset's layout), each
+    # with its training file's content and labels, read and encoded the same way, and its
+    # evaluation file's content, so that every epoch's scores compare (minibert/state.py).
+    identity = {"tasks": [f"{t['name']}:{t['kind']}" for t in tasks],
+                **{f"{t['name']} train file": sha256_file(t["train_file"]) for t in tasks},
+                **{f"{t['name']} eval file": sha256_file(t["eval_file"]) for t in tasks},
+                **{f"{t['name']} labels": t["data"].names for t in tasks},
+                "--text-column": args.text_column, "--text-pair-column": args.text_pair_column,
+                "--label-column": args.label_column, "--scheme": args.scheme,
+                "--seq-len": args.seq_len, "tokenizer": tok.fingerprint}
+    return SimpleNamespace(tasks=tasks, tok=tok, model=model, cfg=cfg, identity=identity,
+                           runs=[RunPlan(model, cfg, identity, args.out, args.resume)])
 
 
 def run(args, ctx, p: SimpleNamespace) -> None:
@@ -147,19 +167,9 @@ def run(args, ctx, p: SimpleNamespace) -> None:
         return {**{f"{n}/{k}": v for n, s in scores.items() for k, v in numbers(s).items()},
                 "tasks": scores}
 
-    # What --resume compares: the same tasks in the same order (the dataset's layout), each
-    # with its training file's content and labels, read and encoded the same way, and its
-    # evaluation file's content, so that every epoch's scores compare (minibert/state.py).
-    identity = {"tasks": [f"{t['name']}:{t['kind']}" for t in tasks],
-                **{f"{t['name']} train file": sha256_file(t["train_file"]) for t in tasks},
-                **{f"{t['name']} eval file": sha256_file(t["eval_file"]) for t in tasks},
-                **{f"{t['name']} labels": t["data"].names for t in tasks},
-                "--text-column": args.text_column, "--text-pair-column": args.text_pair_column,
-                "--label-column": args.label_column, "--scheme": args.scheme,
-                "--seq-len": args.seq_len, "tokenizer": tok.fingerprint}
     cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)
     result = train(model, train_set, collate, cfg, args.out, ctx=ctx, resume=args.resume,
-                   eval_fn=eval_fn, data_identity=identity, batches=batches)
+                   eval_fn=eval_fn, data_identity=p.identity, batches=batches)
     if not cli.finished(result, ctx, cfg.lr, model, args.out):
         return
     for t in tasks:

@@ -19,6 +19,13 @@ exit status 2, and --out untouched.
 
 from __future__ import annotations
 
+import signal
+
+if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
+    # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
+    # stops in one line (minibert.cli.StopOnSignals), where Python would print a traceback.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
 import json
 import logging
 import sys
@@ -32,6 +39,7 @@ from minibert.data import TaskCollator, best_span, encode_qa, random_subset, rea
 from minibert.engine import train
 from minibert.metrics import squad_scores
 from minibert.predict import predict
+from minibert.resume import RunPlan
 
 log = logging.getLogger("finetune_qa")
 
@@ -71,7 +79,7 @@ def main(argv=None) -> int:
 def prepare(args, ctx) -> SimpleNamespace:
     """Everything that can be checked, before --out is touched: the flags, the questions of
     both files, the tokenizer against the model, and the windows (a question may leave a
-    window no room for context)."""
+    window no room for context), and what --resume compares (the run's `RunPlan`)."""
     finetune.check_args(args, ctx, positive=["max_train_examples", "max_question_len",
                                              "max_answer_length", "n_best"])
     # nan compares false with every score: no question would ever be left unanswered
@@ -102,8 +110,19 @@ def prepare(args, ctx) -> SimpleNamespace:
         max_question_len=args.max_question_len), WINDOW_FLAGS) for s in ("train", "eval"))
     cfg = finetune.epoch_config(args, ctx, len(train_set),
                                 f"{args.train} gives {len(train_set)} training windows")
+    # What --resume compares besides the model and training settings: the same questions,
+    # cut into the same windows by the same tokenizer; and the same evaluation questions,
+    # whose answers are picked by the same rules, so that every epoch's scores compare
+    # (minibert/state.py).
+    identity = {"train file": sha256_file(args.train), "--eval file": sha256_file(args.eval),
+                "--max-train-examples": args.max_train_examples, "--seq-len": args.seq_len,
+                "--doc-stride": args.doc_stride, "--max-question-len": args.max_question_len,
+                "--version-2": args.version_2, "tokenizer": tok.fingerprint,
+                "--max-answer-length": args.max_answer_length, "--n-best": args.n_best,
+                "--null-score-diff-threshold": args.null_score_diff_threshold}
     return SimpleNamespace(questions=questions, tok=tok, model=model, cfg=cfg,
-                           train_set=train_set, eval_set=eval_set)
+                           train_set=train_set, eval_set=eval_set, identity=identity,
+                           runs=[RunPlan(model, cfg, identity, args.out, args.resume)])
 
 
 def run(args, ctx, p: SimpleNamespace) -> None:
@@ -127,20 +146,10 @@ def run(args, ctx, p: SimpleNamespace) -> None:
         return {**squad_scores(predictions, gold), "eval_loss": pred.loss,
                 "predictions": predictions}
 
-    # What --resume compares besides the model and training settings: the same questions,
-    # cut into the same windows by the same tokenizer; and the same evaluation questions,
-    # whose answers are picked by the same rules, so that every epoch's scores compare
-    # (minibert/state.py).
-    identity = {"train file": sha256_file(args.train), "--eval file": sha256_file(args.eval),
-                "--max-train-examples": args.max_train_examples, "--seq-len": args.seq_len,
-                "--doc-stride": args.doc_stride, "--max-question-len": args.max_question_len,
-                "--version-2": args.version_2, "tokenizer": tok.fingerprint,
-                "--max-answer-length": args.max_answer_length, "--n-best": args.n_best,
-                "--null-score-diff-threshold": args.null_score_diff_threshold}
     cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)
     result = train(model, p.train_set, collate, cfg, args.out, ctx=ctx, resume=args.resume,
                    lengths=[len(f["input_ids"]) for f in p.train_set], eval_fn=eval_fn,
-                   data_identity=identity)
+                   data_identity=p.identity)
     if not cli.finished(result, ctx, cfg.lr, model, args.out):
         return
     model.save_pretrained(args.out / "final", tokenizer=tok)

@@ -17,6 +17,13 @@ the file and the line, exit status 2, and nothing in --out is touched.
 
 from __future__ import annotations
 
+import signal
+
+if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
+    # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
+    # stops in one line (minibert.cli.StopOnSignals), where Python would print a traceback.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
 import logging
 import sys
 from pathlib import Path
@@ -29,6 +36,7 @@ from minibert.data import TaskCollator, read_conll_task
 from minibert.engine import train
 from minibert.metrics import SCHEMES, canonical_scheme
 from minibert.predict import predict
+from minibert.resume import RunPlan
 
 log = logging.getLogger("finetune_token")
 
@@ -57,12 +65,14 @@ def main(argv=None) -> int:
 
 def prepare(args, ctx) -> SimpleNamespace:
     """Everything that can be checked, before --out is touched: the flags, both files'
-    sentences (every tag against --scheme), the tokenizer against the model, the windows."""
+    sentences (every tag against --scheme), a resumed run's tags, the tokenizer against the
+    model, the windows, and what --resume compares (the run's `RunPlan`)."""
     finetune.check_args(args, ctx, positive=["max_train_examples"])
     if args.seq_len < 3:
         raise ValueError("--seq-len must be at least 3 ([CLS], one piece, [SEP])")
     task = read_conll_task(args.train, args.eval, args.scheme, args.max_train_examples,
                            args.seed)
+    finetune.check_labels(args, task.names, "tags")
     tok = finetune.prepare_tokenizer(args, ctx, task.train.tokenizer_texts())
     minibert.set_seed(args.seed)
     model = finetune.build_model(minibert.BertForTokenClassification, args, tok,
@@ -70,14 +80,22 @@ def prepare(args, ctx) -> SimpleNamespace:
     train_set = task.train.encode(tok, args.seq_len)
     cfg = finetune.epoch_config(args, ctx, len(train_set),
                                 f"{args.train} gives {len(train_set)} training windows")
+    # What --resume compares besides the model and training settings: the same sentences,
+    # windows, tags and tokenizer, and the same evaluation sentences, so that every epoch's
+    # scores compare (minibert/state.py).
+    identity = {"train file": sha256_file(args.train), "--eval file": sha256_file(args.eval),
+                "--seq-len": args.seq_len,
+                "--max-train-examples": args.max_train_examples, "--scheme": args.scheme,
+                "tokenizer": tok.fingerprint, "labels": task.names}
     return SimpleNamespace(task=task, tok=tok, model=model, cfg=cfg, train_set=train_set,
-                           eval_set=task.eval.encode(tok, args.seq_len))
+                           eval_set=task.eval.encode(tok, args.seq_len), identity=identity,
+                           runs=[RunPlan(model, cfg, identity, args.out, args.resume)])
 
 
 def run(args, ctx, p: SimpleNamespace) -> None:
     task, tok, model, cfg = p.task, p.tok, p.model, p.cfg
     if ctx.is_main:
-        finetune.save_labels(args, task.names, "tags")
+        finetune.save_labels(args, task.names)
     finetune.save_tokenizer(args, ctx, tok)
     log.info("%d training sentences in %d windows, %d eval sentences in %d; %d tags; %d steps",
              len(task.train), len(p.train_set), len(task.eval), len(p.eval_set),
@@ -89,17 +107,10 @@ def run(args, ctx, p: SimpleNamespace) -> None:
                        precision, ctx.device)
         return finetune.task_scores(task, pred, p.eval_set, args.scheme)
 
-    # What --resume compares besides the model and training settings: the same sentences,
-    # windows, tags and tokenizer, and the same evaluation sentences, so that every epoch's
-    # scores compare (minibert/state.py).
-    identity = {"train file": sha256_file(args.train), "--eval file": sha256_file(args.eval),
-                "--seq-len": args.seq_len,
-                "--max-train-examples": args.max_train_examples, "--scheme": args.scheme,
-                "tokenizer": tok.fingerprint, "labels": task.names}
     cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)
     result = train(model, p.train_set, collate, cfg, args.out, ctx=ctx, resume=args.resume,
                    lengths=[len(f["input_ids"]) for f in p.train_set], eval_fn=eval_fn,
-                   data_identity=identity)
+                   data_identity=p.identity)
     if not cli.finished(result, ctx, cfg.lr, model, args.out):
         return
     model.save_pretrained(args.out / "final", tokenizer=tok)

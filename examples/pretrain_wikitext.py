@@ -20,16 +20,25 @@ same run: the data, tokenizer and settings are compared with the checkpoint's.
 
 from __future__ import annotations
 
+import signal
+
+if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
+    # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
+    # stops in one line (minibert.cli.StopOnSignals), where Python would print a traceback.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
 import logging
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import minibert
 from minibert import cli, pretrain
 from minibert.config import ALL_PRESETS
 from minibert.data import MLMCollator
+from minibert.data.prepare import save_prepared
 from minibert.engine import eval_batches, evaluate, train
-from minibert.resume import read_rows
+from minibert.resume import RunPlan, read_rows
 
 log = logging.getLogger("pretrain")
 
@@ -59,12 +68,19 @@ def main(argv=None) -> int:
     return cli.run_script(args, prepare, run, pretrain.flag_names(args))
 
 
-def prepare(args, ctx):
-    """The flags, the corpus and the model's fit (positions, --init-from's tokenizer and
-    weights), before --out is touched: (the run's settings, the corpus read)."""
+def prepare(args, ctx) -> SimpleNamespace:
+    """Everything that can be checked, before --out is touched: the flags, the model's fit
+    (positions, --init-from's tokenizer and weights), the corpus (read, its tokenizer fixed
+    and its splits tokenized into the cache), the model, and what --resume compares (the
+    run's `RunPlan`)."""
     cfg = pretrain.check_args(args, ctx)
     pretrain.check_model_fits(args)
-    return cfg, pretrain.read_corpus(args, ctx)
+    corpus = pretrain.read_corpus(args, ctx)
+    minibert.set_seed(args.seed, deterministic=args.deterministic)
+    data, identity = pretrain.prepare_data(args, ctx, corpus)
+    model = build_model(args, data.tokenizer)
+    return SimpleNamespace(cfg=cfg, data=data, identity=identity, model=model,
+                           runs=[RunPlan(model, cfg, identity, args.out, args.resume)])
 
 
 def build_model(args, tok) -> minibert.BertForMaskedLM:
@@ -109,13 +125,12 @@ def plot_loss(out: Path) -> None:
     plt.close()
 
 
-def run(args, ctx, prepared) -> None:
-    cfg, corpus = prepared
-    minibert.set_seed(args.seed, deterministic=args.deterministic)
-    data, identity = pretrain.prepare_data(args, ctx, corpus)
+def run(args, ctx, p: SimpleNamespace) -> None:
+    cfg, data, model = p.cfg, p.data, p.model
+    if ctx.is_main:
+        save_prepared(args.out, data)  # the run's tokenizer and its corpus keys
     tok, train_set, eval_set = (data.tokenizer, data.splits[args.train_split],
                                 data.splits[args.eval_split])
-    model = build_model(args, tok)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s, %.1fM parameters; %d training blocks of %d tokens", args.preset
              if not args.init_from else args.init_from, n_params / 1e6, len(train_set),
@@ -134,7 +149,7 @@ def run(args, ctx, prepared) -> None:
 
     cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)  # on by default on a CPU
     result = train(model, train_set, collate, cfg, args.out, ctx=ctx, eval_fn=mlm_metrics,
-                   resume=args.resume, data_identity=identity)
+                   resume=args.resume, data_identity=p.identity)
     if not cli.finished(result, ctx, cfg.lr, model, args.out):
         return
     model.save_pretrained(args.out / "final", tokenizer=tok)

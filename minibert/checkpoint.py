@@ -173,16 +173,23 @@ def verify_checkpoint(path: PathLike) -> dict[str, Any]:
     return meta
 
 
-def load_checkpoint(path: PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+def load_checkpoint(path: PathLike, map_location: Any = "cpu", mmap: bool = False,
+                    verify: bool = True) -> dict[str, Any]:
     """Verify the checkpoint directory `path`, then load and return its state dict.
 
     Tensors are placed by `map_location` (default CPU; `load_state_dict` then copies them
-    to wherever the model lives). Raises CheckpointError when the checkpoint is damaged.
+    to wherever the model lives). `mmap`: tensors stay in the file, read only when used
+    (to look at a checkpoint's settings at the cost of its small values alone). `verify`:
+    False where the caller has just verified it (`latest_checkpoint` does), as reading a
+    large state file twice costs seconds. Raises CheckpointError when the checkpoint is
+    damaged.
     """
     path = Path(path)
-    verify_checkpoint(path)
+    if verify:
+        verify_checkpoint(path)
     try:
-        state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True)
+        state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True,
+                           mmap=mmap)
     except Exception as e:  # unpickling or zip errors: only the gist goes into the message
         raise CheckpointError(f"checkpoint {path}: {STATE_FILE} could not be loaded with "
                               f"weights_only=True ({_gist(e)})") from None

@@ -1,10 +1,15 @@
 """What every command-line script of examples/ shares: its parser, its start, how it ends.
 
-A script's life is `run_script(args, prepare, run)`: `prepare(args, ctx)` checks the flags
-and reads every input it can before anything is written (a refused run leaves --out as it
-found it); `run(args, ctx, prepared)` then trains inside the run folder, held by its lock
-(`rundir.open_run`). How it ends is said by the exit status, so that `cmd && next` never
-goes on after a run that did not finish well:
+A script's life is `run_script(args, prepare, run)`, and it checks, then writes.
+`prepare(args, ctx)` checks the flags and reads every input it can, writing nothing, and
+returns a namespace whose `runs` lists the training runs it will start (`resume.RunPlan`).
+`run_script` then checks --out: whether it can take a fresh start or holds a run to resume
+(`rundir.RunFolder.check`), and with --resume, whether each run's checkpoint continues
+that very run (`resume.check_resume`: the model's class and config, the settings, the
+data). Only then does `run(args, ctx, prepared)` write, inside the run folder held by its
+lock (`rundir.open_run`); a start that ends before it has trained leaves the folder as it
+found it. How it ends is said by the exit status, so that `cmd && next` never goes on
+after a run that did not finish well:
 
     0          the run finished; its outputs are written
     1          the run started and could not finish well: it diverged (steps kept being
@@ -12,8 +17,16 @@ goes on after a run that did not finish well:
                final/ is written, the checkpoints are kept
     2          bad input (a flag, a file, a checkpoint, a missing package), refused with
                one line on stderr, before --out is touched
-    128 + N    stopped by signal N (130 for SIGINT, 143 for SIGTERM) after saving a
-               checkpoint: the same command with --resume continues it
+    128 + N    stopped by signal N (130 for SIGINT, 143 for SIGTERM), said in one line on
+               stderr: during training, after saving a checkpoint (the same command with
+               --resume continues it); before the first step, with --out as the start
+               found it (the line says what is left otherwise)
+
+Signals are this module's from the script's first line: each script holds SIGINT and
+SIGTERM back (`signal.pthread_sigmask`) while Python imports torch, and `run_script` takes
+them over. Outside the training loop (whose `StopFlag` ends the step in progress and saves
+it) a signal stops the script where it is, as Ctrl-C does any Python program, but with one
+line rather than a traceback.
 
 This module is the scripts' layer: it logs their one-line errors to stderr (the library
 below it only logs), and translates the settings' field names into flag names.
@@ -26,7 +39,9 @@ import copy
 import logging
 import math
 import re
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
@@ -38,8 +53,8 @@ from .data.tokens import TokenFileError
 from .data.wikitext import DownloadError
 from .distributed import DistContext, all_gather_objects, cleanup, init_distributed
 from .recovery import TrainingError
-from .resume import read_rows
-from .rundir import open_run
+from .resume import check_resume, read_rows
+from .rundir import RunFolder, open_run
 from .state import SettingsMismatch
 
 log = logging.getLogger(__name__)
@@ -51,12 +66,66 @@ BAD_INPUT = (ValueError, OSError, ImportError, DownloadError, TokenFileError, Ch
 T = TypeVar("T")
 
 
+# The signals that stop a script cleanly; a script's first lines hold them back while Python
+# imports torch (see the module docstring).
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 class Stopped(Exception):
     """A run stopped by a signal after saving its checkpoint: exit status 128 + `signal`."""
 
     def __init__(self, signal: int, step: int) -> None:
         super().__init__(f"stopped by signal {signal} at step {step}")
         self.signal, self.step = signal, step
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM outside the training loop: the script stops where it is.
+
+    A BaseException, as KeyboardInterrupt is, so that no `except Exception` on the way
+    takes it for an error, and every `finally` and cleanup on the way still runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signal = signum
+
+
+class StopOnSignals:
+    """`with StopOnSignals() as signals:` SIGINT and SIGTERM raise `Interrupted` in the
+    main thread, and `signals.received` is the signal.
+
+    Only the first signal raises: a second one (an impatient Ctrl-C) would otherwise cut
+    short the clean-up the first set off; and none does once the script's outcome is
+    decided (`settle()`), while it says so and leaves. The training loop puts its own
+    handlers in place for its steps (`engine.StopFlag`) and these back after them.
+    `let_through()`, called inside the `try` that handles `Interrupted`, lets through the
+    signals a script's first lines held back, so that a Ctrl-C while Python imported torch
+    stops the script there."""
+
+    def __enter__(self) -> "StopOnSignals":
+        self.received: Optional[int] = None
+        self._settled = False
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():  # else signals are not ours
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._raise)
+        return self
+
+    def let_through(self) -> None:
+        if self._previous and hasattr(signal, "pthread_sigmask"):  # not on Windows
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+    def settle(self) -> None:
+        self._settled = True
+
+    def _raise(self, signum: int, frame: Any) -> None:
+        if self.received is None and not self._settled:
+            self.received = signum
+            raise Interrupted(signum)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 # ---- the parser ------------------------------------------------------------------------------
@@ -170,33 +239,78 @@ def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
                run: Callable[[Any, DistContext, Any], None],
                flags: Mapping[str, str] = {}) -> int:
     """A script's life and its exit status (see the module docstring). `args.device`,
-    `args.out` and `args.resume` are read here. `flags` (TrainConfig field -> flag) names
+    `args.out` and `args.resume` are read here; `prepare` returns a namespace with `runs`,
+    the `resume.RunPlan` of each training run. `flags` (TrainConfig field -> flag) names
     the settings a refused resume differs in as the script's flags."""
-    ctx, ok = None, False
-    # Before anything multiplies a bf16 matrix: oneDNN reads its bound once, at its first.
-    memory.limit_kernel_cache()
-    try:
-        ctx = init_distributed(args.device)
-        logging.basicConfig(level=logging.INFO if ctx.is_main else logging.WARNING,
-                            format="%(message)s", stream=sys.stdout)
-        if Path(args.out).exists() and not Path(args.out).is_dir():
-            raise ValueError(f"--out {args.out} is a file; give a folder for the run (its "
-                             f"checkpoints, logs and final model)")
-        prepared = prepare(args, ctx)  # nothing is written before this returns
-        with open_run(args.out, args.resume, main=ctx.is_main):
-            run(args, ctx, prepared)
-        ok = True
-    except Stopped as e:
-        ok = True  # every rank stopped at the same step, with its checkpoint saved
-        return 128 + e.signal
-    except SettingsMismatch as e:
-        return failed(ValueError(e.said(flags)))
-    except (TrainingError, *BAD_INPUT) as e:
-        return failed(e)
-    finally:
-        if ctx is not None:
-            cleanup(ctx, wait=ok)
+    ctx, ok, folder = None, False, None
+    with StopOnSignals() as signals:
+        try:
+            signals.let_through()  # one held back while torch loaded stops the script here
+            # Before anything multiplies a bf16 matrix: oneDNN reads its bound once, at its
+            # first.
+            memory.limit_kernel_cache()
+            ctx = init_distributed(args.device)
+            logging.basicConfig(level=logging.INFO if ctx.is_main else logging.WARNING,
+                                format="%(message)s", stream=sys.stdout)
+            if Path(args.out).exists() and not Path(args.out).is_dir():
+                raise ValueError(f"--out {args.out} is a file; give a folder for the run (its "
+                                 f"checkpoints, logs and final model)")
+            prepared = prepare(args, ctx)  # reads and checks; writes nothing
+            folder = open_run(args.out, args.resume, main=ctx.is_main)
+            folder.check()  # what --out holds (the rank that writes it)
+            for plan in prepared.runs:  # every rank loads the checkpoint on --resume
+                check_resume(plan, ctx.device)
+            with folder:
+                run(args, ctx, prepared)  # the first write to --out
+            ok = True
+        except BaseException as e:
+            signals.settle()  # the outcome is decided: a signal now would only cut it short
+            ok = isinstance(e, Stopped)  # every rank stopped at the same step, saved
+            return exit_status(e, signals.received, flags, lambda: _left(args.out, folder))
+        finally:
+            signals.settle()
+            if ctx is not None:
+                cleanup(ctx, wait=ok)
     return 0
+
+
+def exit_status(error: BaseException, received: Optional[int], flags: Mapping[str, str] = {},
+                left: Callable[[], str] = lambda: "") -> int:
+    """How a script that raised `error` ends: its one line on stderr and its exit status
+    (the module docstring's table). A signal (`received`, or a KeyboardInterrupt) stops it
+    whatever the exception it surfaced as; `left()` says what the stop left behind. An
+    exception that is neither a stop nor bad input nor a failed run is raised again: a
+    bug, whose traceback is wanted."""
+    if isinstance(error, Stopped):
+        _errors.warning("stopped by %s at step %d, its checkpoint saved: continue with the "
+                        "same command plus --resume", signal.Signals(error.signal).name,
+                        error.step)
+        return 128 + error.signal
+    if received is not None or isinstance(error, (Interrupted, KeyboardInterrupt)):
+        signum = received or getattr(error, "signal", signal.SIGINT)
+        _errors.warning("stopped by %s%s", signal.Signals(signum).name, left())
+        return 128 + signum
+    if isinstance(error, SettingsMismatch):
+        return failed(ValueError(error.said(flags)))
+    if isinstance(error, (TrainingError, *BAD_INPUT)):
+        return failed(error)
+    raise error
+
+
+def _left(out: Path, folder: Optional[RunFolder]) -> str:
+    """What a start stopped by a signal leaves in --out, said after "stopped by SIGINT"."""
+    if folder is not None and not folder.main:  # rank 0 writes --out, and says what it left
+        return ""
+    if folder is None or folder.trained is None:  # stopped before --out was touched
+        return f" before anything was written to {out}"
+    if folder.trained:
+        return (f"; the run's checkpoints in {out} are kept: continue with the same command "
+                f"plus --resume")
+    if folder.left:
+        return f" before the first step; this start left {', '.join(folder.left)} in {out}"
+    if folder.made:
+        return f" before the first step; {out}, which this start made, is removed"
+    return f" before the first step; {out} is as this start found it"
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -236,10 +350,7 @@ def finished(result: Mapping[str, Any], ctx: DistContext, lr: float,
     training step's loss was not (read from `out`/metrics.jsonl: in eval mode, without
     dropout, a diverged model may still give a finite, if huge, loss). `lr` is named in the
     message, since a rate too high is the usual cause; `what` names the run."""
-    if result["interrupted"]:
-        if ctx.is_main:
-            log.info("%s was stopped at step %d, its checkpoint saved; continue with the same "
-                     "command plus --resume", what, result["steps"])
+    if result["interrupted"]:  # run_script says so, in one line on stderr
         raise Stopped(result["stop_signal"], result["steps"])
     bad = [f"the final {k} is {v}" for k, v in result.items()
            if (k == "eval_loss" or k.endswith("/eval_loss")) and isinstance(v, float)

@@ -179,8 +179,6 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     state = TrainState(optimizer=optimizer, scaler=scaler)
     if resume:
         cfg = resume_run(raw, state, cfg, data_identity, ckpt_root, ctx)
-        if ctx.is_main:
-            drop_rows_after(metrics_file, state.step)
     else:  # the horizon first: a warmup longer than it is refused before the folder is cleared
         cfg = replace(cfg, decay_steps=cfg.decay_steps or cfg.max_steps)
         claim_out_dir(out_dir, overwrite, ctx)
@@ -199,6 +197,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     scores: Optional[Mapping[str, Any]] = None  # the last evaluation's, returned whole
     stop_signal: Optional[int] = None
     beaten = False  # whether a row has beaten the MFU ceiling yet (said once a run)
+    run_log = _RunLog(metrics_file, stale_after=state.step if resume else None)
     reset_peak_memory(device)
     with StopFlag() as stop:
         while state.step < cfg.max_steps:
@@ -264,14 +263,14 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                        "loss": round(loss, 5),
                        "lr": optimizer.param_groups[0]["lr"], "grad_norm": round(grad_norm, 4),
                        **meter.take(peak * ctx.world_size, device), "skipped": state.skipped}
-                _log_row(metrics_file, row, bar)
+                run_log.write(row, bar)
                 beaten = beaten or _ceiling_beaten(row["mfu"])
             if cfg.eval_every and state.step % cfg.eval_every == 0 and \
                     state.step < cfg.max_steps and (eval_set is not None or eval_fn is not None):
                 scores = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision,
                                    micro, state.step)
                 if ctx.is_main:
-                    _log_row(metrics_file, {"step": state.step, "train_seconds": round(
+                    run_log.write({"step": state.step, "train_seconds": round(
                         state.train_seconds, 3), **_numbers(scores)}, bar)
             periodic = cfg.save_every and state.step % cfg.save_every == 0 and state.bad_steps == 0
             if periodic or stopping or state.step == cfg.max_steps:
@@ -283,6 +282,10 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                 logger.warning("stopped by signal at step %d; checkpoint saved, resume with "
                                "--resume", state.step)
                 break
+        if stop_signal is None:
+            # A signal during the last step's save, after the step had looked for one: the
+            # run stops all the same, its checkpoint saved, rather than go on to its outputs.
+            stop_signal = max_over_ranks(stop.signal or 0, ctx) or None
     if bar is not None:
         bar.close()
     result: dict[str, Any] = {"steps": state.step, "tokens_seen": state.tokens_seen,
@@ -295,6 +298,8 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                               "precision": precision,
                               "environment": env, "steps_this_run": state.step - start_step,
                               "stop_signal": stop_signal}
+    if ctx.is_main and not result["interrupted"]:
+        run_log.settle()
     if (eval_set is not None or eval_fn is not None) and not result["interrupted"]:
         scores = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision,
                            micro, state.step)
@@ -302,8 +307,8 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
         # evaluates again for its result; its log may hold that row already, or not (a run
         # stopped at its last step, or during this evaluation).
         if ctx.is_main and not _logged_eval(metrics_file, state.step):
-            _log_row(metrics_file, {"step": state.step, "train_seconds": result["train_seconds"],
-                                    **_numbers(scores)}, None)
+            run_log.write({"step": state.step, "train_seconds": result["train_seconds"],
+                           **_numbers(scores)}, None)
     result.update(_numbers(scores or {}))
     result["scores"] = scores
     return result
@@ -505,6 +510,27 @@ def _progress_bar(enabled: bool, total: int, initial: int):
     except ImportError:
         return None
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True) if enabled else None
+
+
+class _RunLog:
+    """The run's metrics.jsonl, as one start of it appends rows (rank 0).
+
+    A resumed start drops the rows a killed run logged after its checkpoint, `stale_after`
+    (`drop_rows_after`): when it writes its own first row, or `settle`s at the end of a
+    run that finished. A start stopped before either leaves the log as it found it.
+    """
+
+    def __init__(self, path: Path, stale_after: Optional[int] = None) -> None:
+        self.path, self.stale_after = path, stale_after
+
+    def settle(self) -> None:
+        if self.stale_after is not None:
+            drop_rows_after(self.path, self.stale_after)
+            self.stale_after = None
+
+    def write(self, row: dict, bar) -> None:
+        self.settle()
+        _log_row(self.path, row, bar)
 
 
 def _logged_eval(path: Path, step: int) -> bool:

@@ -5,8 +5,10 @@ examples/finetune_classification.py, finetune_token_classification.py, finetune_
 finetune_multitask.py are built from these pieces and `cli.run_script`; each keeps what is
 its own: its data flags, what --resume compares, and its outputs. Everything a script can
 check is checked before --out is touched: the flags (`check_args`), the files, the
-tokenizer against the model (`build_model`) and the encoded data (`train_config`). The
-errors are the scripts' one-line messages (a ValueError ends a run with exit status 2).
+tokenizer against the model (`build_model`), the encoded data (`train_config`), a resumed
+run's labels (`check_labels`) and its checkpoint (`cli.run_script`, from the script's
+`RunPlan`). The errors are the scripts' one-line messages (a ValueError ends a run with
+exit status 2).
 """
 
 from __future__ import annotations
@@ -231,16 +233,22 @@ def build_model(cls: Any, args: Any, tok: Tokenizer, **head: Any) -> nn.Module:
     return cls.from_pretrained(args.init_from, **options, **head, **dropout)
 
 
-def save_labels(args: Any, names: list[str], what: str = "labels") -> None:
-    """labels.json: written by a new run, compared by a resumed one (rank 0)."""
+def check_labels(args: Any, names: list[str], what: str = "labels") -> None:
+    """A resumed run's labels.json against the labels `names` read now, before anything is
+    written (`save_labels` writes it once the run holds the folder)."""
     path = args.out / "labels.json"
     if args.resume and path.is_file():
         if (before := json.loads(path.read_text())["id2label"]) != names:
             raise ValueError(f"cannot resume: the run was trained on the {what} {before} but "
                              f"{args.train} now has {names}")
-        return
-    write_files_atomically(args.out, {"labels.json": json.dumps({"id2label": names}, indent=2)
-                                      + "\n"})
+
+
+def save_labels(args: Any, names: list[str]) -> None:
+    """labels.json: written by a new run; a resumed one keeps its own (`check_labels` has
+    compared it). Rank 0."""
+    if not (args.resume and (args.out / "labels.json").is_file()):
+        write_files_atomically(args.out, {"labels.json": json.dumps({"id2label": names},
+                                                                    indent=2) + "\n"})
 
 
 # ---- evaluation ------------------------------------------------------------------------------

@@ -16,13 +16,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
+import tokenizers
+
 from .atomic import write_files_atomically
 from .cli import check_numbers, finite_flags, in_flag_names
 from .config import ALL_PRESETS, BertConfig
 from .data.corpus import Corpus, load_corpus
-from .data.prepare import PreparedCorpus, check_splits, load_prepared, prepare_corpus
+from .data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_corpus
 from .data.wikitext import WIKITEXT_VARIANTS
-from .distributed import DistContext, barrier
+from .distributed import DistContext, all_gather_objects
 from .hf import (check_tied_decoder, check_weights, config_from_hf, read_config,
                  require_safetensors)
 from .precision import resolve_precision
@@ -253,15 +255,21 @@ def read_corpus(args: Any, ctx: DistContext) -> Optional[Corpus]:
 def prepare_data(args: Any, ctx: DistContext, corpus: Optional[Corpus] = None
                  ) -> tuple[PreparedCorpus, dict[str, Any]]:
     """The corpus (rank 0 prepares it, every rank opens it) and the data's identity, what the
-    engine compares on --resume. The tokenizer comes from --init-from when set. `corpus`:
-    `read_corpus`'s, if read already."""
+    engine compares on --resume; nothing is written into --out (`save_prepared` writes the
+    run's part once the run holds it). The tokenizer comes from --init-from when set.
+    `corpus`: `read_corpus`'s, if read already."""
     splits = (args.train_split, args.eval_split)
+    made = None
     if ctx.is_main:
-        prepare_corpus(args.out, splits, data_dir=args.data_dir, dataset=args.dataset,
-                       cache_dir=args.cache_dir, init_from=args.init_from,
-                       vocab_size=args.vocab_size, resume=args.resume, corpus=corpus)
-    barrier(ctx)
-    data = load_prepared(args.out, splits, args.seq_len, args.cache_dir)
+        data = prepare_corpus(args.out, splits, args.seq_len, data_dir=args.data_dir,
+                              dataset=args.dataset, cache_dir=args.cache_dir,
+                              init_from=args.init_from, vocab_size=args.vocab_size,
+                              resume=args.resume, corpus=corpus)
+        made = (data.tokenizer.backend.to_str(), data.keys, data.cache_keys)
+    if ctx.distributed:  # every rank encodes with the one pipeline --out/tokenizer will hold
+        tok_json, keys, cache_keys = all_gather_objects(made, ctx)[0]
+        data = open_prepared(Tokenizer(tokenizers.Tokenizer.from_str(tok_json)), keys,
+                             cache_keys, args.seq_len, args.cache_dir)
     identity = {"corpus": data.keys,
                 "--train-split": args.train_split, "--eval-split": args.eval_split,
                 "--seq-len": args.seq_len, "--mask-prob": args.mask_prob,

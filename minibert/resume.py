@@ -9,6 +9,10 @@
   its run identity with this run's, and `check_saved_weights` has found its weights finite.
 * `drop_rows_after`: the log rows a killed run wrote after its last checkpoint go.
 
+A script checks a resume before it writes anything (`check_resume` on the `RunPlan` of each
+run it will start): everything `resume_run` would refuse, refused while the folder is as
+the user left it.
+
 The *run identity* (state.py) is everything that decides what a run computes: the model
 config, the training settings but those in `RESUME_MAY_CHANGE`, and the data's identity
 given by the caller (a corpus fingerprint, `--seq-len`, the tokenizer...). The saved data
@@ -23,15 +27,18 @@ import logging
 import math
 import os
 import shutil
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
+import torch
 import torch.nn as nn
 
 from .checkpoint import (STATE_FILE, CheckpointError, latest_checkpoint, load_checkpoint,
                          save_checkpoint)
-from .distributed import DistContext, all_gather_objects, barrier
+from .distributed import DistContext, all_gather_objects, barrier, unwrap
 from .hf import check_finite, minibert_class
+from .precision import resolve_precision
 from .state import TrainConfig, TrainState, check_identity, run_identity
 
 
@@ -54,15 +61,39 @@ def claim_out_dir(out_dir: Path, overwrite: bool, ctx: DistContext) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
 
 
-def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identity: dict,
-               ckpt_root: Path, ctx: DistContext) -> TrainConfig:
-    """Load the newest checkpoint into the model and `state` (counters, optimizer, scaler,
-    RNGs), after checking that it belongs to this run; returns `cfg` with the run's horizon
-    (`decay_steps`), which a resumed run keeps whatever `max_steps` is now."""
-    last = latest_checkpoint(ckpt_root)
+@dataclass
+class RunPlan:
+    """A training run as a script will start it: `train(model, ..., cfg, out_dir,
+    resume=resume, data_identity=data_identity)`. A script's `prepare` lists its runs, and
+    `cli.run_script` checks the resume of each (`check_resume`) before anything is written.
+    `model` is only read for its class and config: a model on the meta device will do."""
+
+    model: nn.Module
+    cfg: TrainConfig
+    data_identity: dict
+    out_dir: Path
+    resume: bool
+
+
+def check_resume(plan: RunPlan, device: torch.device) -> None:
+    """Refuse a resume of `plan` that `resume_run` would refuse once the run holds its
+    folder: no intact checkpoint, another run identity (the model's class and config, the
+    settings, the data), a step past max_steps, a precision this device lacks. Writes
+    nothing; the checkpoint's tensors are memory-mapped, not read."""
+    if plan.resume:
+        _resumable(unwrap(plan.model), plan.cfg, plan.data_identity,
+                   Path(plan.out_dir) / "checkpoints", device, mmap=True)
+
+
+def _resumable(raw: nn.Module, cfg: TrainConfig, data_identity: dict, ckpt_root: Path,
+               device: torch.device, mmap: bool = False) -> tuple[Path, dict[str, Any],
+                                                                  TrainConfig]:
+    """The newest intact checkpoint under `ckpt_root` (its path, its content) once it is
+    known to continue this run, and `cfg` with the run's horizon."""
+    last = latest_checkpoint(ckpt_root)  # verified: its state file matches its sha256
     if last is None:
         raise FileNotFoundError(f"--resume: no intact checkpoint under {ckpt_root}")
-    saved = load_checkpoint(last)
+    saved = load_checkpoint(last, mmap=mmap, verify=False)
     if "train_state" not in saved:
         raise CheckpointError(f"checkpoint {last} was written by an older minibert and has no "
                               f"training state; it cannot be resumed, only read for weights")
@@ -78,7 +109,24 @@ def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identit
         raise ValueError(f"--resume: the run in {ckpt_root.parent} is at step {step}, past "
                          f"max_steps={cfg.max_steps} ({last.name}); a run cannot go back: "
                          f"pass max_steps (--max-steps) >= {step}")
-    check_saved_weights(saved, last)
+    check_saved_weights(saved, last)  # a diverged run's weights are no start
+    precision = saved["train_state"].get("precision")
+    if precision is not None:  # a resume keeps the precision the run started in
+        try:
+            resolve_precision(precision, device)
+        except ValueError as e:
+            raise ValueError(f"--resume: the run in {ckpt_root.parent} computes in "
+                             f"{precision} since its start, which this device cannot: "
+                             f"{e}") from None
+    return last, saved, cfg
+
+
+def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identity: dict,
+               ckpt_root: Path, ctx: DistContext) -> TrainConfig:
+    """Load the newest checkpoint into the model and `state` (counters, optimizer, scaler,
+    RNGs), after checking that it belongs to this run; returns `cfg` with the run's horizon
+    (`decay_steps`), which a resumed run keeps whatever `max_steps` is now."""
+    last, saved, cfg = _resumable(raw, cfg, data_identity, ckpt_root, ctx.device)
     raw.load_state_dict(saved["model"])
     state.load_state_dict(saved, rank=ctx.rank, seed=cfg.seed)
     before = saved["train_config"]["micro_batch_size"]

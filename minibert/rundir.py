@@ -8,9 +8,13 @@ the whole run, and the second run stops at once with `RunLockedError`, which nam
         if run_exists(args.out) and not args.resume: refuse to overwrite
         train(...)
 
-Take the lock *before* looking at what the directory holds, so that the check and the writes
-after it belong to the same run. Under torchrun only the main rank takes it (every rank of
-one run shares the directory, and a second rank's lock would refuse its own run).
+Check, then write: `check_run_folder` says whether the folder can take the start, reading
+only, so that a refused start leaves it as it found it. `open_run` then takes the lock and
+looks again under it, so that the check and the writes after it belong to the same run; and
+a start that ends before it has trained (refused after all, failed, or stopped by Ctrl-C)
+takes back what it made there: the folder is as that start found it. Under torchrun only
+the main rank takes the lock (every rank of one run shares the directory, and a second
+rank's lock would refuse its own run).
 
 How it works: an exclusive, non-blocking `fcntl.flock` on `out/.lock`, a file that also
 records the holder's process id, host and start time for the error message. The kernel owns
@@ -31,16 +35,17 @@ The module needs only the standard library.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import errno
 import json
 import logging
 import os
+import re
+import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Any, Optional, Union
 
 try:
     import fcntl
@@ -83,25 +88,35 @@ class RunLock:
     def acquire(self) -> RunLock:
         if self._fd is not None:
             raise RuntimeError(f"this RunLock on {self.out_dir} is already held")
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         if fcntl is None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
             log.warning("cannot lock %s on this platform (no fcntl): nothing stops another run "
                         "from using the same directory", self.out_dir)
             return self
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd, wait=True)
+        for attempt in range(10):
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd, wait=True)
+                os.close(fd)
+                raise RunLockedError(_locked_message(self.out_dir, holder), holder) from None
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
+                log.warning("cannot lock %s (%s): nothing stops another run from using the "
+                            "same directory", self.out_dir, e.strerror)
+                return self
+            # A start that made the lock file removes it as it leaves (`release(remove=True)`);
+            # a file opened just before that removal and locked just after is one nobody
+            # else will find. The lock counts only on the file the path still names (a file
+            # system whose inode numbers say otherwise ten times running is taken at its word).
+            if _same_file(fd, self.path) or attempt == 9:
+                break
             os.close(fd)
-            raise RunLockedError(_locked_message(self.out_dir, holder), holder) from None
-        except OSError as e:
-            os.close(fd)
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                raise
-            log.warning("cannot lock %s (%s): nothing stops another run from using the same "
-                        "directory", self.out_dir, e.strerror)
-            return self
+        self._fd = fd
         # We hold the lock, so whoever wrote a non-empty file is no longer running.
         self.previous = _read_holder(fd) or None
         if self.previous:
@@ -111,15 +126,23 @@ class RunLock:
               "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
-        self._fd = fd
         return self
 
-    def release(self) -> None:
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self, remove: bool = False) -> None:
+        """Let the lock go; `remove`: delete the lock file too, while still holding it (a
+        start that leaves its folder as it found it, and found no lock file there)."""
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
         try:
-            os.ftruncate(fd, 0)  # empty = released cleanly; only a killed run leaves a record
+            if remove:
+                self.path.unlink(missing_ok=True)
+            else:
+                os.ftruncate(fd, 0)  # empty = released cleanly; only a killed run leaves one
         finally:
             os.close(fd)  # closing the file is what drops the flock
 
@@ -148,44 +171,194 @@ def run_exists(out_dir: Union[str, os.PathLike]) -> list[str]:
     return found
 
 
-@contextlib.contextmanager
-def open_run(out_dir: Union[str, os.PathLike], resume: bool, main: bool = True) -> Iterator[None]:
-    """Hold `out_dir` for one run (the main rank locks it) and refuse to mix runs there.
+def check_run_folder(out_dir: Union[str, os.PathLike], resume: bool) -> None:
+    """Refuse a start that `out_dir` cannot take, reading only (nothing is made or written).
 
     Without `resume`, the folder must hold no run (`run_exists`); with it, an intact
-    checkpoint under `checkpoints/`. The lock is taken before looking, so the check and
-    every write after it belong to this run alone. Other ranks (`main=False`) check nothing.
+    checkpoint under `checkpoints/`.
     """
-    if not main:
-        yield
-        return
     # here, so the module alone stays stdlib-only
     from .checkpoint import checkpoint_written, latest_checkpoint
 
     out_dir = Path(out_dir)
-    if resume and not out_dir.is_dir():  # said before the lock would make the folder
+    if resume and not out_dir.is_dir():
         raise FileNotFoundError(f"--resume: no intact checkpoint: {out_dir} does not exist, "
                                 f"so it holds no run to continue; check --out, or start "
                                 f"without --resume")
-    with RunLock(out_dir):
-        ckpts = out_dir / "checkpoints"
-        resumable = latest_checkpoint(ckpts) is not None
-        found = run_exists(out_dir)
-        # A run stopped before its first checkpoint left a log but nothing to resume from:
-        # say so, rather than send a fresh start to --resume and --resume back again.
-        # (Checkpoints that are there but damaged are another matter: never advise deleting.)
-        stuck = (f"; it saved no checkpoint, so it cannot be resumed: delete "
-                 f"{', '.join(found)} in it to start again, or choose another --out"
-                 if found and not checkpoint_written(ckpts) else "")
-        if resume and not resumable:
-            raise FileNotFoundError(f"--resume: no intact checkpoint in {ckpts}"
-                                    + (f" ({out_dir} holds {', '.join(found)}{stuck})"
-                                       if stuck else ""))
-        if not resume and found:
-            raise FileExistsError(f"{out_dir} already holds a run ({', '.join(found)})"
-                                  + (stuck or "; pass --resume to continue it, or choose "
-                                     "another --out"))
-        yield
+    ckpts = out_dir / "checkpoints"
+    found = run_exists(out_dir)
+    # A run stopped before its first checkpoint left a log but nothing to resume from:
+    # say so, rather than send a fresh start to --resume and --resume back again.
+    # (Checkpoints that are there but damaged are another matter: never advise deleting.)
+    stuck = (f"; it saved no checkpoint, so it cannot be resumed: delete "
+             f"{', '.join(found)} in it to start again, or choose another --out"
+             if found and not checkpoint_written(ckpts) else "")
+    if resume and latest_checkpoint(ckpts) is None:
+        raise FileNotFoundError(f"--resume: no intact checkpoint in {ckpts}"
+                                + (f" ({out_dir} holds {', '.join(found)}{stuck})"
+                                   if stuck else ""))
+    if not resume and found:
+        raise FileExistsError(f"{out_dir} already holds a run ({', '.join(found)})"
+                              + (stuck or "; pass --resume to continue it, or choose "
+                                 "another --out"))
+
+
+class RunFolder:
+    """A run folder held by one start (`open_run`), left as that start found it if the start
+    ends, by an exception, before its run has trained.
+
+    `check()` looks at what the folder holds and checks it (`check_run_folder`), reading
+    only; entering (main rank) checks if that was not done, takes the lock, and checks
+    again if the folder changed meanwhile. Leaving by an exception puts the folder back,
+    under the lock: what this start made there goes (and the lock file and the folder
+    itself, if it made them), unless the run saved a checkpoint or logged a row. Then
+    `trained` says whether it had (None: this start never held the folder), `made` whether
+    the folder is gone, made by this start, and `left` names what this start made or
+    wrote over and did not take back.
+    """
+
+    def __init__(self, path: Path, resume: bool, main: bool = True) -> None:
+        self.path, self.resume, self.main = path, resume, main
+        self.made = False
+        self.trained: Optional[bool] = None
+        self.left: list[str] = []
+        self._lock = RunLock(path)
+        self._had_lock = False
+        self._first_made: Optional[Path] = None  # the outermost folder this start makes
+        self._before: Optional[dict[str, tuple]] = None
+
+    def check(self) -> None:
+        """Refuse a start the folder cannot take, before anything is made (main rank)."""
+        if not self.main:
+            return
+        missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        self._first_made = missing[-1] if missing else None
+        self._before = _listing(self.path)
+        self._had_lock = LOCK_FILE in self._before
+        check_run_folder(self.path, self.resume)
+
+    def __enter__(self) -> RunFolder:
+        if not self.main:
+            return self
+        if self._before is None:
+            self.check()
+        try:
+            self._lock.acquire()
+            # Another start may have come and gone since the check: look again (what it
+            # left is not this start's to take back), and check again.
+            now = _listing(self.path)
+            if _without_lock(now) != _without_lock(self._before):
+                self._before = now
+                check_run_folder(self.path, self.resume)
+        except BaseException:
+            self._leave()
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if not self.main:
+            return
+        if exc_type is None:
+            self._lock.release()
+        else:
+            self._leave()
+
+    def _leave(self) -> None:
+        if self._lock.held:  # only the holder may look at what changed, and take it back
+            self._put_back()
+            self._lock.release(remove=not self._had_lock and not self.trained)
+        if not self.trained:
+            self._remove_made_folders()
+
+    def _put_back(self) -> None:
+        before, now = self._before or {}, _listing(self.path)
+        changed = [rel for rel, entry in now.items() if before.get(rel) != entry
+                   and rel != LOCK_FILE]
+        self.trained = any(_training_output(rel) for rel in changed)
+        if self.trained:
+            return
+        for rel in changed:
+            if rel in before:  # a file that was there, written over
+                self.left.append(rel)
+            elif "/" not in rel or rel.rsplit("/", 1)[0] in before:  # new, its parent not
+                try:
+                    _remove(self.path / rel)
+                except OSError:
+                    self.left.append(rel)
+
+    def _remove_made_folders(self) -> None:
+        """Innermost first, each only if empty: another start may have come in since."""
+        if self._first_made is None:
+            return
+        for folder in (self.path, *self.path.parents):
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+            if folder == self._first_made:
+                break
+        self.made = not self.path.exists()
+        if not self.made and self.trained is False and not self.left:
+            self.left = sorted(p.name for p in self.path.iterdir())
+
+
+def open_run(out_dir: Union[str, os.PathLike], resume: bool, main: bool = True) -> RunFolder:
+    """`with open_run(out_dir, resume) as folder:` hold `out_dir` for one run (the main rank
+    locks it) and refuse to mix runs there.
+
+    `check_run_folder` before anything is made (`RunFolder.check`, or on entering), and
+    again under the lock if the folder changed meanwhile, so the check and every write
+    after it belong to this run alone. A start that ends by an exception before its run
+    has trained leaves the folder as it found it (`RunFolder`). Other ranks (`main=False`)
+    check nothing.
+    """
+    return RunFolder(Path(out_dir), resume, main)
+
+
+def _listing(folder: Path) -> dict[str, tuple]:
+    """Every path under `folder`, relative: ("dir",) for a folder, else (size, mtime)."""
+    found: dict[str, tuple] = {}
+    for root, dirs, files in os.walk(folder):
+        base = Path(root).relative_to(folder)
+        for name in dirs:
+            found[(base / name).as_posix()] = ("dir",)
+        for name in files:
+            try:
+                st = os.stat(Path(root) / name, follow_symlinks=False)
+            except OSError:
+                continue
+            found[(base / name).as_posix()] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def _without_lock(listing: dict[str, tuple]) -> dict[str, tuple]:
+    return {rel: entry for rel, entry in listing.items() if rel != LOCK_FILE}
+
+
+_STEP_DIR = re.compile(r"(^|/)checkpoints/step_\d+(/|$)")
+
+
+def _training_output(rel: str) -> bool:
+    """Whether the path (relative to a run folder) is what training writes: a log row or a
+    completed checkpoint, of the run or of a run in a subfolder (distillation's baseline)."""
+    return rel.rsplit("/", 1)[-1] == "metrics.jsonl" or bool(_STEP_DIR.search(rel))
+
+
+def _remove(path: Path) -> None:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _read_holder(fd: int, wait: bool = False) -> dict:

@@ -22,9 +22,14 @@ def data_dir(tmp_path_factory):
 
 def test_prepared_splits_are_the_documents_tokenized(data_dir, tmp_path):
     run, cache = tmp_path / "run", tmp_path / "cache"
-    tok = prepare.prepare_corpus(run, SPLITS, data_dir=data_dir, cache_dir=cache, vocab_size=120)
+    prepared = prepare.prepare_corpus(run, SPLITS, 32, data_dir=data_dir, cache_dir=cache,
+                                      vocab_size=120)
+    tok = prepared.tokenizer
+    assert not run.exists()  # the run's part is written by save_prepared, once it may be
+    prepare.save_prepared(run, prepared)
     data = prepare.load_prepared(run, SPLITS, seq_len=32, cache_dir=cache)
     assert data.tokenizer.fingerprint == tok.fingerprint
+    assert data.keys == prepared.keys and data.cache_keys == prepared.cache_keys
     assert minibert.Tokenizer.from_pretrained(run / "tokenizer").fingerprint == tok.fingerprint
     corpus = load_corpus(data_dir)  # read again, independently of the run
     for split in SPLITS:
@@ -59,6 +64,8 @@ def test_the_runs_tokenizer(data_dir, tmp_path, caplog, monkeypatch):
     cache = tmp_path / "cache"
     train = load_corpus(data_dir).splits["train"]
     first = prepare.run_tokenizer(tmp_path / "run", train, vocab_size=120, cache_dir=cache)
+    assert not (tmp_path / "run").exists()  # made, not written: save_prepared writes it
+    first.save(tmp_path / "run" / "tokenizer")
     # A resumed run keeps its own, whatever the flags now say.
     kept = prepare.run_tokenizer(tmp_path / "run", train, vocab_size=60, resume=True,
                                  cache_dir=cache)
@@ -106,7 +113,8 @@ def test_a_run_begun_under_the_earlier_corpus_key_keeps_it_on_resume(data_dir, t
     import hashlib
 
     run, cache = tmp_path / "run", tmp_path / "cache"
-    prepare.prepare_corpus(run, SPLITS, data_dir=data_dir, cache_dir=cache, vocab_size=120)
+    prepare.save_prepared(run, prepare.prepare_corpus(run, SPLITS, data_dir=data_dir,
+                                                      cache_dir=cache, vocab_size=120))
     corpus = load_corpus(data_dir)
     old = {}
     for split in SPLITS:  # what the earlier version wrote: the text's hash, no lengths
@@ -116,7 +124,10 @@ def test_a_run_begun_under_the_earlier_corpus_key_keeps_it_on_resume(data_dir, t
         old[split] = h.hexdigest()
         (run / "tokenizer" / f"{split}.key").write_text(old[split])
     for _ in range(2):  # resumed, and resumed again
-        prepare.prepare_corpus(run, SPLITS, data_dir=data_dir, cache_dir=cache, resume=True)
+        prepared = prepare.prepare_corpus(run, SPLITS, 32, data_dir=data_dir, cache_dir=cache,
+                                          resume=True)
+        assert prepared.keys == old
+        prepare.save_prepared(run, prepared)
         data = prepare.load_prepared(run, SPLITS, seq_len=32, cache_dir=cache)
         assert data.keys == old and old["train"] != corpus.splits["train"].fingerprint
     # Its tokens are cached under the new key, which alone tells such corpora apart.
@@ -124,6 +135,6 @@ def test_a_run_begun_under_the_earlier_corpus_key_keeps_it_on_resume(data_dir, t
     assert data.splits["train"].tokens.path == prepare.token_file(data.tokenizer, new_key, cache)
     assert data.splits["train"].tokens.n_docs == len(corpus.splits["train"])
     fresh = tmp_path / "fresh"
-    prepare.prepare_corpus(fresh, SPLITS, data_dir=data_dir, cache_dir=cache, vocab_size=120)
-    assert prepare.load_prepared(fresh, SPLITS, 32, cache).keys["train"] == \
+    assert prepare.prepare_corpus(fresh, SPLITS, data_dir=data_dir, cache_dir=cache,
+                                  vocab_size=120).keys["train"] == \
         corpus.splits["train"].fingerprint

@@ -248,6 +248,26 @@ def test_resume_refuses_another_model_class_by_name(corpus, tmp_path):
         train(other, ds, collator(tok), train_config(max_steps=4), tmp_path, resume=True)
 
 
+def test_a_resume_this_device_cannot_compute_is_refused_before_anything_is_written(
+        corpus, tmp_path):
+    """A run that computes in fp16 (begun on a GPU) resumed on a CPU: `check_resume`, which
+    the scripts call before they write, refuses it naming the precision. The engine found
+    out only once the run held its folder, after loading the checkpoint."""
+    from minibert.checkpoint import save_checkpoint
+    from minibert.resume import RunPlan, check_resume
+
+    tok, ds = corpus
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path)
+    saved = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
+    saved["train_state"]["precision"] = "fp16"
+    save_checkpoint(tmp_path / "checkpoints", 2, saved)
+    plan = RunPlan(tiny_model(tok), train_config(max_steps=4), {}, tmp_path, resume=True)
+    with pytest.raises(ValueError, match=f"the run in {tmp_path} computes in fp16"):
+        check_resume(plan, torch.device("cpu"))
+    plan.resume = False  # a fresh start has no checkpoint to answer to
+    check_resume(plan, torch.device("cpu"))
+
+
 def test_a_resume_may_stop_earlier_with_a_step_count_warmup(corpus, tmp_path):
     """max_steps may shrink on resume (the horizon is the run's): a warmup given in steps
     that is longer than the new max_steps is not refused, since the run's horizon holds it."""

@@ -301,19 +301,25 @@ def test_numeric_flags_are_checked_before_any_work(data_dir, tmp_path, capsys):
 
 def test_a_leftover_tokenizer_never_replaces_this_runs(data_dir, tmp_path, capsys,
                                                        monkeypatch):
-    """A start that failed after writing --out/tokenizer leaves it behind; the next start
-    uses it only if it is the tokenizer that start would make, and refuses otherwise."""
+    """A tokenizer left in --out/tokenizer by a start that never trained (killed, or of an
+    earlier version, which wrote it before tokenizing the corpus): the next start uses it
+    only if it is the tokenizer that start would make, and refuses otherwise."""
     import minibert.data.prepare
+    from minibert.data import load_corpus
 
     cache, out = tmp_path / "cache", tmp_path / "run"
-    # A failed start: the tokenizer is written, then tokenizing the corpus fails (a full disk).
+    # A start that fails while tokenizing the corpus (a full disk) writes nothing.
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as mp:
         mp.setattr(minibert.data.prepare, "tokenize_to_memmap", full_disk)
         assert "No space left" in _error_line(capsys, _args(data_dir, out, cache))
-    leftover = minibert.Tokenizer.from_pretrained(out / "tokenizer")
+    assert not out.exists()
+    # The tokenizer that start would have written, left behind.
+    leftover = minibert.data.prepare.run_tokenizer(out, load_corpus(data_dir).splits["train"],
+                                                   vocab_size=200, cache_dir=cache)
+    leftover.save(out / "tokenizer")
     err = _error_line(capsys, _args(data_dir, out, cache, "--vocab-size", "100"))
     assert "not this run's" in err and leftover.fingerprint[:16] in err
     # --init-from a checkpoint whose tokenizer (its own) is other than the leftover one

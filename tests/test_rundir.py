@@ -150,3 +150,63 @@ def test_a_refused_resume_of_a_folder_that_does_not_exist_makes_none(tmp_path):
         with open_run(tmp_path / "out", resume=True):
             pass
     assert not (tmp_path / "out").exists()
+
+
+def test_a_start_that_ends_before_training_leaves_the_folder_as_it_found_it(tmp_path):
+    """Refused, failed or stopped (Ctrl-C) before its run trained, a start takes back what
+    it made: an --out it made (parents included) and its lock file go; in a folder it did
+    not make, only what it added, and it names a file it wrote over."""
+    from minibert.rundir import open_run
+
+    out = tmp_path / "runs" / "new"
+    with pytest.raises(KeyboardInterrupt):
+        with open_run(out, resume=False) as folder:
+            (out / "labels.json").write_text("{}")
+            (out / "tokenizer").mkdir()
+            (out / "tokenizer" / "vocab.txt").write_text("[PAD]\n")
+            raise KeyboardInterrupt
+    assert not (tmp_path / "runs").exists()
+    assert folder.made and folder.trained is False and folder.left == []
+
+    out.mkdir(parents=True)
+    (out / "notes.txt").write_text("the user's")
+    (out / "labels.json").write_text("left by an earlier start")
+    with pytest.raises(ValueError):
+        with open_run(out, resume=False) as folder:
+            (out / "labels.json").write_text("this start's")
+            (out / "tokenizer").mkdir()
+            raise ValueError("refused after writing")
+    assert sorted(p.name for p in out.iterdir()) == ["labels.json", "notes.txt"]
+    assert folder.left == ["labels.json"] and not folder.made
+
+    # A run that trained keeps all it wrote, for --resume.
+    with pytest.raises(KeyboardInterrupt):
+        with open_run(out, resume=False) as folder:
+            (out / "checkpoints" / "step_00000001").mkdir(parents=True)
+            (out / "checkpoints" / "step_00000001" / "state.pt").write_bytes(b"weights")
+            (out / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
+            raise KeyboardInterrupt
+    assert folder.trained and (out / ".lock").is_file()
+    assert (out / "checkpoints" / "step_00000001" / "state.pt").read_bytes() == b"weights"
+
+
+def test_a_lock_file_removed_by_its_holder_is_not_held(tmp_path, monkeypatch):
+    """A start that leaves no trace removes the lock file while it holds it; a start that
+    opened that file just before locks a file nobody else will find, so it takes the lock
+    again on the file the path names."""
+    first = RunLock(tmp_path).acquire()
+    stale = os.open(tmp_path / ".lock", os.O_RDWR)  # opened before the removal
+    first.release(remove=True)
+    assert not (tmp_path / ".lock").exists()
+    original_open = os.open
+    calls = []
+
+    def open_stale_first(path, *args, **kwargs):  # the race, made certain
+        calls.append(path)
+        return stale if len(calls) == 1 else original_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(minibert.rundir.os, "open", open_stale_first)
+    with RunLock(tmp_path):
+        assert len(calls) == 2 and (tmp_path / ".lock").is_file()
+        with pytest.raises(RunLockedError):  # the lock is on the file others find
+            RunLock(tmp_path).acquire()

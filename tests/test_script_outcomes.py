@@ -7,6 +7,7 @@ import math
 import shutil
 import signal
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from minibert import cli
 from minibert.distributed import DistContext
 from minibert.engine import TrainingError
 
-from engine_utils import WORDS, load_example, quick_runs  # noqa: F401 (fixture)
+from engine_utils import WORDS, load_example, quick_runs, wikitext_folder  # noqa: F401 (fixture)
 from script_inputs import SCRIPTS, argv, make_inputs
 
 TRAINING = [s for s in SCRIPTS if s != "embed"]
@@ -83,6 +84,7 @@ def test_run_script_exit_statuses(tmp_path, capsys):
         def prepare(args, ctx):
             if prepare_error:
                 raise prepare_error
+            return SimpleNamespace(runs=[])
 
         def run(args, ctx, prepared):
             if error:
@@ -96,7 +98,12 @@ def test_run_script_exit_statuses(tmp_path, capsys):
     assert status(cli.Stopped(signal.SIGINT, 4)) == 130
     assert status(TrainingError("diverged")) == 1
     assert status(ValueError("bad\n  input")) == 2
-    assert capsys.readouterr().err.splitlines() == ["error: diverged", "error: bad input"]
+    assert capsys.readouterr().err.splitlines() == [
+        "stopped by SIGTERM at step 4, its checkpoint saved: continue with the same command "
+        "plus --resume",
+        "stopped by SIGINT at step 4, its checkpoint saved: continue with the same command "
+        "plus --resume",
+        "error: diverged", "error: bad input"]
     assert status(prepare_error=ValueError("refused"), out=tmp_path / "new") == 2
     assert not (tmp_path / "new").exists()  # prepare runs before the run folder is made
 
@@ -110,7 +117,7 @@ def test_run_script_bounds_the_kernel_cache_before_anything_runs(tmp_path, monke
     monkeypatch.setattr(minibert.memory, "limit_kernel_cache",
                         lambda *a: order.append("limit_kernel_cache") or True)
     args = type("Args", (), {"device": "cpu", "out": tmp_path / "out", "resume": False})
-    assert cli.run_script(args, lambda a, c: order.append("prepare"),
+    assert cli.run_script(args, lambda a, c: order.append("prepare") or SimpleNamespace(runs=[]),
                           lambda a, c, p: order.append("run")) == 0
     assert order == ["limit_kernel_cache", "prepare", "run"]
 
@@ -253,6 +260,117 @@ def test_a_refused_resume_leaves_the_run_as_it_was(inputs, tmp_path, capsys):
         assert words in _one_line(capsys, "finetune_qa", script_argv(
             "finetune_qa", inputs, out, "--resume", "--max-steps", "2", *flags))
     assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+
+
+def _files(folder):
+    """Every path under `folder`, with a file's bytes (None for a folder)."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() if p.is_file() else None
+            for p in sorted(folder.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def finished_runs(inputs, tmp_path_factory):
+    """A finished one-step run of a multi-task and of a pretraining script, to resume into."""
+    runs = tmp_path_factory.mktemp("runs")
+    for script in ("finetune_multitask", "pretrain_wikitext"):
+        assert load_example(script).main(script_argv(script, inputs, runs / script)) == 0
+    return runs
+
+
+FOREIGN = [  # (script, whose run folder it is told to resume, the checkpoint's class, its own)
+    ("finetune_classification", "finetune_multitask", "BertMultiTask",
+     "BertForSequenceClassification"),
+    ("finetune_classification", "pretrain_wikitext", "BertForMaskedLM",
+     "BertForSequenceClassification"),
+    ("finetune_token_classification", "pretrain_wikitext", "BertForMaskedLM",
+     "BertForTokenClassification"),
+    ("finetune_qa", "pretrain_wikitext", "BertForMaskedLM", "BertForQuestionAnswering"),
+    ("finetune_multitask", "pretrain_wikitext", "BertForMaskedLM", "BertMultiTask"),
+    ("pretrain_wikitext", "finetune_multitask", "BertMultiTask", "BertForMaskedLM"),
+    ("distill", "finetune_multitask", "BertMultiTask", "Distiller"),
+]
+
+
+@pytest.mark.parametrize("script,other,saved,now", FOREIGN,
+                         ids=[f"{s}-into-{o}" for s, o, _, _ in FOREIGN])
+def test_a_resume_into_another_scripts_run_is_refused_before_writing(
+        script, other, saved, now, inputs, finished_runs, tmp_path, capsys):
+    """The model class of a resume is checked before --out is written: the classification
+    script wrote labels.json into a multi-task run's folder, and the token-classification
+    script into a pretraining run's, before the engine refused them."""
+    out = tmp_path / "out"
+    shutil.copytree(finished_runs / other, out)
+    before = _files(out)
+    err = _one_line(capsys, script, script_argv(script, inputs, out, "--resume",
+                                                "--max-steps", "2"))
+    assert f"model class: checkpoint {saved!r}, now {now!r}" in err, err
+    assert _files(out) == before
+
+
+def test_a_resume_on_other_data_is_refused_before_writing(inputs, finished_runs, tmp_path,
+                                                         capsys):
+    """Pretraining resumed on another corpus: the run's key files were rewritten with the
+    new corpus's before the engine refused it."""
+    out, other = tmp_path / "out", tmp_path / "wiki"
+    shutil.copytree(finished_runs / "pretrain_wikitext", out)
+    other.mkdir()
+    wikitext_folder(other, (("train", 30), ("valid", 4)))
+    before = _files(out)
+    args = script_argv("pretrain_wikitext", inputs, out, "--resume", "--max-steps", "2")
+    args[args.index("--data-dir") + 1] = str(other)
+    assert "corpus: checkpoint" in _one_line(capsys, "pretrain_wikitext", args)
+    assert _files(out) == before
+
+
+def test_a_resume_with_other_labels_is_refused_before_writing(inputs, tmp_path, capsys):
+    out, train = tmp_path / "out", tmp_path / "train.tsv"
+    script = "finetune_classification"
+    assert load_example(script).main(script_argv(script, inputs, out)) == 0
+    train.write_text((inputs / "train.tsv").read_text().replace("\tb\n", "\tc\n"))
+    before = _files(out)
+    args = script_argv(script, inputs, out, "--resume", "--max-steps", "2")
+    args[args.index("--train") + 1] = args[args.index("--eval") + 1] = str(train)
+    err = _one_line(capsys, script, args)
+    assert "['a', 'b']" in err and "['a', 'c']" in err, err
+    assert _files(out) == before
+
+
+@pytest.mark.parametrize("script", ["pretrain_wikitext", "distill"])
+def test_a_corpus_that_cannot_be_downloaded_is_refused_before_out(script, inputs, tmp_path,
+                                                                  capsys, monkeypatch):
+    """Without --data-dir the corpus is downloaded, which was done once the run held --out:
+    offline, the refusal left the folder and its lock behind."""
+    monkeypatch.setenv("MINIBERT_WIKITEXT_URL", (tmp_path / "no-mirror").as_uri())
+    out = tmp_path / "out"
+    args = script_argv(script, inputs, out, "--cache-dir", str(tmp_path / "cache"))
+    del args[args.index("--data-dir"):args.index("--data-dir") + 2]
+    assert "no-mirror" in _one_line(capsys, script, args)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["fresh", "resumed"])
+def test_a_run_that_fails_at_its_first_step_leaves_out_as_it_found_it(
+        resume, inputs, tmp_path, capsys, monkeypatch):
+    """A failure no check foresaw, at the first step (a batch the model cannot take): what
+    the start wrote (the lock, labels.json, tokenizer/) goes with it."""
+    import minibert.engine
+
+    out, script = tmp_path / "out", "finetune_classification"
+    flags = ["--resume", "--max-steps", "2"] if resume else []
+    if resume:
+        assert load_example(script).main(script_argv(script, inputs, out)) == 0
+    before = _files(out) if resume else None
+
+    def cannot(*args, **kwargs):
+        raise ValueError("this batch cannot be computed")
+
+    monkeypatch.setattr(minibert.engine, "_accumulate", cannot)
+    assert "cannot be computed" in _one_line(capsys, script,
+                                             script_argv(script, inputs, out, *flags))
+    if resume:
+        assert _files(out) == before
+    else:
+        assert not out.exists(), _files(out)
 
 
 # ---- numbers after a flag --------------------------------------------------------------------

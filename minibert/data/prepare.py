@@ -11,9 +11,12 @@ their text this way. What it writes:
     CACHE/tokens/TOK-KEY.tok     the split's token file (memmap), named by the tokenizer's
                                  fingerprint and the text's key: any run reuses it
 
-`prepare_corpus` writes (one process: rank 0 under torchrun); `load_prepared` opens what it
-wrote (every process, after it). A token file is only a cache: one found damaged is made
-again, and a run's identity holds the keys, so a resumed run is refused on other text.
+`prepare_corpus` makes the token files (one process: rank 0 under torchrun) and returns the
+corpus opened; it reads RUN (a resumed run's tokenizer and keys) but writes nothing there,
+so that a run refused after it (another corpus on --resume) leaves its folder as it was.
+`save_prepared` writes RUN's part once the run holds its folder, and `load_prepared` opens
+what it wrote. A token file is only a cache: one found damaged is made again, and a run's
+identity holds the keys, so a resumed run is refused on other text.
 """
 
 from __future__ import annotations
@@ -41,21 +44,24 @@ TOKENIZER_SAMPLE_CHARS = 100_000_000
 
 @dataclass
 class PreparedCorpus:
-    """What `load_prepared` opens: the run's tokenizer, each split as packed blocks of
-    `seq_len` tokens, and each split's text key (for the run identity)."""
+    """A run's corpus, ready: the run's tokenizer, each split as packed blocks of `seq_len`
+    tokens, each split's text key for the run identity (`keys`), and the key its tokens
+    are cached under (`cache_keys`: the same, but for a run begun under the earlier key)."""
 
     tokenizer: Tokenizer
     splits: dict[str, PackedMLMDataset]
     keys: dict[str, str]
+    cache_keys: dict[str, str]
 
 
-def prepare_corpus(run_dir: PathLike, splits: Sequence[str], *,
+def prepare_corpus(run_dir: PathLike, splits: Sequence[str], seq_len: int = 128, *,
                    data_dir: Optional[PathLike] = None, dataset: str = "wikitext-2-raw-v1",
                    cache_dir: Optional[PathLike] = None, init_from: Optional[PathLike] = None,
                    vocab_size: int = 8192, resume: bool = False,
-                   corpus: Optional[Corpus] = None) -> Tokenizer:
+                   corpus: Optional[Corpus] = None) -> PreparedCorpus:
     """Read the corpus, fix the run's tokenizer and tokenize `splits` (the first is the one
-    a new tokenizer learns from) into the token cache. Returns the tokenizer.
+    a new tokenizer learns from) into the token cache; returns them opened, in blocks of
+    `seq_len`. Writes nothing into `run_dir` (`save_prepared` does).
 
     `data_dir`: a WikiText folder or any folder of .txt files (`load_corpus`); None
     downloads `dataset` into `cache_dir` (default `default_cache_dir()`). The tokenizer is
@@ -70,19 +76,18 @@ def prepare_corpus(run_dir: PathLike, splits: Sequence[str], *,
     check_splits(corpus, splits, data_dir)
     tok = run_tokenizer(run_dir, corpus.splits[splits[0]], init_from=init_from,
                         vocab_size=vocab_size, resume=resume, cache_dir=cache_dir)
+    keys, cache_keys = {}, {}
     for s in splits:
         docs = corpus.splits[s]
-        key_file = run_dir / "tokenizer" / f"{s}.key"
-        run_key = run_dir / "tokenizer" / f"{s}.run-key"
         # A run begun under the earlier key (the text without the documents' lengths) keeps
         # it as its identity, which its checkpoints name; its tokens are cached under the
         # new key, which alone tells corpora of the same characters apart.
-        earlier = [f.read_text() for f in (run_key, key_file) if resume and f.is_file()]
-        if docs.legacy_fingerprint in earlier:
-            run_key.write_text(docs.legacy_fingerprint)
-        else:
-            run_key.unlink(missing_ok=True)
-        key_file.write_text(docs.fingerprint)  # for every rank
+        earlier = [f.read_text() for f in (run_dir / "tokenizer" / f"{s}.run-key",
+                                           run_dir / "tokenizer" / f"{s}.key")
+                   if resume and f.is_file()]
+        cache_keys[s] = docs.fingerprint
+        keys[s] = docs.legacy_fingerprint if docs.legacy_fingerprint in earlier \
+            else docs.fingerprint
         path = token_file(tok, docs.fingerprint, cache_dir)
         if path.is_file():
             try:
@@ -93,9 +98,36 @@ def prepare_corpus(run_dir: PathLike, splits: Sequence[str], *,
         if not path.is_file():
             log.info("tokenizing the %s split into %s", s, path)
             tokenize_to_memmap(docs, tok, path)
-        tokens = TokenFile.open(path, tok)
-        log.info("split %s: %d documents, %d tokens", s, tokens.n_docs, tokens.n_tokens)
-    return tok
+    data = open_prepared(tok, keys, cache_keys, seq_len, cache_dir)
+    for s, block in data.splits.items():
+        log.info("split %s: %d documents, %d tokens", s, block.tokens.n_docs,
+                 block.tokens.n_tokens)
+    return data
+
+
+def open_prepared(tok: Tokenizer, keys: dict[str, str], cache_keys: dict[str, str],
+                  seq_len: int, cache_dir: Optional[PathLike] = None) -> PreparedCorpus:
+    """The splits `prepare_corpus` tokenized with `tok` (every rank opens them), each packed
+    into blocks of `seq_len` tokens ([CLS] ... [SEP])."""
+    sets = {s: PackedMLMDataset(TokenFile.open(token_file(tok, key, cache_dir), tok), seq_len)
+            for s, key in cache_keys.items()}
+    return PreparedCorpus(tok, sets, dict(keys), dict(cache_keys))
+
+
+def save_prepared(run_dir: PathLike, data: PreparedCorpus) -> None:
+    """Write the run's part of `data` into `run_dir`: its tokenizer, unless the folder holds
+    it already (a resumed run's is never written again: a kill during a rewrite could leave
+    it truncated), and each split's keys."""
+    folder = Path(run_dir) / "tokenizer"
+    if not (folder / "tokenizer.json").is_file():
+        data.tokenizer.save(folder)
+    for s, key in data.cache_keys.items():
+        (folder / f"{s}.key").write_text(key)
+        run_key = folder / f"{s}.run-key"
+        if data.keys[s] != key:
+            run_key.write_text(data.keys[s])
+        else:
+            run_key.unlink(missing_ok=True)
 
 
 def check_splits(corpus: Corpus, splits: Sequence[str], data_dir: PathLike,
@@ -112,30 +144,28 @@ def check_splits(corpus: Corpus, splits: Sequence[str], data_dir: PathLike,
 
 def load_prepared(run_dir: PathLike, splits: Sequence[str], seq_len: int,
                   cache_dir: Optional[PathLike] = None) -> PreparedCorpus:
-    """Open what `prepare_corpus` wrote for `run_dir`: each split packed into blocks of
+    """Open what `save_prepared` wrote into `run_dir`: each split packed into blocks of
     `seq_len` tokens ([CLS] ... [SEP])."""
-    run_dir = Path(run_dir)
-    tok = Tokenizer.from_pretrained(run_dir / "tokenizer")
-    folder = run_dir / "tokenizer"
-    keys = {s: (folder / f"{s}.key").read_text() for s in splits}
-    sets = {s: PackedMLMDataset(TokenFile.open(token_file(tok, keys[s], cache_dir), tok),
-                                seq_len) for s in splits}
+    folder = Path(run_dir) / "tokenizer"
+    tok = Tokenizer.from_pretrained(folder)
+    cache_keys = {s: (folder / f"{s}.key").read_text() for s in splits}
     # The keys the run's identity holds: a run begun under the earlier key keeps that one.
-    identity = {s: (folder / f"{s}.run-key").read_text() if (folder / f"{s}.run-key").is_file()
-                else keys[s] for s in splits}
-    return PreparedCorpus(tok, sets, identity)
+    keys = {s: (folder / f"{s}.run-key").read_text() if (folder / f"{s}.run-key").is_file()
+            else cache_keys[s] for s in splits}
+    return open_prepared(tok, keys, cache_keys, seq_len, cache_dir)
 
 
 def run_tokenizer(run_dir: PathLike, train_texts: Union[Documents, Iterable[str]], *,
                   init_from: Optional[PathLike] = None, vocab_size: int = 8192,
                   resume: bool = False, cache_dir: Optional[PathLike] = None) -> Tokenizer:
-    """The run's tokenizer, kept in RUN/tokenizer: the one a resumed run was started with,
-    else `init_from`'s, else a new one of `vocab_size` trained on (a sample of at most
-    `TOKENIZER_SAMPLE_CHARS` characters of) `train_texts`.
+    """The run's tokenizer, which RUN/tokenizer keeps (`save_prepared`): the one a resumed
+    run was started with, else `init_from`'s, else a new one of `vocab_size` trained on (a
+    sample of at most `TOKENIZER_SAMPLE_CHARS` characters of) `train_texts`.
 
-    A tokenizer left in RUN/tokenizer by a start that failed before training is used only
-    if it is the one this start would produce; otherwise the start is refused, so that a
-    stale vocabulary never silently replaces `init_from`'s or a new `vocab_size`.
+    A tokenizer left in RUN/tokenizer by a start that did not train (an earlier version,
+    or a kill) is used only if it is the one this start would produce; otherwise the start
+    is refused, so that a stale vocabulary never silently replaces `init_from`'s or a new
+    `vocab_size`. Writes nothing into RUN.
     """
     tok_dir = Path(run_dir) / "tokenizer"
     kept = tok_dir / "tokenizer.json"
@@ -162,8 +192,6 @@ def run_tokenizer(run_dir: PathLike, train_texts: Union[Documents, Iterable[str]
                 f"{old.vocab_size} tokens) that is not this run's ({tok.fingerprint[:16]}, "
                 f"{tok.vocab_size} tokens, {source}); it was left by an earlier start: "
                 f"delete {tok_dir} or choose another --out")
-    else:
-        tok.save(tok_dir)
     return tok
 
 
