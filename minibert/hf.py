@@ -337,15 +337,14 @@ def read_weights(path: PathLike) -> dict[str, Tensor]:
 
 
 def check_weights(path: PathLike) -> None:
-    """Raise what `read_weights` would for missing, damaged or non-finite weights, without
-    keeping them.
+    """Raise what `read_weights` would for missing or damaged weight files, reading only
+    their headers: a cheap check for a script that reads the weights later and would first
+    spend minutes on other work (tokenizing a corpus).
 
-    For a script that must refuse a bad checkpoint before it writes anything, and loads the
-    weights only later. Every file's header is checked first (safetensors' header gives
-    every tensor's byte range, checked against the file's size, so a file cut short is
-    found before any tensor is read); then each tensor is read, checked for NaN and
-    infinity, and dropped, so at most one tensor is held at a time. A pickled
-    `pytorch_model.bin` has no such header and is read whole.
+    safetensors' header gives every tensor's byte range, checked against the file's size,
+    so a file cut short is found before any tensor is read. A pickled `pytorch_model.bin`
+    has no such header and is read whole. Whether the values are finite is checked where
+    they are read (`read_weights`), once.
     """
     files = _weight_files(Path(path))
     if files[0].suffix != ".safetensors":
@@ -353,8 +352,6 @@ def check_weights(path: PathLike) -> None:
         return
     for file in files:
         _load_safetensors(file, header_only=True)
-    for file in files:
-        _load_safetensors(file, keep=False)
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -399,12 +396,10 @@ def _shard_files(index: Path) -> list[Path]:
     return shards
 
 
-def _load_safetensors(file: Path, header_only: bool = False, keep: bool = True
-                      ) -> dict[str, Tensor]:
+def _load_safetensors(file: Path, header_only: bool = False) -> dict[str, Tensor]:
     """The tensors in `file`, each checked to be finite as it is read (`check_finite`);
     with `header_only`, none: the header is read and checked against the file's size (every
-    tensor's byte range must lie inside it). `keep=False` checks every tensor and returns
-    none, holding one at a time."""
+    tensor's byte range must lie inside it)."""
     try:
         from safetensors import SafetensorError, safe_open
     except ImportError:
@@ -418,8 +413,7 @@ def _load_safetensors(file: Path, header_only: bool = False, keep: bool = True
             for name in f.keys():  # what safetensors' load_file does, with the check
                 t = f.get_tensor(name)
                 check_finite({name: t}, file)
-                if keep:
-                    sd[name] = t
+                sd[name] = t
     except SafetensorError as e:
         raise _damaged(file, "safetensors file", e) from None
     return sd

@@ -80,14 +80,15 @@ def test_from_pretrained_refuses_nan_weights_naming_tensor_and_file(tmp_path):
         _said(e.value, tensor, weights)
 
 
-def test_check_weights_refuses_nan_weights_too(tmp_path):
-    """The scripts that read a checkpoint's weights only once training starts call
-    check_weights before they write anything: it must find what loading would refuse."""
+def test_read_weights_refuses_nan_weights_and_check_weights_reads_headers_only(tmp_path):
+    """`read_weights`, which every loader goes through, refuses NaN; `check_weights` is the
+    header-only check a script makes early, and leaves the values to that one read."""
     folder = _model_folder(tmp_path / "m")
     tensor = nan_in_the_middle(folder / "model.safetensors")
     with pytest.raises(ValueError) as e:
-        hf.check_weights(folder)
+        hf.read_weights(folder)
     _said(e.value, tensor, folder / "model.safetensors")
+    hf.check_weights(folder)  # the header is intact
 
 
 def test_infinite_weights_in_a_pickled_checkpoint_are_named(tmp_path):
