@@ -318,7 +318,8 @@ def test_a_resume_on_other_data_is_refused_before_writing(inputs, finished_runs,
     before = _files(out)
     args = script_argv("pretrain_wikitext", inputs, out, "--resume", "--max-steps", "2")
     args[args.index("--data-dir") + 1] = str(other)
-    assert "corpus: checkpoint" in _one_line(capsys, "pretrain_wikitext", args)
+    line = _one_line(capsys, "pretrain_wikitext", args)
+    assert "the text of --train-split train: checkpoint" in line, line  # the flag, the split
     assert _files(out) == before
 
 
