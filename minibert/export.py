@@ -14,7 +14,6 @@ import logging
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from torch import Tensor
 
 from . import heads
 from .checkpoint import STATE_FILE, load_checkpoint
@@ -36,8 +35,8 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
     """Write the model of a training checkpoint (`RUN/checkpoints/step_N`) and its run's
     tokenizer as a model folder; return the folder.
 
-    The class is `model_class`, else the one the checkpoint records, else the one its weight
-    names show (older checkpoints, see `_class_from_names`). A classifier's number of labels
+    The class is `model_class`, else the one the checkpoint records (the training loop
+    records it in every checkpoint). A classifier's number of labels
     comes from its weights, its class names from the checkpoint (LABEL_i where it has none).
 
     The tokenizer is `tokenizer` (a Tokenizer or its folder), else the run's: RUN/tokenizer,
@@ -59,7 +58,11 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
     # A model folder of NaN weights would only be refused where it is loaded.
     check_finite(weights, checkpoint_dir / STATE_FILE,
                  fix="export an earlier checkpoint of the run, from before it diverged")
-    name = model_class or state.get("model_class") or _class_from_names(weights, config)
+    name = model_class or state.get("model_class")
+    if name is None:
+        raise ValueError(f"checkpoint {checkpoint_dir} records no model class (it was not "
+                         f"saved by minibert's training loop); pass model_class= one of "
+                         f"{EXPORTABLE}")
     if name not in EXPORTABLE:
         raise ValueError(f"model_class={name!r} is not one of {EXPORTABLE}")
     try:
@@ -134,27 +137,3 @@ def _run_tokenizer(checkpoint_dir: Path, state: dict[str, Any],
                      f"was trained with the tokenizer of fingerprint {recorded[:16]}, this one "
                      f"is {tok.fingerprint[:16]} ({tok.vocab_size} tokens), and its ids would "
                      f"not be the model's. Pass tokenizer= the run's own")
-
-
-def _class_from_names(weights: dict[str, Tensor], config: dict) -> str:
-    """The model class a minibert state dict belongs to, from its parameter names.
-
-    The two classifiers share the name `classifier.`; with BERT's heads they differ in the
-    pooler, which the sequence classifier has (its input is the pooled [CLS]) and the token
-    classifier never has (as in transformers). With task_head="transform" neither has one,
-    and the names cannot tell them apart: the caller must say.
-    """
-    if any(k.startswith("qa_outputs.") for k in weights):
-        return "BertForQuestionAnswering"
-    if any(k.startswith("classifier.") for k in weights):
-        if config.get("task_head", "bert") != "bert":
-            raise ValueError("this checkpoint records no model class, and a classifier with "
-                             "task_head='transform' has the same weight names per sequence "
-                             "as per token: pass model_class='BertForSequenceClassification' "
-                             "or 'BertForTokenClassification'")
-        if any(k.startswith("bert.pooler.") for k in weights):
-            return "BertForSequenceClassification"
-        return "BertForTokenClassification"
-    if any(k.startswith("embeddings.") for k in weights):
-        return "BertModel"
-    return "BertForMaskedLM"

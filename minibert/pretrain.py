@@ -265,11 +265,11 @@ def prepare_data(args: Any, ctx: DistContext, corpus: Optional[Corpus] = None
                               dataset=args.dataset, cache_dir=args.cache_dir,
                               init_from=args.init_from, vocab_size=args.vocab_size,
                               resume=args.resume, corpus=corpus)
-        made = (data.tokenizer.backend.to_str(), data.keys, data.cache_keys)
+        made = (data.tokenizer.backend.to_str(), data.keys)
     if ctx.distributed:  # every rank encodes with the one pipeline --out/tokenizer will hold
-        tok_json, keys, cache_keys = all_gather_objects(made, ctx)[0]
+        tok_json, keys = all_gather_objects(made, ctx)[0]
         data = open_prepared(Tokenizer(tokenizers.Tokenizer.from_str(tok_json)), keys,
-                             cache_keys, args.seq_len, args.cache_dir)
+                             args.seq_len, args.cache_dir)
     identity = {"corpus": data.keys,
                 "--train-split": args.train_split, "--eval-split": args.eval_split,
                 "--seq-len": args.seq_len, "--mask-prob": args.mask_prob,

@@ -29,7 +29,7 @@ def test_prepared_splits_are_the_documents_tokenized(data_dir, tmp_path):
     prepare.save_prepared(run, prepared)
     data = prepare.load_prepared(run, SPLITS, seq_len=32, cache_dir=cache)
     assert data.tokenizer.fingerprint == tok.fingerprint
-    assert data.keys == prepared.keys and data.cache_keys == prepared.cache_keys
+    assert data.keys == prepared.keys
     assert minibert.Tokenizer.from_pretrained(run / "tokenizer").fingerprint == tok.fingerprint
     corpus = load_corpus(data_dir)  # read again, independently of the run
     for split in SPLITS:
@@ -104,37 +104,3 @@ def test_corpora_that_split_the_same_text_otherwise_differ(tmp_path):
         keys[name] = (len(train), train.fingerprint)
     assert keys["two"][0] == 2 and keys["one"][0] == 1
     assert keys["two"][1] != keys["one"][1]
-
-
-def test_a_run_begun_under_the_earlier_corpus_key_keeps_it_on_resume(data_dir, tmp_path):
-    """The key once hashed the text alone; a run checkpointed under it names that key in
-    its identity, and a resume must still match it (a new key refused it as another
-    corpus). A fresh start takes the new key."""
-    import hashlib
-
-    run, cache = tmp_path / "run", tmp_path / "cache"
-    prepare.save_prepared(run, prepare.prepare_corpus(run, SPLITS, data_dir=data_dir,
-                                                      cache_dir=cache, vocab_size=120))
-    corpus = load_corpus(data_dir)
-    old = {}
-    for split in SPLITS:  # what the earlier version wrote: the text's hash, no lengths
-        h = hashlib.blake2b(digest_size=8)
-        for doc in corpus.splits[split]:
-            h.update(doc.encode("utf-8"))
-        old[split] = h.hexdigest()
-        (run / "tokenizer" / f"{split}.key").write_text(old[split])
-    for _ in range(2):  # resumed, and resumed again
-        prepared = prepare.prepare_corpus(run, SPLITS, 32, data_dir=data_dir, cache_dir=cache,
-                                          resume=True)
-        assert prepared.keys == old
-        prepare.save_prepared(run, prepared)
-        data = prepare.load_prepared(run, SPLITS, seq_len=32, cache_dir=cache)
-        assert data.keys == old and old["train"] != corpus.splits["train"].fingerprint
-    # Its tokens are cached under the new key, which alone tells such corpora apart.
-    new_key = corpus.splits["train"].fingerprint
-    assert data.splits["train"].tokens.path == prepare.token_file(data.tokenizer, new_key, cache)
-    assert data.splits["train"].tokens.n_docs == len(corpus.splits["train"])
-    fresh = tmp_path / "fresh"
-    assert prepare.prepare_corpus(fresh, SPLITS, data_dir=data_dir, cache_dir=cache,
-                                  vocab_size=120).keys["train"] == \
-        corpus.splits["train"].fingerprint

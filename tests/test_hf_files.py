@@ -265,10 +265,8 @@ def _training_checkpoint(tmp_path, model, **extra):
 
 
 @pytest.mark.parametrize("cls_name, extra", [
-    ("BertForMaskedLM", {}),
     ("BertForMaskedLM", {"model_class": "BertForMaskedLM"}),
     ("BertForSequenceClassification", {"model_class": "BertForSequenceClassification"}),
-    ("BertForSequenceClassification", {}),  # older checkpoint: the class comes from the names
 ])
 def test_export_checkpoint_loads_in_minibert_and_transformers(cls_name, extra, tmp_path):
     transformers = pytest.importorskip("transformers")

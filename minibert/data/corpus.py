@@ -62,9 +62,6 @@ class Documents:
         self.files, self.layout, self.split = list(files), layout, split
         self.holdout_every = holdout_every  # None: every document of the files
         self.n_documents, self.n_chars, self.fingerprint = 0, 0, ""
-        # The key of earlier versions, the text alone: `prepare_corpus` keeps it for a run
-        # that began under it, so that the run still resumes.
-        self.legacy_fingerprint = ""
 
     def __iter__(self) -> Iterator[str]:
         for i, doc in enumerate(self._all()):
@@ -257,7 +254,6 @@ def _scan(splits: list[Documents]) -> list[CorpusFile]:
     characters and hash its text. Splits that read the same files (a text folder's two)
     share the pass, each keeping its own documents."""
     hashes = {id(d): hashlib.blake2b(digest_size=8) for d in splits}
-    legacy = {id(d): hashlib.blake2b(digest_size=8) for d in splits}
     groups: dict[tuple[Path, ...], list[Documents]] = {}
     for d in splits:
         groups.setdefault(tuple(d.files), []).append(d)
@@ -275,10 +271,8 @@ def _scan(splits: list[Documents]) -> list[CorpusFile]:
                         # into other documents are another corpus, with other blocks.
                         text = doc.encode("utf-8", "surrogatepass")
                         hashes[id(d)].update(len(text).to_bytes(8, "little") + text)
-                        legacy[id(d)].update(text)
                 n_file, chars_file, i = n_file + 1, chars_file + len(doc), i + 1
             files.append(CorpusFile(path, "+".join(d.split for d in group), n_file, chars_file))
     for d in splits:
         d.fingerprint = hashes[id(d)].hexdigest()
-        d.legacy_fingerprint = legacy[id(d)].hexdigest()
     return files

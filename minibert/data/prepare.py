@@ -5,9 +5,6 @@ their text this way. What it writes:
 
     RUN/tokenizer/               the run's tokenizer (tokenizer.json, vocab.txt)
     RUN/tokenizer/SPLIT.key      the fingerprint of split SPLIT's text
-    RUN/tokenizer/SPLIT.run-key  only for a run begun under the earlier fingerprint (the
-                                 text without its documents' lengths): the key its
-                                 checkpoints name, kept so that the run still resumes
     CACHE/tokens/TOK-KEY.tok     the split's token file (memmap), named by the tokenizer's
                                  fingerprint and the text's key: any run reuses it
 
@@ -45,13 +42,12 @@ TOKENIZER_SAMPLE_CHARS = 100_000_000
 @dataclass
 class PreparedCorpus:
     """A run's corpus, ready: the run's tokenizer, each split as packed blocks of `seq_len`
-    tokens, each split's text key for the run identity (`keys`), and the key its tokens
-    are cached under (`cache_keys`: the same, but for a run begun under the earlier key)."""
+    tokens, and each split's text key (`keys`), which names its token file in the cache and
+    enters the run identity."""
 
     tokenizer: Tokenizer
     splits: dict[str, PackedMLMDataset]
     keys: dict[str, str]
-    cache_keys: dict[str, str]
 
 
 def prepare_corpus(run_dir: PathLike, splits: Sequence[str], seq_len: int = 128, *,
@@ -76,18 +72,10 @@ def prepare_corpus(run_dir: PathLike, splits: Sequence[str], seq_len: int = 128,
     check_splits(corpus, splits, data_dir)
     tok = run_tokenizer(run_dir, corpus.splits[splits[0]], init_from=init_from,
                         vocab_size=vocab_size, resume=resume, cache_dir=cache_dir)
-    keys, cache_keys = {}, {}
+    keys = {}
     for s in splits:
         docs = corpus.splits[s]
-        # A run begun under the earlier key (the text without the documents' lengths) keeps
-        # it as its identity, which its checkpoints name; its tokens are cached under the
-        # new key, which alone tells corpora of the same characters apart.
-        earlier = [f.read_text() for f in (run_dir / "tokenizer" / f"{s}.run-key",
-                                           run_dir / "tokenizer" / f"{s}.key")
-                   if resume and f.is_file()]
-        cache_keys[s] = docs.fingerprint
-        keys[s] = docs.legacy_fingerprint if docs.legacy_fingerprint in earlier \
-            else docs.fingerprint
+        keys[s] = docs.fingerprint
         path = token_file(tok, docs.fingerprint, cache_dir)
         if path.is_file():
             try:
@@ -98,20 +86,20 @@ def prepare_corpus(run_dir: PathLike, splits: Sequence[str], seq_len: int = 128,
         if not path.is_file():
             log.info("tokenizing the %s split into %s", s, path)
             tokenize_to_memmap(docs, tok, path)
-    data = open_prepared(tok, keys, cache_keys, seq_len, cache_dir)
+    data = open_prepared(tok, keys, seq_len, cache_dir)
     for s, block in data.splits.items():
         log.info("split %s: %d documents, %d tokens", s, block.tokens.n_docs,
                  block.tokens.n_tokens)
     return data
 
 
-def open_prepared(tok: Tokenizer, keys: dict[str, str], cache_keys: dict[str, str],
-                  seq_len: int, cache_dir: Optional[PathLike] = None) -> PreparedCorpus:
+def open_prepared(tok: Tokenizer, keys: dict[str, str], seq_len: int,
+                  cache_dir: Optional[PathLike] = None) -> PreparedCorpus:
     """The splits `prepare_corpus` tokenized with `tok` (every rank opens them), each packed
     into blocks of `seq_len` tokens ([CLS] ... [SEP])."""
     sets = {s: PackedMLMDataset(TokenFile.open(token_file(tok, key, cache_dir), tok), seq_len)
-            for s, key in cache_keys.items()}
-    return PreparedCorpus(tok, sets, dict(keys), dict(cache_keys))
+            for s, key in keys.items()}
+    return PreparedCorpus(tok, sets, dict(keys))
 
 
 def save_prepared(run_dir: PathLike, data: PreparedCorpus) -> None:
@@ -121,13 +109,8 @@ def save_prepared(run_dir: PathLike, data: PreparedCorpus) -> None:
     folder = Path(run_dir) / "tokenizer"
     if not (folder / "tokenizer.json").is_file():
         data.tokenizer.save(folder)
-    for s, key in data.cache_keys.items():
+    for s, key in data.keys.items():
         (folder / f"{s}.key").write_text(key)
-        run_key = folder / f"{s}.run-key"
-        if data.keys[s] != key:
-            run_key.write_text(data.keys[s])
-        else:
-            run_key.unlink(missing_ok=True)
 
 
 def check_splits(corpus: Corpus, splits: Sequence[str], data_dir: PathLike,
@@ -148,11 +131,8 @@ def load_prepared(run_dir: PathLike, splits: Sequence[str], seq_len: int,
     `seq_len` tokens ([CLS] ... [SEP])."""
     folder = Path(run_dir) / "tokenizer"
     tok = Tokenizer.from_pretrained(folder)
-    cache_keys = {s: (folder / f"{s}.key").read_text() for s in splits}
-    # The keys the run's identity holds: a run begun under the earlier key keeps that one.
-    keys = {s: (folder / f"{s}.run-key").read_text() if (folder / f"{s}.run-key").is_file()
-            else cache_keys[s] for s in splits}
-    return open_prepared(tok, keys, cache_keys, seq_len, cache_dir)
+    keys = {s: (folder / f"{s}.key").read_text() for s in splits}
+    return open_prepared(tok, keys, seq_len, cache_dir)
 
 
 def run_tokenizer(run_dir: PathLike, train_texts: Union[Documents, Iterable[str]], *,
