@@ -23,7 +23,7 @@ from .cli import check_numbers, finite_flags, in_flag_names
 from .config import ALL_PRESETS, BertConfig
 from .data.corpus import Corpus, load_corpus
 from .data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_corpus
-from .data.wikitext import WIKITEXT_VARIANTS
+from .data.wikitext import SPLITS as WIKITEXT_SPLITS, WIKITEXT_VARIANTS
 from .distributed import DistContext, all_gather_objects
 from .hf import (check_tied_decoder, check_weights, config_from_hf, read_config,
                  require_safetensors)
@@ -242,6 +242,12 @@ def train_config(args: Any) -> TrainConfig:
 def read_corpus(args: Any, ctx: DistContext) -> Optional[Corpus]:
     """--data-dir's corpus with --train-split and --eval-split in it, read before --out is
     touched (rank 0, which prepares it; None elsewhere, and where WikiText is downloaded)."""
+    if args.data_dir is None:  # WikiText, to download: its splits are known beforehand
+        for flag, split in (("--train-split", args.train_split),
+                            ("--eval-split", args.eval_split)):
+            if split not in WIKITEXT_SPLITS:
+                raise ValueError(f"{flag} {split!r}: WikiText's splits are "
+                                 f"{', '.join(WIKITEXT_SPLITS)}")
     if not ctx.is_main or args.data_dir is None:
         return None
     corpus = load_corpus(args.data_dir)  # refuses a folder whose text files it would not read

@@ -530,6 +530,23 @@ def test_a_wikitext_folder_without_a_train_split_names_the_flags_that_choose_one
                                       "--eval-split", "test"]) == 0
 
 
+@pytest.mark.parametrize("script", ["pretrain_wikitext", "distill"])
+def test_a_split_wikitext_lacks_is_refused_before_the_download(script, inputs, tmp_path,
+                                                               capsys, monkeypatch):
+    """Without --data-dir the corpus is downloaded; a split WikiText has no such name is
+    said by its flag before anything is fetched or written."""
+    import minibert.data.wikitext as wikitext
+
+    monkeypatch.setattr(wikitext, "download_wikitext", lambda *a, **k: pytest.fail("fetched"))
+    out = tmp_path / "out"
+    args = script_argv(script, inputs, out)
+    args = [a for i, a in enumerate(args) if a != "--data-dir" and
+            (i == 0 or args[i - 1] != "--data-dir")]
+    err = _one_line(capsys, script, [*args, "--eval-split", "validation"])
+    assert "--eval-split" in err and "'validation'" in err and "valid" in err, err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("script,flag", [("finetune_classification", "--init-from"),
                                          ("pretrain_wikitext", "--init-from"),
                                          ("distill", "--teacher"), ("embed", "--model")])
