@@ -45,6 +45,7 @@ from .recovery import back_off, optimizer_out_of_memory, skip_step
 from .resume import claim_out_dir, drop_rows_after, read_rows, resume_run, save_run
 from .meters import flops_per_token
 from .environment import log_environment
+from .hf import decodes
 from .memory import release_freed_memory, reset_peak_memory
 from .meters import StepMeter, mfu_ceiling
 from .rng import rank_seed, set_seed
@@ -191,7 +192,8 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     warmup = resolve_warmup(cfg.warmup, cfg.decay_steps)
     seq_warmup = resolve_warmup(cfg.seq_len_warmup, cfg.decay_steps)
     model = _wrap(model, cfg, ctx, device)
-    has_mlm_head = hasattr(raw, "head")  # a classifier's FLOPs are the encoder's alone
+    # Only a masked LM decodes over the vocabulary; a classifier's FLOPs are the encoder's.
+    has_mlm_head = decodes(type(raw))
     bar = _progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step)
     meter, start_step, run_start = StepMeter(), state.step, time.perf_counter()
     scores: Optional[Mapping[str, Any]] = None  # the last evaluation's, returned whole

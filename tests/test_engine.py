@@ -628,3 +628,58 @@ def test_a_signal_during_the_last_step_stops_the_run_before_its_evaluation(corpu
     assert not done["interrupted"] and done["steps_this_run"] == 0 and "eval_loss" in done
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert [r["step"] for r in rows if "eval_loss" in r] == [2]
+
+
+@pytest.mark.parametrize("kind", ["sequence", "token", "mlm"])
+def test_a_classifiers_logged_flops_are_the_encoders_alone(corpus, tmp_path, monkeypatch, kind):
+    """MFU counts the MLM decoder only where there is one: a classifier's step is the
+    encoder's FLOPs alone, a masked LM's adds the sparse head on its predicted tokens. Both
+    the FLOPs the engine asks for and the logged mfu (mfu * ceiling / tokens_per_s is the
+    FLOPs of a token) are checked."""
+    import minibert
+    import minibert.engine
+    from minibert.meters import flops_per_token
+
+    tok, ds = corpus
+    fractions = []
+
+    def spy(config, seq_len, mlm_fraction=None):
+        fractions.append(mlm_fraction)
+        return flops_per_token(config, seq_len, mlm_fraction=mlm_fraction)
+
+    monkeypatch.setattr(minibert.engine, "flops_per_token", spy)
+    mlm = collator(tok)
+
+    def collate(examples, epoch=0):
+        batch = mlm(examples, epoch=epoch)
+        ids = batch["input_ids"]
+        if kind == "sequence":
+            batch["labels"] = ids[:, 1] % 2
+        elif kind == "token":
+            batch["labels"] = ids % 2
+        return batch
+
+    if kind == "mlm":
+        model = tiny_model(tok)
+    else:
+        minibert.set_seed(0)
+        config = minibert.BertConfig.preset("tiny", vocab_size=tok.vocab_size,
+                                            max_position_embeddings=64)
+        cls = (minibert.BertForSequenceClassification if kind == "sequence"
+               else minibert.BertForTokenClassification)
+        model = cls(config, 2)
+    peak = 1e6  # low, so that the rounded mfu keeps its digits
+    train(model, ds, collate, train_config(max_steps=2, peak_flops=peak), tmp_path)
+    assert len(fractions) == 2
+    if kind == "mlm":
+        assert all(0.05 < f < 0.3 for f in fractions), fractions  # ~15% of tokens masked
+    else:
+        assert fractions == [0.0, 0.0]
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    encoder = flops_per_token(model.config, 32, mlm_fraction=0.0)
+    for row in rows:
+        per_token = row["mfu"] * peak / row["tokens_per_s"]
+        if kind == "mlm":
+            assert per_token > encoder * 1.002  # the head adds about a percent here
+        else:
+            assert per_token == pytest.approx(encoder, rel=1e-3)
