@@ -13,7 +13,10 @@ One optimizer step of `train`:
 Everything that moves during a run is in one `TrainState` (step, tokens, data position,
 counters), saved and restored whole; the learning rate is `lr_at(step)`, a pure function of
 a horizon fixed when the run starts. What a checkpoint holds, and the *run identity* that
-a resume must match, are in resume.py.
+a resume must match, are in state.py; how a checkpoint is written and found, in resume.py.
+`train` reads over named phases: `_start` (start or resume), the step (`_global_batch`,
+`_accumulate`, `_clip_and_step`, `_count_step`), `_log_step`, evaluation and save, stop,
+and `_finish`.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ import logging
 import math
 import signal
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -139,26 +142,136 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
 
     `collate(examples, epoch=e)` returns a dict of (B, T) tensors with `labels`
     (IGNORE_INDEX where nothing is predicted) and must be a pure function of its inputs, as
-    `MLMCollator` is (masks keyed by seed, epoch and example index): that is what makes
-    accumulation, DDP and resume exact. Writes `metrics.jsonl` and `checkpoints/` under
-    `out_dir` (rank 0). Returns the final evaluation and run totals. `data_identity`: what
-    the data is (corpus fingerprint, sequence length, tokenizer...), compared on `resume`
-    with the configs (resume.py). A fresh start into a folder holding a run is refused
-    unless `overwrite`. Evaluation: `eval_set` gives `evaluate`'s MLM metrics; other tasks
-    pass `eval_fn(model, precision) -> scores`, a mapping whose numbers are logged and added
-    to the result, and which is returned whole (tables, predictions) as result["scores"],
-    the last evaluation's. `precision` is the one the run computes in ("fp32", "bf16",
-    "fp16"), decided at its first start and kept by every resume, so evaluate in it (e.g.
-    `evaluate(model, batches, precision, ...)`, `predict(..., precision, ...)`).
-    A run stopped by SIGTERM / SIGINT saves a checkpoint and returns with
-    result["interrupted"] and the signal's number in result["stop_signal"]. `lengths`
-    (tokens per example) groups examples of similar length into each batch (fine-tuning);
-    without, the order is a plain shuffle.
-    `batches` replaces that order with one of your own (`next`, `position`, `seek`, as
-    `GlobalBatches`), e.g. `TaskMixtureBatches`; a batch may then carry a non-tensor value
-    (a task name), passed to the model as it is.
+    `MLMCollator` is: that is what makes accumulation, DDP and resume exact. Writes
+    `metrics.jsonl` and `checkpoints/` under `out_dir` (rank 0); a fresh start into a folder
+    holding a run is refused unless `overwrite`. `data_identity`: what the data is, compared
+    with the configs on `resume` (state.py). Evaluation: `eval_set` for `evaluate`'s MLM
+    metrics, or `eval_fn(model, precision) -> scores`, a mapping whose numbers are logged and
+    added to the result; the last one is returned whole as result["scores"]. `precision`
+    (result["precision"]) is decided at the run's first start and kept by every resume:
+    evaluate in it. `lengths` (tokens per example) groups similar lengths into a batch;
+    `batches` replaces the order with one of your own (`next`, `position`, `seek`, as
+    `GlobalBatches`, e.g. `TaskMixtureBatches`). Returns the final evaluation and the run's
+    totals; a run stopped by a signal saves a checkpoint and returns result["interrupted"]
+    and result["stop_signal"].
+
+    What `train` does to the process beyond its model, each a TrainConfig setting:
+    - `handle_signals` (default on): SIGTERM / SIGINT end the step in progress, save and
+      return (a notebook's interrupt included); the previous handlers are back on return.
+    - `peak_flops` (default None): the MFU ceiling is this machine's, measured by its first
+      run and recorded in the cache folder (`meters.mfu_ceiling`); a number skips both.
+    - `release_memory` (default on): glibc's free memory is handed back to the kernel
+      (`memory.release_freed_memory`) at each new sequence length and every RELEASE_EVERY
+      steps, so a long run's resident set does not climb.
+    The process's random generators are the run's: seeded per rank, or put back on resume.
+    `train` writes no environment variable and no global torch flag.
     """
-    out_dir, device = Path(out_dir), ctx.device
+    run, state = _start(model, train_set, collate, cfg, Path(out_dir), ctx, eval_set, eval_fn,
+                        resume, overwrite, dict(data_identity or {}), lengths, batches)
+    cfg = run.cfg  # with the run's horizon (decay_steps)
+    scores: Optional[Mapping[str, Any]] = None  # the last evaluation's, returned whole
+    stop_signal: Optional[int] = None
+    with StopFlag(enabled=cfg.handle_signals) as stop:
+        while state.step < cfg.max_steps:
+            step_start, position = time.perf_counter(), run.batches.position()
+            # ---- 1-2: the global batch, its micro-batches and its number of targets
+            micros, counts, n_global = _global_batch(run, state)
+            set_lr(run.optimizer, _lr(cfg, run.warmup, state.step + 1,
+                                      first=state.step == run.start_step))
+            # ---- 3: forward + backward, gradients accumulate over micro-batches
+            try:
+                loss_sum = _accumulate(run.model, micros, counts, n_global, ctx, run.precision,
+                                       ctx.device, run.scaler)
+            except torch.OutOfMemoryError:  # the same global batch again, in smaller pieces
+                _smaller_micro_batches(run, state, micros[0], position)
+                continue
+            # ---- 4: clip and step, unless something is not finite; then the counters
+            step = _clip_and_step(run, state, micros, loss_sum, n_global, stop)
+            _count_step(run, state, step, micros, n_global, step_start)
+            # ---- 5: log, evaluate, save
+            _log_step(run, state, step)
+            if cfg.eval_every and state.step % cfg.eval_every == 0 and \
+                    state.step < cfg.max_steps and run.evaluates:
+                scores = _evaluate_and_log(run, state)
+            periodic = cfg.save_every and state.step % cfg.save_every == 0 and state.bad_steps == 0
+            if periodic or step.stopping or state.step == cfg.max_steps:
+                save_run(run.ckpt_root, run.raw, state, cfg, run.data_identity, ctx)
+            if cfg.release_memory and state.step % RELEASE_EVERY == 0:
+                release_freed_memory()
+            # ---- 6: stop on this rank's signal, or another rank's (told by the all-reduce)
+            if step.stopping:
+                stop_signal = stop.signal or signal.SIGTERM
+                logger.warning("stopped by signal at step %d; checkpoint saved, resume with "
+                               "--resume", state.step)
+                break
+        if stop_signal is None:
+            # A signal during the last step's save, after the step had looked for one: the
+            # run stops all the same, its checkpoint saved, rather than go on to its outputs.
+            stop_signal = max_over_ranks(stop.signal or 0, ctx) or None
+    return _finish(run, state, scores, stop_signal)
+
+
+# ---- the phases of a run ----------------------------------------------------------------------
+
+@dataclass
+class _Run:
+    """A run's wiring, fixed at its start: what the phases of `train` read. What moves is in
+    `TrainState`; the optimizer, scaler, meter and log are objects of the run, held here."""
+
+    model: nn.Module  # as the steps call it: DDP- and compile-wrapped where asked
+    raw: nn.Module  # the model itself, whose weights are saved (distributed.unwrap)
+    cfg: TrainConfig  # with the run's horizon
+    ctx: DistContext
+    precision: str  # the run's, kept by every resume
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    batches: GlobalBatches
+    train_set: Dataset
+    collate: Callable
+    eval_set: Optional[Dataset]
+    eval_fn: Optional[Callable[[nn.Module, str], Mapping[str, Any]]]
+    data_identity: dict
+    ckpt_root: Path
+    per_rank: int  # examples per rank of a global batch
+    micro: int  # examples per micro-batch, as configured (TrainState's when backed off)
+    warmup: int  # learning-rate warmup, in steps
+    seq_warmup: int  # sequence-length warmup, in steps (0: off)
+    decodes: bool  # a masked LM: its sparse head's FLOPs count on predicted tokens
+    peak: float  # the MFU ceiling of one rank (0 on ranks that do not log)
+    env: dict
+    log: "_RunLog"
+    bar: Any  # tqdm's bar, or None
+    meter: StepMeter
+    start_step: int
+    started: float  # perf_counter() at the start, for wall_seconds
+
+    @property
+    def evaluates(self) -> bool:
+        return self.eval_set is not None or self.eval_fn is not None
+
+    def micro_batch(self, state: TrainState) -> int:
+        """The micro-batch in use: one an out-of-memory error backed off to, else `micro`."""
+        return state.micro_batch_size or self.micro
+
+
+class _Step(NamedTuple):
+    """What one optimizer step reports to the rest of the loop."""
+
+    loss: float  # the global batch's mean loss over its predicted tokens
+    grad_norm: float  # before clipping
+    tokens: int  # non-padding tokens of the global batch, over all ranks
+    stopping: bool  # a signal reached some rank: save and return
+
+
+def _start(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainConfig,
+           out_dir: Path, ctx: DistContext, eval_set: Optional[Dataset],
+           eval_fn: Optional[Callable], resume: bool, overwrite: bool, data_identity: dict,
+           lengths: Optional[Sequence[int]], batches: Optional[GlobalBatches]
+           ) -> tuple[_Run, TrainState]:
+    """Start or resume: check the settings, build the optimizer, scaler and batch order,
+    then resume from the newest checkpoint or claim the folder, and settle the precision,
+    the MFU ceiling and the data position."""
+    device = ctx.device
     if cfg.auto_micro_batch and ctx.world_size > 1:
         # A rank that ran out of memory would retry its forward alone while the others wait
         # in the gradient all-reduce: the collectives stop matching and the job hangs.
@@ -175,8 +288,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     batches = batches or GlobalBatches(len(train_set), cfg.batch_size, seed=cfg.seed,
                                        rank=ctx.rank, world_size=ctx.world_size, lengths=lengths)
     env = log_environment(device, precision) if ctx.is_main else {}
-    ckpt_root, metrics_file = out_dir / "checkpoints", out_dir / "metrics.jsonl"
-    data_identity = dict(data_identity or {})
+    ckpt_root = out_dir / "checkpoints"
     state = TrainState(optimizer=optimizer, scaler=scaler)
     if resume:
         cfg = resume_run(raw, state, cfg, data_identity, ckpt_root, ctx)
@@ -188,128 +300,144 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     precision = _keep_precision(state, cfg.precision, precision, device, ctx)
     peak = _ceiling(cfg, precision, ctx) if ctx.is_main else 0.0  # only rank 0 logs MFU
     batches.seek(state.epoch, state.consumed)
-    micro = state.micro_batch_size or micro  # a micro-batch an earlier start backed off to
     warmup = resolve_warmup(cfg.warmup, cfg.decay_steps)
     seq_warmup = resolve_warmup(cfg.seq_len_warmup, cfg.decay_steps)
-    model = _wrap(model, cfg, ctx, device)
-    # Only a masked LM decodes over the vocabulary; a classifier's FLOPs are the encoder's.
-    has_mlm_head = decodes(type(raw))
-    bar = _progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step)
-    meter, start_step, run_start = StepMeter(), state.step, time.perf_counter()
-    scores: Optional[Mapping[str, Any]] = None  # the last evaluation's, returned whole
-    stop_signal: Optional[int] = None
-    beaten = False  # whether a row has beaten the MFU ceiling yet (said once a run)
-    run_log = _RunLog(metrics_file, stale_after=state.step if resume else None)
+    run = _Run(
+        model=_wrap(model, cfg, ctx, device), raw=raw, cfg=cfg, ctx=ctx, precision=precision,
+        optimizer=optimizer, scaler=scaler, batches=batches, train_set=train_set,
+        collate=collate, eval_set=eval_set, eval_fn=eval_fn, data_identity=data_identity,
+        ckpt_root=ckpt_root, per_rank=per_rank, micro=micro,
+        warmup=warmup, seq_warmup=seq_warmup,
+        # Only a masked LM decodes over the vocabulary; a classifier's FLOPs are the encoder's.
+        decodes=decodes(type(raw)), peak=peak, env=env,
+        log=_RunLog(out_dir / "metrics.jsonl", stale_after=state.step if resume else None),
+        bar=_progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step),
+        meter=StepMeter(), start_step=state.step, started=time.perf_counter())
     reset_peak_memory(device)
-    with StopFlag() as stop:
-        while state.step < cfg.max_steps:
-            step_start = time.perf_counter()
-            # ---- 1-2: the global batch, its micro-batches and its number of targets
-            position = batches.position()
-            epoch, indices = batches.next()
-            examples = [train_set[i] for i in indices]
-            # An epoch's last batch may be smaller (data/sampler.py): its micro-batches are
-            # then fewer or smaller, and the weights below still make its gradient exact.
-            micros = [collate(examples[i:i + micro], epoch=epoch)
-                      for i in range(0, len(examples), micro)]
-            if seq_warmup and state.step <= seq_warmup:  # data/seq_warmup.py
-                # L(step) from the global batch's width, the same however it is split
-                full = max_over_ranks(max(b["input_ids"].shape[1] for b in micros), ctx)
-                micros, new_length = cut_for_step(micros, state.step + 1, cfg.seq_len_start,
-                                                  seq_warmup, full)
-                if new_length:  # a new shape: the blocks kept for the old one are stale
-                    release_freed_memory()
-            counts = [count_targets(b) for b in micros]
-            n_global = int(all_reduce_sum(torch.tensor(float(sum(counts)), device=device), ctx))
-            set_lr(optimizer, _lr(cfg, warmup, state.step + 1, first=state.step == start_step))
-            # ---- 3: forward + backward, gradients accumulate over micro-batches
-            try:
-                loss_sum = _accumulate(model, micros, counts, n_global, ctx, precision,
-                                       device, scaler)
-            except torch.OutOfMemoryError:
-                micro = back_off(micros[0], micro, per_rank, cfg, state, optimizer, device)
-                state.micro_batch_size = micro  # saved, so a resumed run keeps it
-                batches.seek(**position)  # the same global batch again, in smaller pieces
-                continue
-            # ---- 4: clip and step, unless something is not finite
-            scaler.unscale_(optimizer)  # true gradients before clipping (no-op unless fp16)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.max_grad_norm))
-            # One all-reduce for the step's loss, its tokens and whether any rank was signalled.
-            local_tokens = sum(int(b["attention_mask"].sum()) for b in micros)
-            totals = all_reduce_sum(torch.tensor(
-                [float(loss_sum), float(local_tokens), float(stop.signal is not None)],
-                dtype=torch.float64, device=device), ctx).tolist()
-            loss = totals[0] / max(n_global, 1)  # a batch with no targets has loss 0
-            step_tokens, stopping = int(totals[1]), totals[2] > 0
-            if math.isfinite(loss) and (math.isfinite(grad_norm) or precision == "fp16"):
-                _optimizer_step(optimizer, scaler, state, device)
-            else:
-                skip_step(optimizer, scaler, state, cfg, loss, grad_norm, ckpt_root)
-            optimizer.zero_grad(set_to_none=True)
-            state.step += 1
-            state.tokens_seen += step_tokens
-            position = batches.position()  # where the next batch comes from
-            state.epoch, state.consumed = position["epoch"], position["consumed"]
-            seconds = time.perf_counter() - step_start
-            state.train_seconds += seconds
-            # Model FLOPs of this step: the sparse MLM head is counted for predicted tokens only.
-            meter.add(step_tokens, seconds, step_tokens * flops_per_token(
-                raw.config, micros[0]["input_ids"].shape[1],
-                mlm_fraction=n_global / step_tokens if has_mlm_head else 0.0))
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.3f}")
-            # ---- 5: log, evaluate, save
-            if ctx.is_main and (state.step % cfg.log_every == 0 or state.step == cfg.max_steps):
-                row = {"step": state.step, "train_seconds": round(state.train_seconds, 3),
-                       "loss": round(loss, 5),
-                       "lr": optimizer.param_groups[0]["lr"], "grad_norm": round(grad_norm, 4),
-                       **meter.take(peak * ctx.world_size, device), "skipped": state.skipped}
-                run_log.write(row, bar)
-                beaten = beaten or _ceiling_beaten(row["mfu"])
-            if cfg.eval_every and state.step % cfg.eval_every == 0 and \
-                    state.step < cfg.max_steps and (eval_set is not None or eval_fn is not None):
-                scores = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision,
-                                   micro, state.step)
-                if ctx.is_main:
-                    run_log.write({"step": state.step, "train_seconds": round(
-                        state.train_seconds, 3), **_numbers(scores)}, bar)
-            periodic = cfg.save_every and state.step % cfg.save_every == 0 and state.bad_steps == 0
-            if periodic or stopping or state.step == cfg.max_steps:
-                save_run(ckpt_root, raw, state, cfg, data_identity, ctx)
-            if state.step % RELEASE_EVERY == 0:
-                release_freed_memory()
-            if stopping:  # this rank's signal, or another rank's (told through the all-reduce)
-                stop_signal = stop.signal or signal.SIGTERM
-                logger.warning("stopped by signal at step %d; checkpoint saved, resume with "
-                               "--resume", state.step)
-                break
-        if stop_signal is None:
-            # A signal during the last step's save, after the step had looked for one: the
-            # run stops all the same, its checkpoint saved, rather than go on to its outputs.
-            stop_signal = max_over_ranks(stop.signal or 0, ctx) or None
-    if bar is not None:
-        bar.close()
+    return run, state
+
+
+def _global_batch(run: _Run, state: TrainState) -> tuple[list[dict], list[int], int]:
+    """The next global batch: this rank's micro-batches (cut short during a sequence-length
+    warmup), the targets of each, and the targets of the whole batch over all ranks."""
+    epoch, indices = run.batches.next()
+    examples = [run.train_set[i] for i in indices]
+    micro = run.micro_batch(state)
+    # An epoch's last batch may be smaller (data/sampler.py): its micro-batches are then
+    # fewer or smaller, and the weights of `_accumulate` still make its gradient exact.
+    micros = [run.collate(examples[i:i + micro], epoch=epoch)
+              for i in range(0, len(examples), micro)]
+    if run.seq_warmup and state.step <= run.seq_warmup:  # data/seq_warmup.py
+        # L(step) from the global batch's width, the same however it is split
+        full = max_over_ranks(max(b["input_ids"].shape[1] for b in micros), run.ctx)
+        micros, new_length = cut_for_step(micros, state.step + 1, run.cfg.seq_len_start,
+                                          run.seq_warmup, full)
+        if new_length and run.cfg.release_memory:  # the blocks kept for the old shape are stale
+            release_freed_memory()
+    counts = [count_targets(b) for b in micros]
+    n_global = int(all_reduce_sum(torch.tensor(float(sum(counts)), device=run.ctx.device),
+                                  run.ctx))
+    return micros, counts, n_global
+
+
+def _smaller_micro_batches(run: _Run, state: TrainState, batch: dict,
+                           position: dict[str, int]) -> None:
+    """Out of memory: halve the micro-batch (recovery.back_off, which raises where it
+    cannot) and put the data back where the failed step took its batch."""
+    micro = back_off(batch, run.micro_batch(state), run.per_rank, run.cfg, state,
+                     run.optimizer, run.ctx.device)
+    state.micro_batch_size = micro  # saved, so a resumed run keeps it
+    run.batches.seek(**position)
+
+
+def _clip_and_step(run: _Run, state: TrainState, micros: list[dict], loss_sum: Tensor,
+                   n_global: int, stop: "StopFlag") -> _Step:
+    """Unscale, clip, and step AdamW, or skip a step whose loss or gradient is not finite
+    (recovery.skip_step); one all-reduce tells every rank the loss, the tokens and whether
+    any rank was signalled."""
+    optimizer, scaler, device = run.optimizer, run.scaler, run.ctx.device
+    scaler.unscale_(optimizer)  # true gradients before clipping (no-op unless fp16)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.raw.parameters(),
+                                                     run.cfg.max_grad_norm))
+    local_tokens = sum(int(b["attention_mask"].sum()) for b in micros)
+    totals = all_reduce_sum(torch.tensor(
+        [float(loss_sum), float(local_tokens), float(stop.signal is not None)],
+        dtype=torch.float64, device=device), run.ctx).tolist()
+    loss = totals[0] / max(n_global, 1)  # a batch with no targets has loss 0
+    if math.isfinite(loss) and (math.isfinite(grad_norm) or run.precision == "fp16"):
+        _optimizer_step(optimizer, scaler, state, device)
+    else:
+        skip_step(optimizer, scaler, state, run.cfg, loss, grad_norm, run.ckpt_root)
+    optimizer.zero_grad(set_to_none=True)
+    return _Step(loss, grad_norm, int(totals[1]), totals[2] > 0)
+
+
+def _count_step(run: _Run, state: TrainState, step: _Step, micros: list[dict], n_global: int,
+                step_start: float) -> None:
+    """The counters of a step taken (or skipped): step, tokens, data position, time, and
+    the step's model FLOPs for the meter."""
+    state.step += 1
+    state.tokens_seen += step.tokens
+    position = run.batches.position()  # where the next batch comes from
+    state.epoch, state.consumed = position["epoch"], position["consumed"]
+    seconds = time.perf_counter() - step_start
+    state.train_seconds += seconds
+    # Model FLOPs of this step: the sparse MLM head is counted for predicted tokens only.
+    run.meter.add(step.tokens, seconds, step.tokens * flops_per_token(
+        run.raw.config, micros[0]["input_ids"].shape[1],
+        mlm_fraction=n_global / step.tokens if run.decodes else 0.0))
+
+
+def _log_step(run: _Run, state: TrainState, step: _Step) -> None:
+    """The progress bar, and a log row when due (rank 0)."""
+    cfg = run.cfg
+    if run.bar is not None:
+        run.bar.update(1)
+        run.bar.set_postfix(loss=f"{step.loss:.3f}")
+    if run.ctx.is_main and (state.step % cfg.log_every == 0 or state.step == cfg.max_steps):
+        row = {"step": state.step, "train_seconds": round(state.train_seconds, 3),
+               "loss": round(step.loss, 5),
+               "lr": run.optimizer.param_groups[0]["lr"], "grad_norm": round(step.grad_norm, 4),
+               **run.meter.take(run.peak * run.ctx.world_size, run.ctx.device),
+               "skipped": state.skipped}
+        run.log.write(row, run.bar)
+        run.log.ceiling_beaten = run.log.ceiling_beaten or _ceiling_beaten(row["mfu"])
+
+
+def _evaluate_and_log(run: _Run, state: TrainState) -> Mapping[str, Any]:
+    """An evaluation at the current step, its numbers logged in a row of their own (rank 0)."""
+    scores = _run_eval(run, state)
+    if run.ctx.is_main:
+        run.log.write({"step": state.step, "train_seconds": round(state.train_seconds, 3),
+                       **_numbers(scores)}, run.bar)
+    return scores
+
+
+def _finish(run: _Run, state: TrainState, scores: Optional[Mapping[str, Any]],
+            stop_signal: Optional[int]) -> dict[str, Any]:
+    """The run's result: its totals and, unless it was stopped, its final evaluation."""
+    if run.bar is not None:
+        run.bar.close()
     result: dict[str, Any] = {"steps": state.step, "tokens_seen": state.tokens_seen,
                               "skipped_steps": state.skipped,
-                              "wall_seconds": round(time.perf_counter() - run_start, 2),
+                              "wall_seconds": round(time.perf_counter() - run.started, 2),
                               "train_seconds": round(state.train_seconds, 3),
                               # A signal during the last step stops the run all the same:
                               # the script exits 128 + N, and a resume evaluates it.
-                              "interrupted": state.step < cfg.max_steps or stop_signal is not None,
-                              "precision": precision,
-                              "environment": env, "steps_this_run": state.step - start_step,
+                              "interrupted": state.step < run.cfg.max_steps or
+                              stop_signal is not None,
+                              "precision": run.precision,
+                              "environment": run.env, "steps_this_run": state.step - run.start_step,
                               "stop_signal": stop_signal}
-    if ctx.is_main and not result["interrupted"]:
-        run_log.settle()
-    if (eval_set is not None or eval_fn is not None) and not result["interrupted"]:
-        scores = _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision,
-                           micro, state.step)
+    if run.ctx.is_main and not result["interrupted"]:
+        run.log.settle()
+    if run.evaluates and not result["interrupted"]:
+        scores = _run_eval(run, state)
         # A resumed run that was already finished (a script's later stage resumed with it)
         # evaluates again for its result; its log may hold that row already, or not (a run
         # stopped at its last step, or during this evaluation).
-        if ctx.is_main and not _logged_eval(metrics_file, state.step):
-            run_log.write({"step": state.step, "train_seconds": result["train_seconds"],
+        if run.ctx.is_main and not _logged_eval(run.log.path, state.step):
+            run.log.write({"step": state.step, "train_seconds": result["train_seconds"],
                            **_numbers(scores)}, None)
     result.update(_numbers(scores or {}))
     result["scores"] = scores
@@ -419,20 +547,20 @@ _RUN_KEYS = frozenset({"step", "steps", "tokens_seen", "skipped_steps", "wall_se
                        "steps_this_run", "scores"})
 
 
-def _run_eval(model, raw, eval_set, eval_fn, collate, cfg, ctx, precision, micro: int,
-              step: int) -> Mapping[str, Any]:
+def _run_eval(run: _Run, state: TrainState) -> Mapping[str, Any]:
     """One evaluation: `evaluate`'s MLM metrics, or whatever `eval_fn` scores (a mapping whose
     numbers are logged; the rest, e.g. per-class tables or predictions, is kept for the
-    caller in `train`'s result["scores"]). `evaluate` runs in micro-batches of `micro`, the
-    training micro-batch in use (one an out-of-memory error backed off to)."""
+    caller in `train`'s result["scores"]). `evaluate` runs in micro-batches of the training
+    micro-batch in use (one an out-of-memory error backed off to)."""
+    model, raw, ctx, precision, step = run.model, run.raw, run.ctx, run.precision, state.step
     try:
-        if eval_fn is None:
-            return evaluate(model, eval_batches(eval_set, collate, cfg, ctx, micro), precision,
-                            ctx.device, ctx)
+        if run.eval_fn is None:
+            batches = eval_batches(run.eval_set, run.collate, run.cfg, ctx, run.micro_batch(state))
+            return evaluate(model, batches, precision, ctx.device, ctx)
         raw.eval()  # eval_fn is called in eval mode, without gradients, then back to train
         try:
             with torch.no_grad():
-                scores = eval_fn(raw, precision)  # the run's, which a resume keeps
+                scores = run.eval_fn(raw, precision)  # the run's, which a resume keeps
         finally:
             raw.train()
     except torch.OutOfMemoryError as error:
@@ -459,14 +587,16 @@ def _numbers(scores: Mapping[str, Any]) -> dict[str, float]:
 
 
 class StopFlag:
-    """Set by SIGTERM / SIGINT; the loop finishes its step, saves and returns."""
+    """Set by SIGTERM / SIGINT; the loop finishes its step, saves and returns. Not `enabled`
+    (TrainConfig.handle_signals off), it installs nothing and the process's handlers act."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         self.signal: Optional[int] = None
+        self.enabled = enabled
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "StopFlag":
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT) if self.enabled else ():
             try:
                 self._previous[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread: leave signals alone
@@ -524,6 +654,7 @@ class _RunLog:
 
     def __init__(self, path: Path, stale_after: Optional[int] = None) -> None:
         self.path, self.stale_after = path, stale_after
+        self.ceiling_beaten = False  # whether a row has beaten the MFU ceiling (said once)
 
     def settle(self) -> None:
         if self.stale_after is not None:

@@ -161,7 +161,8 @@ def release_freed_memory() -> bool:
     main job's peak resident set far above a run without one, and the varying number of
     masked tokens alone kept it climbing after the warmup (benchmarks/RESULTS.md,
     "Sequence-length warmup, and the learning-rate warmup's length").
-    The engine calls this at each change of length and every `engine.RELEASE_EVERY` steps;
+    The engine calls this at each change of length and every `engine.RELEASE_EVERY` steps
+    (unless `TrainConfig.release_memory` is off);
     the blocks still in use are then faulted in once more and reused. Returns False, doing
     nothing, where the C library is not glibc.
     """

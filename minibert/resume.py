@@ -1,10 +1,10 @@
-"""A training run on disk: what a checkpoint holds, and what must match to resume it.
+"""A training run on disk: how a checkpoint is written, found and checked before a resume.
 
 `train` (engine.py) calls these to start, save and resume a run:
 
 * `claim_out_dir`: a fresh start never mixes with an older run in the same folder.
-* `save_run`: the checkpoint of a step: weights, optimizer, scaler, every rank's RNG state,
-  the TrainState, and the run identity.
+* `save_run`: the checkpoint of a step, the dict `TrainState.state_dict` builds (state.py
+  owns its keys), with every rank's RNG state gathered into it.
 * `resume_run`: the newest intact checkpoint, loaded after `check_identity` has compared
   its run identity with this run's, and `check_saved_weights` has found its weights finite.
 * `drop_rows_after`: the log rows a killed run wrote after its last checkpoint go.
@@ -37,7 +37,7 @@ import torch.nn as nn
 from .checkpoint import (STATE_FILE, CheckpointError, latest_checkpoint, load_checkpoint,
                          save_checkpoint)
 from .distributed import DistContext, all_gather_objects, barrier, unwrap
-from .hf import check_finite, minibert_class
+from .hf import check_finite
 from .precision import resolve_precision
 from .state import TrainConfig, TrainState, check_identity, run_identity
 
@@ -127,8 +127,7 @@ def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identit
     RNGs), after checking that it belongs to this run; returns `cfg` with the run's horizon
     (`decay_steps`), which a resumed run keeps whatever `max_steps` is now."""
     last, saved, cfg = _resumable(raw, cfg, data_identity, ckpt_root, ctx.device)
-    raw.load_state_dict(saved["model"])
-    state.load_state_dict(saved, rank=ctx.rank, seed=cfg.seed)
+    state.load_state_dict(saved, raw, rank=ctx.rank, seed=cfg.seed)
     before = saved["train_config"]["micro_batch_size"]
     if cfg.micro_batch_size != before:
         state.micro_batch_size = None  # the resume chose another micro-batch: it wins
@@ -159,19 +158,12 @@ def check_saved_weights(saved: dict, checkpoint: Path) -> None:
 
 def save_run(ckpt_root: Path, raw: nn.Module, state: TrainState, cfg: TrainConfig,
              data_identity: dict, ctx: DistContext) -> None:
-    """Write the checkpoint of `state.step`: weights, the TrainState (with every rank's RNG
-    state) and the run identity."""
-    moving = state.state_dict()
-    names = getattr(raw, "id2label", None)  # a classifier's, which export writes into its config
-    moving["rng"] = all_gather_objects(moving["rng"], ctx)  # every rank takes part
+    """Write the checkpoint of `state.step`, as `TrainState.state_dict` builds it, with the
+    random generators of every rank in it."""
+    saved = state.state_dict(raw, cfg, data_identity)
+    saved["rng"] = all_gather_objects(saved["rng"], ctx)  # every rank takes part
     if ctx.is_main:
-        save_checkpoint(ckpt_root, state.step, {
-            # The class export rebuilds: minibert's own, for a user's subclass of it.
-            "model": raw.state_dict(), "model_class": minibert_class(type(raw)).__name__,
-            **moving,
-            "id2label": list(names) if names else None,
-            "model_config": asdict(raw.config), "train_config": asdict(cfg),
-            "data_identity": data_identity}, keep=cfg.keep_checkpoints)
+        save_checkpoint(ckpt_root, state.step, saved, keep=cfg.keep_checkpoints)
     barrier(ctx)
 
 

@@ -2,11 +2,12 @@
 everything that moves while it runs (`TrainState`), and what makes two runs the same run
 (the *run identity*).
 
-`TrainState` is the one place that knows what a checkpoint holds of a run in motion: its
-`state_dict()` gives the counters, the data position, the micro-batch in use, the optimizer,
-the gradient scaler and the random generators, and `load_state_dict()` puts them all back,
-so a resumed run continues exactly where the checkpoint left it (lingua's `TrainState` is
-the model). The weights and the run identity join them in `resume.save_run`.
+`TrainState` is the one place that knows what a checkpoint holds: its `state_dict()` builds
+the whole dict (the weights, the counters, the data position, the micro-batch in use, the
+optimizer, the gradient scaler, the random generators and the run identity), and
+`load_state_dict()` puts the run back from it, so a resumed run continues exactly where
+the checkpoint left it (lingua's `TrainState` is the model). resume.py only orchestrates:
+it gathers every rank's generators, writes the dict and finds the checkpoint to resume.
 
 The *run identity* is everything that decides what a run computes: the model config, the
 training settings but those in `RESUME_MAY_CHANGE`, and the data's identity given by the
@@ -71,6 +72,9 @@ class TrainConfig:
     # The MFU ceiling, FLOP/s; None = this machine's, measured by its first run and recorded
     # (meters.mfu_ceiling).
     peak_flops: Optional[float] = None
+    # What train() may do to the process beyond the model (its docstring says each one):
+    handle_signals: bool = True  # SIGTERM / SIGINT save a checkpoint and return
+    release_memory: bool = True  # hand glibc's free memory back (memory.release_freed_memory)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "max_steps", "log_every", "eval_batches", "keep_checkpoints",
@@ -141,16 +145,31 @@ class TrainState:
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name not in ("optimizer", "scaler")}
 
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint holds of the run in motion, under the checkpoint's own keys:
-        `train_state` (the counters), `optimizer`, `scaler` and `rng` (this process's
-        generators; `resume.save_run` gathers one per rank into a list)."""
-        return {"train_state": self.counters(), "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict(), "rng": rng_state()}
+    def state_dict(self, model: nn.Module, cfg: "TrainConfig",
+                   data_identity: dict) -> dict[str, Any]:
+        """The whole checkpoint of the run at `step`, under the keys every reader of a
+        checkpoint uses: the weights (`model`, with `model_class`, and a classifier's
+        `id2label`, which export writes into its config), the run in motion (`train_state`:
+        the counters; `optimizer`, `scaler`, and `rng`: this process's generators, which
+        `resume.save_run` replaces with one per rank) and the run identity (`model_config`,
+        `train_config`, `data_identity`)."""
+        raw = unwrap(model)
+        names = getattr(raw, "id2label", None)
+        # The class export rebuilds: minibert's own, for a user's subclass of it.
+        return {"model": raw.state_dict(), "model_class": minibert_class(type(raw)).__name__,
+                "train_state": self.counters(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(), "rng": rng_state(),
+                "id2label": list(names) if names else None,
+                "model_config": asdict(raw.config), "train_config": asdict(cfg),
+                "data_identity": data_identity}
 
-    def load_state_dict(self, saved: dict[str, Any], rank: int = 0, seed: int = 0) -> None:
-        """Put back what `state_dict` gave (`rng` as saved: one state per rank). A rank the
-        checkpoint has no generator state for gets a stream of its own from (seed, rank)."""
+    def load_state_dict(self, saved: dict[str, Any], model: nn.Module, rank: int = 0,
+                        seed: int = 0) -> None:
+        """Put back what `state_dict` gave: the weights into `model`, then the counters, the
+        optimizer, the scaler and this rank's generators (`rng` as saved: one state per
+        rank). A rank the checkpoint has no generator state for gets a stream of its own
+        from (seed, rank). The run identity is `check_identity`'s to compare, beforehand."""
+        unwrap(model).load_state_dict(saved["model"])
         known = set(self.counters())
         for name, value in saved["train_state"].items():
             if name in known:
@@ -173,7 +192,8 @@ class TrainState:
 # what each eval_loss means; see the module docstring.)
 RESUME_MAY_CHANGE = frozenset({
     "max_steps", "micro_batch_size", "auto_micro_batch", "log_every", "eval_every",
-    "save_every", "keep_checkpoints", "max_bad_steps", "compile", "progress", "peak_flops"})
+    "save_every", "keep_checkpoints", "max_bad_steps", "compile", "progress", "peak_flops",
+    "handle_signals", "release_memory"})
 
 
 def run_identity(model: nn.Module, cfg: "TrainConfig") -> dict[str, Any]:

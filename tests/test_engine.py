@@ -683,3 +683,46 @@ def test_a_classifiers_logged_flops_are_the_encoders_alone(corpus, tmp_path, mon
             assert per_token > encoder * 1.002  # the head adds about a percent here
         else:
             assert per_token == pytest.approx(encoder, rel=1e-3)
+
+
+@pytest.mark.parametrize("handle", [True, False])
+def test_handle_signals_off_leaves_the_processs_handlers_alone(corpus, tmp_path, handle):
+    """handle_signals=False: train installs no handler, so the one in place before (a
+    notebook's, a caller's) is the one a SIGINT meets during a step."""
+    import minibert
+
+    tok, ds = corpus
+    seen = []
+
+    class Watching(minibert.BertForMaskedLM):
+        def forward(self, *args, **kwargs):
+            seen.append(signal.getsignal(signal.SIGINT))
+            return super().forward(*args, **kwargs)
+
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGINT, mine)
+    try:
+        train(Watching(tiny_model(tok).config), ds, collator(tok),
+              train_config(max_steps=2, handle_signals=handle), tmp_path)
+        assert signal.getsignal(signal.SIGINT) is mine  # put back either way
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(seen) == 2
+    assert all((h is mine) != handle for h in seen), seen
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_release_memory_off_never_trims_the_heap(corpus, tmp_path, monkeypatch, release):
+    """release_memory=False: no hand-back of glibc's free memory, neither at a new sequence
+    length nor every RELEASE_EVERY steps."""
+    import minibert.engine
+
+    tok, ds = corpus
+    releases = []
+    monkeypatch.setattr(minibert.engine, "release_freed_memory", lambda: releases.append(1))
+    monkeypatch.setattr(minibert.engine, "RELEASE_EVERY", 2)
+    cfg = train_config(max_steps=4, seq_len_warmup=2, seq_len_start=8, release_memory=release)
+    train(tiny_model(tok), ds, collator(tok), cfg, tmp_path)
+    assert bool(releases) == release
