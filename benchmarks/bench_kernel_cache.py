@@ -44,7 +44,7 @@ def child(kind: str, steps: int) -> None:
 
     from minibert import BertConfig, BertForMaskedLM, BertForSequenceClassification
     from minibert.data.seq_warmup import seq_len_at, truncate
-    from minibert.pretrain import SEQ_LEN_START
+    from minibert.pretrain import MAIN_JOB
 
     torch.manual_seed(0)
     rng = random.Random(0)
@@ -55,7 +55,7 @@ def child(kind: str, steps: int) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for step in range(1, steps + 1):
         if kind == "warmup":
-            length = seq_len_at(step, full, SEQ_LEN_START, 500)
+            length = seq_len_at(step, full, MAIN_JOB.train.seq_len_start, 500)
         elif kind == "every":
             length = rng.randint(8, full)
         else:

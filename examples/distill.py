@@ -55,22 +55,22 @@ log = logging.getLogger("distill")
 
 def parse_args(argv=None):
     p = cli.ArgumentParser(__doc__.split("\n")[0])
+    job = pretrain.DISTILL  # the main job's defaults, for a tiny student
     k = p.add_argument_group("distillation")
     k.add_argument("--teacher", type=Path, required=True, help="a minibert or transformers "
                    "checkpoint folder (config.json, weights, tokenizer)")
-    k.add_argument("--student-preset", default="tiny", help=f"one of {', '.join(ALL_PRESETS)}")
+    k.add_argument("--student-preset", default=job.preset,
+                   help=f"one of {', '.join(ALL_PRESETS)}")
     k.add_argument("--alpha", type=float, default=0.5, help="weight of the soft (teacher) loss")
     k.add_argument("--temperature", type=float, default=2.0, help="softmax temperature T")
     # The data, training and run flags are pretrain_wikitext.py's, with the same defaults;
     # the training flags apply to each of the two student runs.
-    pretrain.add_data_args(p)
+    pretrain.add_data_args(p, job)
     m = p.add_argument_group("student")
     pretrain.add_architecture_args(m)  # the student's switches; unset, its preset's own
-    m.add_argument("--attention", choices=["sdpa", "math", "chunked"])
-    m.add_argument("--dropout", type=float, help="overrides hidden and attention dropout")
-    m.add_argument("--compile", action="store_true", help="torch.compile the student + teacher")
-    pretrain.add_training_args(p)
-    pretrain.add_run_args(p, default_out=Path("runs/distill"))
+    cli.add_flags(m, job, ["--attention", "--dropout", "--compile"])
+    pretrain.add_training_args(p, job)
+    pretrain.add_run_args(p, default_out=Path("runs/distill"), job=job)
     args = p.parse_args(argv)
     # What minibert.pretrain reads: the teacher's folder supplies the tokenizer
     # (`init_from`), and the student preset is the one to build (`preset`).

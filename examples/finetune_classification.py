@@ -60,7 +60,8 @@ def parse_args(argv=None):
     d.add_argument("--text-pair-column", help="a second text, for sentence-pair tasks")
     d.add_argument("--label-column", required=True)
     d.add_argument("--max-train-examples", type=int, help="a random subset (fixed by --seed)")
-    d.add_argument("--seq-len", type=int, default=128, help="longer inputs are truncated")
+    d.add_argument("--seq-len", type=int, default=finetune.FINETUNE.seq_len,
+                   help="longer inputs are truncated")
     finetune.add_args(p, out="runs/finetune")
     return p.parse_args(argv)
 

@@ -62,9 +62,10 @@ def parse_args(argv=None):
     d.add_argument("--text-pair-column", help="sequence tasks: a second text, for pairs")
     d.add_argument("--label-column", help="sequence tasks: the label column")
     d.add_argument("--scheme", choices=list(SCHEMES), default="IOB2", help="token tasks' tags")
-    d.add_argument("--seq-len", type=int, default=128, help="longer inputs are truncated "
+    d.add_argument("--seq-len", type=int, default=finetune.FINETUNE.seq_len,
+                   help="longer inputs are truncated "
                    "(sequence) or cut into windows of whole words (token)")
-    finetune.add_args(p, out="runs/finetune_multitask", epochs_help="epoch-equivalents: "
+    finetune.add_args(p, out="runs/finetune_multitask", epoch="epoch-equivalents: "
                       "all training examples / --batch-size steps each")
     args = p.parse_args(argv)
     args.scheme = canonical_scheme(args.scheme)  # BIO is IOB2: one name in the run's identity

@@ -29,6 +29,7 @@ if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,6 +44,9 @@ from minibert.resume import RunPlan
 
 log = logging.getLogger("finetune_qa")
 
+# Fine-tuning's defaults for SQuAD, as BERT's recipe for it: two epochs over windows of 384.
+JOB = replace(finetune.FINETUNE, epochs=2, seq_len=384)
+
 # encode_qa's arguments as the flags that set them, for its messages.
 WINDOW_FLAGS = {"max_len": "--seq-len", "doc_stride": "--doc-stride",
                 "max_question_len": "--max-question-len"}
@@ -56,7 +60,7 @@ def parse_args(argv=None):
     arg("--version-2", action="store_true", help="SQuAD 2.0: unanswerable (is_impossible) "
         "questions are allowed, and an answer may be none")
     arg("--max-train-examples", type=int, help="a random subset of questions (by --seed)")
-    arg("--seq-len", type=int, default=384, help="tokens per window")
+    arg("--seq-len", type=int, default=JOB.seq_len, help="tokens per window")
     arg("--doc-stride", type=int, help="context tokens that consecutive windows share: the "
         "overlap, as transformers' stride (BERT's run_squad.py gave the name to the step "
         "between windows); default --seq-len // 3, 128 at 384")
@@ -65,7 +69,7 @@ def parse_args(argv=None):
     arg("--n-best", type=int, default=20, help="start and end candidates per window")
     arg("--null-score-diff-threshold", type=float, default=0.0, help="with --version-2: no "
         "answer when the [CLS] score beats the best span's by more than this")
-    finetune.add_args(p, out="runs/finetune_qa", unit="windows", epochs=2)
+    finetune.add_args(p, out="runs/finetune_qa", unit="windows", job=JOB)
     args = p.parse_args(argv)
     if args.doc_stride is None:
         args.doc_stride = args.seq_len // 3

@@ -49,7 +49,8 @@ def parse_args(argv=None):
     d.add_argument("--scheme", choices=list(SCHEMES), default="IOB2",
                    help="how tags form entities for the span F1 (BIO is IOB2)")
     d.add_argument("--max-train-examples", type=int, help="a random subset of sentences")
-    d.add_argument("--seq-len", type=int, default=128, help="pieces per window, [CLS] and "
+    d.add_argument("--seq-len", type=int, default=finetune.FINETUNE.seq_len,
+                   help="pieces per window, [CLS] and "
                    "[SEP] included. A longer sentence is cut into consecutive windows of whole "
                    "words, no overlap, so every word is predicted exactly once (one too long "
                    "for a window alone keeps its first pieces)")

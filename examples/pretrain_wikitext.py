@@ -34,7 +34,6 @@ from types import SimpleNamespace
 
 import minibert
 from minibert import cli, pretrain
-from minibert.config import ALL_PRESETS
 from minibert.data import MLMCollator
 from minibert.data.prepare import save_prepared
 from minibert.engine import eval_batches, evaluate, train
@@ -45,21 +44,15 @@ log = logging.getLogger("pretrain")
 
 def parse_args(argv=None):
     p = cli.ArgumentParser(__doc__.split("\n")[0])
-    d = pretrain.add_data_args(p)
-    d.add_argument("--vocab-size", type=int, default=8192)
+    job = pretrain.MAIN_JOB  # every default below is the main job's
+    d = pretrain.add_data_args(p, job)
+    cli.add_flags(d, job, ["--vocab-size"])
     m = p.add_argument_group("model")
-    m.add_argument("--preset", default="mini", help=f"one of {', '.join(ALL_PRESETS)}")
+    cli.add_flags(m, job, ["--preset"])
     pretrain.add_architecture_args(m)
-    m.add_argument("--attention", choices=["sdpa", "math", "chunked"])
-    m.add_argument("--dropout", type=float, help="hidden and attention dropout; default 0 from "
-                   "scratch (as in Cramming and ModernBERT: in a short pretraining run there "
-                   "is no overfitting to prevent, and dropout slows learning), the "
-                   "checkpoint's own with --init-from")
-    m.add_argument("--init-from", type=Path, help="continue pretraining a minibert or "
-                   "transformers checkpoint (a folder with config.json, weights and tokenizer)")
-    m.add_argument("--compile", action="store_true", help="torch.compile the model")
-    pretrain.add_training_args(p)
-    pretrain.add_run_args(p, default_out=Path("runs/pretrain"))
+    cli.add_flags(m, job, ["--attention", "--dropout", "--init-from", "--compile"])
+    pretrain.add_training_args(p, job)
+    pretrain.add_run_args(p, default_out=Path("runs/pretrain"), job=job)
     return p.parse_args(argv)
 
 
@@ -87,7 +80,8 @@ def build_model(args, tok) -> minibert.BertForMaskedLM:
     overrides = {}
     if args.attention:
         overrides["attention"] = args.attention
-    dropout = 0.0 if args.dropout is None and not args.init_from else args.dropout
+    dropout = (pretrain.MAIN_JOB.dropout if args.dropout is None and not args.init_from
+               else args.dropout)
     if dropout is not None:
         overrides.update(hidden_dropout=dropout, attention_dropout=dropout)
     if args.init_from:

@@ -42,6 +42,7 @@ import re
 import signal
 import sys
 import threading
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
@@ -49,13 +50,14 @@ import torch.nn as nn
 
 from . import memory
 from .checkpoint import CheckpointError
+from .config import ALL_PRESETS
 from .data.tokens import TokenFileError
 from .data.wikitext import DownloadError
 from .distributed import DistContext, all_gather_objects, cleanup, init_distributed
 from .recovery import TrainingError
 from .resume import check_resume, read_rows
 from .rundir import RunFolder, open_run
-from .state import SettingsMismatch
+from .state import SettingsMismatch, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +197,146 @@ def _negative_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+# ---- the shared flags ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Job:
+    """A kind of run's defaults, which its flags take: the training settings (`train`) and
+    the model and data defaults beside them. `pretrain.MAIN_JOB` and `finetune.FINETUNE` are
+    the library's; a script starts from one, and `flag_specs` reads every default from it.
+
+    The kinds differ where their runs do. A fine-tuning run is measured in `epochs`: its
+    step count is known only once the data is read, so its warmup is a share of the schedule
+    (--warmup-ratio) and --max-steps is optional; a pretraining run (`epochs` None) is
+    measured in steps (--warmup-steps, --max-steps). `lr_init_from`, when set, is --lr's
+    default with --init-from (`train.lr` stays the one from random weights)."""
+
+    train: TrainConfig
+    preset: str = "mini"
+    vocab_size: int = 8192
+    seq_len: int = 128
+    # hidden and attention dropout from random weights; None: the preset's own
+    dropout: Optional[float] = None
+    epochs: Optional[int] = None
+    lr_init_from: Optional[float] = None
+    # --keep-freed-memory unset: None keeps freed memory on a CPU (apply_keep_freed_memory),
+    # False leaves the allocator alone
+    keep_freed_memory: Optional[bool] = None
+
+    def learning_rate(self, lr: Optional[float], init_from: Any) -> float:
+        """--lr, or this job's default for a start from a checkpoint or from random weights."""
+        if lr is not None:
+            return lr
+        return self.lr_init_from if init_from and self.lr_init_from is not None else self.train.lr
+
+    def flags(self) -> dict[str, str]:
+        """TrainConfig's fields as the flags that set them, for its messages."""
+        return {f: "--" + f.replace("_", "-") for f in asdict(self.train)} | {
+            "warmup": "--warmup-steps" if self.epochs is None else "--warmup-ratio"}
+
+
+_KEEP_FREED_MEMORY = (
+    "reuse freed memory instead of returning it to the kernel (glibc), from the first "
+    "training step; {when}. The trade: faster steps where the host's page faults are dear "
+    "(no gain where they are cheap), and a resident set that stays at its peak instead of "
+    "shrinking after one; it does not make the set grow over a long run "
+    "(benchmarks/RESULTS.md, 'Memory over a long run' and 'Process settings')")
+
+
+def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
+               epoch: str = "passes over the training data") -> dict[str, dict]:
+    """Every shared flag, declared here once: its option string and its `add_argument`
+    arguments, the default taken from `job` (the field the flag fills). The script's own
+    words: `unit`, what a batch holds (sequences, examples, windows); `out`, the default
+    --out; `epoch`, what --epochs counts."""
+    t, by_epochs = job.train, job.epochs is not None
+    scratch_dropout = ("the preset's" if job.dropout is None else
+                       f"{job.dropout:g} (as in Cramming and ModernBERT: in a short "
+                       "pretraining run there is no overfitting to prevent, and dropout "
+                       "slows learning)")
+    return {
+        # model
+        "--init-from": dict(type=Path, help="start from a minibert or transformers checkpoint "
+                            "(a folder with config.json, weights and tokenizer); default: "
+                            "random weights and a new tokenizer"),
+        "--preset": dict(default=job.preset,
+                         help=f"without --init-from: one of {', '.join(ALL_PRESETS)}"),
+        "--vocab-size": dict(type=int, default=job.vocab_size, help="without --init-from"),
+        "--dropout": dict(type=float, help="hidden and attention dropout; default from "
+                          f"random weights {scratch_dropout}, from a checkpoint its own"),
+        "--attention": dict(choices=["sdpa", "math", "chunked"]),
+        "--compile": dict(action="store_true", help="torch.compile the model (distillation: "
+                          "the student and the teacher)"),
+        "--cache-dir": dict(type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert"),
+        "--allow-vocab-mismatch": dict(action="store_true", help="with a checkpoint: accept a "
+                                       "tokenizer whose ids or special tokens are not the "
+                                       "model's (deliberate vocabulary surgery); refused by "
+                                       "default"),
+        # training: the run's length and its schedule
+        "--epochs": dict(type=int, default=job.epochs, help=epoch),
+        "--max-steps": dict(type=int, default=None if by_epochs else t.max_steps,
+                            help=("stop after this many steps (overrides --epochs)"
+                                  if by_epochs else "where this run stops")
+                            + "; may change on --resume to stop earlier or go further"),
+        "--decay-steps": dict(type=int, help="the learning-rate schedule's horizon, fixed for "
+                              "the whole run; steps past it run at --min-lr (default: the "
+                              "steps of the run's first start)"),
+        "--batch-size": dict(type=int, default=t.batch_size, help=f"global: {unit} per step"),
+        "--micro-batch-size": dict(type=int, help="per rank; default batch / world size"),
+        "--lr": (dict(type=float, help=f"default {_number(job.lr_init_from)} with --init-from, "
+                      f"{_number(t.lr)} without") if job.lr_init_from is not None
+                 else dict(type=float, default=t.lr)),
+        "--min-lr": dict(type=float, default=t.min_lr, help="the rate at the horizon and after"),
+        # A share of a schedule whose length is not known yet, or a step count.
+        "--warmup-ratio": dict(type=float, default=t.warmup, help="fraction of --decay-steps"),
+        "--warmup-steps": dict(type=int, help=f"default {t.warmup * 100:.0f}%% of --decay-steps"),
+        "--schedule": dict(choices=["linear", "cosine"], default=t.schedule),
+        "--weight-decay": dict(type=float, default=t.weight_decay),
+        "--adam-eps": dict(type=float, default=t.adam_eps),
+        "--max-grad-norm": dict(type=float, default=t.max_grad_norm),
+        "--precision": dict(choices=["auto", "fp32", "bf16", "fp16"], default=t.precision,
+                            help="auto: bf16 on a CUDA GPU that has it and on a CPU whose "
+                            "flags name bf16 matrix instructions (AMX, AVX512-BF16, Arm "
+                            "BF16); fp32 elsewhere"),
+        "--seed": dict(type=int, default=t.seed),
+        "--deterministic": dict(action="store_true"),
+        "--device": dict(choices=["auto", "cpu", "cuda"], default="auto"),
+        "--keep-freed-memory": (
+            dict(action=argparse.BooleanOptionalAction,
+                 help=_KEEP_FREED_MEMORY.format(when="on by default on a CPU"))
+            if job.keep_freed_memory is None else
+            dict(action="store_true", default=job.keep_freed_memory,
+                 help=_KEEP_FREED_MEMORY.format(
+                     when="off by default here: fine-tuning heads refill smaller buffers than "
+                     "pretraining's vocabulary-wide logits"))),
+        # logging and checkpoints
+        "--out": dict(type=Path, default=Path(out)),
+        "--log-every": dict(type=int, default=t.log_every),
+        "--eval-every": dict(type=int, default=t.eval_every, help="0 = only at the end"),
+        "--eval-batches": dict(type=int, default=t.eval_batches, help="global batches of the "
+                               "evaluation split scored at each evaluation; fixed for the run, "
+                               "as the split is (a resume with another value is refused), so "
+                               "that every eval_loss is on the same text"),
+        "--save-every": dict(type=int, default=t.save_every),
+        "--resume": dict(action="store_true", help="continue from the last checkpoint"),
+        "--no-progress": dict(action="store_true", help="no tqdm progress bar"),
+    }
+
+
+def _number(x: float) -> str:
+    """A rate as people write it: 5e-5, not Python's 5e-05 or 0.0005."""
+    mantissa, exponent = f"{x:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def add_flags(group: Any, job: Job, names: Sequence[str], **wording: str) -> None:
+    """Add the shared flags `names` (of `flag_specs`) to `group`, in that order, with their
+    defaults from `job`; `wording`: `flag_specs`'s unit, out and epoch."""
+    specs = flag_specs(job, **wording)
+    for name in names:
+        group.add_argument(name, **specs[name])
 
 
 # ---- settings in flag names ------------------------------------------------------------------

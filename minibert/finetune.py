@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -24,7 +24,7 @@ import tokenizers
 import torch.nn as nn
 
 from .atomic import write_files_atomically
-from .cli import check_numbers, finite_flags, in_flag_names
+from .cli import Job, add_flags, check_numbers, finite_flags, in_flag_names
 from .config import ALL_PRESETS, BertConfig
 from .data.sampler import batches_per_epoch
 from .data.tasks import TaskData, word_predictions
@@ -39,63 +39,41 @@ from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+# Fine-tuning's defaults, those of the four fine-tuning scripts' flags: BERT's recipe (a few
+# epochs, a short linear warmup, 5e-5 from a checkpoint); from random weights the model
+# learns faster with a higher rate. Each evaluation and checkpoint falls at an epoch's end
+# (`train_config`).
+FINETUNE = Job(train=TrainConfig(batch_size=32, lr=5e-4, min_lr=0.0, warmup=0.1,
+                                 weight_decay=0.01),
+               preset="mini", vocab_size=8192, seq_len=128, dropout=None, epochs=3,
+               lr_init_from=5e-5, keep_freed_memory=False)
+
 # TrainConfig's fields as the flags that set them, for its messages.
-FLAGS = {f: "--" + f.replace("_", "-") for f in asdict(TrainConfig())} | {
-    "warmup": "--warmup-ratio"}
+FLAGS = FINETUNE.flags()
 
 
 # ---- flags -----------------------------------------------------------------------------------
 
-def add_args(p: argparse.ArgumentParser, *, out: str, unit: str = "examples", epochs: int = 3,
-             epochs_help: str = "passes over the training data") -> None:
-    """The model, training and output flags of every fine-tuning script. `unit` is what a
-    batch holds (examples, windows); `out` the default --out."""
+def add_args(p: argparse.ArgumentParser, *, out: str, unit: str = "examples",
+             job: Job = FINETUNE, epoch: str = "passes over the training data") -> None:
+    """The model, training and output flags of every fine-tuning script, with `job`'s
+    defaults. `unit` is what a batch holds (examples, windows); `out` the default --out;
+    `epoch` what --epochs counts."""
     m = p.add_argument_group("model")
-    m.add_argument("--init-from", type=Path, help="a minibert or transformers checkpoint "
-                   "folder with its tokenizer; default: random weights and a new tokenizer")
-    m.add_argument("--preset", default="mini",
-                   help=f"without --init-from: {', '.join(ALL_PRESETS)}")
-    m.add_argument("--vocab-size", type=int, default=8192, help="without --init-from")
-    m.add_argument("--cache-dir", type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert")
-    m.add_argument("--dropout", type=float, help="hidden and attention dropout; default the "
-                   "checkpoint's, or 0.1 for random weights (BERT's)")
-    m.add_argument("--allow-vocab-mismatch", action="store_true", help="with --init-from: "
-                   "accept a tokenizer whose ids or special tokens are not the model's "
-                   "(deliberate vocabulary surgery); refused by default")
+    add_flags(m, job, ["--init-from", "--preset", "--vocab-size", "--cache-dir", "--dropout",
+                       "--allow-vocab-mismatch"])
     t = p.add_argument_group("training")
-    t.add_argument("--epochs", type=int, default=epochs, help=epochs_help)
-    t.add_argument("--max-steps", type=int, help="stop after this many steps (overrides --epochs); "
-                   "may change on --resume to stop earlier or go further")
-    t.add_argument("--decay-steps", type=int, help="the learning-rate schedule's horizon, fixed "
-                   "for the whole run; steps past it run at --min-lr (default: the steps of the "
-                   "run's first start)")
-    t.add_argument("--batch-size", type=int, default=32, help=f"global: {unit} per step")
-    t.add_argument("--micro-batch-size", type=int, help="per rank; default batch / world size")
-    t.add_argument("--lr", type=float, help="default 5e-5 with --init-from, 5e-4 without")
-    t.add_argument("--min-lr", type=float, default=0.0, help="the rate at the horizon and after")
-    t.add_argument("--warmup-ratio", type=float, default=0.1, help="fraction of --decay-steps")
-    t.add_argument("--weight-decay", type=float, default=0.01)
-    t.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
-                   help="auto: bf16 on a CUDA GPU that has it and on a CPU whose flags name "
-                   "bf16 matrix instructions (AMX, AVX512-BF16, Arm BF16); fp32 elsewhere")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    t.add_argument("--keep-freed-memory", action="store_true",
-                   help="reuse freed memory instead of returning it to the kernel (glibc). "
-                   "The trade: CPU steps a few percent faster (fine-tuning heads refill "
-                   "smaller buffers than pretraining's vocabulary-wide logits), and a "
-                   "resident set that stays at its peak instead of shrinking after one "
-                   "(benchmarks/RESULTS.md, 'Memory over a long run' and 'Process settings')")
+    add_flags(t, job, ["--epochs", "--max-steps", "--decay-steps", "--batch-size",
+                       "--micro-batch-size", "--lr", "--min-lr", "--warmup-ratio",
+                       "--weight-decay", "--precision", "--seed", "--device",
+                       "--keep-freed-memory"], unit=unit, epoch=epoch)
     r = p.add_argument_group("logging and checkpoints")
-    r.add_argument("--out", type=Path, default=Path(out))
-    r.add_argument("--log-every", type=int, default=10)
-    r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    r.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    add_flags(r, job, ["--out", "--log-every", "--resume", "--no-progress"], out=out)
 
 
-def learning_rate(args: Any) -> float:
-    """--lr, or its default: 5e-5 to fine-tune a checkpoint, 5e-4 from random weights."""
-    return args.lr if args.lr is not None else (5e-5 if args.init_from else 5e-4)
+def learning_rate(args: Any, job: Job = FINETUNE) -> float:
+    """--lr, or its default: `job`'s from a checkpoint (--init-from) or from random weights."""
+    return job.learning_rate(args.lr, args.init_from)
 
 
 def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> TrainConfig:
@@ -131,8 +109,8 @@ def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> Tra
 def train_config(args: Any, steps_per_epoch: int) -> TrainConfig:
     """The flags as the engine's settings: an evaluation and a checkpoint every epoch of
     `steps_per_epoch` steps; TrainConfig's own checks, said in flag names."""
-    return in_flag_names(lambda: TrainConfig(
-        batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
+    return in_flag_names(lambda: replace(
+        FINETUNE.train, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
         max_steps=args.max_steps if args.max_steps is not None else
         args.epochs * steps_per_epoch,
         decay_steps=args.decay_steps, lr=learning_rate(args), min_lr=args.min_lr,

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
 import tokenizers
 
 from .atomic import write_files_atomically
-from .cli import check_numbers, finite_flags, in_flag_names
+from .cli import Job, add_flags, check_numbers, finite_flags, in_flag_names
 from .config import ALL_PRESETS, BertConfig
 from .data.corpus import Corpus, load_corpus
 from .data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_corpus
@@ -32,13 +32,37 @@ from .pretrained import check_tokenizer_fits
 from .state import TrainConfig
 from .tokenizer import Tokenizer
 
-# The main job's sequence-length warmup: batches cut to SEQ_LEN_START positions at the first
-# step, growing to --seq-len over this share of the schedule. Against 32 -> 128 over 30%,
-# it reached transformers' final loss in fewer steps, each of them cheaper
-# (benchmarks/RESULTS.md, "On a CPU with native bf16, against transformers at its best
-# precision").
-SEQ_LEN_WARMUP_SHARE = 0.5
-SEQ_LEN_START = 16
+
+
+@dataclass(frozen=True)
+class PretrainJob(Job):
+    """A masked-LM run's defaults: `cli.Job`'s, and its corpus and masking."""
+
+    dataset: str = "wikitext-2-raw-v1"
+    train_split: str = "train"
+    eval_split: str = "valid"
+    mask_prob: float = 0.15  # share of tokens masked for training
+    eval_mask_prob: float = 0.15  # share masked for evaluation, apart from the training rate
+
+
+# The main job, examples/pretrain_wikitext.py: every default of its flags.
+# - 30% masking reaches a given loss in fewer steps than BERT's 15% (Wettig et al. 2023);
+#   evaluation masks 15%, so eval losses compare across training rates.
+# - The sequence-length warmup cuts batches to 16 positions at the first step, growing to
+#   --seq-len over half the schedule (Li et al. 2022). Against 32 -> 128 over 30% it reached
+#   transformers' final loss in fewer steps, each of them cheaper (benchmarks/RESULTS.md, "On
+#   a CPU with native bf16, against transformers at its best precision").
+# - No dropout from random weights, as in Cramming and ModernBERT: a short pretraining run
+#   has no overfitting to prevent, and dropout slows learning.
+MAIN_JOB = PretrainJob(
+    train=TrainConfig(batch_size=32, max_steps=1000, lr=1e-3, min_lr=1e-5, warmup=0.1,
+                      schedule="linear", weight_decay=0.01, adam_eps=1e-6, max_grad_norm=1.0,
+                      eval_batches=20, save_every=100, seq_len_warmup=0.5, seq_len_start=16),
+    preset="mini", vocab_size=8192, seq_len=128, dropout=0.0, mask_prob=0.3)
+
+# Distillation (examples/distill.py) trains as the main job does; its student is `tiny` by
+# default, with its preset's dropout.
+DISTILL = replace(MAIN_JOB, preset="tiny", dropout=None)
 
 # The BertConfig fields the architecture flags set (architecture_overrides), as those flags.
 ARCHITECTURE_FLAGS = {"norm_position": "--norm", "position": "--position", "mlp": "--mlp",
@@ -46,8 +70,7 @@ ARCHITECTURE_FLAGS = {"norm_position": "--norm", "position": "--position", "mlp"
                       "local_window": "--local-window"}
 
 # TrainConfig's fields as the flags that set them, for its messages.
-FLAGS = {f: "--" + f.replace("_", "-") for f in asdict(TrainConfig())} | {
-    "warmup": "--warmup-steps"}
+FLAGS = MAIN_JOB.flags()
 
 # The numeric flags no setting checks itself, in the flag's name.
 NUMBER_RULES = [
@@ -71,83 +94,54 @@ def flag_names(args: Any) -> dict[str, str]:
                         for split, flags in chose.items()}}
 
 
-def add_data_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+def add_data_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB
+                  ) -> argparse._ArgumentGroup:
+    warmup, start = job.train.seq_len_warmup, job.train.seq_len_start
     d = p.add_argument_group("data")
     d.add_argument("--data-dir", type=Path, help="WikiText folder (raw or tokenized layout), "
                    "or any folder of .txt files (documents separated by blank lines; every "
                    "20th held out as the valid split); default: download --dataset")
-    d.add_argument("--dataset", default="wikitext-2-raw-v1", choices=sorted(WIKITEXT_VARIANTS),
+    d.add_argument("--dataset", default=job.dataset, choices=sorted(WIKITEXT_VARIANTS),
                    help="downloaded once into --cache-dir; $MINIBERT_WIKITEXT_URL names a mirror")
-    d.add_argument("--cache-dir", type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert")
-    d.add_argument("--train-split", default="train")
-    d.add_argument("--eval-split", default="valid")
-    d.add_argument("--seq-len", type=int, default=128)
-    d.add_argument("--mask-prob", type=float, default=0.3, help="share of tokens masked "
-                   "for training; 30%% reaches a given loss in fewer steps than BERT's 15%% "
-                   "(Wettig et al. 2023; measured in benchmarks/RESULTS.md)")
-    d.add_argument("--eval-mask-prob", type=float, default=0.15, help="share masked for "
-                   "evaluation; fixed apart from --mask-prob so that eval losses compare "
-                   "across training rates")
+    add_flags(d, job, ["--cache-dir"])
+    d.add_argument("--train-split", default=job.train_split)
+    d.add_argument("--eval-split", default=job.eval_split)
+    d.add_argument("--seq-len", type=int, default=job.seq_len)
+    d.add_argument("--mask-prob", type=float, default=job.mask_prob, help="share of tokens "
+                   "masked for training; 30%% reaches a given loss in fewer steps than BERT's "
+                   "15%% (Wettig et al. 2023; measured in benchmarks/RESULTS.md)")
+    d.add_argument("--eval-mask-prob", type=float, default=job.eval_mask_prob, help="share "
+                   "masked for evaluation; fixed apart from --mask-prob so that eval losses "
+                   "compare across training rates")
     d.add_argument("--whole-word-mask", action="store_true", help="mask whole words (a piece "
                    "and the ## pieces after it) instead of single tokens")
     d.add_argument("--seq-len-warmup", type=int, help="sequence-length warmup: training "
                    "batches grow from --seq-len-start positions to --seq-len over this many "
-                   f"steps (Li et al. 2022); default {SEQ_LEN_WARMUP_SHARE * 100:.0f}%% of the "
+                   f"steps (Li et al. 2022); default {warmup * 100:.0f}%% of the "
                    "schedule (--decay-steps, else --max-steps), 0 = off. It is the largest "
                    "lever on the time to a given loss (benchmarks/RESULTS.md)")
     d.add_argument("--seq-len-start", type=int, help="positions per sequence at the first "
-                   f"step of the sequence-length warmup; default {SEQ_LEN_START} (no warmup "
-                   f"for a --seq-len of {SEQ_LEN_START} or less)")
+                   f"step of the sequence-length warmup; default {start} (no warmup "
+                   f"for a --seq-len of {start} or less)")
     return d
 
 
-def add_training_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+def add_training_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB
+                      ) -> argparse._ArgumentGroup:
     t = p.add_argument_group("training")
-    t.add_argument("--batch-size", type=int, default=32, help="global: sequences per step")
-    t.add_argument("--micro-batch-size", type=int, help="per rank; default batch / world size")
-    t.add_argument("--max-steps", type=int, default=1000, help="where this run stops; may "
-                   "change on --resume to stop earlier or go further")
-    t.add_argument("--decay-steps", type=int, help="the learning-rate schedule's horizon, fixed "
-                   "for the whole run; steps past it run at --min-lr (default: --max-steps of "
-                   "the run's first start)")
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--min-lr", type=float, default=1e-5)
-    t.add_argument("--warmup-steps", type=int, help="default 10%% of --decay-steps")
-    t.add_argument("--schedule", choices=["linear", "cosine"], default="linear")
-    t.add_argument("--weight-decay", type=float, default=0.01)
-    t.add_argument("--adam-eps", type=float, default=1e-6)
-    t.add_argument("--max-grad-norm", type=float, default=1.0)
-    t.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
-                   help="auto: bf16 on a CUDA GPU that has it and on a CPU whose flags name "
-                   "bf16 matrix instructions (AMX, AVX512-BF16, Arm BF16); fp32 elsewhere")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--deterministic", action="store_true")
-    t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    t.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction,
-                   help="reuse freed memory instead of returning it to the kernel (glibc), "
-                   "from the first training step; on by default on a CPU. The trade: faster "
-                   "steps where the host's page faults are dear (no gain where they are "
-                   "cheap), and a resident set that stays at its peak instead of shrinking "
-                   "after one; it does not make the set grow over a long run "
-                   "(benchmarks/RESULTS.md, 'Memory over a long run' and 'Process settings')")
-    t.add_argument("--allow-vocab-mismatch", action="store_true", help="with a checkpoint: "
-                   "accept a tokenizer whose ids or special tokens are not the model's "
-                   "(deliberate vocabulary surgery); refused by default")
+    add_flags(t, job, ["--batch-size", "--micro-batch-size", "--max-steps", "--decay-steps",
+                       "--lr", "--min-lr", "--warmup-steps", "--schedule", "--weight-decay",
+                       "--adam-eps", "--max-grad-norm", "--precision", "--seed",
+                       "--deterministic", "--device", "--keep-freed-memory",
+                       "--allow-vocab-mismatch"])
     return t
 
 
-def add_run_args(p: argparse.ArgumentParser, default_out: Path) -> argparse._ArgumentGroup:
+def add_run_args(p: argparse.ArgumentParser, default_out: Path, job: PretrainJob = MAIN_JOB
+                 ) -> argparse._ArgumentGroup:
     r = p.add_argument_group("logging and checkpoints")
-    r.add_argument("--out", type=Path, default=default_out)
-    r.add_argument("--log-every", type=int, default=10)
-    r.add_argument("--eval-every", type=int, default=0, help="0 = only at the end")
-    r.add_argument("--eval-batches", type=int, default=20, help="global batches of the "
-                   "evaluation split scored at each evaluation; fixed for the run, as the "
-                   "split is (a resume with another value is refused), so that every "
-                   "eval_loss is on the same text")
-    r.add_argument("--save-every", type=int, default=100)
-    r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    r.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    add_flags(r, job, ["--out", "--log-every", "--eval-every", "--eval-batches", "--save-every",
+                       "--resume", "--no-progress"], out=str(default_out))
     return r
 
 
@@ -226,17 +220,18 @@ def train_config(args: Any) -> TrainConfig:
     longer than it is refused before any work; a resume leaves it to the checkpoint (the
     engine keeps the run's), so --max-steps may shrink to stop earlier."""
     horizon = args.decay_steps or (None if args.resume else args.max_steps)
-    return in_flag_names(lambda: TrainConfig(
-        batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
+    job = MAIN_JOB.train  # what an unset flag leaves; distillation trains as the main job
+    return in_flag_names(lambda: replace(
+        job, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
         max_steps=args.max_steps, decay_steps=horizon, lr=args.lr, min_lr=args.min_lr,
-        warmup=args.warmup_steps if args.warmup_steps is not None else 0.1,
+        warmup=args.warmup_steps if args.warmup_steps is not None else job.warmup,
         schedule=args.schedule, weight_decay=args.weight_decay, adam_eps=args.adam_eps,
         max_grad_norm=args.max_grad_norm, precision=args.precision, seed=args.seed,
         log_every=args.log_every, eval_every=args.eval_every, eval_batches=args.eval_batches,
         save_every=args.save_every, compile=args.compile, progress=not args.no_progress,
         seq_len_warmup=(args.seq_len_warmup if args.seq_len_warmup is not None
-                        else SEQ_LEN_WARMUP_SHARE),
-        seq_len_start=args.seq_len_start or SEQ_LEN_START), FLAGS)
+                        else job.seq_len_warmup),
+        seq_len_start=args.seq_len_start or job.seq_len_start), FLAGS)
 
 
 def read_corpus(args: Any, ctx: DistContext) -> Optional[Corpus]:

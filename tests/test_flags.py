@@ -1,0 +1,129 @@
+"""Each command-line setting is declared once, with one default: the field it fills in the
+preset of its kind of script (`pretrain.MAIN_JOB`, `finetune.FINETUNE`)."""
+
+import ast
+from collections import Counter
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import pytest
+
+from minibert import cli, finetune, pretrain
+from minibert.state import TrainConfig
+from engine_utils import load_example
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Each fine-tuning script's required flags, given as bare values: parse_args reads no file.
+FINETUNE_REQUIRED = {
+    "finetune_classification": ["--train", "t", "--eval", "e", "--text-column", "text",
+                                "--label-column", "label"],
+    "finetune_token_classification": ["--train", "t", "--eval", "e"],
+    "finetune_qa": ["--train", "t", "--eval", "e"],
+    "finetune_multitask": ["--task", "a:sequence:t:e"],
+}
+
+# Flags that several scripts declare each for themselves, with a meaning of their own: how
+# a script reads its data (--seq-len truncates a text, or cuts a sentence into windows).
+OWN_MEANING = {"--seq-len", "--train", "--eval", "--text-column", "--text-pair-column",
+               "--label-column", "--max-train-examples", "--scheme"}
+# embed.py computes, it does not train: its own parser, where --batch-size counts texts
+# and --out names a .npy file.
+EMBED = "embed.py"
+
+
+def _differs(cfg: TrainConfig, preset: TrainConfig) -> dict:
+    return {f.name: (getattr(cfg, f.name), getattr(preset, f.name)) for f in fields(cfg)
+            if getattr(cfg, f.name) != getattr(preset, f.name)}
+
+
+@pytest.mark.parametrize("script,argv,job", [
+    ("pretrain_wikitext", [], pretrain.MAIN_JOB),
+    ("distill", ["--teacher", "t"], pretrain.DISTILL)])
+def test_pretraining_defaults_are_the_preset(script, argv, job):
+    args = load_example(script).parse_args(argv)
+    # A fresh start's horizon is --max-steps (the preset's decay_steps is None: the same)
+    assert _differs(pretrain.train_config(args), job.train) == {
+        "decay_steps": (job.train.max_steps, None)}
+    assert job.train == pretrain.MAIN_JOB.train  # distillation trains as the main job does
+    assert (args.preset, args.seq_len, args.mask_prob, args.eval_mask_prob, args.dataset,
+            args.train_split, args.eval_split, args.keep_freed_memory) == (
+        job.preset, job.seq_len, job.mask_prob, job.eval_mask_prob, job.dataset,
+        job.train_split, job.eval_split, job.keep_freed_memory)
+    if script == "pretrain_wikitext":
+        assert args.vocab_size == job.vocab_size
+        assert args.dropout is None and job.dropout == 0.0  # build_model reads the preset
+
+
+def test_main_job_numbers():
+    """The main job's defaults, as README.md and docs/ quote them."""
+    job = pretrain.MAIN_JOB
+    assert (job.preset, job.train.lr, job.train.min_lr, job.train.batch_size,
+            job.train.max_steps, job.seq_len, job.mask_prob, job.eval_mask_prob,
+            job.train.seq_len_warmup, job.train.seq_len_start, job.dropout) == (
+        "mini", 1e-3, 1e-5, 32, 1000, 128, 0.3, 0.15, 0.5, 16, 0.0)
+
+
+@pytest.mark.parametrize("script", sorted(FINETUNE_REQUIRED))
+def test_finetuning_defaults_are_the_preset(script):
+    module = load_example(script)
+    job = getattr(module, "JOB", finetune.FINETUNE)
+    args = module.parse_args(FINETUNE_REQUIRED[script])
+    # The run's length and its evaluations are counted in epochs (here of one step each).
+    assert _differs(finetune.train_config(args, steps_per_epoch=1), job.train) == {
+        "max_steps": (job.epochs, job.train.max_steps),
+        "eval_every": (1, job.train.eval_every), "save_every": (1, job.train.save_every)}
+    assert (args.epochs, args.seq_len, args.preset, args.vocab_size, args.dropout,
+            args.keep_freed_memory) == (job.epochs, job.seq_len, job.preset, job.vocab_size,
+                                        job.dropout, job.keep_freed_memory)
+    from_checkpoint = module.parse_args(FINETUNE_REQUIRED[script] + ["--init-from", "m"])
+    assert finetune.learning_rate(from_checkpoint) == job.lr_init_from
+
+
+def test_flag_names_name_every_field():
+    for job, warmup in ((pretrain.MAIN_JOB, "--warmup-steps"),
+                        (finetune.FINETUNE, "--warmup-ratio")):
+        assert job.flags().keys() == asdict(job.train).keys()
+        assert job.flags()["warmup"] == warmup
+
+
+def _declared(path: Path) -> list[str]:
+    """The option strings `path` declares: literal first arguments of `add_argument` (or of
+    a name bound to it, e.g. `arg = group.add_argument`)."""
+    tree = ast.parse(path.read_text())
+    aliases = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
+               and isinstance(node.value, ast.Attribute) and node.value.attr == "add_argument"
+               for t in node.targets if isinstance(t, ast.Name)}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        if ((isinstance(func, ast.Attribute) and func.attr == "add_argument")
+                or (isinstance(func, ast.Name) and func.id in aliases)):
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and str(first.value).startswith("--"):
+                found.append(first.value)
+    return found
+
+
+def test_no_flag_is_declared_twice():
+    files = [path for path in sorted((ROOT / "minibert").glob("*.py"))
+             + sorted((ROOT / "examples").glob("*.py")) if path.name != EMBED]
+    declared = Counter(flag for path in files for flag in _declared(path))
+    shared = cli.flag_specs(pretrain.MAIN_JOB).keys()
+    assert not shared & declared.keys(), "declared beside cli.flag_specs"
+    twice = {flag for flag, n in declared.items() if n > 1}
+    assert twice <= OWN_MEANING, twice - OWN_MEANING
+    assert declared["--mask-prob"] == 1 and declared["--seq-len-warmup"] == 1
+
+
+def test_every_shared_flag_is_used():
+    """No flag_specs entry is dead: each is added by some script."""
+    used = set()
+    for script in ("pretrain_wikitext", *FINETUNE_REQUIRED):
+        parser_args = FINETUNE_REQUIRED.get(script, [])
+        module = load_example(script)
+        args = module.parse_args(parser_args)
+        used |= {"--" + name.replace("_", "-") for name in vars(args)}
+    assert set(cli.flag_specs(pretrain.MAIN_JOB)) <= used | {"--warmup-ratio", "--epochs"}
