@@ -10,6 +10,7 @@ import minibert
 from minibert.data import IGNORE_INDEX, TaskCollator
 from minibert.predict import predict
 from conftest import tiny_config
+from facts import raises
 
 PAD = 0
 
@@ -143,5 +144,6 @@ def test_refuses_outputs_that_are_not_one_row_per_example():
     # Three masked tokens in two examples: MLM logits are (3, V), rows of tokens.
     examples = [{"input_ids": [2, 7, 8, 3], "labels": [IGNORE_INDEX, 7, 8, IGNORE_INDEX]},
                 {"input_ids": [2, 9, 3], "labels": [IGNORE_INDEX, 9, IGNORE_INDEX]}]
-    with pytest.raises(ValueError, match="not one per example"):
+    with raises(ValueError, "logits", "3 rows", "2 examples"):  # MLM logits: a row per token
+
         predict(model, examples, TaskCollator(PAD), 2)
