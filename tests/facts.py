@@ -8,9 +8,13 @@ at any time, so a test names those facts, each a literal substring, never a rege
         check(...)
 
     assert_carries(stderr, "--eval", str(path))   # a script's message, read from its stderr
+
+A number is checked in a message that also names a temporary folder with that folder taken
+out (`without`), so that it cannot match a digit of the folder's name.
 """
 
 import contextlib
+import os
 
 import pytest
 
@@ -33,3 +37,10 @@ def raises(exc_type, *facts: str):
     with pytest.raises(exc_type) as info:
         yield info
     assert_carries(str(info.value), *facts)
+
+
+def without(text: str, *folders: "str | os.PathLike") -> str:
+    """`text` with each of `folders` (and what lies under it) written as <path>."""
+    for folder in folders:
+        text = text.replace(str(folder), "<path>")
+    return text

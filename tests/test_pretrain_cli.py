@@ -19,7 +19,7 @@ import torch
 import minibert
 
 from engine_utils import WORDS, load_example, wikitext_folder
-from facts import assert_carries, raises
+from facts import assert_carries, raises, without
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "pretrain_wikitext.py"
 pretrain = load_example("pretrain_wikitext")
@@ -166,12 +166,6 @@ def _error_line(capsys, argv):
     return err
 
 
-def _without(text: str, path: Path) -> str:
-    """`text` with `path` taken out, so that a number checked in it cannot be a digit of a
-    temporary folder's name."""
-    return text.replace(str(path), "<path>")
-
-
 def test_bad_input_gets_one_line(data_dir, tmp_path, capsys):
     cache = tmp_path / "cache"
     out = tmp_path / "run"
@@ -200,7 +194,7 @@ def test_bad_input_gets_one_line(data_dir, tmp_path, capsys):
     ]
     for extra, facts in cases:
         err = _error_line(capsys, _args(data_dir, out, cache, *extra))
-        assert_carries(_without(err, out), *facts)
+        assert_carries(without(err, out), *facts)
     missing = _args(tmp_path / "nowhere", out, cache)
     assert_carries(_error_line(capsys, missing), str(tmp_path / "nowhere"))
     empty = tmp_path / "empty"
@@ -238,7 +232,7 @@ def test_existing_run_is_never_overwritten_and_damage_is_detected(data_dir, tmp_
     contradiction = _args(data_dir, out, cache, "--max-steps", "8", "--resume",
                           "--batch-size", "16")
     # the flag, its value in the checkpoint and now
-    assert_carries(_without(_error_line(capsys, contradiction), out), "--batch-size", "8", "16")
+    assert_carries(without(_error_line(capsys, contradiction), out), "--batch-size", "8", "16")
     assert _digest(out / "checkpoints") == before
 
     # Damage the newest checkpoint: resume falls back to the older intact one, and says so.
@@ -400,7 +394,7 @@ def test_resume_refuses_other_data_settings(data_dir, tmp_path, capsys):
         err = _error_line(capsys, _args(data_dir, out, cache, "--max-steps", "4", "--resume",
                                         *extra))
         assert_carries(err, str(out / "checkpoints" / "step_00000002"))
-        assert_carries(_without(err, out), *facts)
+        assert_carries(without(err, out), *facts)
     (tmp_path / "other").mkdir()
     other = wikitext_folder(tmp_path / "other", sizes=(("train", 100), ("valid", 20)))
     err = _error_line(capsys, _args(other, out, cache, "--max-steps", "4", "--resume"))
