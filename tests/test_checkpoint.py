@@ -253,7 +253,8 @@ def test_a_file_size_limit_is_named_not_taken_for_a_full_disk(tmp_path):
     assert said.returncode == 0, said.stderr
     message = said.stdout.strip()
     assert "step_00000002" in message and "EFBIG" in message, message
-    assert "file-size limit of 200000 bytes" in message and "ulimit -f" in message, message
+    assert_carries(message, "file-size limit", "200000 bytes", "ulimit -f")  # the limit, raised how
+
     assert "MB are free" not in message, message
     assert latest_checkpoint(tmp_path).name == "step_00000001"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001"]

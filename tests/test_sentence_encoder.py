@@ -12,6 +12,7 @@ import minibert
 from minibert.sentence import SentenceEncoder, cosine_similarity, nearest
 
 from conftest import hf_config, tiny_config
+from facts import raises
 
 transformers = pytest.importorskip("transformers")
 
@@ -170,10 +171,11 @@ def test_forward_takes_normalize_per_call_too(mlm_folder, tok):
 @pytest.mark.parametrize("value", ["yes", 1, 0.0])
 def test_normalize_must_be_a_bool_or_none(mlm_folder, tok, value):
     enc = SentenceEncoder.from_pretrained(mlm_folder)
-    with pytest.raises(TypeError, match=f"normalize={value!r} must be True, False or None"):
+    # the value refused, and the values allowed
+    with raises(TypeError, f"normalize={value!r}", "True", "False", "None"):
         enc.encode(TEXTS, normalize=value)
     ids = torch.tensor([tok.encode("the cat sat")])
-    with pytest.raises(TypeError, match=f"normalize={value!r} must be True, False or None"):
+    with raises(TypeError, f"normalize={value!r}", "True", "False", "None"):
         enc(ids, torch.ones_like(ids), normalize=value)
 
 
@@ -200,7 +202,7 @@ def test_max_length_truncates_as_transformers_does(hf_folder):
     got = enc.encode(TEXTS, max_length=6)
     torch.testing.assert_close(got, reference(hf_folder, TEXTS, "mean", max_length=6),
                                atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match="max_length=65 .* max_position_embeddings=64"):
+    with raises(ValueError, "max_length=65", "max_position_embeddings=64"):
         enc.encode(TEXTS, max_length=65)
 
 
@@ -233,10 +235,10 @@ def test_empty_list_gives_zero_rows(mlm_folder):
 
 
 def test_bad_arguments(mlm_folder, tok):
-    with pytest.raises(ValueError, match="pooling='sum'; choose one of mean, cls, max"):
+    with raises(ValueError, "pooling='sum'", "mean", "cls", "max"):
         SentenceEncoder.from_pretrained(mlm_folder, pooling="sum")
     enc = SentenceEncoder.from_pretrained(mlm_folder)
-    with pytest.raises(ValueError, match="pooling='pooler'; choose one of mean, cls, max"):
+    with raises(ValueError, "pooling='pooler'", "mean", "cls", "max"):
         SentenceEncoder(enc.model, tok, pooling="pooler")
     with pytest.raises(TypeError, match="list of strings"):
         enc.encode("one text")
@@ -246,12 +248,12 @@ def test_bad_arguments(mlm_folder, tok):
 
 def test_folder_without_tokenizer_or_mismatched_tokenizer(tmp_path, tok):
     minibert.BertModel(tiny_config(vocab_size=tok.vocab_size)).save_pretrained(tmp_path / "a")
-    with pytest.raises(FileNotFoundError, match="no tokenizer in"):
+    with raises(FileNotFoundError, str(tmp_path / "a"), "tokenizer"):
         SentenceEncoder.from_pretrained(tmp_path / "a")
     minibert.BertModel(tiny_config(vocab_size=50)).save_pretrained(tmp_path / "b", tokenizer=tok)
-    with pytest.raises(ValueError, match=f"tokenizer has {tok.vocab_size} ids .* vocab_size is 50"):
+    with raises(ValueError, f"{tok.vocab_size} ids", "vocab_size", "50"):  # both sizes
         SentenceEncoder.from_pretrained(tmp_path / "b")
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with raises(FileNotFoundError, str(tmp_path / "missing")):
         SentenceEncoder.from_pretrained(tmp_path / "missing")
 
 
@@ -303,6 +305,7 @@ def test_cls_pooling_refuses_a_batch_padded_on_the_left(tok):
     model = minibert.BertModel(tiny_config(vocab_size=tok.vocab_size))
     ids = torch.randint(5, tok.vocab_size, (2, 6))
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
-    with pytest.raises(ValueError, match=r"position 0 in row\(s\) \[1\]"):
+    with raises(ValueError, "attention_mask", "position 0", "[1]"):
+
         minibert.SentenceEncoder(model, tok, pooling="cls")(ids, mask)
     minibert.SentenceEncoder(model, tok, pooling="mean")(ids, mask)  # mean pooling: fine
