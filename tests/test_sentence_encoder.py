@@ -67,14 +67,17 @@ def reference(folder, texts, pooling, max_length=None):
                     max_length=max_length)
     with torch.no_grad():
         h = model(**enc).last_hidden_state  # (N, T, H)
-    mask = enc["attention_mask"].unsqueeze(-1).expand(h.size()).float()  # (N, T, H)
+    return st_pool(h, enc["attention_mask"], pooling)
+
+
+def st_pool(h, attention_mask, pooling):
+    """sentence-transformers' Pooling of h (N, T, H) over the real tokens: (N, H)."""
+    mask = attention_mask.unsqueeze(-1).expand(h.size()).to(h.dtype)  # (N, T, H)
     if pooling == "mean":
         return (h * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
     if pooling == "cls":
         return h[:, 0]
-    h = h.clone()
-    h[mask == 0] = -1e9  # sentence-transformers' Pooling, pooling_mode_max_tokens
-    return h.max(1).values
+    return h.masked_fill(mask == 0, -1e9).max(1).values  # pooling_mode_max_tokens
 
 
 def test_hf_reference_really_reads_the_export(mlm_folder):
@@ -222,12 +225,35 @@ def test_encode_runs_in_eval_mode_and_restores_the_mode(mlm_folder):
     assert not enc.encode(TEXTS).requires_grad
 
 
-def test_forward_trains_with_gradients(mlm_folder, tok):
-    enc = SentenceEncoder.from_pretrained(mlm_folder, normalize=True)
-    ids = torch.tensor([tok.encode("the cat sat"), tok.encode("dogs ran far")])
-    out = enc(ids, torch.ones_like(ids))  # (B, H)
-    out.sum().backward()
-    assert out.shape == (2, 32) and enc.model.embeddings.word.weight.grad is not None
+@pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
+def test_forward_trains_with_the_gradients_transformers_computes(mlm_folder, tok, pooling):
+    """Trained through its forward (pooled, normalised), the encoder's weights get the
+    gradient transformers' BertModel gives the same weights, pooled as sentence-transformers
+    pools and normalised: checked in float64 on a padded batch, for the word embeddings and
+    every encoder weight."""
+    enc = SentenceEncoder.from_pretrained(mlm_folder, pooling=pooling, normalize=True).double()
+    hf = transformers.BertModel.from_pretrained(mlm_folder, add_pooling_layer=False).double()
+    rows = [tok.encode("the cat sat"), tok.encode("dogs ran far away from home")]
+    T = max(map(len, rows))
+    ids = torch.tensor([r + [tok.pad_id] * (T - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in rows])
+    weights = torch.randn(2, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+    out = enc(ids, mask)  # (B, H)
+    (out * weights).sum().backward()
+    h = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+    want = F.normalize(st_pool(h, mask, pooling), dim=-1)
+    (want * weights).sum().backward()
+
+    assert out.shape == (2, 32)
+    torch.testing.assert_close(out, want, rtol=1e-9, atol=1e-12)
+    ours = enc.model.embeddings.word.weight.grad
+    theirs = hf.embeddings.word_embeddings.weight.grad
+    assert ours.abs().max() > 0  # the gradient checked is not all zeros
+    torch.testing.assert_close(ours, theirs, rtol=1e-7, atol=1e-12)
+    torch.testing.assert_close(enc.model.blocks[0].attn.qkv.weight.grad, torch.cat(
+        [getattr(hf.encoder.layer[0].attention.self, n).weight.grad
+         for n in ("query", "key", "value")]), rtol=1e-7, atol=1e-12)
 
 
 def test_empty_list_gives_zero_rows(mlm_folder):
