@@ -133,10 +133,14 @@ def test_alpha_zero_is_the_plain_mlm_loss_and_a_copied_teacher_costs_nothing():
 
 def test_bf16_autocast_keeps_the_loss_in_fp32():
     student, teacher = _models()
+    student.eval()  # no dropout: the fp32 loss below is the same computation
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = Distiller(student, teacher)(**_batch())
     assert out.logits.dtype == torch.bfloat16
     assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
+    fp32 = Distiller(student, teacher)(**_batch()).loss  # the same loss, to bf16's rounding
+    torch.testing.assert_close(out.loss, fp32, rtol=5e-3, atol=0.0)
+
 
 
 def test_bad_settings_are_refused_by_the_module():

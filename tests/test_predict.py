@@ -137,6 +137,14 @@ def test_other_collated_values_pass_through_to_the_model():
     assert [p.shape for p in pred.outputs["logits"]] == \
         [(len(ex["input_ids"]), 4) for ex in examples]
     assert pred.outputs["logits"][0].dtype == torch.float32 and pred.loss > 0
+    # the ner head's logits of each example, run alone in fp32, to bf16's rounding
+    for got, ex in zip(pred.outputs["logits"], examples):
+        x = torch.tensor([ex["input_ids"]])
+        with torch.no_grad():
+            want = model(x, torch.ones_like(x), torch.tensor([ex["token_type_ids"]]),
+                         task="ner").logits[0]
+        torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
+
 
 
 def test_refuses_outputs_that_are_not_one_row_per_example():
