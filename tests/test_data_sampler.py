@@ -5,6 +5,7 @@ import torch
 
 from minibert.data import (LengthGroupedBatchSampler, MLMCollator, PackedMLMDataset,
                            ShardedSampler, tokenize_to_memmap)
+from facts import raises
 
 
 
@@ -89,14 +90,14 @@ def test_resume_reads_no_skipped_example():
 
 
 def test_sampler_errors():
-    with pytest.raises(ValueError, match="multiple of world_size"):
+    with raises(ValueError, "global_batch_size=10", "world_size=4"):
         ShardedSampler(100, 10, world_size=4, rank=0)
     with pytest.raises(ValueError, match="rank"):
         ShardedSampler(100, 8, world_size=2, rank=2)
-    with pytest.raises(ValueError, match="fewer than one global batch"):
+    with raises(ValueError, "5 examples", "8", "drop_last=False"):
         ShardedSampler(5, 8)
     s = ShardedSampler(100, 8, world_size=2)
-    with pytest.raises(ValueError, match="multiple of global_batch_size"):
+    with raises(ValueError, "start=4", "global_batch_size=8"):
         s.set_epoch(0, start=4)
     with pytest.raises(ValueError, match="start"):
         s.set_epoch(0, start=200)
@@ -255,9 +256,9 @@ def test_a_last_batch_smaller_than_the_world_is_dropped_and_changes(caplog):
 def test_global_batches_refuse_bad_positions_and_small_sets():
     from minibert.data.sampler import GlobalBatches
 
-    with pytest.raises(ValueError, match="fewer than one batch"):
+    with raises(ValueError, "5 examples", "8"):
         GlobalBatches(5, 8)
-    with pytest.raises(ValueError, match="whole number of batches"):
+    with raises(ValueError, "epoch 0", "consumed 3", "8"):
         GlobalBatches(50, 8).seek(0, 3)
 
 
@@ -309,7 +310,8 @@ def test_task_mixture_resumes_exactly_and_draws_sqrt_proportionally():
     want = np.sqrt(sizes) / np.sqrt(sizes).sum()  # 1/15, 2/15, 4/15, 8/15
     assert np.abs(freq - want).max() < 0.01
     assert np.abs(freq - np.asarray(sizes) / sum(sizes)).max() > 0.1  # not proportional
-    with pytest.raises(ValueError, match="task mixture"):
+    with raises(ValueError, "epoch 1", "task mixture"):
         resumed.seek(1, 0)
-    with pytest.raises(ValueError, match="tiny has 3 examples, fewer than one batch"):
+    with raises(ValueError, "tiny", "3 examples", "4"):
+
         TaskMixtureBatches([3, 50], 4, task_names=["tiny", "big"])

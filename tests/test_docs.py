@@ -123,17 +123,48 @@ def test_walkthrough_code_links_name_symbols_that_exist():
 
 
 @pytest.mark.parametrize("preset", ["tiny", "modernbert-tiny"])
-def test_qa_doc_snippet_runs(tmp_path, monkeypatch, preset):
-    """docs/qa.md's snippet, on an untrained model saved where it looks (it checks the calls,
-    not the answer), with segment embeddings and without (ModernBERT)."""
+def test_qa_doc_snippet_finds_the_answer(tmp_path, monkeypatch, capsys, preset):
+    """docs/qa.md's snippet prints the answer a model trained on its example gives: "Lima",
+    the context's own text, found from the answer's token positions through the windows and
+    their character offsets. With segment embeddings and without (ModernBERT)."""
+    import torch
+
+    from minibert.data import QAExample, TaskCollator, encode_qa
+
     monkeypatch.chdir(tmp_path)
     tok = minibert.Tokenizer.train_from_iterator(
         ["what is the capital ? the capital is lima ."] * 20, vocab_size=40, use_cache=False)
-    model = minibert.BertForQuestionAnswering(
-        minibert.BertConfig.preset(preset, vocab_size=tok.vocab_size, pad_token_id=tok.pad_id))
+    torch.manual_seed(0)
+    model = minibert.BertForQuestionAnswering(minibert.BertConfig.preset(
+        preset, vocab_size=tok.vocab_size, pad_token_id=tok.pad_id, hidden_dropout=0.0,
+        attention_dropout=0.0))
+    # Trained on the snippet's example until it answers it: the answer is "Lima", 15
+    # characters into the context.
+    context = "The capital is Lima."
+    example = QAExample("1", "What is the capital?", context, [("Lima", 15)], False)
+    assert context[15:19] == "Lima"
+    batch = TaskCollator(tok.pad_id, segments=model.config.has_segments)(
+        encode_qa(tok, [example], max_len=384, doc_stride=128))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: one thread is fastest, as for the walkthrough
+    try:
+        for _ in range(40):
+            loss = model(batch["input_ids"], batch["attention_mask"],
+                         batch.get("token_type_ids"), start_positions=batch["start_positions"],
+                         end_positions=batch["end_positions"]).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+    assert loss.item() < 0.1, loss.item()
+
     model.save_pretrained("runs/squad/final", tokenizer=tok)
     (block,) = python_blocks(ROOT / "docs" / "qa.md")
+    capsys.readouterr()
     exec(compile(block, "docs/qa.md python block 1", "exec"), {})
+    assert capsys.readouterr().out == "Lima\n"
 
 
 def test_readme_shows_the_two_commands_first():

@@ -12,6 +12,7 @@ from minibert.sentence import SentenceEncoder
 
 from conftest import tiny_config
 from engine_utils import WORDS, load_example
+from facts import assert_carries
 
 LINES = ["the cat sat on a mat", "", "dogs ran far away from home", "   ",
          "birds sang songs of rain in spring", "green trees near rivers", "the cat sat"]
@@ -98,37 +99,39 @@ def test_existing_out_is_replaced_without_leftovers(embed, model_dir, texts_file
 
 
 def error_cases(tmp, model_dir, texts_file):
-    """(name, argv changes, text the error must contain)."""
+    """(name, argv changes, the facts the error must carry: the flag, the path, the value)."""
     no_tok = tmp / "no-tokenizer"
     minibert.BertModel(tiny_config(vocab_size=100)).save_pretrained(no_tok)
     blank = tmp / "blank.txt"
     blank.write_text("\n  \n\n", encoding="utf-8")
     (tmp / "a-folder").mkdir()
     return [
-        ("missing model", {"--model": tmp / "nope"}, "does not exist"),
-        ("no tokenizer", {"--model": no_tok}, "no tokenizer in"),
-        ("not a model folder", {"--model": tmp}, "config.json not found"),
-        ("blank input", {"--input": blank}, "holds no text"),
-        ("missing input", {"--input": tmp / "missing.txt"}, "missing.txt"),
-        ("input is a folder", {"--input": tmp / "a-folder"}, "a-folder is a folder"),
-        ("out is a folder", {"--out": tmp / "a-folder"}, "is a folder"),
-        ("out under a file", {"--out": texts_file / "v.npy"}, "cannot make the folder"),
-        ("too long", {"--max-length": 65}, "max_position_embeddings=64"),
-        ("top-k", {"--top-k": 0}, "--top-k"),
+        ("missing model", {"--model": tmp / "nope"}, [str(tmp / "nope"), "config.json"]),
+        ("no tokenizer", {"--model": no_tok}, [str(no_tok), "tokenizer.json", "vocab.txt"]),
+        ("not a model folder", {"--model": tmp}, [str(tmp / "config.json")]),
+        ("blank input", {"--input": blank}, [str(blank), "no text"]),
+        ("missing input", {"--input": tmp / "missing.txt"}, [str(tmp / "missing.txt")]),
+        ("input is a folder", {"--input": tmp / "a-folder"}, ["--input", str(tmp / "a-folder")]),
+        ("out is a folder", {"--out": tmp / "a-folder"}, ["--out", str(tmp / "a-folder")]),
+        ("out under a file", {"--out": texts_file / "v.npy"},
+         ["--out", str(texts_file / "v.npy"), f"File exists: {texts_file}"]),
+        ("too long", {"--max-length": 65}, ["65", "max_position_embeddings=64"]),
+        ("top-k", {"--top-k": 0}, ["--top-k"]),
         # an empty text ranks the lines by nothing that was asked
-        ("empty query", {"--query": ""}, "--query is empty"),
-        ("blank query", {"--query": " \t "}, "--query is empty"),
+        ("empty query", {"--query": ""}, ["--query", "''"]),
+        ("blank query", {"--query": " \t "}, ["--query", repr(" \t ")]),
     ]
 
 
 def test_bad_input_is_one_line_and_status_2(embed, model_dir, texts_file, tmp_path, capsys):
-    for name, change, message in error_cases(tmp_path, model_dir, texts_file):
+    for name, change, facts in error_cases(tmp_path, model_dir, texts_file):
         args = {"--model": model_dir, "--input": texts_file, "--out": tmp_path / "v.npy"}
         args.update(change)
         rc, _, err = run(embed, capsys, *[x for kv in args.items() for x in kv])
         assert rc == 2, name
         assert err.startswith("error: ") and err.count("\n") == 1, (name, err)
-        assert message in err, (name, err)
+        assert_carries(err, *facts)
+
         assert not (tmp_path / "v.npy").exists(), name
 
 
@@ -138,4 +141,6 @@ def test_unknown_pooling_is_refused_by_the_parser(embed, model_dir, texts_file, 
         embed.main(["--model", str(model_dir), "--input", str(texts_file),
                     "--out", str(tmp_path / "v.npy"), "--pooling", "sum"])
     err = capsys.readouterr().err
-    assert e.value.code == 2 and "--pooling: invalid choice: 'sum'" in err and "max" in err
+    assert e.value.code == 2
+    assert_carries(err, "--pooling", "'sum'", "max")
+

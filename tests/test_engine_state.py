@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine_utils import collator, tiny_corpus, tiny_model, train_config
+from facts import raises
 from minibert.checkpoint import latest_checkpoint, load_checkpoint
 from minibert.distributed import DistContext
 from minibert.engine import TrainConfig, TrainState, train
@@ -55,10 +56,11 @@ def test_the_horizon_is_fixed_at_the_start_and_steps_past_it_run_at_min_lr(corpu
     assert lrs[:4] == before and lrs[4:] == pytest.approx([1e-4] * 3)  # no jump back up
     assert sum("past the schedule's horizon" in m for m in caplog.messages) == 1
     # An explicit, different horizon is a different run.
-    with pytest.raises(ValueError, match="decay_steps: checkpoint 4, now 10"):
+    with raises(ValueError, "decay_steps", "4", "10") as info:  # the setting, then and now
         train(tiny_model(tok), ds, collator(tok), train_config(max_steps=9, warmup=1,
                                                                min_lr=1e-4, decay_steps=10),
               tmp_path, resume=True)
+    assert info.value.diffs == [("decay_steps", "4", "10")]
 
 
 def test_resume_refuses_other_data_naming_setting_and_values(corpus, tmp_path):
@@ -66,12 +68,14 @@ def test_resume_refuses_other_data_naming_setting_and_values(corpus, tmp_path):
     identity = {"--seq-len": 32, "--mask-prob": 0.15, "corpus": "abc"}
     train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path,
           data_identity=identity)
-    with pytest.raises(ValueError, match=r"--mask-prob: checkpoint 0\.15, now 0\.3"):
+    with raises(ValueError, "--mask-prob", "0.15", "0.3") as info:
         train(tiny_model(tok), ds, collator(tok), train_config(max_steps=4), tmp_path,
               resume=True, data_identity={**identity, "--mask-prob": 0.3})
-    with pytest.raises(ValueError, match="corpus: checkpoint 'abc', now not set"):
+    assert info.value.diffs == [("--mask-prob", "0.15", "0.3")]
+    with raises(ValueError, "corpus", "'abc'") as info:
         train(tiny_model(tok), ds, collator(tok), train_config(max_steps=4), tmp_path,
               resume=True, data_identity={"--seq-len": 32, "--mask-prob": 0.15})
+    assert info.value.diffs == [("corpus", "'abc'", "not set")]
     result = train(tiny_model(tok), ds, collator(tok), train_config(max_steps=4), tmp_path,
                    resume=True, data_identity=identity)
     assert result["steps"] == 4
@@ -158,7 +162,9 @@ def test_fp16_non_finite_loss_is_skipped_without_crashing(corpus, tmp_path, monk
 def test_a_fresh_start_into_a_used_folder_is_refused_unless_overwriting(corpus, tmp_path):
     tok, ds = corpus
     train(tiny_model(tok), ds, collator(tok), train_config(max_steps=6, save_every=2), tmp_path)
-    with pytest.raises(FileExistsError, match="already holds a run"):
+    # the folder, what the run there left, and the setting that replaces it
+    with raises(FileExistsError, str(tmp_path), "checkpoints", "metrics.jsonl", "overwrite=True"):
+
         train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path)
     train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path,
           overwrite=True)
@@ -208,7 +214,7 @@ def test_count_targets_knows_each_task_s_unit():
 def test_an_evaluation_cannot_overwrite_the_run_s_own_keys(corpus, tmp_path):
     """An eval_fn returning "precision" (an F1 script's) would silently replace the dtype."""
     tok, ds = corpus
-    with pytest.raises(ValueError, match=r"\['precision'\].*rename"):
+    with raises(ValueError, "eval_fn", "['precision']"):  # who said it, and the names refused
         train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path,
               eval_fn=lambda m, precision: {"precision": 0.5, "f1": 0.4})
 
@@ -243,9 +249,10 @@ def test_resume_refuses_another_model_class_by_name(corpus, tmp_path):
     mlm = tiny_model(tok)
     train(mlm, ds, collator(tok), train_config(max_steps=2), tmp_path)
     other = minibert.BertForSequenceClassification(mlm.config, 2)
-    with pytest.raises(ValueError, match="model class: checkpoint 'BertForMaskedLM', now "
-                                         "'BertForSequenceClassification'"):
+    with raises(ValueError, "'BertForMaskedLM'", "'BertForSequenceClassification'") as info:
         train(other, ds, collator(tok), train_config(max_steps=4), tmp_path, resume=True)
+    assert info.value.diffs == [("model class", "'BertForMaskedLM'",
+                                 "'BertForSequenceClassification'")]
 
 
 def test_a_resume_this_device_cannot_compute_is_refused_before_anything_is_written(
@@ -302,7 +309,8 @@ def test_a_resume_past_max_steps_is_refused_and_a_finished_run_is_only_scored(co
     train(tiny_model(tok), ds, collator(tok), train_config(max_steps=4), tmp_path,
           eval_fn=lambda m, precision: metric)
     rows = (tmp_path / "metrics.jsonl").read_text()
-    with pytest.raises(ValueError, match="at step 4, past max_steps=2"):
+    with raises(ValueError, "--resume", "step 4", "max_steps=2", "--max-steps"):
+
         train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2, decay_steps=4),
               tmp_path, resume=True, eval_fn=lambda m, precision: metric)
     assert (tmp_path / "metrics.jsonl").read_text() == rows

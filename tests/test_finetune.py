@@ -12,6 +12,7 @@ import torch
 import minibert
 from minibert.metrics import classification_scores
 from engine_utils import load_example, quick_runs  # noqa: F401 (fixture)
+from facts import assert_carries, without
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "finetune_classification.py"
 FILLER = ("the a movie film story plot actor scene was is and it this that very quite really "
@@ -243,15 +244,15 @@ def test_extending_a_run_keeps_its_schedule_and_refuses_other_data(task, tmp_pat
     assert (out / "tokenizer" / "tokenizer.json").read_bytes() == tokenizer
     two = write_tsv(tmp_path / "two.tsv", sentences(64, 3, ("neg", "pos")))
     err = _error_line(capsys, _args({**task, "train": two, "eval": two}, out, "--resume"))
-    assert "cannot resume" in err and "['neg', 'pos']" in err
+    assert_carries(err, "['neg', 'neu', 'pos']", str(two), "['neg', 'pos']")  # then and now
     # The same labels from another file, or other columns' settings: another run.
     other = write_tsv(tmp_path / "other.tsv", sentences(80, 7, ("neg", "neu", "pos")))
     err = _error_line(capsys, _args({**task, "train": other}, out, *small, "--epochs", "3",
                                     "--resume"))
-    assert "train file: checkpoint" in err
+    assert_carries(err, str(out / "checkpoints"), "train file")
     err = _error_line(capsys, _args(task, out, "--max-train-examples", "72", "--epochs", "3",
                                     "--resume"))
-    assert "--max-train-examples: checkpoint 64, now 72" in err
+    assert_carries(without(err, tmp_path), "--max-train-examples", "64", "72")
 
 
 def test_steps_past_the_horizon_run_at_min_lr(task, tmp_path):
@@ -273,72 +274,75 @@ def _error_line(capsys, argv):
 
 
 BAD_FILES = [
-    # (file name, content, words the message must hold)
-    ("train.tsv", b"", ["train.tsv is empty"]),
-    ("train.tsv", b"sentence\tlabel\n\n", ["train.tsv has a header but no data rows"]),
-    ("train.tsv", b"text\tlabel\nthe great film\tpos\n",
-     ["train.tsv: no column 'sentence'", "columns found: 'text', 'label'"]),
-    ("train.tsv", b"sentence\tlabel\na great film\tpos\na fine film\tpos\n",
-     ["train.tsv: every row has the label 'pos'", "at least two classes"]),
-    ("train.tsv", b"sentence\tlabel\ngreat\tpos\nawful\tneg\tmore\n",
-     ["train.tsv, line 3: 3 field(s) but the header has 2"]),
-    ("train.tsv", b"sentence\tlabel\ngreat\tpos\n \tneg\n",
-     ["train.tsv, line 3: the 'sentence' field is empty"]),
-    ("train.tsv", b"sentence\tlabel\ngreat\tpos\nawful\t\n",
-     ["train.tsv, line 3: the 'label' field is empty"]),
-    ("train.tsv", b"sentence\tlabel\ngreat\tpos\nawf\xffl\tneg\n",
-     ["train.tsv, line 3: not valid UTF-8 (byte 0xff)"]),
-    ("train.csv", b'sentence,label\ngreat,pos\n"awful" film,neg\n',
-     ["train.csv, line 3: unreadable row"]),
-    ("train.csv", b"sentence,label\ngreat,pos\nawful, boring,neg\n",
-     ["train.csv, line 3: 3 field(s)", "quote a text"]),
-    ("train.txt", b"sentence\tlabel\ngreat\tpos\n", ["train.txt: cannot tell the format"]),
-    ("dev.tsv", b"sentence\tlabel\ngreat\tpos\n\nso so\tmixed\n",
-     ["dev.tsv, line 4: label 'mixed' does not occur in", "'neg', 'neu', 'pos'"]),
+    # (file name, content, the facts its message must hold besides the file: the line, the
+    # field or value at fault)
+    pytest.param("train.tsv", b"", ["empty"], id="empty"),
+    pytest.param("train.tsv", b"sentence\tlabel\n\n", ["no data rows"], id="header only"),
+    pytest.param("train.tsv", b"text\tlabel\nthe great film\tpos\n",
+                 ["'sentence'", "'text', 'label'"], id="no column"),
+    pytest.param("train.tsv", b"sentence\tlabel\na great film\tpos\na fine film\tpos\n",
+                 ["'pos'", "two classes"], id="one class"),
+    pytest.param("train.tsv", b"sentence\tlabel\ngreat\tpos\nawful\tneg\tmore\n",
+                 ["line 3", "3 field(s)", "2"], id="extra field"),
+    pytest.param("train.tsv", b"sentence\tlabel\ngreat\tpos\n \tneg\n",
+                 ["line 3", "'sentence'", "empty"], id="empty text"),
+    pytest.param("train.tsv", b"sentence\tlabel\ngreat\tpos\nawful\t\n",
+                 ["line 3", "'label'", "empty"], id="empty label"),
+    pytest.param("train.tsv", b"sentence\tlabel\ngreat\tpos\nawf\xffl\tneg\n",
+                 ["line 3", "UTF-8", "0xff"], id="not UTF-8"),
+    pytest.param("train.csv", b'sentence,label\ngreat,pos\n"awful" film,neg\n',
+                 ["line 3", "unreadable"], id="bad quoting"),
+    pytest.param("train.csv", b"sentence,label\ngreat,pos\nawful, boring,neg\n",
+                 ["line 3", "3 field(s)", "quote"], id="unquoted comma"),
+    pytest.param("train.txt", b"sentence\tlabel\ngreat\tpos\n", ["'.txt'", ".tsv", ".csv"],
+                 id="unknown extension"),
+    pytest.param("dev.tsv", b"sentence\tlabel\ngreat\tpos\n\nso so\tmixed\n",
+                 ["line 4", "'mixed'", "train.tsv", "'neg', 'neu', 'pos'"], id="unknown label"),
 ]
 
 
-@pytest.mark.parametrize("name,content,words", BAD_FILES,
-                         ids=[f"{n}:{w[0].split(': ')[-1][:30]}" for n, _, w in BAD_FILES])
+@pytest.mark.parametrize("name,content,facts", BAD_FILES)
 def test_bad_files_get_one_line_naming_file_and_line(task, tmp_path, capsys, name, content,
-                                                     words):
+                                                     facts):
     bad = tmp_path / name
     bad.write_bytes(content)
     files = {"train": task["train"], "eval": task["eval"]}
     files["eval" if name.startswith("dev") else "train"] = bad
     out = tmp_path / "out"
     err = _error_line(capsys, _args({**task, **files}, out))
-    for w in words:
-        assert w in err, err
+    assert_carries(err, str(bad))
+    assert_carries(without(err, tmp_path), *facts)
     assert not out.exists()  # nothing is written before the input is known to be good
 
 
 def test_bad_flags_and_existing_runs(task, run, tmp_path, capsys):
     out = tmp_path / "out"
-    cases = [
-        (["--micro-batch-size", "5"], "whole micro-batches of --micro-batch-size 5"),
+    cases = [  # (the flags, the facts: each flag with its value, the file, the folder)
+        (["--micro-batch-size", "5"], ["--batch-size 16", "--micro-batch-size 5"]),
         # TrainConfig's own checks, in the flags' names
-        (["--batch-size", "0"], "--batch-size 0 must be an integer >= 1"),
-        (["--min-lr", "0.1", "--lr", "0.01"],
-         "0 <= --min-lr <= --lr, got --lr 0.01, --min-lr 0.1"),
-        (["--preset", "huge"], "unknown --preset 'huge'"),
-        (["--precision", "fp16"], "fp16 needs a CUDA device"),
-        (["--batch-size", "300"], "fewer than one batch"),
-        (["--resume"], "no intact checkpoint"),
-        (["--init-from", str(tmp_path / "nowhere")], "nowhere"),
+        (["--batch-size", "0"], ["--batch-size 0", ">= 1"]),
+        (["--min-lr", "0.1", "--lr", "0.01"], ["--min-lr <= --lr", "--lr 0.01", "--min-lr 0.1"]),
+        (["--preset", "huge"], ["--preset", "'huge'", "tiny"]),
+        (["--precision", "fp16"], ["--precision fp16", "CUDA"]),
+        (["--batch-size", "300"], ["train.tsv", "256", "--batch-size"]),
+        (["--resume"], ["--resume", "<path>/out"]),
+        (["--init-from", str(tmp_path / "nowhere")], ["<path>/nowhere"]),
         # a ratio flag cannot take a step count: no "pass an int" hint here
-        (["--warmup-ratio", "1.5"], "--warmup-ratio 1.5 must be a fraction of the schedule "
-                                    "in [0, 1), e.g. 0.1"),
-        (["--dropout", "1"], "--dropout 1.0 must lie in [0, 1)"),
+        (["--warmup-ratio", "1.5"], ["--warmup-ratio 1.5", "[0, 1)"]),
+        (["--dropout", "1"], ["--dropout 1.0", "[0, 1)"]),
     ]
-    for extra, words in cases:
-        assert words in _error_line(capsys, _args(task, out, *extra))
+    for extra, facts in cases:
+        err = _error_line(capsys, _args(task, out, *extra))
+        assert_carries(without(err, tmp_path, task["train"].parent), *facts)
+        assert "pass an int" not in err, err
+
     fresh = tmp_path / "fresh"
     with pytest.MonkeyPatch.context() as mp:  # the model is saved at the end: said at the start
         mp.setitem(sys.modules, "safetensors", None)
-        assert "safetensors is not installed" in _error_line(capsys, _args(task, fresh))
+        assert_carries(_error_line(capsys, _args(task, fresh)), "safetensors",
+                       "pip install 'minibert[examples]'")
     assert not fresh.exists()
     before = (run / "eval.json").read_bytes()
-    assert "already holds a run" in _error_line(capsys, _args(task, run))
+    assert_carries(_error_line(capsys, _args(task, run)), str(run), "--resume", "--out")
     assert (run / "eval.json").read_bytes() == before
 

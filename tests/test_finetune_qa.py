@@ -10,6 +10,7 @@ import minibert
 from minibert.data import TaskCollator, best_span, encode_qa, read_squad
 from minibert.metrics import squad_scores
 from engine_utils import load_example, quick_runs  # noqa: F401 (fixture)
+from facts import assert_carries, without
 
 finetune_qa = load_example("finetune_qa")
 
@@ -188,7 +189,8 @@ def test_resume_continues_the_same_run_and_refuses_other_windows(data, tmp_path,
                                   "--decay-steps", "4")) == 0
     err = _error_line(capsys, _args(data, out, *small, "--max-steps", "4", "--resume",
                                     "--doc-stride", "12"))
-    assert "--doc-stride: checkpoint 16, now 12" in err
+    assert_carries(err, str(out / "checkpoints"))
+    assert_carries(without(err, tmp_path), "--doc-stride", "16", "12")  # then and now
     assert finetune_qa.main(_args(data, out, *small, "--max-steps", "4", "--resume")) == 0
     assert json.loads((out / "eval.json").read_text())["steps"] == 4
 
@@ -207,36 +209,38 @@ def _one_question(answer_start=11, **qa):
 
 
 BAD_FILES = [
-    # (name, content, words the message must hold)
-    ("train.json", b"", ["train.json is empty"]),
-    ("train.json", b'{"data": [', ["train.json, line 1: not JSON"]),
-    ("train.json", b'{"version": "1.1"}', ["train.json: no 'data' list"]),
-    ("dev.json", json.dumps(_one_question(answer_start=4)).encode(),
-     ["dev.json: question 'q7': the answer 'oslo' is not at its answer_start 4"]),
-    ("train.json", json.dumps(_one_question(is_impossible=True, answers=[])).encode(),
-     ["train.json: question 'q7' is marked is_impossible", "pass --version-2"]),
+    # (name, content, the facts its message must hold besides the file)
+    pytest.param("train.json", b"", ["empty"], id="empty"),
+    pytest.param("train.json", b'{"data": [', ["line 1", "JSON"], id="not JSON"),
+    pytest.param("train.json", b'{"version": "1.1"}', ["'data'"], id="no data"),
+    pytest.param("dev.json", json.dumps(_one_question(answer_start=4)).encode(),
+                 ["'q7'", "'oslo'", "answer_start 4", "'capi'"], id="answer elsewhere"),
+    pytest.param("train.json", json.dumps(_one_question(is_impossible=True, answers=[])).encode(),
+                 ["'q7'", "is_impossible", "--version-2"], id="unanswerable"),
 ]
 
 
-@pytest.mark.parametrize("name,content,words", BAD_FILES, ids=[w[0] for _, _, w in BAD_FILES])
+@pytest.mark.parametrize("name,content,facts", BAD_FILES)
 def test_bad_files_get_one_line_naming_file_and_question(data, tmp_path, capsys, name,
-                                                         content, words):
+                                                         content, facts):
     bad = tmp_path / name
     bad.write_bytes(content)
     files = {"eval" if name.startswith("dev") else "train": bad}
     out = tmp_path / "out"
     err = _error_line(capsys, _args({**data, **files}, out))
-    for w in words:
-        assert w in err, err
+    assert_carries(err, str(bad))
+    assert_carries(without(err, tmp_path), *facts)
     assert not out.exists()  # nothing is written before the input is known to be good
 
 
 def test_bad_flags(data, tmp_path, capsys):
     out = tmp_path / "out"
-    for extra, words in [(["--doc-stride", "44"], "--doc-stride 44 must lie in [0, 44)"),
+    for extra, facts in [(["--doc-stride", "44"], ["--doc-stride 44", "[0, 44)", "--seq-len 48"]),
                          # after a 6-token question, in the flags' names
-                         (["--doc-stride", "40"], "must exceed --doc-stride 40"),
-                         (["--max-answer-length", "0"], "--max-answer-length must be at least 1"),
-                         (["--batch-size", "1000"], "fewer than one batch"),
-                         (["--resume"], "no intact checkpoint")]:
-        assert words in _error_line(capsys, _args(data, out, *extra))
+                         (["--doc-stride", "40"],
+                          ["--seq-len 48", "40 context tokens", "--doc-stride 40"]),
+                         (["--max-answer-length", "0"], ["--max-answer-length", "1", "0"]),
+                         (["--batch-size", "1000"], ["train.json", "370", "--batch-size"]),
+                         (["--resume"], ["--resume", "<path>/out"])]:
+        err = _error_line(capsys, _args(data, out, *extra))
+        assert_carries(without(err, tmp_path, data["train"].parent), *facts)

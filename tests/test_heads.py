@@ -9,6 +9,7 @@ import torch
 
 import minibert
 from conftest import hf_config, random_batch, tiny_config
+from facts import raises
 from minibert.checkpoint import save_checkpoint
 from minibert.export import export_checkpoint
 
@@ -292,7 +293,8 @@ def test_export_will_not_guess_between_classifiers_without_a_pooler(tmp_path):
     model = minibert.BertForSequenceClassification(config, 3)
     state = {"model": model.state_dict(), "model_config": asdict(model.config), "step": 7}
     ckpt = save_checkpoint(tmp_path / "checkpoints", 7, state)
-    with pytest.raises(ValueError, match="pass model_class="):
+    with raises(ValueError, "model_class=", "'BertForSequenceClassification'",
+                "'BertForTokenClassification'"):
         export_checkpoint(ckpt, tmp_path / "export")
     export_checkpoint(ckpt, tmp_path / "export", model_class="BertForSequenceClassification")
     again = minibert.BertForSequenceClassification.from_pretrained(tmp_path / "export")
@@ -305,20 +307,21 @@ def test_export_will_not_guess_between_classifiers_without_a_pooler(tmp_path):
 def test_bad_labels_and_positions():
     ids = torch.ones(2, 5, dtype=torch.long)
     tagger = minibert.BertForTokenClassification(tiny_config(), 3)
-    with pytest.raises(ValueError, match=r"labels has shape \(2,\); expected \(2, 5\)"):
+    # each names the argument, what it got, and what it needs
+    with raises(ValueError, "labels", "(2,)", "(2, 5)"):
         tagger(ids, labels=torch.zeros(2, dtype=torch.long))
-    with pytest.raises(TypeError, match="integer class ids"):
+    with raises(TypeError, "labels", "integer", "torch.float32"):
         tagger(ids, labels=torch.zeros(2, 5))
-    with pytest.raises(ValueError, match="num_labels=1 must be an integer >= 2"):
+    with raises(ValueError, "num_labels=1", ">= 2"):
         minibert.BertForTokenClassification(tiny_config(), 1)
-    with pytest.raises(ValueError, match="id2label must hold num_labels=3"):
+    with raises(ValueError, "id2label", "num_labels=3", "['a', 'b']"):
         minibert.BertForTokenClassification(tiny_config(), 3, id2label=["a", "b"])
     qa = minibert.BertForQuestionAnswering(tiny_config())
-    with pytest.raises(ValueError, match="both start_positions and end_positions"):
+    with raises(ValueError, "start_positions", "end_positions"):
         qa(ids, start_positions=torch.tensor([1, 2]))
-    with pytest.raises(ValueError, match=r"end_positions has shape \(2, 1\); expected \(2,\)"):
+    with raises(ValueError, "end_positions", "(2, 1)", "(2,)"):
         qa(ids, start_positions=torch.tensor([1, 2]), end_positions=torch.tensor([[1], [2]]))
-    with pytest.raises(TypeError, match="start_positions must be integer token positions"):
+    with raises(TypeError, "start_positions", "integer", "torch.float32"):
         qa(ids, start_positions=torch.tensor([1.0, 2.0]), end_positions=torch.tensor([1, 2]))
 
 
@@ -326,19 +329,20 @@ def test_labels_outside_the_classes_are_named_not_indexed():
     """A label id past num_labels (a label map from another file, a -1 for "none") is an
     IndexError deep in cross_entropy on a CPU and a device-side assert on a GPU."""
     ids = torch.ones(2, 5, dtype=torch.long)
-    cases = [
+    vocab = tiny_config().vocab_size
+    cases = [  # the model, its labels, and the facts: the value refused, the range it is not in
         (minibert.BertForSequenceClassification(tiny_config(), 3),
-         torch.tensor([0, 3]), r"labels hold 3, outside the 3 classes \[0, 3\)"),
+         torch.tensor([0, 3]), ["labels", "3", "[0, 3)"]),
         (minibert.BertForSequenceClassification(tiny_config(), 3),
-         torch.tensor([-1, 0]), r"labels hold -1, outside the 3 classes"),
+         torch.tensor([-1, 0]), ["labels", "-1", "[0, 3)"]),
         (minibert.BertForTokenClassification(tiny_config(), 3),
-         torch.tensor([[0, 1, 5, -100, -100]] * 2), r"labels hold 5, outside the 3 classes"),
+         torch.tensor([[0, 1, 5, -100, -100]] * 2), ["labels", "5", "[0, 3)"]),
         (minibert.BertForMaskedLM(tiny_config()),
-         torch.full((2, 5), -100).index_fill_(1, torch.tensor([1]), tiny_config().vocab_size),
-         rf"labels hold {tiny_config().vocab_size}, outside the vocabulary"),
+         torch.full((2, 5), -100).index_fill_(1, torch.tensor([1]), vocab),
+         ["labels", "vocabulary", f"[0, {vocab})"]),
     ]
-    for model, labels, message in cases:
-        with pytest.raises(ValueError, match=message):
+    for model, labels, facts in cases:
+        with raises(ValueError, *facts):
             model(ids, labels=labels)
     # IGNORE_INDEX is not a class, and is not refused
     minibert.BertForTokenClassification(tiny_config(), 3)(
@@ -480,6 +484,7 @@ def test_a_classifier_refuses_a_batch_padded_on_the_left():
                  tiny_config(task_head="transform"), 3)(ids, m),
              lambda m: multi(ids, m, task="s")]
     for call in calls:
-        with pytest.raises(ValueError, match=r"position 0 in row\(s\) \[1\].*pad on the right"):
+        with raises(ValueError, "attention_mask", "position 0", "[1]", "right"):
+
             call(left)
         call(mask)  # padded on the right: fine

@@ -1,8 +1,13 @@
 """Seeds and RNG state, peak memory, the CPU allocator setting, FLOPs, MFU and its ceiling,
-the environment report, bf16 on the CPU, the precision choice."""
+the environment report, bf16 on the CPU, the precision choice.
+
+What depends on the machine these run on (whether its bf16 matmuls are as fast as its flags
+say, the page faults a reallocation costs with and without keep_freed_memory, the matmul
+rate it reaches) is measured by benchmarks/check_machine.py instead."""
 
 import io
 import logging
+import math
 import os
 import platform
 import random
@@ -18,6 +23,8 @@ import torch
 import minibert
 from minibert.meters import flops_per_token
 from conftest import tiny_config
+from facts import assert_carries
+
 import minibert.meters as meters
 import minibert.precision as precision
 from minibert.environment import environment_report, log_environment
@@ -96,40 +103,44 @@ def test_cpu_peak_memory_rises_with_allocation_and_resets():
     assert peak_memory_mb("cpu") < base + 100
 
 
-# Allocates and frees a 64 MiB tensor a few times and prints the minor page faults of each
-# cycle, with or without keep_freed_memory, in a process of its own (the setting is
-# process-wide and permanent).
-_FAULTS = """
-import resource, sys, torch
+# In a process of its own (the setting is process-wide and permanent): whether freed memory
+# is kept, as reported before and after, then where glibc serves a 64 MiB block from (the
+# growth of the heap's top, in MiB), and how much of that growth a free leaves in place.
+_HEAP = """
+import ctypes, sys
 from minibert.environment import environment_report
 from minibert.memory import keep_freed_memory
-kept = keep_freed_memory() if sys.argv[1] == "keep" else False
-assert environment_report("cpu")["freed_memory_kept"] == kept
-print(kept)
-for _ in range(12):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    x = torch.ones(16 * 2**20)  # 64 MiB, written in full
-    del x
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+libc = ctypes.CDLL(None)
+libc.sbrk.restype, libc.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+said = [environment_report("cpu")["freed_memory_kept"]]
+if sys.argv[1] == "keep":
+    said += [keep_freed_memory(), keep_freed_memory()]
+said.append(environment_report("cpu")["freed_memory_kept"])
+top = libc.sbrk(0)
+block = libc.malloc(64 * 2**20)
+grown = libc.sbrk(0) - top
+libc.free(block)
+print(*said, grown // 2**20, (libc.sbrk(0) - top) // 2**20)
 """
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="a glibc setting")
-def test_keep_freed_memory_removes_the_page_faults_of_reallocation():
+def test_keep_freed_memory_serves_large_blocks_from_the_heap_and_keeps_them():
+    """By default glibc maps a block this large on its own and unmaps it when freed, so its
+    pages fault in again at the next allocation; kept, the block comes from the heap, which a
+    free does not trim. (The page faults themselves, which depend on the kernel, are counted
+    by benchmarks/check_machine.py.)"""
     def run(mode):
-        out = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True,
-                             text=True, check=True).stdout.split()
-        return out[0] == "True", [int(n) for n in out[1:]]
+        return subprocess.run([sys.executable, "-c", _HEAP, mode], capture_output=True,
+                              text=True, check=True).stdout.split()
 
-    kept, faults_kept = run("keep")
-    default, faults_default = run("default")
-    assert kept and not default
-    # By default every cycle is a fresh mmap whose pages all fault in again: 16,384 of 4 KiB
-    # (32 where transparent huge pages are always on).
-    assert min(faults_default) >= 16, faults_default
-    # Kept, the block is reused already mapped once the heap has settled, which takes up to
-    # four cycles here: from then on no cycle faults.
-    assert max(faults_kept[-6:]) < 100, faults_kept
+    *said, grown, left = run("keep")
+    assert said == ["False", "True", "True", "True"]  # made, made again, reported
+    assert int(grown) >= 32 and int(left) == int(grown), (grown, left)
+    *said, grown, left = run("default")
+    assert said == ["False", "False"] and int(grown) == int(left) == 0, (grown, left)
 
 
 def test_flops_per_token_against_hand_count():
@@ -167,7 +178,8 @@ def test_mfu_arithmetic_and_measured_peak():
         mfu(1.0, 1.0, 0.0)
     for dtype in (torch.float32, torch.bfloat16):  # bf16 too: emulated, it must still be quick
         peak = measure_peak_flops("cpu", dtype, max_n=256)
-        assert 1e8 < peak < 1e14  # a real CPU: between 0.1 GFLOP/s and 100 TFLOP/s
+        assert math.isfinite(peak) and peak > 0
+    # What rate a real CPU gives is the machine's: benchmarks/check_machine.py checks it.
 
 
 def test_the_mfu_ceiling_is_measured_once_per_machine_and_read_back(tmp_path, monkeypatch):
@@ -275,25 +287,6 @@ def test_cpu_bf16_native_from_the_cpu_flags(monkeypatch, fresh_bf16_caches):
     assert cpu_bf16_native() is None
 
 
-def test_cpu_bf16_native_agrees_with_a_measurement_on_this_machine(fresh_bf16_caches):
-    """The flags against the clock: an emulating CPU runs bf16 matmuls far slower than fp32
-    (65x on an AVX2 EPYC), a native one at least as fast; the 4x margin absorbs noise. One
-    thread: a small multi-threaded product would time the wait for its slowest thread."""
-    if cpu_bf16_native() is None:
-        pytest.skip("this system shows no CPU flags")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        speedup = (measure_peak_flops("cpu", torch.bfloat16, budget_s=0.1)
-                   / measure_peak_flops("cpu", torch.float32, budget_s=0.1))
-    finally:
-        torch.set_num_threads(threads)
-    if cpu_bf16_native():
-        assert speedup > 0.25, speedup
-    else:
-        assert speedup < 0.25, speedup
-
-
 def test_resolve_precision_auto_on_cpu(monkeypatch, fresh_bf16_caches):
     cpu = torch.device("cpu")
     for flags, expected, reason in (
@@ -360,7 +353,10 @@ def test_environment_report_and_warnings(caplog):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="minibert.environment"):
             log_environment("cpu")
-        assert "oversubscription" in caplog.text
+        # the threads, the CPUs, and the call that sets them
+        assert_carries(caplog.text, f"{report['cpu_count'] + 2} threads",
+                       f"{report['cpu_count']} CPUs",
+                       f"torch.set_num_threads({report['cpu_count']})")
     finally:
         torch.set_num_threads(threads)
 
@@ -379,13 +375,13 @@ def test_environment_says_whether_bf16_is_native_and_warns_when_emulated(monkeyp
         report = log_environment("cpu", "bf16")
     warnings = report["warnings"]
     assert len(warnings) == 1 and "\n" not in warnings[0]
-    assert "emulated" in warnings[0] and "many times slower than fp32" in warnings[0]
+    assert_carries(warnings[0], "bf16", "emulated", report["device_name"], "fp32")
     assert caplog.text.count("emulated") == 1
 
     monkeypatch.setattr(precision, "cpu_bf16_native", lambda: None)  # no flags to read
     report = log_environment("cpu", "bf16")
     assert report["bf16_native"] is None and len(report["warnings"]) == 1
-    assert "does not say whether" in report["warnings"][0]
+    assert_carries(report["warnings"][0], "bf16", report["device_name"])
 
     monkeypatch.setattr(precision, "cpu_bf16_native", lambda: True)
     report = log_environment("cpu", "bf16")
@@ -462,7 +458,6 @@ def test_release_freed_memory_hands_kept_blocks_back():
     """200 MB freed in the middle of glibc's heap stays resident until trimmed: the block
     still in use above it keeps free() from shrinking the heap."""
     import ctypes
-    import platform
 
     from minibert.memory import current_memory_mb, release_freed_memory
 

@@ -8,6 +8,7 @@ import torch
 import minibert
 from minibert.optim import build_optimizer, lr_at, param_groups, resolve_warmup, set_lr
 from conftest import tiny_config
+from facts import raises
 
 
 def _names(model, params):
@@ -45,7 +46,7 @@ def test_param_groups_shared_and_frozen_parameters():
     assert all(p is not model[3].bias for p in params)
     with pytest.raises(ValueError, match="weight_decay"):
         param_groups(model, -0.1)
-    with pytest.raises(ValueError, match="no trainable parameters"):
+    with raises(ValueError, "ReLU", "no trainable parameters"):
         param_groups(torch.nn.ReLU(), 0.01)
 
 
@@ -128,8 +129,10 @@ def test_resolve_warmup():
     assert resolve_warmup(0.06, 10_000) == 600
     assert resolve_warmup(0.0, 50) == 0
     assert resolve_warmup(0.25, 10) == 2  # 2.5 rounds to the nearest even step
-    for bad, match in [(1.0, r"\[0, 1\)"), (1.5, r"\[0, 1\)"), (-0.1, r"\[0, 1\)"),
-                       (-3, ">= 0"), (20, "longer than the run"), (True, "step count"),
-                       ("10", "step count")]:
-        with pytest.raises(ValueError, match=match):
+    for bad, facts in [(1.0, ["warmup=1.0", "[0, 1)"]), (1.5, ["warmup=1.5", "[0, 1)"]),
+                       (-0.1, ["warmup=-0.1", "[0, 1)"]), (-3, ["warmup=-3", ">= 0"]),
+                       (20, ["20 steps", "total_steps=10"]), (True, ["warmup=True", "(int)"]),
+                       ("10", ["warmup='10'", "(int)"])]:
+        with raises(ValueError, *facts):
             resolve_warmup(bad, 10)
+

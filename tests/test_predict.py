@@ -10,6 +10,7 @@ import minibert
 from minibert.data import IGNORE_INDEX, TaskCollator
 from minibert.predict import predict
 from conftest import tiny_config
+from facts import raises
 
 PAD = 0
 
@@ -136,6 +137,14 @@ def test_other_collated_values_pass_through_to_the_model():
     assert [p.shape for p in pred.outputs["logits"]] == \
         [(len(ex["input_ids"]), 4) for ex in examples]
     assert pred.outputs["logits"][0].dtype == torch.float32 and pred.loss > 0
+    # the ner head's logits of each example, run alone in fp32, to bf16's rounding
+    for got, ex in zip(pred.outputs["logits"], examples):
+        x = torch.tensor([ex["input_ids"]])
+        with torch.no_grad():
+            want = model(x, torch.ones_like(x), torch.tensor([ex["token_type_ids"]]),
+                         task="ner").logits[0]
+        torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
+
 
 
 def test_refuses_outputs_that_are_not_one_row_per_example():
@@ -143,5 +152,6 @@ def test_refuses_outputs_that_are_not_one_row_per_example():
     # Three masked tokens in two examples: MLM logits are (3, V), rows of tokens.
     examples = [{"input_ids": [2, 7, 8, 3], "labels": [IGNORE_INDEX, 7, 8, IGNORE_INDEX]},
                 {"input_ids": [2, 9, 3], "labels": [IGNORE_INDEX, 9, IGNORE_INDEX]}]
-    with pytest.raises(ValueError, match="not one per example"):
+    with raises(ValueError, "logits", "3 rows", "2 examples"):  # MLM logits: a row per token
+
         predict(model, examples, TaskCollator(PAD), 2)

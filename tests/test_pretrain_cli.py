@@ -19,6 +19,7 @@ import torch
 import minibert
 
 from engine_utils import WORDS, load_example, wikitext_folder
+from facts import assert_carries, raises, without
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "pretrain_wikitext.py"
 pretrain = load_example("pretrain_wikitext")
@@ -168,39 +169,39 @@ def _error_line(capsys, argv):
 def test_bad_input_gets_one_line(data_dir, tmp_path, capsys):
     cache = tmp_path / "cache"
     out = tmp_path / "run"
-    cases = [
-        (["--micro-batch-size", "3"], "whole micro-batches of --micro-batch-size 3"),
+    cases = [  # (the flags, the facts the one line must carry: each flag with its value, ...)
+        (["--micro-batch-size", "3"], ["--batch-size 8", "--micro-batch-size 3"]),
         # TrainConfig's own checks, in the flags' names
-        (["--batch-size", "0"], "--batch-size 0 must be an integer >= 1"),
-        (["--max-steps", "0"], "--max-steps 0 must be an integer >= 1"),
-        (["--max-grad-norm", "0"], "--max-grad-norm 0.0 must be > 0"),
-        (["--max-grad-norm", "-1"], "--max-grad-norm -1.0 must be > 0"),
-        (["--adam-eps", "0"], "--adam-eps 0.0 must be > 0"),
-        (["--lr", "1e-6"], "0 <= --min-lr <= --lr, got --lr 1e-06, --min-lr 1e-05"),
-        (["--warmup-steps", "9"], "--warmup-steps of 9 steps is longer than the run"),
-        (["--seq-len-warmup", "9"], "--seq-len-warmup of 9 steps is longer than the run"),
-        (["--seq-len-warmup", "-1"], "--seq-len-warmup -1 must be >= 0"),
+        (["--batch-size", "0"], ["--batch-size 0", ">= 1"]),
+        (["--max-steps", "0"], ["--max-steps 0", ">= 1"]),
+        (["--max-grad-norm", "0"], ["--max-grad-norm 0.0", "> 0"]),
+        (["--max-grad-norm", "-1"], ["--max-grad-norm -1.0", "> 0"]),
+        (["--adam-eps", "0"], ["--adam-eps 0.0", "> 0"]),
+        (["--lr", "1e-6"], ["--min-lr <= --lr", "--lr 1e-06", "--min-lr 1e-05"]),
+        (["--warmup-steps", "9"], ["--warmup-steps", "9 steps", "total_steps=6"]),
+        (["--seq-len-warmup", "9"], ["--seq-len-warmup", "9 steps", "total_steps=6"]),
+        (["--seq-len-warmup", "-1"], ["--seq-len-warmup -1", ">= 0"]),
         # and the rules no setting checks itself
-        (["--mask-prob", "1.5"], "--mask-prob 1.5 must be between 0 and 1"),
-        (["--seq-len-start", "4"], "--seq-len-start 4 must be at least 8"),
-        (["--seq-len-start", "48"], "--seq-len-start 48 is longer than --seq-len 32"),
+        (["--mask-prob", "1.5"], ["--mask-prob 1.5", "0 and 1"]),
+        (["--seq-len-start", "4"], ["--seq-len-start 4", "8"]),
+        (["--seq-len-start", "48"], ["--seq-len-start 48", "--seq-len 32"]),
         (["--device", "cuda"] if not torch.cuda.is_available() else ["--preset", "huge"],
-         "--device cuda" if not torch.cuda.is_available() else "huge"),
-        (["--preset", "huge"], "unknown --preset 'huge'"),
-        (["--seq-len", "600"],
-         "sequence length 600 exceeds the model's max_position_embeddings=512"),
-        (["--precision", "fp16"], "fp16 needs a CUDA device"),
-        (["--resume"], "no intact checkpoint"),
+         ["--device cuda"] if not torch.cuda.is_available() else ["'huge'"]),
+        (["--preset", "huge"], ["--preset", "'huge'", "tiny"]),
+        (["--seq-len", "600"], ["600", "max_position_embeddings=512"]),
+        (["--precision", "fp16"], ["--precision fp16", "CUDA"]),
+        (["--resume"], ["--resume", "<path>"]),  # and the folder that does not exist
     ]
-    for extra, words in cases:
-        assert words in _error_line(capsys, _args(data_dir, out, cache, *extra))
+    for extra, facts in cases:
+        err = _error_line(capsys, _args(data_dir, out, cache, *extra))
+        assert_carries(without(err, out), *facts)
     missing = _args(tmp_path / "nowhere", out, cache)
-    assert "nowhere" in _error_line(capsys, missing)
+    assert_carries(_error_line(capsys, missing), str(tmp_path / "nowhere"))
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert "looked for" in _error_line(capsys, _args(empty, out, cache))
+    assert_carries(_error_line(capsys, _args(empty, out, cache)), str(empty), "*.txt")
     wrong_split = _args(data_dir, out, cache, "--train-split", "test")
-    assert "split 'test' not found" in _error_line(capsys, wrong_split)
+    assert_carries(_error_line(capsys, wrong_split), "'test'", str(data_dir), "--train-split")
 
 
 def test_missing_safetensors_is_said_before_training_not_after(data_dir, tmp_path, capsys,
@@ -212,7 +213,7 @@ def test_missing_safetensors_is_said_before_training_not_after(data_dir, tmp_pat
     monkeypatch.setitem(sys.modules, "safetensors", None)  # as if not installed
     out = tmp_path / "run"
     err = _error_line(capsys, _args(data_dir, out, tmp_path / "cache"))
-    assert "safetensors is not installed" in err and "minibert[examples]" in err
+    assert_carries(err, "safetensors", "pip install 'minibert[examples]'")
     assert not out.exists()
 
 
@@ -226,10 +227,12 @@ def test_existing_run_is_never_overwritten_and_damage_is_detected(data_dir, tmp_
     assert pretrain.main(_args(data_dir, out, cache, "--max-steps", "4", "--save-every",
                                "2")) == 0
     before = _digest(out / "checkpoints")
-    assert "already holds a run" in _error_line(capsys, _args(data_dir, out, cache))
+    assert_carries(_error_line(capsys, _args(data_dir, out, cache)), str(out), "--resume",
+                   "--out")
     contradiction = _args(data_dir, out, cache, "--max-steps", "8", "--resume",
                           "--batch-size", "16")
-    assert "--batch-size: checkpoint 8, now 16" in _error_line(capsys, contradiction)
+    # the flag, its value in the checkpoint and now
+    assert_carries(without(_error_line(capsys, contradiction), out), "--batch-size", "8", "16")
     assert _digest(out / "checkpoints") == before
 
     # Damage the newest checkpoint: resume falls back to the older intact one, and says so.
@@ -241,8 +244,8 @@ def test_existing_run_is_never_overwritten_and_damage_is_detected(data_dir, tmp_
     # Damage every checkpoint: a clear refusal, not a traceback.
     for d in (out / "checkpoints").iterdir():
         (d / "state.pt").write_bytes(b"garbage")
-    assert "no intact checkpoint" in _error_line(
-        capsys, _args(data_dir, out, cache, "--max-steps", "8", "--resume"))
+    assert_carries(_error_line(capsys, _args(data_dir, out, cache, "--max-steps", "8",
+                                             "--resume")), "--resume", str(out / "checkpoints"))
 
 
 def test_continued_pretraining_on_a_folder_of_text_files(data_dir, tmp_path, allocator_calls,
@@ -288,12 +291,13 @@ def test_load_text_folder(tmp_path):
     assert splits["train"][0] == "doc a0 line one\ndoc a0 line two"
     assert len(splits["train"]) + len(splits["valid"]) == 27 and len(splits["valid"]) == 2
     assert splits["valid"] == ["doc b7", "doc b17"]  # documents 10 and 20 in name order
-    with pytest.raises(FileNotFoundError, match="text folder not found"):
+    with raises(FileNotFoundError, str(tmp_path / "x")):
         load_text_folder(tmp_path / "x")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="no .txt files"):
+    with raises(FileNotFoundError, str(tmp_path / "empty"), ".txt"):
         load_text_folder(tmp_path / "empty")
-    with pytest.raises(ValueError, match="at least 100"):
+    with raises(ValueError, str(tmp_path), "27 documents", "at least 100"):
+
         load_text_folder(tmp_path, holdout_every=100)
 
 
@@ -326,7 +330,9 @@ def test_a_leftover_tokenizer_never_replaces_this_runs(data_dir, tmp_path, capsy
                                                    vocab_size=200, cache_dir=cache)
     leftover.save(out / "tokenizer")
     err = _error_line(capsys, _args(data_dir, out, cache, "--vocab-size", "100"))
-    assert "not this run's" in err and leftover.fingerprint[:16] in err
+    # the folder, both tokenizers (the one there, the one this run makes), and what to do
+    assert_carries(err, str(out / "tokenizer"), leftover.fingerprint[:16], "--vocab-size 100",
+                   "--out")
     # --init-from a checkpoint whose tokenizer (its own) is other than the leftover one
     other = minibert.Tokenizer.train_from_iterator(["zebra yak " * 30] * 40, vocab_size=60,
                                                    cache_dir=cache)
@@ -335,7 +341,7 @@ def test_a_leftover_tokenizer_never_replaces_this_runs(data_dir, tmp_path, capsy
         "tiny", vocab_size=other.vocab_size, pad_token_id=other.pad_id)).save_pretrained(
         base, tokenizer=other)
     err = _error_line(capsys, _args(data_dir, out, cache, "--init-from", str(base)))
-    assert leftover.fingerprint[:16] in err and other.fingerprint[:16] in err
+    assert_carries(err, leftover.fingerprint[:16], other.fingerprint[:16], str(base))
     # The start that made it may use it.
     assert pretrain.main(_args(data_dir, out, cache, "--max-steps", "2")) == 0
 
@@ -349,7 +355,8 @@ def test_finished_results_are_kept_when_checkpoints_are_deleted(data_dir, tmp_pa
     before = {p: p.read_bytes() for p in (out / "eval.json", out / "metrics.jsonl",
                                           out / "final" / "model.safetensors")}
     err = _error_line(capsys, _args(data_dir, out, cache, "--max-steps", "2"))
-    assert "already holds a run (final/, eval.json, metrics.jsonl)" in err
+    # what the run left, that it cannot be resumed, and what to delete to start again
+    assert_carries(err, str(out), "final/, eval.json, metrics.jsonl", "no checkpoint", "delete")
     assert all(p.read_bytes() == b for p, b in before.items())
 
 
@@ -364,7 +371,7 @@ def test_a_second_run_on_the_same_out_is_refused_naming_the_first(data_dir, tmp_
     try:
         assert holder.stdout.readline().strip() == "held"
         err = _error_line(capsys, _args(data_dir, out, tmp_path / "cache"))
-        assert f"process {holder.pid}" in err and "is using" in err
+        assert_carries(err, str(holder.pid), str(out), "--out")  # the holder, the folder
         assert not (out / "tokenizer").exists()  # refused before any work
     finally:
         holder.kill()
@@ -378,19 +385,20 @@ def test_a_second_run_on_the_same_out_is_refused_naming_the_first(data_dir, tmp_
 def test_resume_refuses_other_data_settings(data_dir, tmp_path, capsys):
     cache, out = tmp_path / "cache", tmp_path / "run"
     assert pretrain.main(_args(data_dir, out, cache, "--max-steps", "2")) == 0
-    for extra, words in [(["--seq-len", "24"], "--seq-len: checkpoint 32, now 24"),
-                         (["--mask-prob", "0.15"], "--mask-prob: checkpoint 0.3, now 0.15"),
-                         (["--eval-mask-prob", "0.2"], "--eval-mask-prob: checkpoint 0.15, "
-                          "now 0.2"),
-                         (["--whole-word-mask"], "--whole-word-mask: checkpoint False, now True"),
-                         (["--eval-split", "train"], "--eval-split: checkpoint 'valid'")]:
+    # the checkpoint refused, then each flag that differs, with its value then and now
+    for extra, facts in [(["--seq-len", "24"], ["--seq-len", "32", "24"]),
+                         (["--mask-prob", "0.15"], ["--mask-prob", "0.3", "0.15"]),
+                         (["--eval-mask-prob", "0.2"], ["--eval-mask-prob", "0.15", "0.2"]),
+                         (["--whole-word-mask"], ["--whole-word-mask", "False", "True"]),
+                         (["--eval-split", "train"], ["--eval-split", "'valid'", "'train'"])]:
         err = _error_line(capsys, _args(data_dir, out, cache, "--max-steps", "4", "--resume",
                                         *extra))
-        assert "cannot resume" in err and words in err, err
+        assert_carries(err, str(out / "checkpoints" / "step_00000002"))
+        assert_carries(without(err, out), *facts)
     (tmp_path / "other").mkdir()
     other = wikitext_folder(tmp_path / "other", sizes=(("train", 100), ("valid", 20)))
     err = _error_line(capsys, _args(other, out, cache, "--max-steps", "4", "--resume"))
-    assert "the text of --train-split train: checkpoint" in err
+    assert_carries(err, "--train-split train")  # its text differs from the checkpoint's
     # The same run resumes, and its tokenizer is read, never written again (a kill during a
     # rewrite could leave it truncated and the run unresumable).
     tokenizer = out / "tokenizer" / "tokenizer.json"
@@ -408,8 +416,10 @@ def test_a_damaged_token_cache_is_rebuilt(data_dir, tmp_path, caplog):
         f.write_bytes(f.read_bytes()[:100])  # truncated
     with caplog.at_level("WARNING"):
         assert pretrain.main(_args(data_dir, tmp_path / "b", cache, "--max-steps", "1")) == 0
-    rebuilt = [m for m in caplog.messages if "rebuilding the damaged cache file" in m]
-    assert len(rebuilt) == len(token_files)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for f in token_files:  # each damaged file is named once, as damaged
+        assert [m for m in warnings if str(f) in m and "damaged" in m] != [], (f, warnings)
+    assert len([m for m in warnings if "damaged" in m]) == len(token_files), warnings
     a = json.loads((tmp_path / "a" / "eval.json").read_text())
     b = json.loads((tmp_path / "b" / "eval.json").read_text())
     assert a["eval_loss"] == b["eval_loss"]
@@ -444,11 +454,11 @@ def test_damaged_weights_checkpoints_and_a_full_disk_are_one_line(data_dir, tmp_
     weights = cut / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:5000])
     err = _error_line(capsys, _args(data_dir, tmp_path / "a", cache, "--init-from", str(cut)))
-    assert "model.safetensors is damaged" in err
+    assert_carries(err, str(weights), "damaged")
     # --init-from a training checkpoint: say what it is and how to export it
     step = tmp_path / "base" / "checkpoints" / "step_00000002"
     err = _error_line(capsys, _args(data_dir, tmp_path / "b", cache, "--init-from", str(step)))
-    assert "training checkpoint" in err and "export_checkpoint" in err
+    assert_carries(err, str(step), "training checkpoint", "export_checkpoint")
     # A full disk while writing final/: one line, and the run's checkpoints are intact.
     import safetensors.torch
 
@@ -458,7 +468,7 @@ def test_damaged_weights_checkpoints_and_a_full_disk_are_one_line(data_dir, tmp_
     monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
     out = tmp_path / "c"
     err = _error_line(capsys, _args(data_dir, out, cache, "--max-steps", "2"))
-    assert "could not write" in err and "MB are free" in err
+    assert_carries(err, str(out / "final"), "MB are free", "intact")
     monkeypatch.undo()
     from minibert.export import export_checkpoint
 

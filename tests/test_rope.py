@@ -61,18 +61,43 @@ def test_rope_keeps_the_dtype_and_computes_in_fp32():
 def test_angles_first_made_under_inference_mode_still_train():
     """The angles are cached; made first inside torch.inference_mode() (an evaluation) they
     were inference tensors, which a later training step at that length cannot save for
-    backward."""
+    backward. The gradient through them is the right one: against finite differences."""
     import minibert
+    from torch.func import functional_call
 
     rope_angles.cache_clear()
     config = minibert.BertConfig.preset("modernbert-tiny", vocab_size=50,
                                         max_position_embeddings=64)
+    torch.manual_seed(0)
     model = minibert.BertForMaskedLM(config)
     ids = torch.randint(5, 50, (2, 11))
     with torch.inference_mode():
         model.eval()(ids)
     model.train()(ids).logits.sum().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+    # In float64 (angles of its own, cached under inference mode as well), the gradient of a
+    # weight every rotation lies downstream of, the embeddings' norm, equals the finite
+    # differences of the loss: a rotation saved wrong for backward would show here.
+    model = model.double()
+    with torch.inference_mode():
+        model.eval()(ids)
+    model.train()
+    name = "bert.embeddings.norm.weight"
+    weight = dict(model.named_parameters())[name].detach().clone().requires_grad_(True)
+    probe = torch.randn(2, 11, 50, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(1))
+
+    def loss(w):
+        return (functional_call(model, {name: w}, (ids,)).logits * probe).sum()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: one thread is fastest
+    try:
+        assert torch.autograd.gradcheck(loss, (weight,))
+    finally:
+        torch.set_num_threads(threads)
+
 
 
 def test_a_float64_model_rotates_in_float64():

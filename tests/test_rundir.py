@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import minibert.rundir
+from facts import assert_carries, raises
 from minibert.rundir import RunLock, RunLockedError, run_exists
 
 RUNDIR_PY = Path(minibert.rundir.__file__)
@@ -54,7 +55,7 @@ def test_second_lock_in_the_same_process_is_refused(tmp_path):
     with RunLock(tmp_path):
         with pytest.raises(RunLockedError) as e:
             RunLock(tmp_path).acquire()
-        assert f"process {os.getpid()} on host {socket.gethostname()}" in str(e.value)
+        assert_carries(str(e.value), str(os.getpid()), socket.gethostname())  # the holder
     with RunLock(tmp_path):
         pass
 
@@ -66,10 +67,9 @@ def test_lock_held_by_another_process_is_refused_with_its_pid(tmp_path):
             with RunLock(tmp_path):
                 pytest.fail("two runs got the same directory")
         assert isinstance(e.value, RunLockedError)
-        message = str(e.value)
-        assert f"another run (process {proc.pid} on host {socket.gethostname()}, started " \
-               in message
-        assert f"is using {tmp_path}; wait for it to finish or choose another --out" in message
+        # who holds the folder (process, host, since when), the folder, and the flag to change
+        assert_carries(str(e.value), str(proc.pid), socket.gethostname(),
+                       e.value.holder["started"], str(tmp_path), "--out")
         assert e.value.holder["pid"] == proc.pid
     finally:
         proc.stdin.close()
@@ -122,8 +122,9 @@ def test_a_run_without_a_checkpoint_is_named_as_such_both_ways(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0, "lr": 0.001}\n')
     (tmp_path / "checkpoints" / ".tmp-step_00000001").mkdir(parents=True)  # a save killed
     for resume in (False, True):
-        with pytest.raises(OSError, match="it saved no checkpoint, so it cannot be resumed: "
-                                          "delete metrics.jsonl, checkpoints/ in it"):
+        # the folder, that no checkpoint was saved, and what to delete to start again
+        with raises(OSError, str(tmp_path), "no checkpoint", "delete",
+                    "metrics.jsonl, checkpoints/"):
             with open_run(tmp_path, resume=resume):
                 pass
     (tmp_path / "checkpoints" / ".tmp-step_00000001").rmdir()
@@ -136,9 +137,10 @@ def test_a_run_without_a_checkpoint_is_named_as_such_both_ways(tmp_path):
         assert "delete" not in str(e.value)
     (tmp_path / "checkpoints" / "step_00000001").rmdir()
     (tmp_path / "metrics.jsonl").unlink()
-    with pytest.raises(FileNotFoundError, match=r"no intact checkpoint in \S+$"):
+    with raises(FileNotFoundError, "--resume", str(tmp_path / "checkpoints")) as e:
         with open_run(tmp_path, resume=True):  # nothing there at all: no advice needed
             pass
+    assert str(e.value).endswith(str(tmp_path / "checkpoints"))
 
 
 def test_a_refused_resume_of_a_folder_that_does_not_exist_makes_none(tmp_path):
@@ -146,7 +148,8 @@ def test_a_refused_resume_of_a_folder_that_does_not_exist_makes_none(tmp_path):
     behind, which a pipeline checking for it would take for a run."""
     from minibert.rundir import open_run
 
-    with pytest.raises(FileNotFoundError, match="does not exist, so it holds no run"):
+    with raises(FileNotFoundError, "--resume", str(tmp_path / "out"), "--out"):
+
         with open_run(tmp_path / "out", resume=True):
             pass
     assert not (tmp_path / "out").exists()

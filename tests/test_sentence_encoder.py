@@ -12,6 +12,7 @@ import minibert
 from minibert.sentence import SentenceEncoder, cosine_similarity, nearest
 
 from conftest import hf_config, tiny_config
+from facts import raises
 
 transformers = pytest.importorskip("transformers")
 
@@ -66,14 +67,17 @@ def reference(folder, texts, pooling, max_length=None):
                     max_length=max_length)
     with torch.no_grad():
         h = model(**enc).last_hidden_state  # (N, T, H)
-    mask = enc["attention_mask"].unsqueeze(-1).expand(h.size()).float()  # (N, T, H)
+    return st_pool(h, enc["attention_mask"], pooling)
+
+
+def st_pool(h, attention_mask, pooling):
+    """sentence-transformers' Pooling of h (N, T, H) over the real tokens: (N, H)."""
+    mask = attention_mask.unsqueeze(-1).expand(h.size()).to(h.dtype)  # (N, T, H)
     if pooling == "mean":
         return (h * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
     if pooling == "cls":
         return h[:, 0]
-    h = h.clone()
-    h[mask == 0] = -1e9  # sentence-transformers' Pooling, pooling_mode_max_tokens
-    return h.max(1).values
+    return h.masked_fill(mask == 0, -1e9).max(1).values  # pooling_mode_max_tokens
 
 
 def test_hf_reference_really_reads_the_export(mlm_folder):
@@ -170,10 +174,11 @@ def test_forward_takes_normalize_per_call_too(mlm_folder, tok):
 @pytest.mark.parametrize("value", ["yes", 1, 0.0])
 def test_normalize_must_be_a_bool_or_none(mlm_folder, tok, value):
     enc = SentenceEncoder.from_pretrained(mlm_folder)
-    with pytest.raises(TypeError, match=f"normalize={value!r} must be True, False or None"):
+    # the value refused, and the values allowed
+    with raises(TypeError, f"normalize={value!r}", "True", "False", "None"):
         enc.encode(TEXTS, normalize=value)
     ids = torch.tensor([tok.encode("the cat sat")])
-    with pytest.raises(TypeError, match=f"normalize={value!r} must be True, False or None"):
+    with raises(TypeError, f"normalize={value!r}", "True", "False", "None"):
         enc(ids, torch.ones_like(ids), normalize=value)
 
 
@@ -200,7 +205,7 @@ def test_max_length_truncates_as_transformers_does(hf_folder):
     got = enc.encode(TEXTS, max_length=6)
     torch.testing.assert_close(got, reference(hf_folder, TEXTS, "mean", max_length=6),
                                atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match="max_length=65 .* max_position_embeddings=64"):
+    with raises(ValueError, "max_length=65", "max_position_embeddings=64"):
         enc.encode(TEXTS, max_length=65)
 
 
@@ -220,12 +225,35 @@ def test_encode_runs_in_eval_mode_and_restores_the_mode(mlm_folder):
     assert not enc.encode(TEXTS).requires_grad
 
 
-def test_forward_trains_with_gradients(mlm_folder, tok):
-    enc = SentenceEncoder.from_pretrained(mlm_folder, normalize=True)
-    ids = torch.tensor([tok.encode("the cat sat"), tok.encode("dogs ran far")])
-    out = enc(ids, torch.ones_like(ids))  # (B, H)
-    out.sum().backward()
-    assert out.shape == (2, 32) and enc.model.embeddings.word.weight.grad is not None
+@pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
+def test_forward_trains_with_the_gradients_transformers_computes(mlm_folder, tok, pooling):
+    """Trained through its forward (pooled, normalised), the encoder's weights get the
+    gradient transformers' BertModel gives the same weights, pooled as sentence-transformers
+    pools and normalised: checked in float64 on a padded batch, for the word embeddings and
+    every encoder weight."""
+    enc = SentenceEncoder.from_pretrained(mlm_folder, pooling=pooling, normalize=True).double()
+    hf = transformers.BertModel.from_pretrained(mlm_folder, add_pooling_layer=False).double()
+    rows = [tok.encode("the cat sat"), tok.encode("dogs ran far away from home")]
+    T = max(map(len, rows))
+    ids = torch.tensor([r + [tok.pad_id] * (T - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in rows])
+    weights = torch.randn(2, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+    out = enc(ids, mask)  # (B, H)
+    (out * weights).sum().backward()
+    h = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+    want = F.normalize(st_pool(h, mask, pooling), dim=-1)
+    (want * weights).sum().backward()
+
+    assert out.shape == (2, 32)
+    torch.testing.assert_close(out, want, rtol=1e-9, atol=1e-12)
+    ours = enc.model.embeddings.word.weight.grad
+    theirs = hf.embeddings.word_embeddings.weight.grad
+    assert ours.abs().max() > 0  # the gradient checked is not all zeros
+    torch.testing.assert_close(ours, theirs, rtol=1e-7, atol=1e-12)
+    torch.testing.assert_close(enc.model.blocks[0].attn.qkv.weight.grad, torch.cat(
+        [getattr(hf.encoder.layer[0].attention.self, n).weight.grad
+         for n in ("query", "key", "value")]), rtol=1e-7, atol=1e-12)
 
 
 def test_empty_list_gives_zero_rows(mlm_folder):
@@ -233,10 +261,10 @@ def test_empty_list_gives_zero_rows(mlm_folder):
 
 
 def test_bad_arguments(mlm_folder, tok):
-    with pytest.raises(ValueError, match="pooling='sum'; choose one of mean, cls, max"):
+    with raises(ValueError, "pooling='sum'", "mean", "cls", "max"):
         SentenceEncoder.from_pretrained(mlm_folder, pooling="sum")
     enc = SentenceEncoder.from_pretrained(mlm_folder)
-    with pytest.raises(ValueError, match="pooling='pooler'; choose one of mean, cls, max"):
+    with raises(ValueError, "pooling='pooler'", "mean", "cls", "max"):
         SentenceEncoder(enc.model, tok, pooling="pooler")
     with pytest.raises(TypeError, match="list of strings"):
         enc.encode("one text")
@@ -246,12 +274,12 @@ def test_bad_arguments(mlm_folder, tok):
 
 def test_folder_without_tokenizer_or_mismatched_tokenizer(tmp_path, tok):
     minibert.BertModel(tiny_config(vocab_size=tok.vocab_size)).save_pretrained(tmp_path / "a")
-    with pytest.raises(FileNotFoundError, match="no tokenizer in"):
+    with raises(FileNotFoundError, str(tmp_path / "a"), "tokenizer"):
         SentenceEncoder.from_pretrained(tmp_path / "a")
     minibert.BertModel(tiny_config(vocab_size=50)).save_pretrained(tmp_path / "b", tokenizer=tok)
-    with pytest.raises(ValueError, match=f"tokenizer has {tok.vocab_size} ids .* vocab_size is 50"):
+    with raises(ValueError, f"{tok.vocab_size} ids", "vocab_size", "50"):  # both sizes
         SentenceEncoder.from_pretrained(tmp_path / "b")
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with raises(FileNotFoundError, str(tmp_path / "missing")):
         SentenceEncoder.from_pretrained(tmp_path / "missing")
 
 
@@ -303,6 +331,7 @@ def test_cls_pooling_refuses_a_batch_padded_on_the_left(tok):
     model = minibert.BertModel(tiny_config(vocab_size=tok.vocab_size))
     ids = torch.randint(5, tok.vocab_size, (2, 6))
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
-    with pytest.raises(ValueError, match=r"position 0 in row\(s\) \[1\]"):
+    with raises(ValueError, "attention_mask", "position 0", "[1]"):
+
         minibert.SentenceEncoder(model, tok, pooling="cls")(ids, mask)
     minibert.SentenceEncoder(model, tok, pooling="mean")(ids, mask)  # mean pooling: fine

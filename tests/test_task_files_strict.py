@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from facts import raises
 from minibert.data.task_files import LabelMap, QAExample, Sentence, read_conll, read_squad, \
     read_table
 
@@ -15,12 +16,6 @@ from minibert.data.task_files import LabelMap, QAExample, Sentence, read_conll, 
 def write(path, content):
     path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
     return path
-
-
-def message(call, *args, **kwargs) -> str:
-    with pytest.raises(ValueError) as err:
-        call(*args, **kwargs)
-    return str(err.value)
 
 
 # ---------------------------------------------------------------- tables
@@ -36,9 +31,8 @@ def message(call, *args, **kwargs) -> str:
 ], ids=["tsv", "csv", "stripped"])
 def test_a_requested_column_named_twice_is_refused(tmp_path, name, content, column, where):
     path = write(tmp_path / name, content)
-    got = message(read_table, path, ["sentence", "label"])
-    assert got.startswith(f"{path}: the header names {column!r} ")
-    assert where in got and "rename one" in got
+    with raises(ValueError, str(path), repr(column), where, "rename"):
+        read_table(path, ["sentence", "label"])
 
 
 def test_a_duplicate_among_unrequested_columns_is_read(tmp_path):
@@ -50,9 +44,8 @@ def test_a_duplicate_among_unrequested_columns_is_read(tmp_path):
 
 def test_every_missing_column_is_named(tmp_path):
     path = write(tmp_path / "train.tsv", "text\tgold\nfine\tpos\n")
-    got = message(read_table, path, ["sentence", "label"])
-    assert got == f"{path}: no columns 'sentence', 'label' in the header " \
-                  f"(columns found: 'text', 'gold')"
+    with raises(ValueError, str(path), "'sentence', 'label'", "'text', 'gold'"):  # and found
+        read_table(path, ["sentence", "label"])
 
 
 @pytest.mark.parametrize("name", ["train.tsv", "train.csv"])
@@ -67,8 +60,8 @@ def test_a_line_of_spaces_is_blank_like_an_empty_line(tmp_path, name):
 
 def test_a_blank_first_line_is_not_taken_for_an_empty_header(tmp_path):
     path = write(tmp_path / "train.csv", "\nsentence,label\ngreat,pos\n")
-    assert message(read_table, path, ["sentence", "label"]) == \
-        f"{path}, line 1: blank, but the first line must be the header naming the columns"
+    with raises(ValueError, str(path), "line 1", "blank", "header"):
+        read_table(path, ["sentence", "label"])
 
 
 def test_integer_labels_are_plain_digits(tmp_path):
@@ -87,9 +80,8 @@ def test_conll_lines_are_counted_at_newlines_only(tmp_path):
     # str.splitlines also breaks at U+2028, U+0085, \f, ...: the line numbers drifted and a
     # word holding one was cut in two.
     path = write(tmp_path / "train.txt", "EU\tB-ORG\nNew\u2028York\tB-LOC\nrejects\n")
-    assert message(read_conll, path) == (
-        f"{path}, line 3: one column ('rejects') but a word needs its label in the last "
-        f"column, after whitespace or a tab")
+    with raises(ValueError, str(path), "line 3", "'rejects'"):
+        read_conll(path)
     ok = write(tmp_path / "ok.txt", "EU B-ORG\r\ncaf\x85e\tO\r\n\r\nPeter B-PER\r\n")
     assert read_conll(ok) == [Sentence(["EU", "caf\x85e"], ["B-ORG", "O"], 1),
                               Sentence(["Peter"], ["B-PER"], 4)]
@@ -105,8 +97,8 @@ def test_a_carriage_return_alone_is_refused_with_its_line(tmp_path, name, conten
     path = write(tmp_path / name, content)
     reader = read_conll if name.endswith(".txt") else \
         (lambda p: read_table(p, ["text", "label"]))
-    assert message(reader, path).startswith(
-        f"{path}, line {line}: a carriage return (\\r) not followed by \\n")
+    with raises(ValueError, str(path), f"line {line}", "(\\r)", "\\n"):
+        reader(path)
 
 
 def test_conll_columns_split_at_ascii_whitespace_only(tmp_path):
@@ -155,55 +147,53 @@ def test_is_impossible_strings_are_parsed_not_truth_tested(tmp_path):
 def test_is_impossible_other_values_are_refused_showing_the_value(tmp_path, value, shown,
                                                                   version_2):
     path = squad_file(tmp_path, qa("q5"), qa("q6", is_impossible=value))
-    got = message(read_squad, path, version_2=version_2)
-    assert got == (f"{path}: question 'q6' has is_impossible {shown}; write true or false "
-                   f"(a JSON boolean, or the text \"true\" or \"false\")")
+    # the question, the value as the file holds it, and the values that are read
+    with raises(ValueError, str(path), "'q6'", f"is_impossible {shown}", "true", "false"):
+        read_squad(path, version_2=version_2)
 
 
 @pytest.mark.parametrize("value,shown", [(True, "true"), ("True", '"True"'),
                                          ("TRUE", '"TRUE"')])
 def test_a_v1_read_of_a_2_0_mark_states_the_value(tmp_path, value, shown):
     path = squad_file(tmp_path, qa("q2", is_impossible=value, answers=[]))
-    got = message(read_squad, path)
-    assert got == (f"{path}: question 'q2' is marked is_impossible ({shown}), a SQuAD 2.0 "
-                   f"question; read the file with version_2=True")
+    with raises(ValueError, str(path), "'q2'", "is_impossible", shown, "version_2=True"):
+        read_squad(path)
 
 
 def test_an_impossible_question_with_answers_is_refused(tmp_path):
     # What a string flag used to do: every answer of a question thrown away, silently.
     path = squad_file(tmp_path, qa("q3", is_impossible=True))
-    got = message(read_squad, path, version_2=True)
-    assert got == (f"{path}: question 'q3' is marked is_impossible (true) but has 1 answer; "
-                   f"an unanswerable question's answers must be [] (SQuAD 2.0 keeps its "
-                   f"guesses in plausible_answers)")
+    with raises(ValueError, str(path), "'q3'", "is_impossible", "1 answer", "[]",
+                "plausible_answers"):
+        read_squad(path, version_2=True)
 
 
 @pytest.mark.parametrize("answer_start", [True, False, 4.0, "4"])
 def test_answer_start_is_an_integer_not_a_boolean(tmp_path, answer_start):
     # True is an int to isinstance: "he" at True (1) matched "The cat" and was read.
     path = squad_file(tmp_path, qa(answer=("he", answer_start)))
-    got = message(read_squad, path)
-    assert got == (f"{path}: question 'q1''s answer has no 'answer_start' of the right type "
-                   f"(got {answer_start!r})")
+    with raises(ValueError, str(path), "'q1'", "'answer_start'", repr(answer_start)):
+        read_squad(path)
 
 
 def test_an_id_is_text_or_an_integer_not_a_boolean(tmp_path):
     path = squad_file(tmp_path, qa(qid=True))
-    assert message(read_squad, path) == (
-        f"{path}: data[0].paragraphs[0].qas[0] has no 'id' of the right type (got True)")
+    with raises(ValueError, str(path), "data[0].paragraphs[0].qas[0]", "'id'", "True"):
+        read_squad(path)
     ids = read_squad(squad_file(tmp_path, qa(qid=7), qa(qid="q8")))
     assert [x.id for x in ids] == ["7", "q8"]
 
 
 def test_a_null_field_is_not_called_missing(tmp_path):
     path = squad_file(tmp_path, {"id": "q4", "question": None, "answers": []})
-    assert message(read_squad, path) == \
-        f"{path}: question 'q4' has no 'question' of the right type (got None)"
+    with raises(ValueError, str(path), "'q4'", "'question'", "None"):
+        read_squad(path)
 
 
 def test_an_empty_question_is_refused(tmp_path):
     path = squad_file(tmp_path, qa(question=" \t"))
-    assert message(read_squad, path) == f"{path}: question 'q1' has an empty question"
+    with raises(ValueError, str(path), "'q1'", "empty question"):
+        read_squad(path)
 
 
 @pytest.mark.parametrize("text,where,key", [
@@ -224,9 +214,8 @@ def test_an_empty_question_is_refused(tmp_path):
 ], ids=["is_impossible", "context", "answer_start", "data"])
 def test_a_json_key_given_twice_is_refused_where_it_is_read(tmp_path, text, where, key):
     path = write(tmp_path / "dev.json", text)
-    assert message(read_squad, path, version_2=True) == (
-        f"{path}: {where} holds {key!r} twice; JSON keeps only the last, so delete the one "
-        f"that is wrong")
+    with raises(ValueError, str(path), where, repr(key), "twice"):
+        read_squad(path, version_2=True)
 
 
 def test_a_json_key_given_twice_that_is_not_read_is_fine(tmp_path):
@@ -243,7 +232,7 @@ def test_scores_are_not_taken_for_class_names(tmp_path):
     """STS-B's similarity scores (0.0 - 5.0) were trained as one class per distinct value,
     and a dev score not seen in training was refused as an unknown label."""
     path = write(tmp_path / "train.tsv", "text\tlabel\na\t0.0\nb\t2.5\nc\t5.0\n")
-    assert "scores for regression, not class names" in message(LabelMap.from_labels,
-                                                               ["0.0", "2.5", "5.0"], path)
+    with raises(ValueError, str(path), "2.5", "regression"):
+        LabelMap.from_labels(["0.0", "2.5", "5.0"], path)
     # Whole numbers written as decimals (a float column exported by pandas) stay classes.
     assert LabelMap.from_labels(["0.0", "1.0", "1.0"], path).names == ["0.0", "1.0"]

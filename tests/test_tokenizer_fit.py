@@ -13,6 +13,7 @@ import minibert
 from minibert.pretrained import VOCAB_KEY, check_tokenizer_fits, vocab_sha256
 
 from engine_utils import WORDS, load_example, quick_runs  # noqa: F401 (fixture)
+from facts import assert_carries, raises, without
 from script_inputs import SCRIPTS, argv, make_inputs
 
 
@@ -45,28 +46,28 @@ def test_rows_beyond_the_ids_fit_only_as_padding_to_a_round_size(tok):
     check_tokenizer_fits(config(n), tok)
     for m in (8, 64, 128):  # a table padded up to a round size for faster matmuls
         check_tokenizer_fits(config(-(-n // m) * m), tok)
-    with pytest.raises(ValueError, match=rf"the tokenizer has {n} tokens but the model "
-                                         rf"{n + 200} embedding rows"):
+    with raises(ValueError, f"{n} tokens", f"{n + 200} embedding rows",
+                "--allow-vocab-mismatch"):
         check_tokenizer_fits(config(n + 200), tok)
     check_tokenizer_fits(config(n + 200), tok, allow_vocab_mismatch=True)  # surgery, as asked
     for allow in (False, True):  # an id past the table fails in any case
-        with pytest.raises(ValueError, match=f"the tokenizer has {n} tokens but the teacher "
-                                             f"only {n - 1} embeddings"):
+        with raises(ValueError, f"{n} tokens", "the teacher", f"{n - 1} embeddings"):
             check_tokenizer_fits(config(n - 1), tok, what="the teacher",
                                  allow_vocab_mismatch=allow)
 
 
 def test_special_ids_must_be_the_configs(tok, tmp_path):
     assert tok.pad_id == 0
-    with pytest.raises(ValueError, match=r"\[PAD\] is id 0 but the model's config says 3"):
+    with raises(ValueError, "[PAD]", "id 0", "3"):  # the token, its id, the config's id
         check_tokenizer_fits(config(tok.vocab_size, pad_token_id=3), tok)
     # A config.json that names the other special ids is held to them too.
     path = folder(tmp_path / "m", tok, tok.vocab_size)
     stored = json.loads((path / "config.json").read_text())
     stored["mask_token_id"] = tok.mask_id + 1
     (path / "config.json").write_text(json.dumps(stored))
-    with pytest.raises(ValueError, match=rf"\[MASK\] is id {tok.mask_id} but"):
+    with raises(ValueError, "[MASK]", f"id {tok.mask_id}") as err:
         check_tokenizer_fits(config(tok.vocab_size), tok, source=path)
+    assert str(tok.mask_id + 1) in without(str(err.value), tmp_path), str(err.value)
 
 
 def test_the_recorded_vocabulary_is_vocab_txts_sha256_and_a_swap_is_refused(tok, tmp_path):
@@ -79,9 +80,12 @@ def test_the_recorded_vocabulary_is_vocab_txts_sha256_and_a_swap_is_refused(tok,
                                                    min_frequency=1, use_cache=False)
     assert other.vocab_size <= tok.vocab_size
     other.save(path)  # the folder's tokenizer replaced by another
-    with pytest.raises(ValueError, match=f"sha256 {recorded[:16]}.*{vocab_sha256(other)[:16]}"):
+    # the folder, the vocabulary recorded and the one found, and the setting for surgery
+    with raises(ValueError, str(path), recorded[:16], vocab_sha256(other)[:16],
+                "allow_vocab_mismatch=True"):
         minibert.BertForMaskedLM.from_pretrained(path)
-    with pytest.raises(ValueError, match=f"sha256 {recorded[:16]}.*{vocab_sha256(other)[:16]}"):
+    with raises(ValueError, str(path), recorded[:16], vocab_sha256(other)[:16],
+                "--allow-vocab-mismatch"):
         check_tokenizer_fits(config(tok.vocab_size), other, source=path,
                              allow_vocab_mismatch=False)
     minibert.BertForMaskedLM.from_pretrained(path, allow_vocab_mismatch=True)
@@ -103,8 +107,8 @@ def test_a_swapped_tokenizer_is_refused_by_every_loader_of_a_folder(tok, tmp_pat
     other.save(path)
     for load in (lambda **kw: minibert.SentenceEncoder.from_pretrained(path, **kw),
                  lambda **kw: minibert.BertMultiTask.from_pretrained(path, spec, **kw)):
-        with pytest.raises(ValueError, match=f"sha256 {recorded[:16]}.*"
-                                             f"{vocab_sha256(other)[:16]}.*allow_vocab_mismatch"):
+        with raises(ValueError, str(path), recorded[:16], vocab_sha256(other)[:16],
+                    "allow_vocab_mismatch"):
             load()
         load(allow_vocab_mismatch=True)  # deliberate vocabulary surgery
 
@@ -118,7 +122,8 @@ def test_a_classifier_for_other_labels_gets_a_new_head_as_asked(tok, tmp_path):
     three = cls(config(tok.vocab_size), 3, id2label=["a", "b", "c"])
     three.save_pretrained(path, tokenizer=tok)
     for labels in (["x", "y"], ["x", "y", "z"]):  # fewer classes, or as many with other names
-        with pytest.raises(ValueError, match=r"labels \['a', 'b', 'c'\], not \['x', 'y'"):
+        with raises(ValueError, str(path), "['a', 'b', 'c']", str(labels),
+                    "on_other_labels='new_head'"):
             cls.from_pretrained(path, id2label=labels)
         new = cls.from_pretrained(path, id2label=labels, on_other_labels="new_head")
         old = cls(cls.from_pretrained(path).bert.config, len(labels), id2label=labels)
@@ -161,8 +166,7 @@ def test_every_script_refuses_a_tokenizer_with_fewer_ids_than_the_model_has_rows
     model = folder(tmp_path / "model", tok, n + 200, record=False)
     out = tmp_path / "out"
     err = _refused(capsys, script, argv(script, inputs, model, out))
-    assert f"the tokenizer has {n} tokens but" in err and f"{n + 200} embedding rows" in err
-    assert "--allow-vocab-mismatch" in err
+    assert_carries(err, f"{n} tokens", f"{n + 200} embedding rows", "--allow-vocab-mismatch")
     assert not out.exists()  # refused before anything is written
 
 
@@ -175,10 +179,11 @@ def test_every_script_refuses_a_swapped_tokenizer_and_another_pad_id(script, tok
     other.save(swapped)
     out = tmp_path / "out"
     err = _refused(capsys, script, argv(script, inputs, swapped, out))
-    assert vocab_sha256(tok)[:16] in err and vocab_sha256(other)[:16] in err
+    assert_carries(err, vocab_sha256(tok)[:16], vocab_sha256(other)[:16])
     padded = folder(tmp_path / "pad", tok, tok.vocab_size, pad_token_id=tok.vocab_size - 1)
     err = _refused(capsys, script, argv(script, inputs, padded, out))
-    assert f"[PAD] is id {tok.pad_id} but" in err and f"says {tok.vocab_size - 1}" in err
+    # the token, its id in the tokenizer, and the id the model's config gives it
+    assert_carries(without(err, tmp_path), "[PAD]", f"id {tok.pad_id}", str(tok.vocab_size - 1))
     assert not out.exists()
 
 
