@@ -143,7 +143,7 @@ def resolve_warmup(warmup: Union[int, float], total_steps: int, name: str = "war
         raise ValueError(f"{name}={warmup!r} must be >= 0")
     if steps > total_steps:
         raise ValueError(f"{name} of {steps} steps is longer than the run "
-                         f"(total_steps={total_steps}); shorten the warmup or run longer")
+                         f"(total_steps={total_steps}); shorten {name} or run longer")
     return steps
 
 

@@ -360,6 +360,18 @@ def test_finished_results_are_kept_when_checkpoints_are_deleted(data_dir, tmp_pa
     assert all(p.read_bytes() == b for p, b in before.items())
 
 
+def test_a_warmup_longer_than_the_run_names_its_own_flag_to_shorten(data_dir, tmp_path,
+                                                                     capsys):
+    """The sequence-length warmup's refusal sent the user to --warmup-steps, the learning
+    rate's warmup, which was not the one too long."""
+    err = _error_line(capsys, _args(data_dir, tmp_path / "run", tmp_path / "cache",
+                                    "--seq-len-warmup", "9"))
+    assert "shorten --seq-len-warmup" in err and "--warmup-steps" not in err, err
+    err = _error_line(capsys, _args(data_dir, tmp_path / "run", tmp_path / "cache",
+                                    "--warmup-steps", "9"))
+    assert "shorten --warmup-steps" in err and "--seq-len-warmup" not in err, err
+
+
 def test_a_second_run_on_the_same_out_is_refused_naming_the_first(data_dir, tmp_path, capsys):
     from minibert.rundir import RunLock
 
