@@ -56,3 +56,24 @@ def argv(script, d, model, out, *extra):
     }[script]
 
 
+def make_inputs_with_teacher(d):
+    """`make_inputs`, plus d/teacher: a one-layer masked LM with its tokenizer, the model
+    that distillation and embedding start from."""
+    import minibert
+    import torch
+
+    make_inputs(d)
+    tok = minibert.Tokenizer.train_from_iterator([" ".join(WORDS)] * 20, vocab_size=100,
+                                                 min_frequency=1, use_cache=False)
+    torch.manual_seed(0)
+    minibert.BertForMaskedLM(minibert.BertConfig(
+        vocab_size=tok.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
+        intermediate_size=64, max_position_embeddings=64)).save_pretrained(d / "teacher",
+                                                                          tokenizer=tok)
+    return d
+
+
+def script_argv(script, d, out, *extra):
+    """From scratch where the script can; distillation and embedding from d/teacher."""
+    model = d / "teacher" if script in ("distill", "embed") else None
+    return argv(script, d, model, out, *extra)

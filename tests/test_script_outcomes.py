@@ -12,35 +12,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import minibert
 from minibert import cli
 from minibert.distributed import DistContext
 from minibert.engine import TrainingError
 
 from engine_utils import WORDS, load_example, quick_runs, wikitext_folder  # noqa: F401 (fixture)
 from facts import assert_carries, raises, without
-from script_inputs import SCRIPTS, argv, make_inputs
+from script_inputs import SCRIPTS, argv, make_inputs_with_teacher, script_argv
 
 TRAINING = [s for s in SCRIPTS if s != "embed"]
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    d = make_inputs(tmp_path_factory.mktemp("inputs"))
-    tok = minibert.Tokenizer.train_from_iterator([" ".join(WORDS)] * 20, vocab_size=100,
-                                                 min_frequency=1, use_cache=False)
-    torch.manual_seed(0)
-    minibert.BertForMaskedLM(minibert.BertConfig(
-        vocab_size=tok.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
-        intermediate_size=64, max_position_embeddings=64)).save_pretrained(d / "teacher",
-                                                                          tokenizer=tok)
-    return d
-
-
-def script_argv(script, d, out, *extra):
-    """From scratch where the script can; distillation and embedding from d/teacher."""
-    model = d / "teacher" if script in ("distill", "embed") else None
-    return argv(script, d, model, out, *extra)
+    return make_inputs_with_teacher(tmp_path_factory.mktemp("inputs"))
 
 
 def _one_line(capsys, script, args, code=2):

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-import minibert
 
-from engine_utils import WORDS, load_example
-from script_inputs import SCRIPTS, argv, make_inputs
+from engine_utils import load_example
+from script_inputs import SCRIPTS, make_inputs_with_teacher, script_argv
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TRAINING = [s for s in SCRIPTS if s != "embed"]
@@ -54,19 +53,7 @@ RUNNER = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    d = make_inputs(tmp_path_factory.mktemp("inputs"))
-    tok = minibert.Tokenizer.train_from_iterator([" ".join(WORDS)] * 20, vocab_size=100,
-                                                 min_frequency=1, use_cache=False)
-    minibert.BertForMaskedLM(minibert.BertConfig(
-        vocab_size=tok.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
-        intermediate_size=64, max_position_embeddings=64)).save_pretrained(d / "teacher",
-                                                                          tokenizer=tok)
-    return d
-
-
-def script_argv(script, d, out, *extra):
-    model = d / "teacher" if script in ("distill", "embed") else None
-    return argv(script, d, model, out, *extra)
+    return make_inputs_with_teacher(tmp_path_factory.mktemp("inputs"))
 
 
 def _run(script, args, at, signame="SIGINT"):
