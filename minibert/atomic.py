@@ -10,11 +10,12 @@ target holds the old content or the new, never a mix of the two and never half a
 * `atomic_file(path)`: one file written as a stream (a token file, a download), published
   whole when the `with` block ends.
 * `replace_folder(path, write)`: a whole folder (a model export), swapped in one step.
+* `publish_folder(path, write)`: a folder written once (a cache entry); the first writer wins.
 * `fsync(path)`: make a file's data or a folder's entries durable.
 * `write_failure(error, what, folder, then)`: what stopped a write, said so that the user
   knows what to do: a full disk, a quota, a file-size limit are three different fixes.
 
-Checkpoints (`checkpoint.py`) follow the same rule with a folder per step.
+Checkpoints (`checkpoint.py`) are folders published by `replace_folder`, one per step.
 """
 
 from __future__ import annotations
@@ -101,14 +102,16 @@ def _write_synced_temp(directory: Path, name: str, text: str) -> Path:
 
 
 def replace_folder(path: Path, write: Callable[[Path], None],
-                   owns: Callable[[str], bool] = lambda name: False) -> None:
+                   owns: Callable[[str], bool] = lambda name: False,
+                   failed: Optional[Callable[[BaseException], str]] = None) -> None:
     """Make `path` the folder that `write` fills, in one step, keeping files it does not own.
 
     `write` fills a fresh hidden sibling; the entries of the old `path` that the writer does
     not own (`owns(name)` is False: a tokenizer, notes) are carried over; everything is
     flushed to disk; then the two folders swap names. A crash at any moment leaves `path`
     holding the complete old export or the complete new one, never new weights beside an
-    old config.
+    old config. A write that fails is an OSError saying what stopped it: `failed(error)`'s
+    words where given, else `write_failure`'s and that the old folder is intact.
     """
     path = path.expanduser().resolve()  # through a link: replace the folder it points to
     if path.exists() and not path.is_dir():
@@ -147,13 +150,36 @@ def replace_folder(path: Path, write: Callable[[Path], None],
         if isinstance(e, (OSError, RuntimeError)) or type(e).__name__ == "SafetensorError":
             # A full disk reaches us as "os error 28" inside a SafetensorError, or as torch's
             # "unexpected pos": say what was being written, why it stopped, and what is safe.
-            raise OSError(write_failure(e, str(path), path.parent, "save again") +
+            raise OSError(failed(e) if failed else
+                          write_failure(e, str(path), path.parent, "save again") +
                           f"; what {path} held before is intact") from None
         raise
     # Done: drop the previous export, and what saves killed mid-way left behind.
     for p in path.parent.iterdir():
         if p.name.startswith((f".{path.name}.tmp-", f".{path.name}.old-")):
             shutil.rmtree(p, ignore_errors=True)
+
+
+def publish_folder(path: Path, write: Callable[[Path], None]) -> bool:
+    """Make `path` the folder that `write` fills, unless it is there already: a cache entry,
+    whose name fixes its content, so the first process to publish it wins and the others
+    keep its copy. `write` fills a hidden sibling, which is flushed to disk and renamed into
+    place; readers see the whole entry or none. Returns False where another process
+    published `path` first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        write(new)
+        _fsync_tree(new)
+        os.rename(new, path)  # onto a non-empty folder: EEXIST or ENOTEMPTY
+        fsync(path.parent)
+        return True
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ENOTEMPTY) and path.is_dir():
+            return False
+        raise
+    finally:
+        shutil.rmtree(new, ignore_errors=True)  # nothing left once renamed
 
 
 def _carry_over(old: Path, new: Path, owns: Callable[[str], bool]) -> None:

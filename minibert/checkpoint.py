@@ -5,16 +5,16 @@ A checkpoint is a directory `root/step_00001000/` holding
     state.pt    torch.save of one dict: state_dicts, RNG states, data position, configs, ...
     meta.json   {"format", "format_version", "step", "files": {"state.pt": {bytes, sha256}}}
 
-`save_checkpoint` writes both files into a temporary sibling directory, flushes them to disk
-(fsync), and only then renames the directory into place. A rename within one file system is
-atomic, so after a crash or a `kill -9` at any moment the final name holds either nothing or
-a complete checkpoint: never half of one. `meta.json` records the size and SHA-256 of
-`state.pt`, so a file damaged later (a full disk, a bad copy, a flipped bit) is detected
-before anything is loaded from it. `load_checkpoint` verifies, then reads with
-`torch.load(weights_only=True)`, which only rebuilds tensors and plain python values and
-never runs code from the file. Any problem is a `CheckpointError` that names the directory
-and what is wrong; `latest_checkpoint` skips damaged checkpoints, with a warning, in favour
-of the newest intact one.
+`save_checkpoint` writes both files into a hidden sibling directory, flushes them to disk
+(fsync), and only then renames the directory into place (`atomic.replace_folder`). A rename
+within one file system is atomic, so after a crash or a `kill -9` at any moment the final
+name holds either nothing or a complete checkpoint: never half of one. `meta.json` records
+the size and SHA-256 of `state.pt`, so a file damaged later (a full disk, a bad copy, a
+flipped bit) is detected before anything is loaded from it. `load_checkpoint` verifies, then
+reads with `torch.load(weights_only=True)`, which only rebuilds tensors and plain python
+values and never runs code from the file. Any problem is a `CheckpointError` that names the
+directory and what is wrong; `latest_checkpoint` skips damaged checkpoints, with a warning,
+in favour of the newest intact one.
 
 The module knows nothing about models or optimizers: `state` is any dict of tensors, plain
 python values (numbers, strings, None, lists, tuples) and nested dicts. Store configs as
@@ -29,14 +29,13 @@ import logging
 import os
 import re
 import shutil
-import uuid
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
 
-from .atomic import fsync, write_failure
+from .atomic import replace_folder, write_failure
 from .hf import META_FILE, STATE_FILE
 
 logger = logging.getLogger(__name__)
@@ -44,7 +43,6 @@ logger = logging.getLogger(__name__)
 FORMAT = "minibert-checkpoint"
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
-_TMP_PREFIX = ".tmp-"  # a dot name never matches _STEP_DIR, so readers never see it
 
 PathLike = Union[str, os.PathLike]
 
@@ -77,48 +75,24 @@ def save_checkpoint(root: PathLike, step: int, state: dict[str, Any],
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = step_dir(root, step)
-    tmp = root / f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    old = None
-    try:
-        state_path = tmp / STATE_FILE
+    meta: dict[str, Any] = {}
+
+    def write(folder: Path) -> None:
+        state_path = folder / STATE_FILE
         with open(state_path, "wb") as f:
             torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step,
-                "torch": torch.__version__,
-                "files": {STATE_FILE: {"bytes": state_path.stat().st_size,
-                                       "sha256": sha256_file(state_path)}}}
-        with open(tmp / META_FILE, "w") as f:
-            json.dump(meta, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        fsync(tmp)  # the directory entries of both files are durable too
+        meta.update({"format": FORMAT, "format_version": FORMAT_VERSION, "step": step,
+                     "torch": torch.__version__,
+                     "files": {STATE_FILE: {"bytes": state_path.stat().st_size,
+                                            "sha256": sha256_file(state_path)}}})
+        (folder / META_FILE).write_text(json.dumps(meta, indent=2))
 
-        if final.exists():
-            # A directory rename cannot replace a non-empty directory, so the old one steps
-            # aside first. A crash between these two renames leaves the new checkpoint
-            # complete under its temporary name and this step absent: latest_checkpoint
-            # then falls back to the previous step, which is still intact.
-            old = root / f"{_TMP_PREFIX}old-{final.name}-{uuid.uuid4().hex[:8]}"
-            os.rename(final, old)
-        os.rename(tmp, final)
-        fsync(root)
-    except BaseException as e:
-        if old is not None and not final.exists():
-            os.replace(old, final)  # put the previous checkpoint of this step back
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, (OSError, RuntimeError)):
-            # torch.save reports a failed write as "[enforce fail at inline_container.cc]
-            # unexpected pos", which says neither space nor limit: say what was being
-            # written, what stopped it and what is left.
-            raise OSError(write_failure(e, f"checkpoint {final}", root, "resume",
-                                        freeing="some space (or keep fewer checkpoints)") +
-                          "; the earlier checkpoints are intact") from None
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    # torch.save reports a failed write as "[enforce fail at inline_container.cc] unexpected
+    # pos", which says neither space nor limit: say what was being written, what stopped it
+    # and what is left.
+    replace_folder(final, write, owns=lambda name: True, failed=lambda e: write_failure(
+        e, f"checkpoint {final}", root, "resume", freeing="some space (or keep fewer "
+        "checkpoints)") + "; the earlier checkpoints are intact")
     logger.info("saved checkpoint %s (%.1f MiB)", final, meta["files"][STATE_FILE]["bytes"] / 2**20)
 
     _remove_leftovers(root)
@@ -233,9 +207,10 @@ def _step_dirs(root: Path) -> list[Path]:
 
 
 def _remove_leftovers(root: Path) -> None:
-    """Delete temporary directories that interrupted saves left behind."""
+    """Delete the hidden folders interrupted saves left behind (a dot name is never a
+    checkpoint: it cannot match _STEP_DIR)."""
     for p in root.iterdir():
-        if p.is_dir() and p.name.startswith(_TMP_PREFIX):
+        if p.is_dir() and p.name.startswith("."):
             shutil.rmtree(p, ignore_errors=True)
             logger.info("removed %s, left over from an interrupted save", p)
 

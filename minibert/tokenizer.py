@@ -22,20 +22,16 @@ and word, which map predictions back onto the text.
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Iterable, NamedTuple, Optional, Sequence, Union
 
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
-from .atomic import write_files_atomically
+from .atomic import publish_folder, write_files_atomically
 from .special_tokens import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK
 from .tokenizer_files import read_tokenizer_config, read_vocab_txt, tokenizer_config_for
 from .tokenizer_train import PathLike, default_cache_dir, train_on_files, train_on_texts
@@ -295,16 +291,11 @@ class Tokenizer:
         return directory
 
     def _save_atomically(self, directory: Path) -> None:
-        """Save into a temporary sibling, then rename, so readers never see half a cache."""
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=directory.parent))
+        """Publish the cache entry `directory` whole (atomic.publish_folder); an entry another
+        process published first is the same, and theirs is kept."""
         try:
-            self.save(tmp)
-            os.replace(tmp, directory)
+            publish_folder(directory, self.save)
         except OSError as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if e.errno in (errno.EEXIST, errno.ENOTEMPTY) and directory.is_dir():
-                return  # another process cached it first: the entry is the same, keep theirs
             raise OSError(e.errno, f"could not cache the tokenizer in {directory}: "
                                    f"{e.strerror or e}") from None
 

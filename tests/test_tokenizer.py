@@ -155,13 +155,13 @@ def test_a_cache_write_that_fails_is_named_and_a_lost_race_keeps_the_winner(
         with pytest.raises(OSError, match="No space left") as info:
             trained._save_atomically(tmp_path / "entry")
     assert info.value.errno == errno.ENOSPC and str(tmp_path / "entry") in str(info.value)
-    assert not (tmp_path / "entry").exists() and not list(tmp_path.glob(".tmp-*"))
+    assert not (tmp_path / "entry").exists() and not list(tmp_path.glob(".*"))
 
     trained._save_atomically(tmp_path / "entry")  # the winner
     winner = (tmp_path / "entry" / "tokenizer.json").read_text()
     trained._save_atomically(tmp_path / "entry")  # the loser: keeps the winner's entry
     assert (tmp_path / "entry" / "tokenizer.json").read_text() == winner
-    assert not list(tmp_path.glob(".tmp-*"))
+    assert not list(tmp_path.glob(".*"))
 
 
 def test_generators_train_without_cache(tmp_path):
