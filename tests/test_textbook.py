@@ -1,0 +1,55 @@
+"""The textbook's promises, kept by the tree itself: the five files a student reads to learn
+the model stay short and speak of the algorithm (the machine's matters live in kernels.py,
+memory.py, environment.py, autotune.py and docs/machine-room.md), and no function in the
+package is longer than a screen."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "minibert"
+TEXTBOOK = ["config.py", "model.py", "attention.py", "rope.py", "heads.py"]
+# What a reader of the model should not have to wade through.
+MACHINE_ROOM_WORDS = re.compile(r"onednn|allocator|page[- ]fault|mallopt|glibc", re.I)
+
+
+def test_the_textbook_is_at_most_1400_lines():
+    lines = {name: len((PACKAGE / name).read_text().splitlines()) for name in TEXTBOOK}
+    assert sum(lines.values()) <= 1400, lines
+
+
+@pytest.mark.parametrize("name", TEXTBOOK)
+def test_a_textbook_file_speaks_of_the_algorithm_not_the_machine(name):
+    text = (PACKAGE / name).read_text()
+    assert not MACHINE_ROOM_WORDS.findall(text), MACHINE_ROOM_WORDS.findall(text)
+    assert text.count("RESULTS.md") <= 1
+
+
+def test_the_checks_see_what_they_look_for():
+    assert MACHINE_ROOM_WORDS.search("oneDNN's kernel cache")
+    assert MACHINE_ROOM_WORDS.search("glibc's malloc returns it")
+    assert _long_functions("def f():\n" + "    x = 1\n" * 81) == ["f (82 lines)"]
+
+
+def _long_functions(source: str, limit: int = 80) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if length > limit:
+                found.append(f"{node.name} ({length} lines)")
+    return found
+
+
+def test_no_function_in_the_package_is_over_80_lines():
+    long = {str(path.relative_to(PACKAGE)): found for path in sorted(PACKAGE.rglob("*.py"))
+            if (found := _long_functions(path.read_text()))}
+    assert not long, long
+
+
+def test_train_reads_on_one_screen():
+    tree = ast.parse((PACKAGE / "engine.py").read_text())
+    train = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
+    assert train.end_lineno - train.lineno + 1 <= 80
