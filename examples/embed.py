@@ -19,20 +19,20 @@ import signal
 
 if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
     # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
-    # stops in one line (minibert.cli.StopOnSignals), where Python would print a traceback.
+    # stops in one line (minibert.signals.StopOnSignals), where Python would print a traceback.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 import contextlib
 import logging
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from minibert import cli
+from minibert.atomic import atomic_file
+from minibert.signals import StopOnSignals
 from minibert.data.text import iter_lines
 from minibert.pretrained import check_tokenizer_fits
 from minibert.sentence import POOLINGS, SentenceEncoder, nearest
@@ -51,10 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--max-length", type=int, help="tokens per text; default the model's limit")
     p.add_argument("--query", help="print the lines nearest to this text by cosine similarity")
     p.add_argument("--top-k", type=int, default=5)
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="auto: cuda when available")
-    p.add_argument("--allow-vocab-mismatch", action="store_true", help="accept a tokenizer "
-                   "whose ids or special tokens are not the model's (vocabulary surgery)")
+    cli.add_flags(p, None, ["--device", "--allow-vocab-mismatch"])
     return p.parse_args(argv)
 
 
@@ -77,8 +74,8 @@ def read_texts(path: Path) -> tuple[list[str], list[int]]:
 
 
 def save_npy(path: Path, array: np.ndarray) -> None:
-    """Write `path` through a temporary file beside it, so it is never left half written;
-    folders made for it go again if it is not written."""
+    """Write `path` whole or not at all (minibert.atomic); folders made for it go again if
+    it is not written."""
     made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,16 +83,8 @@ def save_npy(path: Path, array: np.ndarray) -> None:
         raise OSError(f"cannot make the folder of --out {path}: {e.strerror}: {e.filename}"
                       ) from None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.save(f, array)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        with atomic_file(path) as f:
+            np.save(f, array)
     except BaseException:
         for folder in made:  # innermost first
             with contextlib.suppress(OSError):
@@ -110,7 +99,7 @@ def device(name: str) -> torch.device:
 
 
 def main(argv=None) -> int:
-    with cli.StopOnSignals() as signals:  # Ctrl-C: one line, exit status 130 (minibert/cli.py)
+    with StopOnSignals() as signals:  # Ctrl-C: one line, exit status 130 (minibert/signals.py)
         args = parse_args(argv)
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
         written = False
@@ -133,8 +122,9 @@ def main(argv=None) -> int:
             check_tokenizer_fits(encoder.model.config, encoder.tokenizer, source=args.model,
                                  allow_vocab_mismatch=args.allow_vocab_mismatch)
             encoder.to(device(args.device))
-            vectors = encoder.encode(texts, batch_size=args.batch_size,
-                                     max_length=args.max_length)
+            flags = {"max_length": "--max-length", "batch_size": "--batch-size"}
+            vectors = cli.in_flag_names(lambda: encoder.encode(
+                texts, batch_size=args.batch_size, max_length=args.max_length), flags)
             # The query too before --out is written: whatever refuses it, refuses it first.
             query = (None if args.query is None else
                      encoder.encode([args.query], max_length=args.max_length))

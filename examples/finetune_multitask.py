@@ -29,7 +29,7 @@ import signal
 
 if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
     # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
-    # stops in one line (minibert.cli.StopOnSignals), where Python would print a traceback.
+    # stops in one line (minibert.signals.StopOnSignals), where Python would print a traceback.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 import logging

@@ -24,7 +24,7 @@ import signal
 
 if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
     # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
-    # stops in one line (minibert.cli.StopOnSignals), where Python would print a traceback.
+    # stops in one line (minibert.signals.StopOnSignals), where Python would print a traceback.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 import logging
@@ -37,7 +37,8 @@ from minibert import cli, pretrain
 from minibert.data import MLMCollator
 from minibert.data.prepare import save_prepared
 from minibert.engine import eval_batches, evaluate, train
-from minibert.resume import RunPlan, read_rows
+from minibert.resume import RunPlan
+from minibert.runlog import read_rows
 
 log = logging.getLogger("pretrain")
 

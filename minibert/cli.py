@@ -41,7 +41,6 @@ import math
 import re
 import signal
 import sys
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
@@ -55,8 +54,10 @@ from .data.tokens import TokenFileError
 from .data.wikitext import DownloadError
 from .distributed import DistContext, all_gather_objects, cleanup, init_distributed
 from .recovery import TrainingError
-from .resume import check_resume, read_rows
+from .resume import check_resume
 from .rundir import RunFolder, open_run
+from .runlog import last_training_loss
+from .signals import Interrupted, StopOnSignals, Stopped
 from .state import SettingsMismatch, TrainConfig
 
 log = logging.getLogger(__name__)
@@ -66,68 +67,6 @@ log = logging.getLogger(__name__)
 BAD_INPUT = (ValueError, OSError, ImportError, DownloadError, TokenFileError, CheckpointError)
 
 T = TypeVar("T")
-
-
-# The signals that stop a script cleanly; a script's first lines hold them back while Python
-# imports torch (see the module docstring).
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
-
-class Stopped(Exception):
-    """A run stopped by a signal after saving its checkpoint: exit status 128 + `signal`."""
-
-    def __init__(self, signal: int, step: int) -> None:
-        super().__init__(f"stopped by signal {signal} at step {step}")
-        self.signal, self.step = signal, step
-
-
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM outside the training loop: the script stops where it is.
-
-    A BaseException, as KeyboardInterrupt is, so that no `except Exception` on the way
-    takes it for an error, and every `finally` and cleanup on the way still runs."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signal = signum
-
-
-class StopOnSignals:
-    """`with StopOnSignals() as signals:` SIGINT and SIGTERM raise `Interrupted` in the
-    main thread, and `signals.received` is the signal.
-
-    Only the first signal raises: a second one (an impatient Ctrl-C) would otherwise cut
-    short the clean-up the first set off; and none does once the script's outcome is
-    decided (`settle()`), while it says so and leaves. The training loop puts its own
-    handlers in place for its steps (`engine.StopFlag`) and these back after them.
-    `let_through()`, called inside the `try` that handles `Interrupted`, lets through the
-    signals a script's first lines held back, so that a Ctrl-C while Python imported torch
-    stops the script there."""
-
-    def __enter__(self) -> "StopOnSignals":
-        self.received: Optional[int] = None
-        self._settled = False
-        self._previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():  # else signals are not ours
-            for sig in STOP_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._raise)
-        return self
-
-    def let_through(self) -> None:
-        if self._previous and hasattr(signal, "pthread_sigmask"):  # not on Windows
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-
-    def settle(self) -> None:
-        self._settled = True
-
-    def _raise(self, signum: int, frame: Any) -> None:
-        if self.received is None and not self._settled:
-            self.received = signum
-            raise Interrupted(signum)
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 # ---- the parser ------------------------------------------------------------------------------
@@ -245,6 +184,18 @@ _KEEP_FREED_MEMORY = (
     "(benchmarks/RESULTS.md, 'Memory over a long run' and 'Process settings')")
 
 
+# The flags whose meaning and default are the same in every script, training or not.
+PLAIN_FLAGS: dict[str, dict] = {
+    "--device": dict(choices=["auto", "cpu", "cuda"], default="auto",
+                     help="auto: cuda when available"),
+    "--cache-dir": dict(type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert"),
+    "--allow-vocab-mismatch": dict(action="store_true", help="with a checkpoint: accept a "
+                                   "tokenizer whose ids or special tokens are not the "
+                                   "model's (deliberate vocabulary surgery); refused by "
+                                   "default"),
+}
+
+
 def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
                epoch: str = "passes over the training data") -> dict[str, dict]:
     """Every shared flag, declared here once: its option string and its `add_argument`
@@ -257,6 +208,7 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
                        "pretraining run there is no overfitting to prevent, and dropout "
                        "slows learning)")
     return {
+        **PLAIN_FLAGS,
         # model
         "--init-from": dict(type=Path, help="start from a minibert or transformers checkpoint "
                             "(a folder with config.json, weights and tokenizer); default: "
@@ -269,11 +221,6 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
         "--attention": dict(choices=["sdpa", "math", "chunked"]),
         "--compile": dict(action="store_true", help="torch.compile the model (distillation: "
                           "the student and the teacher)"),
-        "--cache-dir": dict(type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert"),
-        "--allow-vocab-mismatch": dict(action="store_true", help="with a checkpoint: accept a "
-                                       "tokenizer whose ids or special tokens are not the "
-                                       "model's (deliberate vocabulary surgery); refused by "
-                                       "default"),
         # training: the run's length and its schedule
         "--epochs": dict(type=int, default=job.epochs, help=epoch),
         "--max-steps": dict(type=int, default=None if by_epochs else t.max_steps,
@@ -302,7 +249,6 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
                             "BF16); fp32 elsewhere"),
         "--seed": dict(type=int, default=t.seed),
         "--deterministic": dict(action="store_true"),
-        "--device": dict(choices=["auto", "cpu", "cuda"], default="auto"),
         "--keep-freed-memory": (
             dict(action=argparse.BooleanOptionalAction,
                  help=_KEEP_FREED_MEMORY.format(when="on by default on a CPU"))
@@ -331,10 +277,11 @@ def _number(x: float) -> str:
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
-def add_flags(group: Any, job: Job, names: Sequence[str], **wording: str) -> None:
+def add_flags(group: Any, job: Optional[Job], names: Sequence[str], **wording: str) -> None:
     """Add the shared flags `names` (of `flag_specs`) to `group`, in that order, with their
-    defaults from `job`; `wording`: `flag_specs`'s unit, out and epoch."""
-    specs = flag_specs(job, **wording)
+    defaults from `job`; `wording`: `flag_specs`'s unit, out and epoch. Without a job (a
+    script that does not train), only the `PLAIN_FLAGS`."""
+    specs = flag_specs(job, **wording) if job is not None else PLAIN_FLAGS
     for name in names:
         group.add_argument(name, **specs[name])
 
@@ -500,7 +447,7 @@ def finished(result: Mapping[str, Any], ctx: DistContext, lr: float,
     if model is not None and not all(bool(p.isfinite().all()) for p in model.parameters()):
         bad.append("the weights are not finite")
     if ctx.is_main and out is not None:
-        loss = _last_training_loss(Path(out) / "metrics.jsonl")
+        loss = last_training_loss(Path(out) / "metrics.jsonl")
         if loss is not None and not math.isfinite(loss):
             bad.append(f"the last training step's loss is {loss}")
     bad = list(dict.fromkeys(b for rank in all_gather_objects(bad, ctx) for b in rank))
@@ -511,15 +458,6 @@ def finished(result: Mapping[str, Any], ctx: DistContext, lr: float,
             f"are kept). The usual cause is a learning rate too high for the model: lower "
             f"--lr (it was {lr:g}), or warm up longer")
     return ctx.is_main
-
-
-def _last_training_loss(metrics: Path) -> Optional[float]:
-    """The loss of the last training row of a run's metrics.jsonl (None without one)."""
-    loss = None
-    for row in read_rows(metrics):
-        if "loss" in row:  # null: a skipped step's non-finite loss
-            loss = float("nan") if row["loss"] is None else float(row["loss"])
-    return loss
 
 
 def apply_keep_freed_memory(asked: Optional[bool], ctx: DistContext) -> None:

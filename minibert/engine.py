@@ -13,7 +13,8 @@ One optimizer step of `train`:
 Everything that moves during a run is in one `TrainState` (step, tokens, data position,
 counters), saved and restored whole; the learning rate is `lr_at(step)`, a pure function of
 a horizon fixed when the run starts. What a checkpoint holds, and the *run identity* that
-a resume must match, are in state.py; how a checkpoint is written and found, in resume.py.
+a resume must match, are in state.py; how a checkpoint is written and found, in resume.py;
+the log's rows, in runlog.py; how a signal stops the loop, in signals.py.
 `train` reads over named phases: `_start` (start or resume), the step (`_global_batch`,
 `_accumulate`, `_clip_and_step`, `_count_step`), `_log_step`, evaluation and save, stop,
 and `_finish`.
@@ -22,7 +23,6 @@ and `_finish`.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import signal
@@ -45,13 +45,15 @@ from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
 from .precision import MATMUL_DTYPES, auto_precision, autocast_context, resolve_precision
 from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.engine.TrainingError)
 from .recovery import back_off, optimizer_out_of_memory, skip_step
-from .resume import claim_out_dir, drop_rows_after, read_rows, resume_run, save_run
+from .resume import claim_out_dir, resume_run, save_run
+from .runlog import RunLog
 from .meters import flops_per_token
 from .environment import log_environment
 from .hf import decodes
 from .memory import release_freed_memory, reset_peak_memory
 from .meters import StepMeter, mfu_ceiling
 from .rng import rank_seed, set_seed
+from .signals import StopFlag
 from .state import TrainConfig, TrainState
 
 logger = logging.getLogger(__name__)
@@ -239,7 +241,7 @@ class _Run:
     decodes: bool  # a masked LM: its sparse head's FLOPs count on predicted tokens
     peak: float  # the MFU ceiling of one rank (0 on ranks that do not log)
     env: dict
-    log: "_RunLog"
+    log: RunLog
     bar: Any  # tqdm's bar, or None
     meter: StepMeter
     start_step: int
@@ -278,7 +280,7 @@ def _start(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCo
         raise ValueError("auto_micro_batch backs off within one process only; under DDP set "
                          "micro_batch_size (--micro-batch-size) to one that fits instead")
     precision = resolve_precision(cfg.precision, device)
-    per_rank, micro = _split_batch(cfg, ctx.world_size)
+    per_rank, micro = cfg.split_batch(ctx.world_size)
     if eval_fn is not None and eval_set is not None:
         raise ValueError("pass eval_set (MLM metrics) or eval_fn (your own), not both")
     model.to(device).train()
@@ -310,7 +312,7 @@ def _start(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCo
         warmup=warmup, seq_warmup=seq_warmup,
         # Only a masked LM decodes over the vocabulary; a classifier's FLOPs are the encoder's.
         decodes=decodes(type(raw)), peak=peak, env=env,
-        log=_RunLog(out_dir / "metrics.jsonl", stale_after=state.step if resume else None),
+        log=RunLog(out_dir / "metrics.jsonl", stale_after=state.step if resume else None),
         bar=_progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step),
         meter=StepMeter(), start_step=state.step, started=time.perf_counter())
     reset_peak_memory(device)
@@ -351,7 +353,7 @@ def _smaller_micro_batches(run: _Run, state: TrainState, batch: dict,
 
 
 def _clip_and_step(run: _Run, state: TrainState, micros: list[dict], loss_sum: Tensor,
-                   n_global: int, stop: "StopFlag") -> _Step:
+                   n_global: int, stop: StopFlag) -> _Step:
     """Unscale, clip, and step AdamW, or skip a step whose loss or gradient is not finite
     (recovery.skip_step); one all-reduce tells every rank the loss, the tokens and whether
     any rank was signalled."""
@@ -436,7 +438,7 @@ def _finish(run: _Run, state: TrainState, scores: Optional[Mapping[str, Any]],
         # A resumed run that was already finished (a script's later stage resumed with it)
         # evaluates again for its result; its log may hold that row already, or not (a run
         # stopped at its last step, or during this evaluation).
-        if run.ctx.is_main and not _logged_eval(run.log.path, state.step):
+        if run.ctx.is_main and not run.log.has_eval(state.step):
             run.log.write({"step": state.step, "train_seconds": result["train_seconds"],
                            **_numbers(scores)}, None)
     result.update(_numbers(scores or {}))
@@ -483,7 +485,7 @@ def _keep_precision(state: TrainState, asked: str, decided: str, device: torch.d
     """The precision the run computes in: the one decided at its first start, which a resume
     keeps whatever "auto" decides today (on another machine, or another torch); said in one
     line when "auto" chose it."""
-    if state.precision is None:  # a fresh start (or a checkpoint older than the field)
+    if state.precision is None:  # a fresh start
         state.precision = decided
     kept = state.precision
     if ctx.is_main and asked == "auto":
@@ -586,46 +588,11 @@ def _numbers(scores: Mapping[str, Any]) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-class StopFlag:
-    """Set by SIGTERM / SIGINT; the loop finishes its step, saves and returns. Not `enabled`
-    (TrainConfig.handle_signals off), it installs nothing and the process's handlers act."""
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.signal: Optional[int] = None
-        self.enabled = enabled
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "StopFlag":
-        for sig in (signal.SIGTERM, signal.SIGINT) if self.enabled else ():
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        self.signal = signum
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
 # ---- small pieces -----------------------------------------------------------------------------
 
 def _to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v
             for k, v in batch.items()}
-
-
-def _split_batch(cfg: TrainConfig, world_size: int) -> tuple[int, int]:
-    """(examples per rank, examples per micro-batch) of one global batch."""
-    per_rank, rem = divmod(cfg.batch_size, world_size)
-    micro = cfg.micro_batch_size or per_rank
-    if rem or per_rank == 0 or per_rank % micro:
-        raise ValueError(f"batch_size={cfg.batch_size} must split into world_size="
-                         f"{world_size} ranks x whole micro-batches of {micro}")
-    return per_rank, micro
 
 
 def _wrap(model: nn.Module, cfg: TrainConfig, ctx: DistContext, device: torch.device):
@@ -642,45 +609,3 @@ def _progress_bar(enabled: bool, total: int, initial: int):
     except ImportError:
         return None
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True) if enabled else None
-
-
-class _RunLog:
-    """The run's metrics.jsonl, as one start of it appends rows (rank 0).
-
-    A resumed start drops the rows a killed run logged after its checkpoint, `stale_after`
-    (`drop_rows_after`): when it writes its own first row, or `settle`s at the end of a
-    run that finished. A start stopped before either leaves the log as it found it.
-    """
-
-    def __init__(self, path: Path, stale_after: Optional[int] = None) -> None:
-        self.path, self.stale_after = path, stale_after
-        self.ceiling_beaten = False  # whether a row has beaten the MFU ceiling (said once)
-
-    def settle(self) -> None:
-        if self.stale_after is not None:
-            drop_rows_after(self.path, self.stale_after)
-            self.stale_after = None
-
-    def write(self, row: dict, bar) -> None:
-        self.settle()
-        _log_row(self.path, row, bar)
-
-
-def _logged_eval(path: Path, step: int) -> bool:
-    """Whether the log holds an evaluation row (one without a training "lr") of `step`."""
-    return any(row.get("step") == step and "lr" not in row for row in read_rows(path))
-
-
-def _log_row(path: Path, row: dict, bar) -> None:
-    # Strict JSON: a non-finite number (a NaN loss, an inf grad_norm) is written null, which
-    # every JSON reader takes.
-    strict = {k: None if isinstance(v, float) and not math.isfinite(v) else v
-              for k, v in row.items()}
-    with open(path, "a") as f:
-        f.write(json.dumps(strict, allow_nan=False) + "\n")
-    text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                      for k, v in row.items())
-    if bar is not None:
-        bar.write(text)
-    else:
-        logger.info(text)

@@ -95,11 +95,7 @@ def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> Tra
     cfg = train_config(args, steps_per_epoch=1)
     if args.dropout is not None and not 0 <= args.dropout < 1:
         raise ValueError(f"--dropout {args.dropout} must lie in [0, 1)")
-    per_rank, rest = divmod(args.batch_size, ctx.world_size)
-    micro = args.micro_batch_size or per_rank
-    if rest or per_rank == 0 or per_rank % micro:
-        raise ValueError(f"--batch-size {args.batch_size} must split into {ctx.world_size} "
-                         f"process(es) x whole micro-batches of --micro-batch-size {micro}")
+    in_flag_names(lambda: cfg.split_batch(ctx.world_size), FLAGS)
     resolve_precision(args.precision, ctx.device)  # e.g. fp16 on a CPU
     if args.init_from:
         read_config(args.init_from)  # a missing folder, or a training checkpoint, said at once

@@ -176,11 +176,7 @@ def check_args(args: Any, ctx: DistContext) -> TrainConfig:
     finite_flags(args, ["lr", "min_lr", "weight_decay", "adam_eps", "max_grad_norm"])
     cfg = train_config(args)
     require_safetensors()  # the model is saved at the end: said now, not after training
-    per_rank, rest = divmod(args.batch_size, ctx.world_size)
-    micro = args.micro_batch_size or per_rank
-    if rest or per_rank == 0 or per_rank % micro:
-        raise ValueError(f"--batch-size {args.batch_size} must split into {ctx.world_size} "
-                         f"process(es) x whole micro-batches of --micro-batch-size {micro}")
+    in_flag_names(lambda: cfg.split_batch(ctx.world_size), FLAGS)
     if args.seq_len_warmup != 0 and (args.seq_len_start or 0) > args.seq_len:
         raise ValueError(f"--seq-len-start {args.seq_len_start} is longer than --seq-len "
                          f"{args.seq_len}: the warmup would never shorten a batch; lower it, "

@@ -22,19 +22,16 @@ refused by name.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
 import shutil
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from .checkpoint import (STATE_FILE, CheckpointError, latest_checkpoint, load_checkpoint,
+from .checkpoint import (STATE_FILE, latest_checkpoint, load_checkpoint,
                          save_checkpoint)
 from .distributed import DistContext, all_gather_objects, barrier, unwrap
 from .hf import check_finite
@@ -94,12 +91,6 @@ def _resumable(raw: nn.Module, cfg: TrainConfig, data_identity: dict, ckpt_root:
     if last is None:
         raise FileNotFoundError(f"--resume: no intact checkpoint under {ckpt_root}")
     saved = load_checkpoint(last, mmap=mmap, verify=False)
-    if "train_state" not in saved:
-        raise CheckpointError(f"checkpoint {last} was written by an older minibert and has no "
-                              f"training state; it cannot be resumed, only read for weights")
-    # A setting added to TrainConfig after the checkpoint was written takes its default,
-    # which by convention is what training did before the setting existed.
-    saved["train_config"] = {**asdict(type(cfg)()), **saved["train_config"]}
     if cfg.decay_steps is None:  # the horizon is the run's, whatever max_steps is now
         cfg = replace(cfg, decay_steps=saved["train_config"]["decay_steps"])
     now = {**run_identity(raw, cfg), "data_identity": data_identity}
@@ -110,14 +101,12 @@ def _resumable(raw: nn.Module, cfg: TrainConfig, data_identity: dict, ckpt_root:
                          f"max_steps={cfg.max_steps} ({last.name}); a run cannot go back: "
                          f"pass max_steps (--max-steps) >= {step}")
     check_saved_weights(saved, last)  # a diverged run's weights are no start
-    precision = saved["train_state"].get("precision")
-    if precision is not None:  # a resume keeps the precision the run started in
-        try:
-            resolve_precision(precision, device)
-        except ValueError as e:
-            raise ValueError(f"--resume: the run in {ckpt_root.parent} computes in "
-                             f"{precision} since its start, which this device cannot: "
-                             f"{e}") from None
+    precision = saved["train_state"]["precision"]  # a resume keeps the run's precision
+    try:
+        resolve_precision(precision, device)
+    except ValueError as e:
+        raise ValueError(f"--resume: the run in {ckpt_root.parent} computes in {precision} "
+                         f"since its start, which this device cannot: {e}") from None
     return last, saved, cfg
 
 
@@ -165,46 +154,3 @@ def save_run(ckpt_root: Path, raw: nn.Module, state: TrainState, cfg: TrainConfi
     if ctx.is_main:
         save_checkpoint(ckpt_root, state.step, saved, keep=cfg.keep_checkpoints)
     barrier(ctx)
-
-
-def drop_rows_after(metrics_file: Path, step: int) -> None:
-    """Resuming at `step`: the rows a killed run logged after its checkpoint go, so each
-    step appears once. Rewritten through a temporary file, so a crash keeps the old one."""
-    if not metrics_file.is_file():
-        return
-    lines = metrics_file.read_text().splitlines(keepends=True)
-    kept = [ln for ln in lines if ln.strip() and _row_step(ln) <= step]
-    if len(kept) == len(lines):
-        return
-    tmp = metrics_file.with_name(f".{metrics_file.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.writelines(kept)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, metrics_file)
-    logger.info("dropped %d rows of %s logged after step %d", len(lines) - len(kept),
-                metrics_file, step)
-
-
-def read_rows(metrics_file: Path) -> list[dict]:
-    """The rows of a run's metrics.jsonl ([] without one), skipping a row cut short by a
-    kill. A non-finite number (a skipped step's loss, an overflowed grad_norm) is null:
-    JSON has no NaN."""
-    if not metrics_file.is_file():
-        return []
-    rows = []
-    for line in metrics_file.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
-def _row_step(line: str) -> float:
-    try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError, TypeError):  # a row cut short by the kill
-        return math.inf

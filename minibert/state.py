@@ -110,6 +110,17 @@ class TrainConfig:
         resolve_warmup(self.seq_len_warmup, horizon, name="TrainConfig.seq_len_warmup")
         check_int("TrainConfig", "seq_len_start", self.seq_len_start, 1)
 
+    def split_batch(self, world_size: int) -> tuple[int, int]:
+        """(sequences per rank, sequences per micro-batch) of one global batch of
+        `batch_size` over `world_size` ranks; refused unless it splits into whole ranks and
+        whole micro-batches, as exact accumulation needs (engine.micro_step_weight)."""
+        per_rank, rest = divmod(self.batch_size, world_size)
+        micro = self.micro_batch_size or per_rank
+        if rest or per_rank == 0 or per_rank % micro:
+            raise ValueError(f"batch_size={self.batch_size} must split into {world_size} "
+                             f"process(es) x whole micro-batches of micro_batch_size={micro}")
+        return per_rank, micro
+
 
 @dataclass
 class TrainState:
@@ -201,9 +212,8 @@ def run_identity(model: nn.Module, cfg: "TrainConfig") -> dict[str, Any]:
     computes (see RESUME_MAY_CHANGE)."""
     raw = unwrap(model)
     # The class as checkpoints name it: minibert's own for a user's subclass (export
-    # rebuilds it), and the subclass's name, which older checkpoints of such a run hold.
+    # rebuilds it).
     return {"model_class": minibert_class(type(raw)).__name__,
-            "model_subclass": type(raw).__name__,
             "model_config": asdict(raw.config),
             "train_config": {k: v for k, v in asdict(cfg).items() if k not in RESUME_MAY_CHANGE}}
 
@@ -230,12 +240,11 @@ def check_identity(saved: dict, now: dict, path: Path) -> None:
     diffs = []
     # The same config under another head (an MLM run resumed as a classifier) would fail
     # deep in load_state_dict, or load an encoder under a head it was not trained with.
-    if saved.get("model_class", now["model_class"]) not in (now["model_class"],
-                                                            now.get("model_subclass")):
+    if saved["model_class"] != now["model_class"]:
         diffs.append(("model class", repr(saved["model_class"]), repr(now["model_class"])))
     for section, label in (("model_config", "model "), ("train_config", ""),
                            ("data_identity", "")):
-        old = saved.get(section, {}) if section != "train_config" else \
+        old = saved[section] if section != "train_config" else \
             {k: v for k, v in saved[section].items() if k not in RESUME_MAY_CHANGE}
         new = now[section]
         for key in sorted(set(old) | set(new), key=str):

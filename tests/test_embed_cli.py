@@ -115,7 +115,7 @@ def error_cases(tmp, model_dir, texts_file):
         ("out is a folder", {"--out": tmp / "a-folder"}, ["--out", str(tmp / "a-folder")]),
         ("out under a file", {"--out": texts_file / "v.npy"},
          ["--out", str(texts_file / "v.npy"), f"File exists: {texts_file}"]),
-        ("too long", {"--max-length": 65}, ["65", "max_position_embeddings=64"]),
+        ("too long", {"--max-length": 65}, ["--max-length 65", "max_position_embeddings=64"]),
         ("top-k", {"--top-k": 0}, ["--top-k"]),
         # an empty text ranks the lines by nothing that was asked
         ("empty query", {"--query": ""}, ["--query", "''"]),

@@ -367,7 +367,7 @@ def test_bad_train_config():
 
 def test_micro_batch_must_divide_the_batch(corpus, tmp_path):
     tok, ds = corpus
-    with raises(ValueError, "batch_size=16", "world_size=1", "5"):
+    with raises(ValueError, "batch_size=16", "micro_batch_size=5"):
         train(tiny_model(tok), ds, collator(tok), train_config(micro_batch_size=5), tmp_path)
 
 

@@ -116,6 +116,8 @@ def test_no_flag_is_declared_twice():
     twice = {flag for flag, n in declared.items() if n > 1}
     assert twice <= OWN_MEANING, twice - OWN_MEANING
     assert declared["--mask-prob"] == 1 and declared["--seq-len-warmup"] == 1
+    # embed.py's own flags mean their own things; the plain ones it shares, it takes from cli
+    assert not set(_declared(ROOT / "examples" / EMBED)) & cli.PLAIN_FLAGS.keys()
 
 
 def test_every_shared_flag_is_used():

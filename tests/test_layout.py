@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minibert"
 # the model half; the model half must not import the run half. Beside both: the tokenizer,
 # data/, hf.py's file formats, metrics and the atomic file writes that both halves use.
 RUN_HALF = {"engine", "state", "resume", "recovery", "rundir", "checkpoint", "precision",
-            "distributed", "memory", "meters", "environment", "rng", "optim", "export"}
+            "distributed", "memory", "meters", "environment", "rng", "optim", "export",
+            "runlog", "signals"}
 MODEL_HALF = {"config", "attention", "kernels", "model", "pretrained", "heads", "multitask",
               "sentence"}
 

@@ -15,6 +15,7 @@ import torch
 from minibert import cli
 from minibert.distributed import DistContext
 from minibert.engine import TrainingError
+from minibert.signals import Stopped
 
 from engine_utils import WORDS, load_example, quick_runs, wikitext_folder  # noqa: F401 (fixture)
 from facts import assert_carries, raises, without
@@ -45,7 +46,7 @@ def _result(**fields):
 def test_finished_tells_a_stop_and_a_divergence_from_a_finished_run(tmp_path):
     ctx = DistContext()
     assert cli.finished(_result(), ctx, 1e-3) is True
-    with pytest.raises(cli.Stopped) as stop:
+    with pytest.raises(Stopped) as stop:
         cli.finished(_result(interrupted=True, stop_signal=signal.SIGINT), ctx, 1e-3)
     assert stop.value.signal == signal.SIGINT
     # what is not finite, and the flag to lower with its value
@@ -81,8 +82,8 @@ def test_run_script_exit_statuses(tmp_path, capsys):
         return cli.run_script(args, prepare, run)
 
     assert status() == 0
-    assert status(cli.Stopped(signal.SIGTERM, 4)) == 143
-    assert status(cli.Stopped(signal.SIGINT, 4)) == 130
+    assert status(Stopped(signal.SIGTERM, 4)) == 143
+    assert status(Stopped(signal.SIGINT, 4)) == 130
     assert status(TrainingError("diverged")) == 1
     assert status(ValueError("bad\n  input")) == 2
     assert capsys.readouterr().err.splitlines() == [
@@ -153,6 +154,14 @@ REFUSALS = [
     ("pretrain_wikitext", ["--seq-len", "600"], ["600", "max_position_embeddings=512"]),
     ("distill", ["--seq-len", "100"], ["100", "teacher", "max_position_embeddings=64"]),
     ("finetune_classification", ["--batch-size", "17"], ["train.tsv", "16", "--batch-size"]),
+    # a global batch that does not split into whole micro-batches: one check, the engine's,
+    # said in the flags
+    ("pretrain_wikitext", ["--batch-size", "8", "--micro-batch-size", "3"],
+     ["--batch-size 8", "--micro-batch-size 3"]),
+    ("finetune_classification", ["--batch-size", "8", "--micro-batch-size", "3"],
+     ["--batch-size 8", "--micro-batch-size 3"]),
+    ("distill", ["--batch-size", "8", "--micro-batch-size", "3"],
+     ["--batch-size 8", "--micro-batch-size 3"]),
     # the label read as input text
     ("finetune_classification", ["--text-pair-column", "label"],
      ["--text-pair-column", "--label-column", "'label'"]),

@@ -143,18 +143,22 @@ def test_resume_inside_the_warmup_is_exact(corpus, tmp_path):
 
 
 
-def test_a_checkpoint_from_before_the_setting_resumes_without_it(corpus, tmp_path):
+def test_a_checkpoint_without_a_setting_is_refused_naming_it(corpus, tmp_path):
+    """No released minibert wrote checkpoints without these settings: one that lacks them is
+    not read as if they held their defaults, but refused, naming each."""
+    from minibert.state import SettingsMismatch
+
     tok, ds = corpus
     train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2, decay_steps=4),
           tmp_path)
-    # Rewrite the checkpoint as an older minibert wrote it: no warmup fields in its config.
     state = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
     for key in ("seq_len_warmup", "seq_len_start"):
         del state["train_config"][key]
     save_checkpoint(tmp_path / "checkpoints", 2, state)
-    result = train(tiny_model(tok), ds, collator(tok), train_config(max_steps=4), tmp_path,
-                   resume=True)
-    assert result["steps"] == 4
+    with raises(SettingsMismatch, "seq_len_warmup: checkpoint not set",
+                "seq_len_start: checkpoint not set"):
+        train(tiny_model(tok), ds, collator(tok), train_config(max_steps=4), tmp_path,
+              resume=True)
 
 
 def test_bad_warmup_settings_are_refused():

@@ -1,0 +1,106 @@
+"""A run's log: `metrics.jsonl` in its folder, one JSON object per line.
+
+`train` appends a row for each logged step (`step`, `loss`, `lr`, `grad_norm`,
+`tokens_per_s`, `mfu`, ...) and one for each evaluation (`step` and the scores, no `lr`).
+The file is the run's record across all its starts: a resume drops the rows a killed run
+wrote after the checkpoint it resumes from, so that each step appears once, and a reader
+skips the one row a kill may have cut short.
+
+Non-finite numbers (a skipped step's loss, an overflowed gradient norm) are written as
+`null`, so the file is strict JSON that any reader takes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from .atomic import atomic_file
+
+logger = logging.getLogger(__name__)
+
+
+class RunLog:
+    """The run's metrics.jsonl, as one start of it appends rows (rank 0 only).
+
+    A resumed start drops the rows a killed run logged after its checkpoint, `stale_after`:
+    when it writes its own first row, or `settle`s at the end of a run that finished. A
+    start stopped before either leaves the log as it found it.
+    """
+
+    def __init__(self, path: Path, stale_after: Optional[int] = None) -> None:
+        self.path, self.stale_after = path, stale_after
+        self.ceiling_beaten = False  # whether a row has beaten the MFU ceiling (said once)
+
+    def settle(self) -> None:
+        if self.stale_after is not None:
+            drop_rows_after(self.path, self.stale_after)
+            self.stale_after = None
+
+    def write(self, row: dict[str, Any], bar: Any = None) -> None:
+        """Append `row`, and show it on `bar` (a tqdm progress bar) or in the log."""
+        self.settle()
+        strict = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+                  for k, v in row.items()}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(strict, allow_nan=False) + "\n")
+        text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                          for k, v in row.items())
+        if bar is not None:
+            bar.write(text)
+        else:
+            logger.info(text)
+
+    def has_eval(self, step: int) -> bool:
+        """Whether the log holds an evaluation row (one without a training "lr") of `step`."""
+        return any(row.get("step") == step and "lr" not in row for row in read_rows(self.path))
+
+
+def read_rows(metrics_file: Path) -> list[dict[str, Any]]:
+    """The rows of a run's metrics.jsonl ([] without one), skipping a row cut short by a
+    kill. A non-finite number is None."""
+    if not metrics_file.is_file():
+        return []
+    rows = []
+    for line in metrics_file.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def last_training_loss(metrics_file: Path) -> Optional[float]:
+    """The loss of the last training row (nan where it was not finite; None without one)."""
+    loss = None
+    for row in read_rows(metrics_file):
+        if "loss" in row:
+            loss = float("nan") if row["loss"] is None else float(row["loss"])
+    return loss
+
+
+def drop_rows_after(metrics_file: Path, step: int) -> None:
+    """Resuming at `step`: the rows a killed run logged after its checkpoint go, so each
+    step appears once. The file is replaced whole (atomic.py): a crash keeps the old one."""
+    if not metrics_file.is_file():
+        return
+    lines = metrics_file.read_text().splitlines(keepends=True)
+    kept = [ln for ln in lines if ln.strip() and _row_step(ln) <= step]
+    if len(kept) == len(lines):
+        return
+    with atomic_file(metrics_file, "w") as f:
+        f.writelines(kept)
+    logger.info("dropped %d rows of %s logged after step %d", len(lines) - len(kept),
+                metrics_file, step)
+
+
+def _row_step(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):  # a row cut short by the kill
+        return math.inf
