@@ -7,8 +7,10 @@ publishes it with a rename, which the file system performs in one step. After a 
 target holds the old content or the new, never a mix of the two and never half a file.
 
 * `write_files_atomically(dir, {name: text})`: small text files (a tokenizer, eval.json).
-* `atomic_file(path)`: one file written as a stream (a token file, a download), published
-  whole when the `with` block ends.
+* `atomic_file(path)`: one file written as a stream (a token file), published whole when
+  the `with` block ends.
+* `publish_file(written, path)`: a file finished elsewhere (a download resumed across
+  runs, then verified), published under its name.
 * `replace_folder(path, write)`: a whole folder (a model export), swapped in one step.
 * `publish_folder(path, write)`: a folder written once (a cache entry); the first writer wins.
 * `fsync(path)`: make a file's data or a folder's entries durable.
@@ -78,6 +80,16 @@ def atomic_file(path: PathLike, mode: str = "wb") -> Iterator[IO]:
         tmp.unlink(missing_ok=True)
         raise
     fsync(path.parent)
+
+
+def publish_file(written: PathLike, path: PathLike) -> None:
+    """Publish `written`, a file complete on disk (a download verified after its last
+    piece), under the name `path`: flushed, renamed over it in one step, the rename made
+    durable. For a file written across several processes, where `atomic_file` cannot hold
+    it open; `written` must sit beside `path`, on the same file system."""
+    fsync(written)
+    os.replace(written, path)
+    fsync(Path(path).parent)
 
 
 def _write_synced_temp(directory: Path, name: str, text: str) -> Path:

@@ -64,3 +64,32 @@ def test_replace_folder_keeps_what_the_writer_does_not_own(tmp_path):
                    owns=lambda name: name == "weights")
     assert (target / "weights").read_text() == "2"
     assert (target / "tokenizer.json").read_text() == "{}"
+
+
+def test_only_atomic_py_publishes_by_renaming():
+    """Every file or folder written whole goes through atomic.py: no other module of the
+    package renames something into place or makes its own temporary file. (WikiText's
+    extraction moves the zip's entries inside the fresh folder replace_folder gives it.)"""
+    import re
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "minibert"
+    pattern = re.compile(r"os\.replace\(|os\.rename\(|\.rename\(|mkstemp|mkdtemp|NamedTemporary")
+    found = {f"{path.relative_to(package)}:{number}": line.strip()
+             for path in sorted(package.rglob("*.py")) if path.name != "atomic.py"
+             for number, line in enumerate(path.read_text().splitlines(), start=1)
+             if pattern.search(line)}
+    assert list(found.values()) == ["os.replace(entry, new / entry.name)"], found
+
+
+def test_publish_file_and_publish_folder(tmp_path):
+    from minibert.atomic import publish_file, publish_folder
+
+    part = tmp_path / "data.zip.part"
+    part.write_bytes(b"whole")
+    publish_file(part, tmp_path / "data.zip")
+    assert (tmp_path / "data.zip").read_bytes() == b"whole" and not part.exists()
+    assert publish_folder(tmp_path / "entry", lambda d: (d / "f").write_text("first"))
+    assert not publish_folder(tmp_path / "entry", lambda d: (d / "f").write_text("second"))
+    assert (tmp_path / "entry" / "f").read_text() == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.zip", "entry"]

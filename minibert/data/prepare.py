@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
+from ..atomic import write_files_atomically
 from ..tokenizer import Tokenizer, default_cache_dir
 from .corpus import Corpus, Documents, load_corpus
 from .mlm import PackedMLMDataset
@@ -109,8 +110,7 @@ def save_prepared(run_dir: PathLike, data: PreparedCorpus) -> None:
     folder = Path(run_dir) / "tokenizer"
     if not (folder / "tokenizer.json").is_file():
         data.tokenizer.save(folder)
-    for s, key in data.keys.items():
-        (folder / f"{s}.key").write_text(key)
+    write_files_atomically(folder, {f"{s}.key": key for s, key in data.keys.items()})
 
 
 def check_splits(corpus: Corpus, splits: Sequence[str], data_dir: PathLike,

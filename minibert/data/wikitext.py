@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
-from ..atomic import PathLike, replace_folder
+from ..atomic import PathLike, publish_file, replace_folder
 from .text import iter_lines
 
 logger = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def download_wikitext(
             if not _zip_ok(part, folder, expected):
                 part.unlink(missing_ok=True)
                 raise DownloadError(f"the archive downloaded from {url} does not verify")
-        os.replace(part, zip_path)
+        publish_file(part, zip_path)
 
     def extract(new: Path) -> None:  # the zip's one folder, as the new target's content
         with zipfile.ZipFile(zip_path) as zf:
