@@ -26,16 +26,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import shutil
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import torch
 
-from .atomic import replace_folder, write_failure
+from .atomic import PathLike, error_gist, replace_folder, write_failure
 from .hf import META_FILE, STATE_FILE
 
 logger = logging.getLogger(__name__)
@@ -43,8 +42,6 @@ logger = logging.getLogger(__name__)
 FORMAT = "minibert-checkpoint"
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
-
-PathLike = Union[str, os.PathLike]
 
 
 class CheckpointError(ValueError):
@@ -165,8 +162,10 @@ def load_checkpoint(path: PathLike, map_location: Any = "cpu", mmap: bool = Fals
         state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True,
                            mmap=mmap)
     except Exception as e:  # unpickling or zip errors: only the gist goes into the message
+        # torch.load's "Unsupported global": objects other than tensors and plain values
         raise CheckpointError(f"checkpoint {path}: {STATE_FILE} could not be loaded with "
-                              f"weights_only=True ({_gist(e)})") from None
+                              f"weights_only=True, which reads only tensors and plain python "
+                              f"values ({error_gist(e)})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path}: {STATE_FILE} holds a "
                               f"{type(state).__name__}, not a dict")
@@ -213,16 +212,6 @@ def _remove_leftovers(root: Path) -> None:
         if p.is_dir() and p.name.startswith("."):
             shutil.rmtree(p, ignore_errors=True)
             logger.info("removed %s, left over from an interrupted save", p)
-
-
-def _gist(error: Exception) -> str:
-    """The informative line of a torch.load error (its first lines advise weights_only=False,
-    which would run code from the file and is not an option for a damaged checkpoint)."""
-    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
-    for ln in lines:
-        if "Unsupported global" in ln or "Unsupported operand" in ln:
-            return ln + "; it holds objects other than tensors and plain python values"
-    return lines[0] if lines else type(error).__name__
 
 
 def sha256_file(path: PathLike) -> str:

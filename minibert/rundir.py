@@ -45,7 +45,10 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:  # only for the annotations: the module runs on the standard library alone
+    from .atomic import PathLike
 
 try:
     import fcntl
@@ -79,7 +82,7 @@ class RunLock:
     in the lock file when this one took it over, else None.
     """
 
-    def __init__(self, out_dir: Union[str, os.PathLike]):
+    def __init__(self, out_dir: PathLike):
         self.out_dir = Path(out_dir)
         self.path = self.out_dir / LOCK_FILE
         self.previous: Optional[dict] = None
@@ -153,7 +156,7 @@ class RunLock:
         self.release()
 
 
-def run_exists(out_dir: Union[str, os.PathLike]) -> list[str]:
+def run_exists(out_dir: PathLike) -> list[str]:
     """Which of RUN_OUTPUTS are in out_dir (folders only when not empty), in that order.
 
     Non-empty means a run lives there; the scripts use it to refuse to overwrite one.
@@ -171,7 +174,7 @@ def run_exists(out_dir: Union[str, os.PathLike]) -> list[str]:
     return found
 
 
-def check_run_folder(out_dir: Union[str, os.PathLike], resume: bool) -> None:
+def check_run_folder(out_dir: PathLike, resume: bool) -> None:
     """Refuse a start that `out_dir` cannot take, reading only (nothing is made or written).
 
     Without `resume`, the folder must hold no run (`run_exists`); with it, an intact
@@ -302,7 +305,7 @@ class RunFolder:
             self.left = sorted(p.name for p in self.path.iterdir())
 
 
-def open_run(out_dir: Union[str, os.PathLike], resume: bool, main: bool = True) -> RunFolder:
+def open_run(out_dir: PathLike, resume: bool, main: bool = True) -> RunFolder:
     """`with open_run(out_dir, resume) as folder:` hold `out_dir` for one run (the main rank
     locks it) and refuse to mix runs there.
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
-from ..atomic import write_files_atomically
+from ..atomic import PathLike, write_files_atomically
 from ..tokenizer import Tokenizer, default_cache_dir
 from .corpus import Corpus, Documents, load_corpus
 from .mlm import PackedMLMDataset
@@ -32,7 +32,6 @@ from .wikitext import download_wikitext
 
 log = logging.getLogger(__name__)
 
-PathLike = Union[str, Path]
 
 # A new tokenizer is trained on at most this many characters of the train split, a sample
 # spread over all of it, as SentencePiece samples its input (`input_sentence_size`): the
