@@ -42,7 +42,7 @@ from .data.sampler import GlobalBatches
 from .data.seq_warmup import cut_for_step
 from .distributed import DistContext, all_reduce_sum, max_over_ranks, unwrap
 from .optim import build_optimizer, lr_at, resolve_warmup, set_lr
-from .precision import MATMUL_DTYPES, auto_precision, autocast_context, resolve_precision
+from .precision import autocast_context, keep_precision, resolve_precision
 from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.engine.TrainingError)
 from .recovery import back_off, optimizer_out_of_memory, skip_step
 from .resume import claim_out_dir, resume_run, save_run
@@ -51,7 +51,7 @@ from .meters import flops_per_token
 from .environment import log_environment
 from .hf import decodes
 from .memory import release_freed_memory, reset_peak_memory
-from .meters import StepMeter, mfu_ceiling
+from .meters import StepMeter, say_if_beaten, stated_ceiling
 from .rng import rank_seed, set_seed
 from .signals import StopFlag
 from .state import TrainConfig, TrainState
@@ -299,8 +299,10 @@ def _start(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCo
         claim_out_dir(out_dir, overwrite, ctx)
         if ctx.rank > 0:  # DDP puts rank 0's weights everywhere; dropout must differ by rank
             set_seed(rank_seed(cfg.seed, ctx.rank))
-    precision = _keep_precision(state, cfg.precision, precision, device, ctx)
-    peak = _ceiling(cfg, precision, ctx) if ctx.is_main else 0.0  # only rank 0 logs MFU
+    state.precision = state.precision or precision  # a resume keeps the run's precision
+    precision = keep_precision(state.precision, cfg.precision, precision, device, ctx.is_main)
+    peak = (stated_ceiling(cfg.peak_flops, device, precision, ctx.world_size)
+            if ctx.is_main else 0.0)  # only rank 0 logs MFU
     batches.seek(state.epoch, state.consumed)
     warmup = resolve_warmup(cfg.warmup, cfg.decay_steps)
     seq_warmup = resolve_warmup(cfg.seq_len_warmup, cfg.decay_steps)
@@ -403,7 +405,7 @@ def _log_step(run: _Run, state: TrainState, step: _Step) -> None:
                **run.meter.take(run.peak * run.ctx.world_size, run.ctx.device),
                "skipped": state.skipped}
         run.log.write(row, run.bar)
-        run.log.ceiling_beaten = run.log.ceiling_beaten or _ceiling_beaten(row["mfu"])
+        run.log.ceiling_beaten = run.log.ceiling_beaten or say_if_beaten(row["mfu"])
 
 
 def _evaluate_and_log(run: _Run, state: TrainState) -> Mapping[str, Any]:
@@ -478,52 +480,6 @@ def _lr(cfg: TrainConfig, warmup: int, step: int, first: bool) -> float:
                     "rate stays at min_lr=%g from here on", step, cfg.decay_steps, cfg.min_lr)
     return lr_at(step, max_lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=warmup,
                  total_steps=cfg.decay_steps, schedule=cfg.schedule)
-
-
-def _keep_precision(state: TrainState, asked: str, decided: str, device: torch.device,
-                    ctx: DistContext) -> str:
-    """The precision the run computes in: the one decided at its first start, which a resume
-    keeps whatever "auto" decides today (on another machine, or another torch); said in one
-    line when "auto" chose it."""
-    if state.precision is None:  # a fresh start
-        state.precision = decided
-    kept = state.precision
-    if ctx.is_main and asked == "auto":
-        reason = auto_precision(device)[1]
-        if kept == decided:
-            logger.info("precision auto: %s (%s)", kept, reason)
-        else:
-            logger.info("precision auto: %s, the run's since its start, kept (today's choice "
-                        "would be %s: %s)", kept, decided, reason)
-    # Refused where today's device cannot compute in the run's precision (bf16 on a GPU without).
-    return decided if kept == decided else resolve_precision(kept, device)
-
-
-def _ceiling(cfg: TrainConfig, precision: str, ctx: DistContext) -> float:
-    """The MFU ceiling of the run's rows, FLOP/s of one rank, stated in one line: the given
-    `peak_flops`, else this machine's recorded one (`meters.mfu_ceiling`, measured by the
-    first run here). Never measured again during the run, so the figure does not move with
-    the load of the machine."""
-    dtype = MATMUL_DTYPES[precision]
-    if cfg.peak_flops:  # validated: None or > 0
-        peak, source = cfg.peak_flops, "given as TrainConfig.peak_flops"
-    else:
-        peak, source = mfu_ceiling(ctx.device, dtype)
-    rate = f"{peak / 1e12:.4g} TFLOP/s" if peak >= 1e12 else f"{peak / 1e9:.4g} GFLOP/s"
-    ranks = f" x {ctx.world_size} ranks" if ctx.world_size > 1 else ""
-    logger.info("MFU ceiling: %s%s (%s matmuls), %s", rate, ranks, precision, source)
-    return peak
-
-
-def _ceiling_beaten(mfu: float) -> bool:
-    """Say once a run that a row's MFU is above 1: its ceiling is below what training reaches,
-    which a ceiling measured while the machine was busy is. Not measured again here: a new
-    figure would then depend on the load at that moment."""
-    if mfu > 1:
-        logger.warning("MFU %.2f is above 1: the MFU ceiling stated at the start is below what "
-                       "training reaches (measured while the machine was busy?); delete its "
-                       "recorded entry to measure it again, or set TrainConfig.peak_flops", mfu)
-    return mfu > 1
 
 
 def _optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,

@@ -2,7 +2,8 @@
 the matmul ceiling MFU is a fraction of.
 
 * `measure_peak_flops`: the achievable matmul rate of a device in a dtype, bounded in time.
-* `mfu_ceiling`: that rate measured once per machine, recorded, and read back by every run.
+* `mfu_ceiling`: that rate measured once per machine, recorded, and read back by every run;
+  `stated_ceiling`: the one a run uses, said in its log.
 * `flops_per_token`: a BertForMaskedLM step's model FLOPs per token (Kaplan et al. 2020).
 * `mfu`: model FLOPs (`flops_per_token`) per second over that ceiling.
 * `StepMeter`: the tokens, seconds and FLOPs of the steps between two log rows.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -23,12 +25,15 @@ from .atomic import write_files_atomically
 from .config import BertConfig
 from .environment import cpu_name
 from .memory import peak_memory_mb, reset_peak_memory
+from .precision import MATMUL_DTYPES
 from .tokenizer_train import default_cache_dir
 
 Device = Union[str, torch.device]
 # Where `mfu_ceiling` records each machine's ceilings, under `default_cache_dir()`
 # ($MINIBERT_CACHE, else ~/.cache/minibert).
 CEILINGS_FILE = "mfu_ceilings.json"
+
+logger = logging.getLogger(__name__)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -144,6 +149,33 @@ def mfu_ceiling(device: Device, dtype: torch.dtype,
                               f"so the next run measures again")
     return Ceiling(flops, f"measured now and recorded in {path} for {key}, for every later "
                           f"run on this machine")
+
+
+def stated_ceiling(peak_flops: Optional[float], device: Device, precision: str,
+                   world_size: int = 1) -> float:
+    """The MFU ceiling of a run's rows, FLOP/s of one rank, stated in one line: `peak_flops`
+    where given, else this machine's recorded one (`mfu_ceiling`, measured by the first run
+    here). Never measured again during the run, so the figure does not move with the load
+    of the machine."""
+    if peak_flops:
+        peak, source = peak_flops, "given as TrainConfig.peak_flops"
+    else:
+        peak, source = mfu_ceiling(device, MATMUL_DTYPES[precision])
+    rate = f"{peak / 1e12:.4g} TFLOP/s" if peak >= 1e12 else f"{peak / 1e9:.4g} GFLOP/s"
+    ranks = f" x {world_size} ranks" if world_size > 1 else ""
+    logger.info("MFU ceiling: %s%s (%s matmuls), %s", rate, ranks, precision, source)
+    return peak
+
+
+def say_if_beaten(mfu: float) -> bool:
+    """Say that a row's MFU is above 1 (the caller says it once a run): its ceiling is below
+    what training reaches, as a ceiling measured while the machine was busy is. Not measured
+    again here: a new figure would then depend on the load at that moment."""
+    if mfu > 1:
+        logger.warning("MFU %.2f is above 1: the MFU ceiling stated at the start is below what "
+                       "training reaches (measured while the machine was busy?); delete its "
+                       "recorded entry to measure it again, or set TrainConfig.peak_flops", mfu)
+    return mfu > 1
 
 
 def _read_records(path: Path) -> dict:

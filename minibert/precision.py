@@ -3,6 +3,7 @@
 * `resolve_precision`, `autocast_context`: the run's precision, checked against the device,
   and the one autocast context built from it (fp32: none; bf16 / fp16: `torch.autocast`).
 * `auto_precision`: what "auto" picks on a device, and the reason, in words.
+* `keep_precision`: a resumed run computes in the precision of its first start.
 * `cpu_bf16_native`: whether this CPU declares bf16 matrix instructions. bf16 is the fast
   precision on GPUs and on CPUs with AMX or AVX512-BF16; elsewhere torch emulates it, tens
   of times slower than fp32.
@@ -74,6 +75,22 @@ def auto_precision(device: torch.device) -> tuple[str, str]:
         return "bf16", f"this CPU reports {', '.join(flags)}: native bf16 matmuls"
     return "fp32", (f"this CPU reports none of {', '.join(sorted(_BF16_CPU_FLAGS))}: bf16 "
                     f"matmuls would be emulated")
+
+
+def keep_precision(kept: str, asked: str, decided: str, device: torch.device,
+                   say: bool = True) -> str:
+    """The precision a run computes in: `kept`, the one decided at its first start, which a
+    resume keeps whatever "auto" decides today (`decided`, on another machine or under
+    another torch). Said in one line when "auto" (`asked`) chose it; refused where today's
+    device cannot compute in it (bf16 on a GPU without)."""
+    if say and asked == "auto":
+        reason = auto_precision(device)[1]
+        if kept == decided:
+            logger.info("precision auto: %s (%s)", kept, reason)
+        else:
+            logger.info("precision auto: %s, the run's since its start, kept (today's choice "
+                        "would be %s: %s)", kept, decided, reason)
+    return decided if kept == decided else resolve_precision(kept, device)
 
 
 def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
