@@ -20,10 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from tokenizers import trainers
+
 import minibert
 from minibert.data import tokens
 from minibert.data.normalize import FastEncoder
-from minibert.tokenizer_train import normalized, wordpiece_trainer
+from minibert.special_tokens import SPECIAL_TOKENS
+from minibert.tokenizer_train import normalized
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2"
 
@@ -41,7 +44,10 @@ def timed(fn) -> float:
 
 def train(docs: list[str], in_python: bool) -> None:
     backend = minibert.Tokenizer._bert_pipeline(None, True, None)
-    trainer = wordpiece_trainer(8192, min_frequency=2, limit_alphabet=1000)
+    # The Rust trainer alone, both ways: what is compared is where the text is normalized.
+    trainer = trainers.WordPieceTrainer(vocab_size=8192, min_frequency=2, limit_alphabet=1000,
+                                        special_tokens=list(SPECIAL_TOKENS),
+                                        continuing_subword_prefix="##", show_progress=False)
     if in_python:
         words_like = minibert.Tokenizer._bert_pipeline(None, True, None)
         backend.normalizer = None

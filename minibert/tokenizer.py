@@ -184,10 +184,9 @@ class Tokenizer:
 
         The result is cached under a key made of the files' bytes and the settings
         (in `cache_dir`, default `default_cache_dir`), so a second call on
-        the same corpus loads it instead of training again. This also makes reruns
-        reproducible: the trainer breaks ties between equally frequent pieces in
-        hash order, so two fresh trainings can differ in a few entries and ids.
-        The training itself lives in `minibert.tokenizer_train`.
+        the same corpus loads it instead of training again. Without the cache, the
+        same corpus and settings give the same vocabulary and ids in every process
+        (see `minibert.tokenizer_train`, which holds the training itself).
         """
         return train_on_files(cls, files, vocab_size, lowercase=lowercase,
                               min_frequency=min_frequency, limit_alphabet=limit_alphabet,

@@ -5,8 +5,13 @@ entry points; this module holds what they do. The Rust WordPiece trainer does
 the counting and merging. Around it, minibert adds:
 
 * a content-keyed cache: the key hashes the corpus bytes and the settings, so a
-  second call on the same corpus loads the vocabulary instead of training (and
-  reruns get the same ids, since the trainer breaks ties in hash order);
+  second call on the same corpus loads the vocabulary instead of training;
+* the same vocabulary in every process: the trainer numbers its "##" pieces and cuts
+  its alphabet in the order of a hash map seeded per process, and those numbers break
+  ties between equally frequent merges, so two trainings on the same text could give
+  a few different entries and hundreds of different ids (and a model trained on them,
+  another curve). The alphabet and the "##" pieces are chosen and numbered
+  here, in code-point order, and handed to the trainer (`_TrainingInput`);
 * a filter that drops words over WordPiece's length limit before the trainer
   sees them (`_TrainingInput`);
 * the normalizer run in Python (`minibert.data.normalize`), so that the trainer,
@@ -22,6 +27,8 @@ import json
 import logging
 import os
 import re
+import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
 
@@ -41,7 +48,11 @@ logger = logging.getLogger(__name__)
 
 
 # Bumped whenever training changes in a way that makes old cached vocabularies stale.
-_CACHE_FORMAT = 2  # 2: words over the WordPiece length limit are not trained on
+# 2: words over the WordPiece length limit are not trained on; 3: the same vocabulary in
+# every process (no hash-order ties)
+_CACHE_FORMAT = 3
+
+CONTINUING = "##"  # WordPiece's mark of a piece that continues a word
 
 
 def default_cache_dir() -> Path:
@@ -122,28 +133,36 @@ def _train(cls: type[TokenizerT], make_texts: Callable[[], Iterable[str]],
             logger.info("reusing cached tokenizer %s", cache_path)
             return cls.from_pretrained(cache_path)
 
-    backend = cls._bert_pipeline(None, lowercase, None)
-    trainer = wordpiece_trainer(vocab_size, min_frequency, limit_alphabet)
-    stats = _TrainingInput()
     # A second, identical pipeline decides what a word is: the one being trained is
     # locked by the Rust trainer while it pulls texts, so calling into it deadlocks.
     words_like = cls._bert_pipeline(None, lowercase, None)
-    texts = normalized(stats.texts(make_texts(), words_like), words_like)
-    # The texts arrive normalized, so the trainer runs without the normalizer meanwhile.
-    normalizer, backend.normalizer = backend.normalizer, None
-    try:
-        backend.train_from_iterator(texts, trainer)
-    finally:
-        backend.normalizer = normalizer
-    if stats.n_skipped:
-        logger.warning("skipped %d words longer than %d characters (the longest had %d): "
-                       "they would only ever encode as [UNK]", stats.n_skipped,
-                       backend.model.max_input_chars_per_word, stats.longest)
-    if not stats.any_text:
-        raise ValueError("cannot train a tokenizer on an empty corpus (no non-blank text"
-                         + (f" once {stats.n_skipped} over-long words were skipped)"
-                            if stats.n_skipped else ")"))
-    got = backend.get_vocab_size()
+    stats = _TrainingInput(words_like)
+    with tempfile.TemporaryDirectory(prefix="minibert-tokenizer-") as tmp:
+        # Pass 1: the texts as the trainer will see them (normalized, over-long words
+        # dropped), counted, and kept on disk for pass 2, so that a one-shot iterator
+        # is read once and nothing is normalized twice.
+        prepared = Path(tmp) / "texts.txt"
+        with open(prepared, "w", encoding="utf-8") as f:
+            for text in stats.texts(make_texts()):
+                f.write(text.replace("\n", " ") + "\n")
+        if stats.n_skipped:
+            logger.warning("skipped %d words longer than %d characters (the longest had "
+                           "%d): they would only ever encode as [UNK]", stats.n_skipped,
+                           words_like.model.max_input_chars_per_word, stats.longest)
+        if not stats.any_text:
+            raise ValueError("cannot train a tokenizer on an empty corpus (no non-blank text"
+                             + (f" once {stats.n_skipped} over-long words were skipped)"
+                                if stats.n_skipped else ")"))
+        alphabet = stats.alphabet(limit_alphabet)
+        continuing = [CONTINUING + c for c in alphabet if c in stats.continuing]
+        trainer = wordpiece_trainer(vocab_size, min_frequency, alphabet, continuing)
+        backend = cls._bert_pipeline(None, lowercase, None)
+        # Pass 2. The texts arrive normalized, so the trainer runs without the normalizer.
+        backend.normalizer = None
+        with open(prepared, encoding="utf-8") as f:
+            backend.train_from_iterator((line[:-1] for line in f), trainer)
+    trained = backend.get_vocab(with_added_tokens=False)
+    got = len(trained)
     if got > vocab_size:
         # The trainer never drops alphabet characters, so it overshoots instead.
         raise ValueError(
@@ -152,6 +171,17 @@ def _train(cls: type[TokenizerT], make_texts: Callable[[], Iterable[str]],
             f"{got} entries; raise vocab_size to at least {got}, or lower limit_alphabet "
             f"(now {limit_alphabet})"
         )
+    # The trainer numbered the pieces: specials, the "##" pieces (handed in as specials
+    # so that they are numbered in sorted order, not in hash order), the alphabet, then
+    # the merges. Laid out as BERT's vocabularies are (alphabet before "##" pieces) and
+    # with only BERT's five specials matched whole in raw text.
+    order = sorted(trained, key=trained.__getitem__)
+    pieces = slice(n_special, n_special + len(continuing))
+    assert order[pieces] == continuing, "the trainer numbered the pieces unexpectedly"
+    order = order[:n_special] + order[pieces.stop:pieces.stop + len(alphabet)] \
+        + continuing + order[pieces.stop + len(alphabet):]
+    backend = cls._bert_pipeline({t: i for i, t in enumerate(order)}, lowercase, None)
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
     tok = cls(backend)
     tok._attach_post_processor()
     if cache_path is not None:
@@ -160,14 +190,20 @@ def _train(cls: type[TokenizerT], make_texts: Callable[[], Iterable[str]],
     return tok
 
 
-def wordpiece_trainer(vocab_size: int, min_frequency: int,
-                      limit_alphabet: int) -> trainers.WordPieceTrainer:
-    """The WordPiece trainer with BERT's special tokens and its "##" continuation prefix."""
+def wordpiece_trainer(vocab_size: int, min_frequency: int, alphabet: Sequence[str],
+                      continuing: Sequence[str] = ()) -> trainers.WordPieceTrainer:
+    """The WordPiece trainer with BERT's special tokens and its "##" continuation prefix,
+    on exactly `alphabet` (single characters).
 
+    `continuing` ("##a", ...) are numbered right after the special tokens, in the order
+    given: left to the trainer, they are numbered in a hash map's order, which differs
+    from one process to the next and breaks ties between equally frequent merges.
+    """
     return trainers.WordPieceTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, limit_alphabet=limit_alphabet,
-        special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##",
-        show_progress=False)
+        vocab_size=vocab_size, min_frequency=min_frequency,
+        initial_alphabet=list(alphabet), limit_alphabet=len(alphabet),
+        special_tokens=list(SPECIAL_TOKENS) + list(continuing),
+        continuing_subword_prefix=CONTINUING, show_progress=False)
 
 
 def normalized(texts: Iterable[str], backend: tokenizers.Tokenizer) -> Iterator[str]:
@@ -190,29 +226,81 @@ _SPACES = " \t\n\r\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"
 
 
 class _TrainingInput:
-    """The texts handed to the WordPiece trainer, minus words it would waste time on.
+    """The texts handed to the WordPiece trainer, minus words it would waste time on, and
+    counted on their way.
 
     The trainer's cost grows with the square of the longest word, so one 400,000
     character line (a base64 blob, a table flattened without spaces) takes minutes
     and ignores Ctrl-C meanwhile. Yet the WordPiece model maps every word over
     `max_input_chars_per_word` characters (100) to `[UNK]`, so such words add
     nothing to the vocabulary that encoding could ever use: they are dropped here.
+
+    The counts let training choose, in a fixed order, what the Rust trainer would choose
+    in hash order: the alphabet (`alphabet`) and the characters that continue a word, each
+    of which becomes a "##" piece (`continuing`).
     """
 
-    def __init__(self) -> None:
-        self.any_text = False  # to refuse a corpus of blank lines
+    def __init__(self, backend: tokenizers.Tokenizer) -> None:
+        """`backend`: a pipeline not being trained, to say what a word is."""
+        self.backend = backend
         self.n_skipped = 0
         self.longest = 0
+        self.chars: Counter[str] = Counter()  # every character, with its count
+        self.continuing: set[str] = set()  # characters seen after the first in a word
+        self._kind: dict[str, str] = {}  # character -> "word", "punctuation" or "space"
+        self._pending: Optional[re.Pattern] = None  # see _look_for_continuing
 
-    def texts(self, texts: Iterable[str], backend: tokenizers.Tokenizer) -> Iterator[str]:
-        """`texts` without over-long words; `backend`: a pipeline not being trained."""
-        max_chars = backend.model.max_input_chars_per_word
+    def texts(self, texts: Iterable[str]) -> Iterator[str]:
+        """`texts` normalized, without over-long words, each counted."""
+        for text in normalized(self._without_long_words(texts), self.backend):
+            self._count(text)
+            yield text
+
+    def alphabet(self, limit: int) -> list[str]:
+        """The `limit` most frequent characters (ties to the lower code point), sorted: the
+        trainer's rule, with its ties broken in a fixed order instead of a hash order."""
+        chars = sorted(((c, n) for c, n in self.chars.items() if self._kind[c] != "space"),
+                       key=lambda item: (-item[1], item[0]))
+        return sorted(c for c, _ in chars[:limit])
+
+    @property
+    def any_text(self) -> bool:
+        """Whether any text held a word (a corpus of blank lines has none)."""
+        return any(k != "space" for k in self._kind.values())
+
+    def _count(self, text: str) -> None:
+        self.chars.update(text)
+        new = set(text).difference(self._kind)
+        for c in new:
+            # The pre-tokenizer (BERT's: whitespace, and each punctuation mark alone) says
+            # what `c` is: "aca" stays one word, or splits around it, or loses it.
+            words = [w for w, _ in self.backend.pre_tokenizer.pre_tokenize_str(f"a{c}a")]
+            self._kind[c] = "word" if len(words) == 1 else "space" if len(words) == 2 \
+                else "punctuation"
+        if new:
+            self._look_for_continuing()
+        if self._pending is not None and (found := set(self._pending.findall(text))):
+            self.continuing |= found
+            self._look_for_continuing()
+
+    def _look_for_continuing(self) -> None:
+        """A pattern for the word characters not yet seen continuing a word, each after a
+        word character: only these are searched for, so a text most often needs one scan
+        that finds nothing."""
+        pending = [c for c, k in self._kind.items() if k == "word" and c not in self.continuing]
+        others = "".join(re.escape(c) for c, k in self._kind.items() if k != "word")
+        after_a_word_char = f"(?<=[^{others}])" if others else "(?<=.)"
+        self._pending = (re.compile(f"{after_a_word_char}[{''.join(map(re.escape, pending))}]",
+                                    re.DOTALL) if pending else None)
+
+    def _without_long_words(self, texts: Iterable[str]) -> Iterator[str]:
+        max_chars = self.backend.model.max_input_chars_per_word
         # Normalization can lengthen a word (NFD splits a Hangul syllable into up to
         # three letters), so runs from a quarter of the limit on are checked, with the
         # pipeline's own normalizer and pre-tokenizer deciding what a word is.
         runs = re.compile(f"[^{_SPACES}]{{{max_chars // 4 + 1},}}")
-        normalize = backend.normalizer.normalize_str
-        pre_tokenize = backend.pre_tokenizer.pre_tokenize_str
+        normalize = self.backend.normalizer.normalize_str
+        pre_tokenize = self.backend.pre_tokenizer.pre_tokenize_str
 
         def without_long_words(run: re.Match) -> str:
             words = [w for w, _ in pre_tokenize(normalize(run.group()))]
@@ -226,7 +314,4 @@ class _TrainingInput:
             return " " + " ".join(kept) + " "
 
         for text in texts:
-            text = runs.sub(without_long_words, text)
-            if text and not text.isspace():
-                self.any_text = True
-            yield text
+            yield runs.sub(without_long_words, text)

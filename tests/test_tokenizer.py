@@ -315,8 +315,7 @@ def test_words_over_the_wordpiece_limit_never_reach_the_trainer(monkeypatch):
     """The trainer's cost grows with the square of a word's length, and the model maps
     words over max_input_chars_per_word to [UNK] anyway: such words are dropped first.
     The trainer then gets the same word counts as for the text without them, which is
-    what its vocabulary depends on (its ties break in hash order, so two trainings on
-    the same text can differ in a few entries: comparing two vocabularies proves less)."""
+    what its vocabulary depends on."""
     words = _trainer_words(CORPUS + WITH_LONG, monkeypatch)
     assert max(map(len, words)) == 100 and "y" * 100 in words
     assert words == _trainer_words(CORPUS + WITHOUT_LONG, monkeypatch)
@@ -630,3 +629,59 @@ def test_malformed_tokenizer_config_is_named(tmp_path, content, problem):
     with raises(ValueError, str(folder / "tokenizer_config.json"), "Tokenizer.save") as err:
         Tokenizer.from_pretrained(folder)
     assert_carries(without(str(err.value), folder), *problem)
+
+
+_TRAIN_AND_HASH = """
+import hashlib, sys
+from minibert.tokenizer import Tokenizer
+tok = Tokenizer.train([sys.argv[1]], vocab_size=int(sys.argv[2]), min_frequency=1,
+                      limit_alphabet=int(sys.argv[3]), use_cache=False)
+tok.save(sys.argv[4])
+print(hashlib.sha256(open(sys.argv[4] + "/tokenizer.json", "rb").read()).hexdigest())
+"""
+
+
+@pytest.mark.parametrize("limit_alphabet", [1000, 12])
+def test_the_same_corpus_trains_the_same_vocabulary_in_every_process(tmp_path, limit_alphabet):
+    """The same command, the same vocabulary: not only through the cache, but on a fresh
+    machine too. The Rust trainer numbers its continuation pieces ("##a") and cuts its
+    alphabet in the order of a hash map seeded anew in each process, and those numbers
+    break ties between equally frequent merges; so each process, with its own seed, is a
+    fresh draw. Ties abound here: 400 words of random letters, most seen once or twice,
+    and 26 letters with an alphabet limit of 12."""
+    import random
+    import subprocess
+    import sys
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7)))
+             for _ in range(400)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(rng.choices(words, k=12)) for _ in range(60)),
+                      encoding="utf-8")
+    script = tmp_path / "train.py"
+    script.write_text(_TRAIN_AND_HASH, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    hashes = {subprocess.run([sys.executable, str(script), str(corpus), "150",
+                              str(limit_alphabet), str(tmp_path / f"tok{i}")],
+                             capture_output=True, text=True, check=True, env=env).stdout
+              for i in range(5)}
+    assert len(hashes) == 1, f"{len(hashes)} different vocabularies from 5 trainings"
+
+
+def test_a_trained_vocabulary_is_laid_out_as_berts(trained):
+    """Specials, the alphabet, then each "##" piece of a character that continues a word,
+    both in code-point order, then the merges. Training numbers the "##" pieces itself
+    (not the trainer, in hash order), so it must foresee every one the trainer makes,
+    across scripts, accents, CJK (always alone), emoji and punctuation (never continuing)."""
+    ids = trained.backend.get_vocab()
+    vocab = sorted(ids, key=ids.get)
+    n = len(SPECIAL_TOKENS)
+    assert vocab[:n] == list(SPECIAL_TOKENS)
+    singles = [t for t in vocab if len(t) == 1]
+    pieces = [t for t in vocab if len(t) == 3 and t.startswith("##")]
+    assert vocab[n:n + len(singles) + len(pieces)] == sorted(singles) + sorted(pieces)
+    assert {"##a", "##0"} <= set(pieces) and "##!" not in pieces and "##東" not in pieces
+    words = Counter(w for text in CORPUS for w, _ in trained.backend.pre_tokenizer
+                    .pre_tokenize_str(trained.backend.normalizer.normalize_str(text)))
+    assert set(pieces) == {"##" + c for w in words for c in w[1:]}
