@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from .atomic import PathLike
 from .labels import predicted
 from .heads import BertForMaskedLM, MaskedLMOutput
 from .hf import read_config
@@ -115,7 +115,7 @@ def check_alpha_temperature(alpha: float, temperature: float) -> None:
                          f"teacher's own distribution; Hinton et al. use 1 to 20)")
 
 
-def load_teacher(path: Union[str, Path], seq_len: int,
+def load_teacher(path: PathLike, seq_len: int,
                  allow_vocab_mismatch: bool = False) -> tuple[BertForMaskedLM, Tokenizer]:
     """The teacher of folder `path` and its tokenizer, refused when they cannot teach:
 

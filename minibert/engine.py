@@ -29,13 +29,14 @@ import signal
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from .atomic import PathLike
 from .data.mlm import count_targets
 from .labels import predicted
 from .data.sampler import GlobalBatches
@@ -135,7 +136,7 @@ def evaluate(model: nn.Module, batches: Iterable[Mapping[str, Tensor]], precisio
 
 
 def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainConfig,
-          out_dir: Union[str, Path], ctx: DistContext = DistContext(),
+          out_dir: PathLike, ctx: DistContext = DistContext(),
           eval_set: Optional[Dataset] = None, resume: bool = False, overwrite: bool = False,
           data_identity: Optional[dict] = None, lengths: Optional[Sequence[int]] = None,
           eval_fn: Optional[Callable[[nn.Module, str], Mapping[str, Any]]] = None,

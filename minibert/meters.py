@@ -21,7 +21,7 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from .atomic import write_files_atomically
+from .atomic import PathLike, write_files_atomically
 from .config import BertConfig
 from .environment import cpu_name
 from .memory import peak_memory_mb, reset_peak_memory
@@ -116,7 +116,7 @@ def machine_key(device: Device, dtype: torch.dtype) -> str:
 
 
 def mfu_ceiling(device: Device, dtype: torch.dtype,
-                cache_dir: Optional[Union[str, Path]] = None) -> Ceiling:
+                cache_dir: Optional[PathLike] = None) -> Ceiling:
     """The matmul ceiling of this machine in `dtype`: measured once, recorded, then reused.
 
     A ceiling timed at the start of every run would time whatever else the machine is doing

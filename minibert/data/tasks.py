@@ -29,12 +29,12 @@ or, a training and an evaluation file read and checked as one task (`TaskData`):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 import torch
 
+from ..atomic import PathLike
 from ..metrics import spans
 from .mlm import IGNORE_INDEX, check_pad_multiple, pad_batch
 from .qa import SpanPrediction, best_span, encode_qa
@@ -326,7 +326,7 @@ def random_subset(items: list[T], n: Optional[int], seed: int) -> list[T]:
     return [items[i] for i in sorted(keep)]
 
 
-def read_table_task(train_file: Union[str, Path], eval_file: Union[str, Path], text: str,
+def read_table_task(train_file: PathLike, eval_file: PathLike, text: str,
                     pair: Optional[str], label: str, max_train: Optional[int] = None,
                     seed: int = 0) -> TaskData:
     """A sequence-classification task from two TSV/CSV files (`read_table`): the columns
@@ -347,7 +347,7 @@ def read_table_task(train_file: Union[str, Path], eval_file: Union[str, Path], t
         train_rows, max_train, seed), train_file), eval=split(eval_rows, eval_file))
 
 
-def read_conll_task(train_file: Union[str, Path], eval_file: Union[str, Path], scheme: str,
+def read_conll_task(train_file: PathLike, eval_file: PathLike, scheme: str,
                     max_train: Optional[int] = None, seed: int = 0) -> TaskData:
     """A token-classification task from two CoNLL files (`read_conll`). Every tag of both is
     checked against `scheme` ("IOB2", "BIO", "IO"; see `metrics.spans`) and named with its
