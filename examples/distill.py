@@ -98,9 +98,12 @@ def prepare(args, ctx) -> SimpleNamespace:
         raise ValueError(f"unknown --student-preset {args.student_preset!r}; choose one of "
                          f"{', '.join(ALL_PRESETS)}")
     cfg = pretrain.check_args(args, ctx)  # every numeric flag, the batch split
-    teacher, tok = load_teacher(args.teacher, args.seq_len, args.allow_vocab_mismatch)
+    teacher, tok = cli.in_flag_names(
+        lambda: load_teacher(args.teacher, args.seq_len, args.allow_vocab_mismatch),
+        cli.SEQ_LEN_FLAG)
     student = student_config(args, teacher, tok)
-    student.check_fits(args.seq_len, tok.vocab_size, what="the student")
+    cli.in_flag_names(lambda: student.check_fits(args.seq_len, tok.vocab_size,
+                                                 what="the student"), cli.SEQ_LEN_FLAG)
     # The teacher's tokenizer (--init-from is the teacher), or a resumed run's own.
     data, identity = pretrain.prepare_data(args, ctx, pretrain.read_corpus(args, ctx))
     # The distillation's own settings join the run identity that --resume compares.

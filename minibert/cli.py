@@ -288,6 +288,9 @@ def add_flags(group: Any, job: Optional[Job], names: Sequence[str], **wording: s
 
 # ---- settings in flag names ------------------------------------------------------------------
 
+SEQ_LEN_FLAG = {"seq_len": "--seq-len"}  # for BertConfig.check_fits, in_flag_names' second argument
+
+
 def in_flag_names(make: Callable[[], T], flags: Mapping[str, str]) -> T:
     """`make()` (e.g. a TrainConfig), with a ValueError's field names said as the flags that
     set them: "TrainConfig.batch_size=0 must be ..." becomes "--batch-size 0 must be ...".

@@ -179,7 +179,7 @@ class BertConfig:
         longer than its position table, or token ids from a larger vocabulary than its own
         (`vocab_size` is the tokenizer's). `what` names the model in the message."""
         if seq_len > self.max_position_embeddings:
-            raise ValueError(f"sequence length {seq_len} exceeds {what}'s "
+            raise ValueError(f"seq_len={seq_len} exceeds {what}'s "
                              f"max_position_embeddings={self.max_position_embeddings}; use "
                              f"sequences of at most {self.max_position_embeddings} tokens")
         if vocab_size > self.vocab_size:

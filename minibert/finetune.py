@@ -24,7 +24,7 @@ import tokenizers
 import torch.nn as nn
 
 from .atomic import write_files_atomically
-from .cli import Job, add_flags, check_numbers, finite_flags, in_flag_names
+from .cli import SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names
 from .config import ALL_PRESETS, BertConfig
 from .data.sampler import batches_per_epoch
 from .data.tasks import TaskData, word_predictions
@@ -195,10 +195,11 @@ def build_model(cls: Any, args: Any, tok: Tokenizer, **head: Any) -> nn.Module:
     if not args.init_from:
         model = cls(BertConfig.preset(args.preset, vocab_size=tok.vocab_size,
                                       pad_token_id=tok.pad_id, **dropout), **head)
-        model.config.check_fits(args.seq_len, tok.vocab_size)
+        in_flag_names(lambda: model.config.check_fits(args.seq_len, tok.vocab_size),
+                      SEQ_LEN_FLAG)
         return model
     config = config_from_hf(read_config(args.init_from))
-    config.check_fits(args.seq_len, tok.vocab_size)
+    in_flag_names(lambda: config.check_fits(args.seq_len, tok.vocab_size), SEQ_LEN_FLAG)
     check_tokenizer_fits(config, tok, source=args.init_from,
                          allow_vocab_mismatch=args.allow_vocab_mismatch)
     options: dict[str, Any] = {"allow_vocab_mismatch": args.allow_vocab_mismatch}

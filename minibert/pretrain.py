@@ -19,7 +19,7 @@ from typing import Any, Optional
 import tokenizers
 
 from .atomic import write_files_atomically
-from .cli import Job, add_flags, check_numbers, finite_flags, in_flag_names
+from .cli import SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names
 from .config import ALL_PRESETS, BertConfig
 from .data.corpus import Corpus, load_corpus
 from .data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_corpus
@@ -198,7 +198,7 @@ def check_model_fits(args: Any) -> None:
                 raise ValueError(f"{ARCHITECTURE_FLAGS[field]} contradicts {args.init_from}, "
                                  f"whose {field} is {getattr(config, field)!r}")
         tok = Tokenizer.from_pretrained(args.init_from)
-        config.check_fits(args.seq_len, tok.vocab_size)
+        in_flag_names(lambda: config.check_fits(args.seq_len, tok.vocab_size), SEQ_LEN_FLAG)
         check_tokenizer_fits(config, tok, source=args.init_from,
                              allow_vocab_mismatch=args.allow_vocab_mismatch)
         check_weights(args.init_from)  # missing or damaged: said now, not after the tokenizer
@@ -206,7 +206,7 @@ def check_model_fits(args: Any) -> None:
         config = in_flag_names(lambda: BertConfig.preset(
             args.preset, vocab_size=args.vocab_size, **architecture_overrides(args)),
             ARCHITECTURE_FLAGS)
-        config.check_fits(args.seq_len, args.vocab_size)
+        in_flag_names(lambda: config.check_fits(args.seq_len, args.vocab_size), SEQ_LEN_FLAG)
 
 
 def train_config(args: Any) -> TrainConfig:

@@ -140,19 +140,20 @@ REFUSALS = [
     # (script, flags, the facts its message must carry: the file, the value, the flag to
     # change); each was once refused after --out was written
     ("finetune_classification", ["--batch-size", "256"], ["train.tsv", "16", "--batch-size"]),
-    ("finetune_classification", ["--seq-len", "600"], ["600", "max_position_embeddings=512"]),
+    ("finetune_classification", ["--seq-len", "600"],
+     ["--seq-len 600", "max_position_embeddings=512"]),
     ("finetune_token_classification", ["--batch-size", "256"],
      ["train.conll", "16", "--batch-size"]),
     ("finetune_token_classification", ["--seq-len", "600"],
-     ["600", "max_position_embeddings=512"]),
+     ["--seq-len 600", "max_position_embeddings=512"]),
     ("finetune_qa", ["--batch-size", "256"], ["train.json", "40", "--batch-size"]),
     # "cat ?" leaves a window of 16 tokens 11 for context: no more than the overlap; said in
     # the flags that set them, not encode_qa's arguments
     ("finetune_qa", ["--doc-stride", "11"],
      ["'q0'", "--seq-len 16", "11 context tokens", "--doc-stride 11"]),
-    ("finetune_multitask", ["--seq-len", "600"], ["600", "max_position_embeddings=512"]),
-    ("pretrain_wikitext", ["--seq-len", "600"], ["600", "max_position_embeddings=512"]),
-    ("distill", ["--seq-len", "100"], ["100", "teacher", "max_position_embeddings=64"]),
+    ("finetune_multitask", ["--seq-len", "600"], ["--seq-len 600", "max_position_embeddings=512"]),
+    ("pretrain_wikitext", ["--seq-len", "600"], ["--seq-len 600", "max_position_embeddings=512"]),
+    ("distill", ["--seq-len", "100"], ["--seq-len 100", "teacher", "max_position_embeddings=64"]),
     ("finetune_classification", ["--batch-size", "17"], ["train.tsv", "16", "--batch-size"]),
     # a global batch that does not split into whole micro-batches: one check, the engine's,
     # said in the flags
