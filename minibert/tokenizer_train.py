@@ -133,10 +133,8 @@ def _train(cls: type[TokenizerT], make_texts: Callable[[], Iterable[str]],
             logger.info("reusing cached tokenizer %s", cache_path)
             return cls.from_pretrained(cache_path)
 
-    # A second, identical pipeline decides what a word is: the one being trained is
-    # locked by the Rust trainer while it pulls texts, so calling into it deadlocks.
-    words_like = cls._bert_pipeline(None, lowercase, None)
-    stats = _TrainingInput(words_like)
+    backend = cls._bert_pipeline(None, lowercase, None)
+    stats = _TrainingInput(backend)
     with tempfile.TemporaryDirectory(prefix="minibert-tokenizer-") as tmp:
         # Pass 1: the texts as the trainer will see them (normalized, over-long words
         # dropped), counted, and kept on disk for pass 2, so that a one-shot iterator
@@ -148,7 +146,7 @@ def _train(cls: type[TokenizerT], make_texts: Callable[[], Iterable[str]],
         if stats.n_skipped:
             logger.warning("skipped %d words longer than %d characters (the longest had "
                            "%d): they would only ever encode as [UNK]", stats.n_skipped,
-                           words_like.model.max_input_chars_per_word, stats.longest)
+                           backend.model.max_input_chars_per_word, stats.longest)
         if not stats.any_text:
             raise ValueError("cannot train a tokenizer on an empty corpus (no non-blank text"
                              + (f" once {stats.n_skipped} over-long words were skipped)"
@@ -156,8 +154,8 @@ def _train(cls: type[TokenizerT], make_texts: Callable[[], Iterable[str]],
         alphabet = stats.alphabet(limit_alphabet)
         continuing = [CONTINUING + c for c in alphabet if c in stats.continuing]
         trainer = wordpiece_trainer(vocab_size, min_frequency, alphabet, continuing)
-        backend = cls._bert_pipeline(None, lowercase, None)
-        # Pass 2. The texts arrive normalized, so the trainer runs without the normalizer.
+        # Pass 2. The texts arrive normalized, so the trainer runs without the normalizer
+        # (the pipeline is built again below, whole, with the trained vocabulary).
         backend.normalizer = None
         with open(prepared, encoding="utf-8") as f:
             backend.train_from_iterator((line[:-1] for line in f), trainer)
@@ -191,7 +189,7 @@ def _train(cls: type[TokenizerT], make_texts: Callable[[], Iterable[str]],
 
 
 def wordpiece_trainer(vocab_size: int, min_frequency: int, alphabet: Sequence[str],
-                      continuing: Sequence[str] = ()) -> trainers.WordPieceTrainer:
+                      continuing: Sequence[str]) -> trainers.WordPieceTrainer:
     """The WordPiece trainer with BERT's special tokens and its "##" continuation prefix,
     on exactly `alphabet` (single characters).
 
@@ -241,7 +239,8 @@ class _TrainingInput:
     """
 
     def __init__(self, backend: tokenizers.Tokenizer) -> None:
-        """`backend`: a pipeline not being trained, to say what a word is."""
+        """`backend`: the BERT pipeline, whose normalizer and pre-tokenizer say what a word
+        is (read during this pass only, before the trainer holds the pipeline)."""
         self.backend = backend
         self.n_skipped = 0
         self.longest = 0
