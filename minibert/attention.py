@@ -61,15 +61,28 @@ def key_padding_bias(keep: Tensor, dtype: torch.dtype) -> Tensor:
     return bias[:, None, None, :]  # (B, 1, 1, T): broadcast over heads and queries
 
 
-def math_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
-                   dropout_p: float = 0.0) -> Tensor:
-    """The textbook formula. (B, nh, T, hs) x3 -> (B, nh, T, hs)."""
+def attention_bias(keep: Optional[Tensor], T: int, window: Optional[int], dtype: torch.dtype,
+                   device: torch.device) -> Optional[Tensor]:
+    """The additive bias of one layer's scores: the window's band and padding keys (a local
+    layer), padding keys alone (a global layer), or None when neither applies."""
+    if window is not None:
+        return window_bias(keep, T, window, dtype, device)  # (B or 1, 1, T, T)
+    return None if keep is None else key_padding_bias(keep, dtype)  # (B, 1, 1, T)
+
+
+def attention_probs(q: Tensor, k: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """softmax(Q Kᵀ / √hs + bias): (B, nh, T, hs) x2 -> (B, nh, T, T), each row summing to 1."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, T)
     if bias is not None:
         scores = scores + bias  # padding keys get ~-inf, so softmax gives them weight 0
-    probs = torch.softmax(scores, dim=-1)  # each query's weights over keys sum to 1
+    return torch.softmax(scores, dim=-1)  # each query's weights over keys sum to 1
+
+
+def math_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
+                   dropout_p: float = 0.0) -> Tensor:
+    """The textbook formula. (B, nh, T, hs) x3 -> (B, nh, T, hs)."""
     # BERT drops whole attention links: a query randomly ignores some keys during training.
-    probs = dropout(probs, dropout_p)
+    probs = dropout(attention_probs(q, k, bias), dropout_p)
     return probs @ v  # (B, nh, T, hs)
 
 
@@ -305,10 +318,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], backend: 
     if backend == "chunked":
         bias = None if keep is None else key_padding_bias(keep, q.dtype)
         return chunked_attention(q, k, v, bias, dropout_p, chunk_size, window)
-    if window is not None:
-        bias = window_bias(keep, q.size(2), window, q.dtype, q.device)
-    else:
-        bias = None if keep is None else key_padding_bias(keep, q.dtype)
+    bias = attention_bias(keep, q.size(2), window, q.dtype, q.device)
     if backend == "math":
         return math_attention(q, k, v, bias, dropout_p)
     return sdpa_attention(q, k, v, bias, dropout_p)

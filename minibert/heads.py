@@ -42,22 +42,30 @@ from .model import BertModel, Dropout, init_weights
 class MaskedLMOutput(NamedTuple):
     loss: Optional[Tensor]  # scalar mean cross-entropy over predicted tokens, None without labels
     logits: Tensor  # (B, T, V) without labels; (N, V), predicted positions only, with labels
+    hidden_states: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
+    attentions: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
 
 
 class SequenceClassifierOutput(NamedTuple):
     loss: Optional[Tensor]  # scalar, None without labels
     logits: Tensor  # (B, C)
+    hidden_states: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
+    attentions: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
 
 
 class TokenClassifierOutput(NamedTuple):
     loss: Optional[Tensor]  # scalar mean cross-entropy over labelled real tokens, or None
     logits: Tensor  # (B, T, C)
+    hidden_states: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
+    attentions: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
 
 
 class QuestionAnsweringModelOutput(NamedTuple):
     loss: Optional[Tensor]  # scalar (start loss + end loss) / 2, None without positions
     start_logits: Tensor  # (B, T), the dtype's minimum at padding
     end_logits: Tensor  # (B, T), the dtype's minimum at padding
+    hidden_states: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
+    attentions: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
 
 
 # ---- masked language modelling ---------------------------------------------------------------
@@ -110,7 +118,8 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None,
-                labels: Optional[Tensor] = None) -> MaskedLMOutput:
+                labels: Optional[Tensor] = None, *, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> MaskedLMOutput:
         """labels: (B, T), the original token id where one is predicted and IGNORE_INDEX (-100)
         elsewhere.
 
@@ -125,10 +134,12 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
         # The lookup's gradient and the decoder's meet in one (V, H) gradient; on a CPU,
         # `kernels.tied_word_gradient` builds that sum in place (None: plain autograd).
         tied = tied_word_gradient(decoder)
-        h = self.bert(input_ids, attention_mask, token_type_ids,
-                      tied_word_grad=tied).last_hidden_state  # (B, T, H)
+        out = self.bert(input_ids, attention_mask, token_type_ids, tied_word_grad=tied,
+                        output_hidden_states=output_hidden_states,
+                        output_attentions=output_attentions)
+        h, extras = out.last_hidden_state, (out.hidden_states, out.attentions)  # h: (B, T, H)
         if labels is None:
-            return MaskedLMOutput(None, self.head(h, decoder, tied))
+            return MaskedLMOutput(None, self.head(h, decoder, tied), *extras)
         _check_shape("labels", labels, tuple(input_ids.shape), "the shape of input_ids")
         _check_ids("labels", labels, "token ids to predict (IGNORE_INDEX elsewhere)")
         keep = predicted(labels, attention_mask)  # (B, T) bool: labelled real tokens
@@ -138,7 +149,7 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
         h, targets = round_up_rows(h, targets)  # kernels.py: on a CPU, a few row counts repeat
         logits = self.head(h, decoder, tied)  # (N', H) -> (N', V), N' >= N rows
         loss = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX)
-        return MaskedLMOutput(loss, logits[:n])
+        return MaskedLMOutput(loss, logits[:n], *extras)
 
 
 # ---- classification: one label per sequence or per token -------------------------------------
@@ -220,7 +231,8 @@ class BertForSequenceClassification(_Labelled, nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None,
-                labels: Optional[Tensor] = None) -> SequenceClassifierOutput:
+                labels: Optional[Tensor] = None, *, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> SequenceClassifierOutput:
         """labels: (B,) class ids (long), or floats when num_labels == 1.
 
         logits: (B, C).
@@ -228,7 +240,10 @@ class BertForSequenceClassification(_Labelled, nn.Module):
         if self.head is None or self.config.classifier_pooling == "cls":
             # Before the encoder: on a GPU the host then waits for nothing queued by it.
             check_cls_first(attention_mask)
-        out = self.bert(input_ids, attention_mask, token_type_ids)
+        out = self.bert(input_ids, attention_mask, token_type_ids,
+                        output_hidden_states=output_hidden_states,
+                        output_attentions=output_attentions)
+        extras = out.hidden_states, out.attentions
         if self.head is None:
             pooled = out.pooler_output  # (B, H): tanh(W h_[CLS] + b)
         else:
@@ -236,8 +251,9 @@ class BertForSequenceClassification(_Labelled, nn.Module):
                                     self.config.classifier_pooling))  # (B, H)
         logits = self.classifier(self.drop(pooled))  # (B, C)
         if labels is None:
-            return SequenceClassifierOutput(None, logits)
-        return SequenceClassifierOutput(sequence_classification_loss(logits, labels), logits)
+            return SequenceClassifierOutput(None, logits, *extras)
+        return SequenceClassifierOutput(sequence_classification_loss(logits, labels), logits,
+                                        *extras)
 
 
 class BertForTokenClassification(_Labelled, nn.Module):
@@ -262,20 +278,24 @@ class BertForTokenClassification(_Labelled, nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None,
-                labels: Optional[Tensor] = None) -> TokenClassifierOutput:
+                labels: Optional[Tensor] = None, *, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> TokenClassifierOutput:
         """labels: (B, T) class ids, IGNORE_INDEX (-100) where no label is predicted.
 
         logits: (B, T, C). `loss` is the mean cross-entropy over the positions that carry a
         label (NaN when none does, as in torch); a label on padding is ignored.
         """
-        h = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
+        out = self.bert(input_ids, attention_mask, token_type_ids,
+                        output_hidden_states=output_hidden_states,
+                        output_attentions=output_attentions)
+        h, extras = out.last_hidden_state, (out.hidden_states, out.attentions)  # h: (B, T, H)
         if self.head is not None:
             h = self.head(h)
         logits = self.classifier(self.drop(h))  # (B, T, C)
         if labels is None:
-            return TokenClassifierOutput(None, logits)
+            return TokenClassifierOutput(None, logits, *extras)
         return TokenClassifierOutput(token_classification_loss(logits, labels, attention_mask),
-                                     logits)
+                                     logits, *extras)
 
 
 def label_names(num_labels: int, id2label: Optional[Sequence[str]], minimum: int) -> list[str]:
@@ -342,7 +362,8 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None,
                 start_positions: Optional[Tensor] = None,
-                end_positions: Optional[Tensor] = None) -> QuestionAnsweringModelOutput:
+                end_positions: Optional[Tensor] = None, *, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> QuestionAnsweringModelOutput:
         """start_positions, end_positions: (B,) token indices of the answer's first and last
         token (0, the [CLS], for "no answer here").
 
@@ -352,7 +373,10 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
         [CLS]. A position on padding lies outside the sequence too and is ignored likewise.
         `loss` is (mean start cross-entropy + mean end cross-entropy) / 2.
         """
-        h = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
+        out = self.bert(input_ids, attention_mask, token_type_ids,
+                        output_hidden_states=output_hidden_states,
+                        output_attentions=output_attentions)
+        h, extras = out.last_hidden_state, (out.hidden_states, out.attentions)  # h: (B, T, H)
         if self.head is not None:
             h = self.head(h)
         start_logits, end_logits = self.qa_outputs(h).unbind(-1)  # (B, T, 2) -> 2 x (B, T)
@@ -362,7 +386,7 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
             start_logits = start_logits.masked_fill(~keep, low)
             end_logits = end_logits.masked_fill(~keep, low)
         if start_positions is None and end_positions is None:
-            return QuestionAnsweringModelOutput(None, start_logits, end_logits)
+            return QuestionAnsweringModelOutput(None, start_logits, end_logits, *extras)
         if start_positions is None or end_positions is None:
             raise ValueError("pass both start_positions and end_positions for a loss, or "
                              "neither")
@@ -375,7 +399,7 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
             target = _span_target(positions, keep, T)
             losses.append(F.cross_entropy(logits.float(), target, ignore_index=T))
         return QuestionAnsweringModelOutput((losses[0] + losses[1]) / 2, start_logits,
-                                            end_logits)
+                                            end_logits, *extras)
 
 
 def _span_target(positions: Tensor, keep: Optional[Tensor], T: int) -> Tensor:

@@ -26,8 +26,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
-from .attention import attention
+from .attention import attention, attention_bias, attention_probs
 from .config import BertConfig
 from .kernels import TiedWordGradient, dropout
 from .pretrained import PretrainedMixin
@@ -37,6 +38,9 @@ from .rope import apply_rope, rope_angles, rope_dtype
 class BertOutput(NamedTuple):
     last_hidden_state: Tensor  # (B, T, H)
     pooler_output: Optional[Tensor]  # (B, H): tanh(W h_[CLS] + b), or None without a pooler
+    # Asked for by name (`output_hidden_states`, `output_attentions`), else None:
+    hidden_states: Optional[tuple[Tensor, ...]] = None  # L + 1 x (B, T, H), embeddings first
+    attentions: Optional[tuple[Tensor, ...]] = None  # L x (B, nh, T, T), probabilities
 
 
 class Dropout(nn.Dropout):
@@ -110,12 +114,15 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.bias)
         self.out = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
 
-    def forward(self, x: Tensor, keep: Optional[Tensor]) -> Tensor:
+    def forward(self, x: Tensor, keep: Optional[Tensor],
+                output_attentions: bool = False) -> tuple[Tensor, Optional[Tensor]]:
         """x: (B, T, H), or (N, H) for the N real tokens of an unpadded batch (see `unpad`);
         keep: (B, T) bool, True for real tokens, or None when nothing is padding.
 
-        Returns x's layout. Attention alone needs the (B, T) grid, to know which tokens share
-        a sequence, so an unpadded batch goes back to it for the attention and out again.
+        Returns x's layout, and the attention probabilities (B, nh, T, T) when asked for
+        (zero in the rows of padding queries), else None. Attention alone needs the (B, T)
+        grid, to know which tokens share a sequence, so an unpadded batch goes back to it for
+        the attention and out again.
         """
         H = x.size(-1)
         unpadded = x.dim() == 2
@@ -130,13 +137,21 @@ class SelfAttention(nn.Module):
             cos, sin = rope_angles(T, q.size(-1), self.rope_theta, q.device,
                                    rope_dtype(q.dtype))  # (T, hs)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = attention(q, k, v, keep, self.backend,
-                      dropout_p=self.dropout_p if self.training else 0.0,
-                      chunk_size=self.chunk_size, window=self.window)  # (B, nh, T, hs)
+        p = self.dropout_p if self.training else 0.0
+        probs = None
+        if output_attentions:  # the formula itself, which has the probabilities to hand out
+            probs = attention_probs(q, k, attention_bias(keep, T, self.window, q.dtype,
+                                                         q.device))  # (B, nh, T, T)
+            y = dropout(probs, p) @ v
+            if keep is not None:  # a padding query's row is not computed by the encoder
+                probs = probs.masked_fill(~keep[:, None, :, None], 0.0)
+        else:
+            y = attention(q, k, v, keep, self.backend, dropout_p=p, chunk_size=self.chunk_size,
+                          window=self.window)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, H)  # heads side by side again: (B, T, H)
         if unpadded:
             y = unpad(y, keep)  # (N, H)
-        return self.out(y)
+        return self.out(y), probs
 
 
 def unpad(x: Tensor, keep: Tensor) -> Tensor:
@@ -159,6 +174,16 @@ def repad(x: Tensor, keep: Tensor) -> Tensor:
     full = x.new_zeros(*keep.shape, *x.shape[1:])
     full[keep] = x
     return full
+
+
+def padded(x: Tensor, keep: Optional[Tensor]) -> Tensor:
+    """The encoder's state in the (B, T, H) layout, zeros at padding: repadded from (N, H),
+    or masked where a traced graph kept the padding in place (see `BertModel.forward`)."""
+    if keep is None:
+        return x
+    if x.dim() == 2:
+        return repad(x, keep)
+    return x.masked_fill(~keep[..., None], 0.0)
 
 
 class FeedForward(nn.Module):
@@ -205,9 +230,11 @@ class Block(nn.Module):
         self.ffn_norm = _layer_norm(config)
         self.drop = Dropout(config.hidden_dropout)
 
-    def forward(self, x: Tensor, keep: Optional[Tensor]) -> Tensor:
+    def forward(self, x: Tensor, keep: Optional[Tensor],
+                output_attentions: bool = False) -> tuple[Tensor, Optional[Tensor]]:
         """x: (N, H), the real tokens of a batch whose mask `keep` (B, T) has padding (see
-        `unpad`), or (B, T, H) with `keep` None, a batch without padding. Same shape out."""
+        `unpad`), or (B, T, H): a batch without padding (`keep` None), or a traced graph's
+        padded batch. Same shape out, and the attention probabilities when asked for."""
         if self.pre_norm:
             # Pre-LN (Xiong et al. 2020, "On Layer Normalization in the Transformer
             # Architecture"): normalise the input of each branch and leave the residual
@@ -218,13 +245,15 @@ class Block(nn.Module):
             # at the last layers are large at initialisation, which is why original BERT
             # needs warmup and can diverge at high learning rates.
             h = x if self.attn_norm is None else self.attn_norm(x)
-            x = x + self.drop(self.attn(h, keep))
+            a, probs = self.attn(h, keep, output_attentions)
+            x = x + self.drop(a)
             x = x + self.drop(self.ffn(self.ffn_norm(x)))
         else:
             # Post-LN, the original BERT (and transformers' layout): add, then normalise.
-            x = self.attn_norm(x + self.drop(self.attn(x, keep)))
+            a, probs = self.attn(x, keep, output_attentions)
+            x = self.attn_norm(x + self.drop(a))
             x = self.ffn_norm(x + self.drop(self.ffn(x)))
-        return x  # (N, H) or (B, T, H), as it came
+        return x, probs  # x: (N, H) or (B, T, H), as it came
 
 
 class BertModel(PretrainedMixin, nn.Module):
@@ -243,15 +272,22 @@ class BertModel(PretrainedMixin, nn.Module):
         if add_pooler is None:
             add_pooler = config.task_head == "bert"
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if add_pooler else None
+        self.gradient_checkpointing = False  # see `_run_block`
         self.apply(lambda m: init_weights(m, config))
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                token_type_ids: Optional[Tensor] = None, *,
+                token_type_ids: Optional[Tensor] = None, *, output_hidden_states: bool = False,
+                output_attentions: bool = False,
                 tied_word_grad: Optional[TiedWordGradient] = None) -> BertOutput:
         """input_ids, attention_mask (1 = real token, 0 = padding), token_type_ids: (B, T).
 
         Returns `last_hidden_state` (B, T, H), zero at padding positions, and
-        `pooler_output` (B, H) or None.
+        `pooler_output` (B, H) or None. As in transformers, `output_hidden_states` adds the
+        L + 1 states (B, T, H): the embeddings' output, then each block's, the last one being
+        `last_hidden_state` itself (after Pre-LN's final LayerNorm); `output_attentions`
+        adds each block's attention probabilities (B, nh, T, T), computed by the plain
+        formula (`attention.attention_probs`) whatever `config.attention` says. Both are zero
+        at padding positions, like the output: padding is not computed.
 
         `tied_word_grad`: for a caller that also decodes with the word-embedding matrix, as
         `BertForMaskedLM` does: the lookup adds its rows into the gradient that the same
@@ -260,24 +296,47 @@ class BertModel(PretrainedMixin, nn.Module):
         """
         check_inputs(self.config, input_ids, attention_mask, token_type_ids)
         keep = None if attention_mask is None else attention_mask.bool()  # (B, T)
-        # A mask with no padding in it is dropped here, once for all layers: attention then
-        # gets no bias at all, which on CUDA is what lets SDPA choose the FlashAttention
-        # kernel (any attn_mask rules it out, and MLMCollator always returns a mask).
-        # `keep.all()` makes the host wait for the device; that is one sync per forward, and
-        # the decision whether to unpad needs the same answer anyway.
-        if keep is not None and bool(keep.all()):
-            keep = None
+        # Unpadding needs N, the number of real tokens: a value of the data, which a graph
+        # traced by torch.compile or torch.export cannot know. A traced graph therefore keeps
+        # the padded layout, and attention's bias hides the padding keys (the same outputs).
+        # Eagerly, a mask with no padding in it is dropped here, once for all layers:
+        # attention then gets no bias at all, which on CUDA is what lets SDPA choose the
+        # FlashAttention kernel (any attn_mask rules it out, and MLMCollator always returns
+        # a mask). `keep.all()` makes the host wait for the device; that is one sync per
+        # forward, and the decision whether to unpad needs the same answer anyway.
+        unpadding = keep is not None and not torch.compiler.is_compiling()
+        if unpadding and bool(keep.all()):
+            keep, unpadding = None, False
         x = self.embeddings(input_ids, token_type_ids, tied_word_grad)  # (B, T, H)
-        if keep is not None:
+        hidden = [padded(x, keep)] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        if unpadding:
             x = unpad(x, keep)  # (N, H): the blocks skip the padding (see `unpad`)
         for block in self.blocks:
-            x = block(x, keep)
+            x, probs = self._run_block(block, x, keep, output_attentions)
+            if hidden is not None:
+                hidden.append(padded(x, keep))
+            if attentions is not None:
+                attentions.append(probs)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        if keep is not None:
-            x = repad(x, keep)  # (B, T, H)
+        x = padded(x, keep)  # (B, T, H)
+        if hidden is not None:
+            hidden[-1] = x  # the last state is the output, after the final norm
         pooled = None if self.pooler is None else torch.tanh(self.pooler(x[:, 0]))  # (B, H)
-        return BertOutput(x, pooled)
+        return BertOutput(x, pooled, None if hidden is None else tuple(hidden),
+                          None if attentions is None else tuple(attentions))
+
+    def _run_block(self, block: Block, x: Tensor, keep: Optional[Tensor],
+                   output_attentions: bool) -> tuple[Tensor, Optional[Tensor]]:
+        """One block, or under gradient checkpointing (Chen et al. 2016, "Training Deep Nets
+        with Sublinear Memory Cost") the same block without its activations: they are
+        recomputed in the backward pass, with the same random state, so the dropout masks and
+        the gradients are exactly those of a plain step, and a step keeps only the blocks'
+        inputs, at the price of one more forward."""
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(block, x, keep, output_attentions, use_reentrant=False)
+        return block(x, keep, output_attentions)
 
 
 def _layer_norm(config: BertConfig) -> nn.LayerNorm:
@@ -325,16 +384,18 @@ def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional
         raise ValueError(f"sequence length {T} exceeds max_position_embeddings="
                          f"{config.max_position_embeddings}; truncate the input or build the "
                          f"model with a larger max_position_embeddings")
-    lo, hi = torch.aminmax(input_ids)
-    if lo < 0 or hi >= config.vocab_size:
-        raise ValueError(f"input_ids must lie in [0, vocab_size={config.vocab_size}), found "
-                         f"values from {int(lo)} to {int(hi)}; does the tokenizer match the "
-                         f"model?")
     for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
         if t is not None and (not isinstance(t, Tensor) or t.shape != input_ids.shape):
             shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"{name} has shape {shape} but input_ids has {(B, T)}; they must "
                              f"match")
+    if torch.compiler.is_compiling():
+        return  # the checks of values below would stop a traced graph: it has no values
+    lo, hi = torch.aminmax(input_ids)
+    if lo < 0 or hi >= config.vocab_size:
+        raise ValueError(f"input_ids must lie in [0, vocab_size={config.vocab_size}), found "
+                         f"values from {int(lo)} to {int(hi)}; does the tokenizer match the "
+                         f"model?")
     if token_type_ids is not None and token_type_ids.numel() > 0:
         lo, hi = torch.aminmax(token_type_ids)
         if config.type_vocab_size == 0 and (lo != 0 or hi != 0):

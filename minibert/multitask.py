@@ -32,7 +32,7 @@ from .heads import (BertForSequenceClassification, BertForTokenClassification,
                     SequenceClassifierOutput, TokenClassifierOutput, check_cls_first, label_names,
                     sequence_classification_loss, token_classification_loss)
 from .hf import PathLike, config_from_hf, load_hf_state_dict, read_weights
-from .pretrained import read_folder_config
+from .pretrained import GradientCheckpointing, read_folder_config
 from .model import BertModel, Dropout, init_weights
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class TaskHead(nn.Module):
         init_weights(self.classifier, config)
 
 
-class BertMultiTask(nn.Module):
+class BertMultiTask(GradientCheckpointing, nn.Module):
     """A shared BERT encoder with one classification head per named task.
 
     tasks: {name: (kind, labels)}, kind "sequence" or "token", labels the number of classes
@@ -124,26 +124,31 @@ class BertMultiTask(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None, labels: Optional[Tensor] = None,
-                task: Optional[str] = None
+                task: Optional[str] = None, *, output_hidden_states: bool = False,
+                output_attentions: bool = False
                 ) -> Union[SequenceClassifierOutput, TokenClassifierOutput]:
         """input_ids, attention_mask, token_type_ids: (B, T); `task` names the head.
 
         A sequence task returns `SequenceClassifierOutput` (logits (B, C); labels (B,)), a
         token task `TokenClassifierOutput` (logits (B, T, C); labels (B, T) with
-        IGNORE_INDEX where nothing is predicted), with the single-task classes' losses.
+        IGNORE_INDEX where nothing is predicted), with the single-task classes' losses and
+        the encoder's `hidden_states` and `attentions` when asked for (`BertModel.forward`).
         """
         head = self._head(task)
         if head.kind == "sequence":  # before the encoder, as the single-task classifier
             check_cls_first(attention_mask)
-        out = self.bert(input_ids, attention_mask, token_type_ids)
+        out = self.bert(input_ids, attention_mask, token_type_ids,
+                        output_hidden_states=output_hidden_states,
+                        output_attentions=output_attentions)
+        extras = out.hidden_states, out.attentions
         if head.kind == "sequence":
             logits = head.classifier(head.drop(out.pooler_output))  # (B, H) -> (B, C)
             loss = None if labels is None else sequence_classification_loss(logits, labels)
-            return SequenceClassifierOutput(loss, logits)
+            return SequenceClassifierOutput(loss, logits, *extras)
         logits = head.classifier(head.drop(out.last_hidden_state))  # (B, T, H) -> (B, T, C)
         loss = None if labels is None else token_classification_loss(logits, labels,
                                                                      attention_mask)
-        return TokenClassifierOutput(loss, logits)
+        return TokenClassifierOutput(loss, logits, *extras)
 
     def single_task_model(self, task: str) -> Union[BertForSequenceClassification,
                                                     BertForTokenClassification]:

@@ -44,7 +44,29 @@ ON_OTHER_LABELS = ("error", "new_head")
 M = TypeVar("M", bound="PretrainedMixin")
 
 
-class PretrainedMixin:
+class GradientCheckpointing:
+    """transformers' names for the gradient-checkpointing switch of every encoder in a model
+    (`model.BertModel._run_block`): each block's activations are recomputed in the backward
+    pass instead of kept, the same gradients for one more forward of the blocks."""
+
+    def gradient_checkpointing_enable(self) -> None:
+        _set_checkpointing(self, True)
+
+    def gradient_checkpointing_disable(self) -> None:
+        _set_checkpointing(self, False)
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return any(getattr(m, "gradient_checkpointing", False) for m in self.modules())
+
+
+def _set_checkpointing(model: Any, on: bool) -> None:
+    for m in model.modules():
+        if hasattr(m, "gradient_checkpointing"):
+            m.gradient_checkpointing = on
+
+
+class PretrainedMixin(GradientCheckpointing):
     """`from_pretrained` / `save_pretrained` for the public model classes."""
 
     config: BertConfig
@@ -160,7 +182,6 @@ class PretrainedMixin:
 
         replace_folder(Path(path), write,
                        owns=lambda name: name in MODEL_FILES or bool(SHARD_FILE.match(name)))
-
 
 # ---- a model and its tokenizer ------------------------------------------------------------------
 

@@ -258,7 +258,7 @@ def test_export_checkpoint_of_the_new_heads(cls_name, kwargs, tmp_path):
     with torch.no_grad():
         want, got, ref = model(ids, mask), ours(ids, mask), theirs(input_ids=ids,
                                                                    attention_mask=mask)
-    for name in want._fields[1:]:  # logits, or start_logits and end_logits
+    for name in want._fields[1:-2]:  # logits, or start_logits and end_logits
         assert torch.equal(getattr(got, name), getattr(want, name))
         assert _max_diff(getattr(ref, name), getattr(want, name)) <= TOL
 

@@ -99,9 +99,10 @@ def test_classification_trains_and_regression_uses_mse():
 
 def test_outputs_are_named_tuples():
     model = minibert.BertForMaskedLM(tiny_config()).eval()
-    loss, logits = model(torch.tensor([[1, 2, 3]]))
+    loss, logits, hidden_states, attentions = model(torch.tensor([[1, 2, 3]]))
     assert loss is None and logits.shape == (1, 3, 99)
-    hidden, pooled = minibert.BertModel(tiny_config())(torch.tensor([[1, 2]]))
+    assert hidden_states is None and attentions is None  # unless asked for by name
+    hidden, pooled, _, _ = minibert.BertModel(tiny_config())(torch.tensor([[1, 2]]))
     assert hidden.shape == (1, 2, 32) and pooled.shape == (1, 32)
 
 
