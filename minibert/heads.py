@@ -166,7 +166,9 @@ def check_cls_first(attention_mask: Optional[Tensor]) -> None:
     """Refuse a batch whose position 0, where a classifier reads [CLS], is padding in some
     row (padded on the left): the encoder leaves padding at zero, so that row's class would
     come from a zero vector. minibert's collators pad on the right."""
-    if attention_mask is not None and not bool(attention_mask[:, 0].all()):
+    if attention_mask is None or torch.compiler.is_compiling():  # a traced graph has no values
+        return
+    if not bool(attention_mask[:, 0].all()):
         rows = (attention_mask[:, 0] == 0).nonzero().flatten().tolist()
         raise ValueError(f"attention_mask is 0 at position 0 in row(s) {rows[:8]}: the "
                          f"[CLS] token the classifier reads is padding there (padded on the "
@@ -428,6 +430,8 @@ def _check_range(name: str, t: Tensor, n: int, what: str) -> None:
     """Every id of `t` but IGNORE_INDEX lies in [0, n): one outside is an IndexError deep in
     cross_entropy on a CPU and a device-side assert on a GPU, naming neither the tensor nor
     the classes."""
+    if torch.compiler.is_compiling():  # a traced graph has no values to check
+        return
     outside = t[(t != IGNORE_INDEX) & ((t < 0) | (t >= n))]
     if outside.numel():
         raise ValueError(f"{name} hold {int(outside[0])}, outside the {what} [0, {n}) (and "

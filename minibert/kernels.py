@@ -111,9 +111,11 @@ def round_up_rows(h: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     logits, their fp32 copy and their gradients). On a CPU, blocks of a new size every step
     fragment the C allocator's heap, and in bf16 each new shape adds a kernel to oneDNN's
     cache, so a long run's resident set climbs (docs/machine-room.md); with the rows rounded
-    up a few block sizes repeat instead. Elsewhere the rows are returned as they are.
+    up a few block sizes repeat instead. Elsewhere the rows are returned as they are, and
+    in a traced graph, where N is a symbol rather than a number.
     """
-    pad = (-targets.numel()) % PREDICTION_ROWS if h.device.type == "cpu" else 0
+    eager_cpu = h.device.type == "cpu" and not torch.compiler.is_compiling()
+    pad = (-targets.numel()) % PREDICTION_ROWS if eager_cpu else 0
     if not pad:
         return h, targets
     return (torch.cat([h, h.new_zeros(pad, h.size(1))]),

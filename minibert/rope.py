@@ -27,7 +27,6 @@ import torch
 from torch import Tensor
 
 
-@functools.lru_cache(maxsize=32)  # every layer and step of a run asks for the same angles
 def rope_angles(seq_len: int, head_size: int, theta: float, device: torch.device,
                 dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
     """cos and sin of every (position, dimension) angle, each (T, hs), in fp32 (or fp64, for
@@ -39,6 +38,14 @@ def rope_angles(seq_len: int, head_size: int, theta: float, device: torch.device
     mode: angles first cached under `torch.inference_mode()` (an evaluation) would be
     inference tensors, which a later training step could not save for backward.
     """
+    if torch.compiler.is_compiling():  # a traced T is a symbol: the graph computes them
+        return _angles(seq_len, head_size, theta, device, dtype)
+    return _cached_angles(seq_len, head_size, theta, device, dtype)
+
+
+@functools.lru_cache(maxsize=32)  # every layer and step of a run asks for the same angles
+def _cached_angles(seq_len: int, head_size: int, theta: float, device: torch.device,
+                   dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     with torch.inference_mode(False):
         return _angles(seq_len, head_size, theta, device, dtype)
 

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from minibert.rope import apply_rope, rope_angles
+from minibert.rope import _cached_angles, apply_rope, rope_angles
 
 
 def _rope_by_complex_numbers(x: torch.Tensor, theta: float,
@@ -65,7 +65,7 @@ def test_angles_first_made_under_inference_mode_still_train():
     import minibert
     from torch.func import functional_call
 
-    rope_angles.cache_clear()
+    _cached_angles.cache_clear()
     config = minibert.BertConfig.preset("modernbert-tiny", vocab_size=50,
                                         max_position_embeddings=64)
     torch.manual_seed(0)
