@@ -18,7 +18,8 @@ from typing import Any, Optional, Union
 from . import heads
 from .checkpoint import STATE_FILE, load_checkpoint
 from .config import BertConfig
-from .hf import PathLike, check_finite, error_gist
+from .hf import (PathLike, check_finite, check_mappable, error_gist, is_adapter_name,
+                 is_modernbert)
 from .model import BertModel
 from .pretrained import check_tokenizer_fits
 from .tokenizer import Tokenizer
@@ -80,6 +81,9 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
     model = (BertModel if name == "BertModel" else getattr(heads, name))(bert_config, **kwargs)
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+    if any(is_adapter_name(n) for n in unexpected):
+        check_mappable((("bert." if name == "BertModel" else "") + n for n in weights),
+                       is_modernbert(model), f"checkpoint {checkpoint_dir}")
     if missing or unexpected:
         raise ValueError(f"checkpoint {checkpoint_dir} does not hold a {name} (missing "
                          f"{missing[:2]}, unexpected {unexpected[:2]}); pass model_class= "

@@ -32,7 +32,7 @@ import json
 import logging
 import re
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 from torch import Tensor
@@ -89,7 +89,8 @@ _MODERN_RENAMES = [
     (r"^bert\.blocks\.(\d+)\.ffn\.down\.", r"model.layers.\1.mlp.Wo."),
     (r"^bert\.final_norm\.", "model.final_norm."),
     (r"^head\.bias$", "decoder.bias"),
-    (r"^head\.", "head."),
+    (r"^head\.dense\.", "head.dense."),
+    (r"^head\.norm\.", "head.norm."),
     (r"^classifier\.", "classifier."),
     (r"^qa_outputs\.", "classifier."),
 ]
@@ -153,9 +154,50 @@ def _model_prefix(model: torch.nn.Module) -> str:
     return "bert." if _is_bare(model) else ""
 
 
+def _maps(name: str, modern: bool) -> bool:
+    """Whether the tables above give `name` (prefixed as `hf_names` takes it) a place in a
+    model folder: a pattern matches, and only the tensor's own name (weight, bias) follows."""
+    if not modern and _QKV.match(name):
+        return True
+    for pattern, _ in _MODERN_RENAMES if modern else _RENAMES:
+        m = re.match(pattern, name)
+        if m:
+            return name[m.end():] in ("", "weight", "bias")
+    return False
+
+
+def is_adapter_name(name: str) -> bool:
+    """Whether a state-dict name is one of peft's, inside a layer wrapped for LoRA."""
+    return ".lora_" in name or ".base_layer." in name
+
+
+def check_mappable(names: Iterable[str], modern: bool, what: str) -> None:
+    """Refuse, naming them, the state-dict names that a model folder has no place for: a
+    parameter or buffer added to a minibert class, or a layer wrapped by another library
+    (peft's LoRA keeps `qkv.base_layer.weight` and `qkv.lora_A.default.weight`). Saved
+    without them, the folder would load as another model than the one trained."""
+    lost = [n for n in names if not _maps(n, modern)]
+    if not lost:
+        return
+    if any(is_adapter_name(n) for n in lost):
+        fix = ("the model carries LoRA adapters: merge them into the weights first "
+               "(`model = peft_model.merge_and_unload()`), then save the merged model")
+    else:
+        fix = ("a model folder holds a minibert class's own tensors only; keep anything "
+               "added in a file of your own (torch.save of those tensors)")
+    raise ValueError(f"{what}: {len(lost)} tensor(s) have no place in a model folder and "
+                     f"would be lost: {', '.join(lost[:6])}{' ...' if len(lost) > 6 else ''}; "
+                     f"{fix}")
+
+
 def to_hf_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
-    """The model's weights under transformers' names (BERT's fused QKV split into three)."""
+    """The model's weights under transformers' names (BERT's fused QKV split into three).
+
+    A tensor the tables do not map is refused (`check_mappable`), never dropped or saved
+    under a name no loader reads."""
     prefix, modern = _model_prefix(model), is_modernbert(model)
+    check_mappable((prefix + name for name in model.state_dict()), modern,
+                   f"saving a {type(model).__name__}")
     out: dict[str, Tensor] = {}
     for name, t in model.state_dict().items():
         names = hf_names(prefix + name, modern)

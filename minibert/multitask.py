@@ -31,7 +31,8 @@ from .config import BertConfig
 from .heads import (BertForSequenceClassification, BertForTokenClassification,
                     SequenceClassifierOutput, TokenClassifierOutput, check_cls_first, label_names,
                     sequence_classification_loss, token_classification_loss)
-from .hf import PathLike, config_from_hf, load_hf_state_dict, read_weights
+from .hf import (PathLike, check_mappable, config_from_hf, is_modernbert, load_hf_state_dict,
+                 read_weights)
 from .pretrained import GradientCheckpointing, read_folder_config
 from .model import BertModel, Dropout, init_weights
 
@@ -156,6 +157,9 @@ class BertMultiTask(GradientCheckpointing, nn.Module):
         weights (without the pooler for a token task, as transformers' class has none) and
         of the task's head, with its label names."""
         head = self._head(task)
+        check_mappable([f"bert.{n}" for n in self.bert.state_dict()] +
+                       [f"classifier.{n}" for n in head.classifier.state_dict()],
+                       is_modernbert(self), f"task {task!r}'s model")
         model = KINDS[head.kind](self.config, head.num_labels, id2label=head.id2label)
         encoder = {k: t for k, t in self.bert.state_dict().items()
                    if model.bert.pooler is not None or not k.startswith("pooler.")}
