@@ -68,7 +68,7 @@ def parse_args(argv=None):
     pretrain.add_data_args(p, job)
     m = p.add_argument_group("student")
     pretrain.add_architecture_args(m)  # the student's switches; unset, its preset's own
-    cli.add_flags(m, job, ["--attention", "--dropout", "--compile"])
+    cli.add_flags(m, job, ["--attention", "--dropout", "--compile", "--gradient-checkpointing"])
     pretrain.add_training_args(p, job)
     pretrain.add_run_args(p, default_out=Path("runs/distill"), job=job)
     args = p.parse_args(argv)
@@ -115,8 +115,7 @@ def prepare(args, ctx) -> SimpleNamespace:
     # has trained. Here it is built on the meta device, for its resume check alone: its
     # class and config, without memory or random draws.
     minibert.set_seed(args.seed, deterministic=args.deterministic)
-    distiller = Distiller(minibert.BertForMaskedLM(student), teacher, args.alpha,
-                          args.temperature)
+    distiller = Distiller(student_model(args, student), teacher, args.alpha, args.temperature)
     with torch.device("meta"):
         plain = minibert.BertForMaskedLM(student)
     # Resumed, the baseline goes on from its checkpoint; one stopped before its first
@@ -130,6 +129,13 @@ def prepare(args, ctx) -> SimpleNamespace:
                            base_resumed=base_resumed, runs=[
                                RunPlan(distiller, cfg, distill_identity, args.out, args.resume),
                                RunPlan(plain, cfg, identity, base_out, base_resumed)])
+
+
+def student_model(args, config: minibert.BertConfig) -> minibert.BertForMaskedLM:
+    student = minibert.BertForMaskedLM(config)
+    if args.gradient_checkpointing:
+        student.gradient_checkpointing_enable()
+    return student
 
 
 def student_config(args, teacher: minibert.BertForMaskedLM,
@@ -188,7 +194,7 @@ def run(args, ctx, p: SimpleNamespace) -> None:
     rows["teacher"].update(mlm_metrics(teacher, distilled["precision"]))
     # 2. The same student, same seed and steps, without the teacher: plain MLM.
     minibert.set_seed(args.seed, deterministic=args.deterministic)
-    plain = minibert.BertForMaskedLM(p.student)
+    plain = student_model(args, p.student)
     base_out = p.base_out
     baseline = train(plain, train_set, collate, cfg, base_out, ctx=ctx,
                      resume=p.base_resumed, overwrite=args.resume and not p.base_resumed,

@@ -51,7 +51,8 @@ def parse_args(argv=None):
     m = p.add_argument_group("model")
     cli.add_flags(m, job, ["--preset"])
     pretrain.add_architecture_args(m)
-    cli.add_flags(m, job, ["--attention", "--dropout", "--init-from", "--compile"])
+    cli.add_flags(m, job, ["--attention", "--dropout", "--init-from", "--compile",
+                           "--gradient-checkpointing"])
     pretrain.add_training_args(p, job)
     pretrain.add_run_args(p, default_out=Path("runs/pretrain"), job=job)
     return p.parse_args(argv)
@@ -95,6 +96,8 @@ def build_model(args, tok) -> minibert.BertForMaskedLM:
             **pretrain.architecture_overrides(args), **overrides))
     cli.in_flag_names(lambda: model.config.check_fits(args.seq_len, tok.vocab_size),
                       cli.SEQ_LEN_FLAG)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
     return model
 
 

@@ -221,6 +221,10 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
         "--attention": dict(choices=["sdpa", "math", "chunked"]),
         "--compile": dict(action="store_true", help="torch.compile the model (distillation: "
                           "the student and the teacher)"),
+        "--gradient-checkpointing": dict(action="store_true", help="recompute each encoder "
+                                         "block's activations in the backward pass instead of "
+                                         "keeping them: the same gradients in less memory, "
+                                         "for one more forward of the blocks"),
         # training: the run's length and its schedule
         "--epochs": dict(type=int, default=job.epochs, help=epoch),
         "--max-steps": dict(type=int, default=None if by_epochs else t.max_steps,

@@ -61,7 +61,7 @@ def add_args(p: argparse.ArgumentParser, *, out: str, unit: str = "examples",
     `epoch` what --epochs counts."""
     m = p.add_argument_group("model")
     add_flags(m, job, ["--init-from", "--preset", "--vocab-size", "--cache-dir", "--dropout",
-                       "--allow-vocab-mismatch"])
+                       "--allow-vocab-mismatch", "--gradient-checkpointing"])
     t = p.add_argument_group("training")
     add_flags(t, job, ["--epochs", "--max-steps", "--decay-steps", "--batch-size",
                        "--micro-batch-size", "--lr", "--min-lr", "--warmup-ratio",
@@ -185,13 +185,21 @@ def save_tokenizer(args: Any, ctx: DistContext, tok: Tokenizer) -> None:
 def build_model(cls: Any, args: Any, tok: Tokenizer, **head: Any) -> nn.Module:
     """`cls(config, **head)` from --init-from (its encoder, and its head when it fits) or
     from --preset with the tokenizer's vocabulary; checked against --seq-len and `tok`
-    (`check_tokenizer_fits`) before the weights are read.
+    (`check_tokenizer_fits`) before the weights are read. --gradient-checkpointing on.
 
     A checkpoint of `cls` itself trained for other labels than `head["id2label"]` keeps its
     encoder and gets a new head (`from_pretrained(..., on_other_labels="new_head")`): its
     classifier would score the wrong classes."""
     dropout = {} if args.dropout is None else {"hidden_dropout": args.dropout,
                                                "attention_dropout": args.dropout}
+    model = _read_or_build(cls, args, tok, dropout, head)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def _read_or_build(cls: Any, args: Any, tok: Tokenizer, dropout: dict[str, float],
+                   head: dict[str, Any]) -> nn.Module:
     if not args.init_from:
         model = cls(BertConfig.preset(args.preset, vocab_size=tok.vocab_size,
                                       pad_token_id=tok.pad_id, **dropout), **head)
