@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import BertConfig
+from .inputs import check_cls_first, check_ids, check_range, check_shape
 from .labels import IGNORE_INDEX, predicted
 from .pretrained import PretrainedMixin, default_labels, stored_labels
 from .kernels import TiedWordGradient, round_up_rows, tied_word_gradient
@@ -140,11 +141,11 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
         h, extras = out.last_hidden_state, (out.hidden_states, out.attentions)  # h: (B, T, H)
         if labels is None:
             return MaskedLMOutput(None, self.head(h, decoder, tied), *extras)
-        _check_shape("labels", labels, tuple(input_ids.shape), "the shape of input_ids")
-        _check_ids("labels", labels, "token ids to predict (IGNORE_INDEX elsewhere)")
+        check_shape("labels", labels, tuple(input_ids.shape), "the shape of input_ids")
+        check_ids("labels", labels, "token ids to predict (IGNORE_INDEX elsewhere)")
         keep = predicted(labels, attention_mask)  # (B, T) bool: labelled real tokens
         h, targets = h[keep], labels[keep]  # (N, H), (N,)
-        _check_range("labels", targets, decoder.size(0), "vocabulary")  # N ids, not B x T
+        check_range("labels", targets, decoder.size(0), "vocabulary")  # N ids, not B x T
         n = targets.numel()
         h, targets = round_up_rows(h, targets)  # kernels.py: on a CPU, a few row counts repeat
         logits = self.head(h, decoder, tied)  # (N', H) -> (N', V), N' >= N rows
@@ -160,19 +161,6 @@ def _transform(config: BertConfig) -> Optional[Transform]:
     head = Transform(config)
     head.apply(lambda m: init_weights(m, config))
     return head
-
-
-def check_cls_first(attention_mask: Optional[Tensor]) -> None:
-    """Refuse a batch whose position 0, where a classifier reads [CLS], is padding in some
-    row (padded on the left): the encoder leaves padding at zero, so that row's class would
-    come from a zero vector. minibert's collators pad on the right."""
-    if attention_mask is None or torch.compiler.is_compiling():  # a traced graph has no values
-        return
-    if not bool(attention_mask[:, 0].all()):
-        rows = (attention_mask[:, 0] == 0).nonzero().flatten().tolist()
-        raise ValueError(f"attention_mask is 0 at position 0 in row(s) {rows[:8]}: the "
-                         f"[CLS] token the classifier reads is padding there (padded on the "
-                         f"left?); pad on the right, [CLS] first")
 
 
 def pool(h: Tensor, attention_mask: Optional[Tensor], how: str) -> Tensor:
@@ -323,13 +311,13 @@ def sequence_classification_loss(logits: Tensor, labels: Tensor) -> Tensor:
     """logits (B, C), labels (B,): MSE on float labels when C == 1 (regression), otherwise
     cross-entropy on class ids. Computed in float32 whatever the autocast dtype."""
     num_labels = logits.size(-1)
-    _check_shape("labels", labels, (logits.size(0),), "one label per sequence (multi-label "
+    check_shape("labels", labels, (logits.size(0),), "one label per sequence (multi-label "
                  "targets, a column per class, are not supported)")
     if num_labels == 1:
         return F.mse_loss(logits.squeeze(-1).float(), labels.float())
-    _check_ids("labels", labels, f"integer class ids for classification (num_labels="
+    check_ids("labels", labels, f"integer class ids for classification (num_labels="
                                   f"{num_labels})")
-    _check_range("labels", labels, num_labels, f"{num_labels} classes")
+    check_range("labels", labels, num_labels, f"{num_labels} classes")
     return F.cross_entropy(logits.float(), labels)
 
 
@@ -337,9 +325,9 @@ def token_classification_loss(logits: Tensor, labels: Tensor,
                               attention_mask: Optional[Tensor]) -> Tensor:
     """logits (B, T, C), labels (B, T) with IGNORE_INDEX where nothing is predicted: the mean
     cross-entropy over labelled real tokens (a label on padding is ignored)."""
-    _check_shape("labels", labels, tuple(logits.shape[:2]), "the shape of input_ids")
-    _check_ids("labels", labels, "integer class ids for token classification")
-    _check_range("labels", labels, logits.size(-1), f"{logits.size(-1)} classes")
+    check_shape("labels", labels, tuple(logits.shape[:2]), "the shape of input_ids")
+    check_ids("labels", labels, "integer class ids for token classification")
+    check_range("labels", labels, logits.size(-1), f"{logits.size(-1)} classes")
     if attention_mask is not None:  # the encoder did not compute padding: never score it
         labels = labels.masked_fill(~attention_mask.bool(), IGNORE_INDEX)
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
@@ -396,8 +384,8 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
         losses = []
         for name, positions, logits in (("start_positions", start_positions, start_logits),
                                         ("end_positions", end_positions, end_logits)):
-            _check_shape(name, positions, (B,), "one position per sequence")
-            _check_ids(name, positions, "integer token positions")
+            check_shape(name, positions, (B,), "one position per sequence")
+            check_ids(name, positions, "integer token positions")
             target = _span_target(positions, keep, T)
             losses.append(F.cross_entropy(logits.float(), target, ignore_index=T))
         return QuestionAnsweringModelOutput((losses[0] + losses[1]) / 2, start_logits,
@@ -413,27 +401,3 @@ def _span_target(positions: Tensor, keep: Optional[Tensor], T: int) -> Tensor:
         on_real = real.gather(1, target[:, None]).squeeze(1)  # (B,)
         target = target.masked_fill(~on_real, T)
     return target
-
-
-def _check_shape(name: str, t: Tensor, shape: tuple, what: str) -> None:
-    if not isinstance(t, Tensor) or tuple(t.shape) != shape:
-        got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-        raise ValueError(f"{name} has shape {got}; expected {shape}, {what}")
-
-
-def _check_ids(name: str, t: Tensor, what: str) -> None:
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise TypeError(f"{name} must be {what}; got {t.dtype}")
-
-
-def _check_range(name: str, t: Tensor, n: int, what: str) -> None:
-    """Every id of `t` but IGNORE_INDEX lies in [0, n): one outside is an IndexError deep in
-    cross_entropy on a CPU and a device-side assert on a GPU, naming neither the tensor nor
-    the classes."""
-    if torch.compiler.is_compiling():  # a traced graph has no values to check
-        return
-    outside = t[(t != IGNORE_INDEX) & ((t < 0) | (t >= n))]
-    if outside.numel():
-        raise ValueError(f"{name} hold {int(outside[0])}, outside the {what} [0, {n}) (and "
-                         f"not {IGNORE_INDEX}, which is ignored); do the labels come from "
-                         f"another label map or vocabulary than the model's?")

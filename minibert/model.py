@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import attention, attention_bias, attention_probs
 from .config import BertConfig
+from .inputs import check_inputs
 from .kernels import TiedWordGradient, dropout
 from .pretrained import PretrainedMixin
 from .rope import apply_rope, rope_angles, rope_dtype
@@ -358,55 +359,3 @@ def init_weights(module: nn.Module, config: BertConfig) -> None:
         nn.init.ones_(module.weight)
         if module.bias is not None:
             nn.init.zeros_(module.bias)
-
-
-def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional[Tensor],
-                 token_type_ids: Optional[Tensor]) -> None:
-    """Turn the usual input mistakes into clear errors, once per forward (not per layer).
-
-    The only costly check is the token-id range, one fused min/max reduction over (B, T);
-    without it a bad id surfaces as an IndexError inside nn.Embedding (or, on CUDA, as a
-    device-side assert that poisons the whole process).
-    """
-    if not isinstance(input_ids, Tensor):
-        raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids)}")
-    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-        raise TypeError(f"input_ids must hold integer token ids (torch.long), got "
-                        f"{input_ids.dtype}")
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be 2-D (batch, tokens), got shape "
-                         f"{tuple(input_ids.shape)}; for one sequence use input_ids[None]")
-    B, T = input_ids.shape
-    if B == 0 or T == 0:  # would otherwise fail deep inside attention, in a reshape
-        raise ValueError(f"input_ids is empty, shape {(B, T)}; the model needs at least one "
-                         f"sequence of at least one token")
-    if T > config.max_position_embeddings:
-        raise ValueError(f"sequence length {T} exceeds max_position_embeddings="
-                         f"{config.max_position_embeddings}; truncate the input or build the "
-                         f"model with a larger max_position_embeddings")
-    for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
-        if t is not None and (not isinstance(t, Tensor) or t.shape != input_ids.shape):
-            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise ValueError(f"{name} has shape {shape} but input_ids has {(B, T)}; they must "
-                             f"match")
-    if torch.compiler.is_compiling():
-        return  # the checks of values below would stop a traced graph: it has no values
-    lo, hi = torch.aminmax(input_ids)
-    if lo < 0 or hi >= config.vocab_size:
-        raise ValueError(f"input_ids must lie in [0, vocab_size={config.vocab_size}), found "
-                         f"values from {int(lo)} to {int(hi)}; does the tokenizer match the "
-                         f"model?")
-    if token_type_ids is not None and token_type_ids.numel() > 0:
-        lo, hi = torch.aminmax(token_type_ids)
-        if config.type_vocab_size == 0 and (lo != 0 or hi != 0):
-            # All zeros is one segment, which changes nothing. A second segment would be
-            # ignored without a word, and the caller believes the model sees it.
-            raise ValueError("token_type_ids mark a second segment, but this model has no "
-                             "segment embeddings (type_vocab_size=0, as ModernBERT): it "
-                             "tells the texts of a pair apart by [SEP] alone; leave "
-                             "token_type_ids out (the collators do, with segments=False: "
-                             "segments=model.config.has_segments)")
-        if config.type_vocab_size and (lo < 0 or hi >= config.type_vocab_size):
-            raise ValueError(f"token_type_ids must lie in [0, type_vocab_size="
-                             f"{config.type_vocab_size}), found values from {int(lo)} to "
-                             f"{int(hi)}")

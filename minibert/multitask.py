@@ -29,8 +29,9 @@ from torch import Tensor
 
 from .config import BertConfig
 from .heads import (BertForSequenceClassification, BertForTokenClassification,
-                    SequenceClassifierOutput, TokenClassifierOutput, check_cls_first, label_names,
+                    SequenceClassifierOutput, TokenClassifierOutput, label_names,
                     sequence_classification_loss, token_classification_loss)
+from .inputs import check_cls_first
 from .hf import (PathLike, check_mappable, config_from_hf, is_modernbert, load_hf_state_dict,
                  read_weights)
 from .pretrained import GradientCheckpointing, read_folder_config

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from .data.mlm import pad_batch
 from . import heads
-from .heads import check_cls_first
+from .inputs import check_cls_first
 from .hf import PathLike, config_from_hf, load_hf_state_dict, read_weights
 from .pretrained import read_folder_config
 from .model import BertModel

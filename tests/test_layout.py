@@ -17,8 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minibert"
 RUN_HALF = {"engine", "state", "resume", "recovery", "rundir", "checkpoint", "precision",
             "distributed", "memory", "meters", "environment", "rng", "optim", "export",
             "runlog", "signals"}
-MODEL_HALF = {"config", "attention", "kernels", "model", "pretrained", "heads", "multitask",
-              "sentence"}
+MODEL_HALF = {"config", "attention", "inputs", "kernels", "model", "pretrained", "heads",
+              "multitask", "sentence"}
 
 
 def _module(path: Path) -> str:
