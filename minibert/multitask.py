@@ -24,6 +24,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
+import torch
 import torch.nn as nn
 from torch import Tensor
 
@@ -32,7 +33,7 @@ from .heads import (BertForSequenceClassification, BertForTokenClassification,
                     SequenceClassifierOutput, TokenClassifierOutput, check_cls_first, label_names,
                     sequence_classification_loss, token_classification_loss)
 from .hf import PathLike, config_from_hf, load_hf_state_dict, read_weights
-from .pretrained import read_folder_config
+from .pretrained import load_dtype, read_folder_config
 from .model import BertModel, Dropout, init_weights
 
 if TYPE_CHECKING:
@@ -171,17 +172,20 @@ class BertMultiTask(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: PathLike, tasks: Mapping[str, TaskSpec], *,
-                        allow_vocab_mismatch: bool = False,
+                        allow_vocab_mismatch: bool = False, dtype: Optional[torch.dtype] = None,
+                        torch_dtype: Optional[torch.dtype] = None,
                         **config_overrides: Any) -> "BertMultiTask":
         """The encoder (and pooler, when the checkpoint has one) of a model folder, minibert's
         or transformers', with a fresh head per task. Any head in the checkpoint (MLM,
         classifier) is not read: it was trained for another task. `config_overrides` apply
         on top of the stored config, e.g. `hidden_dropout=0.0`. A folder whose tokenizer
         is not the vocabulary its config.json records is refused unless
-        `allow_vocab_mismatch`, as in the model classes' `from_pretrained`."""
+        `allow_vocab_mismatch`, and `dtype` (or `torch_dtype`) casts the model (heads too), as
+        in the model classes' `from_pretrained`."""
+        dtype = load_dtype(dtype, torch_dtype)
         config = config_from_hf(read_folder_config(path, allow_vocab_mismatch),
                                          **config_overrides)
         model = cls(config, tasks)
         load_hf_state_dict(model.bert, read_weights(path))
-        return model
+        return model if dtype is None else model.to(dtype)
 
