@@ -124,9 +124,9 @@ class Tokenizer:
             logger.warning("the tokenizer has no post-processor, so its encodings would "
                            "lack [CLS] and [SEP]: attached BERT's template, [CLS] A [SEP] "
                            "and [CLS] A [SEP] B [SEP] (saving keeps it)")
-        # Padding and truncation are the collator's job, not the tokenizer's: a
-        # tokenizer.json from a checkpoint may carry settings that would silently
-        # cut or pad every encoding.
+        # Padding and truncation are asked for per call (by the collators, or in
+        # `__call__`), never left in the backend: a tokenizer.json from a checkpoint may
+        # carry settings that would silently cut or pad every encoding.
         backend.no_padding()
         backend.no_truncation()
         self.backend = backend
