@@ -63,8 +63,7 @@ def key_padding_bias(keep: Tensor, dtype: torch.dtype) -> Tensor:
 
 def attention_bias(keep: Optional[Tensor], T: int, window: Optional[int], dtype: torch.dtype,
                    device: torch.device) -> Optional[Tensor]:
-    """The additive bias of one layer's scores: the window's band and padding keys (a local
-    layer), padding keys alone (a global layer), or None when neither applies."""
+    """A layer's additive score bias: band and padding (local), padding (global), or None."""
     if window is not None:
         return window_bias(keep, T, window, dtype, device)  # (B or 1, 1, T, T)
     return None if keep is None else key_padding_bias(keep, dtype)  # (B, 1, 1, T)

@@ -68,6 +68,10 @@ MODERN_PRESETS: dict[str, tuple[int, int, int, int]] = {
     "modernbert-large": (28, 1024, 16, 2624),
 }
 ALL_PRESETS = tuple(PRESETS) + tuple(MODERN_PRESETS)  # every name `BertConfig.preset` knows
+# transformers' names for the fields minibert names otherwise (hf.py's config.json map).
+HF_RENAMES = dict(num_hidden_layers="num_layers", num_attention_heads="num_heads",
+                  hidden_dropout_prob="hidden_dropout",
+                  attention_probs_dropout_prob="attention_dropout")
 
 
 @dataclass
@@ -106,6 +110,11 @@ class BertConfig:
     task_head: str = "bert"
     classifier_pooling: str = "cls"  # with task_head "transform": [CLS], or the mean of tokens
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> "BertConfig":
+        # transformers' names are refused naming ours, before __init__ refuses them bare.
+        known_fields({k: v for k, v in kwargs.items() if k in HF_RENAMES}, cls.__name__)
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                      "max_position_embeddings", "attention_chunk_size", "global_every"):
@@ -120,14 +129,16 @@ class BertConfig:
             raise ValueError(f"BertConfig.hidden_size={self.hidden_size} must be divisible by "
                              f"num_heads={self.num_heads} (each head gets hidden_size / num_heads "
                              f"dimensions)")
-        for name in ("hidden_dropout", "attention_dropout"):
-            p = getattr(self, name)
-            if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p < 1.0:
-                raise ValueError(f"BertConfig.{name}={p!r} must be a probability in [0, 1)")
-        for name in ("layer_norm_eps", "initializer_range"):
-            x = getattr(self, name)
-            if not isinstance(x, (int, float)) or isinstance(x, bool) or not x > 0:
-                raise ValueError(f"BertConfig.{name}={x!r} must be a positive number")
+        for names, fits, what in ((("hidden_dropout", "attention_dropout"), lambda x: 0 <= x < 1,
+                                   "a probability in [0, 1)"),
+                                  (("layer_norm_eps", "initializer_range"), lambda x: x > 0,
+                                   "a positive number"),
+                                  (("rope_theta", "rope_local_theta"), lambda x: x > 1,
+                                   "a number > 1 (RoPE's base)")):
+            for name in names:
+                x = getattr(self, name)
+                if not isinstance(x, (int, float)) or isinstance(x, bool) or not fits(x):
+                    raise ValueError(f"BertConfig.{name}={x!r} must be {what}")
         if self.norm_position not in NORM_POSITIONS:
             raise ValueError(f"BertConfig.norm_position={self.norm_position!r} is not one of "
                              f"{NORM_POSITIONS}")
@@ -141,10 +152,6 @@ class BertConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"BertConfig.{name}={getattr(self, name)!r} must be True or "
                                  f"False")
-        for name in ("rope_theta", "rope_local_theta"):
-            x = getattr(self, name)
-            if not isinstance(x, (int, float)) or isinstance(x, bool) or not x > 1:
-                raise ValueError(f"BertConfig.{name}={x!r} must be a number > 1 (RoPE's base)")
         if self.classifier_pooling != "cls" and self.task_head != "transform":
             raise ValueError(f"BertConfig.classifier_pooling={self.classifier_pooling!r} is read "
                              f"by task_head='transform' only (BERT's tanh pooler reads [CLS]); "
@@ -194,20 +201,13 @@ class BertConfig:
         >>> BertConfig.preset("mini", vocab_size=8000).hidden_size
         256
         """
-        if name in MODERN_PRESETS:
-            layers, hidden, heads, width = MODERN_PRESETS[name]
-            fields = dict(MODERN, num_layers=layers, hidden_size=hidden, num_heads=heads,
-                          intermediate_size=width)
-            fields.update(overrides)
-            return cls(**known_fields(fields, f"BertConfig.preset({name!r})"))
-        if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; choose one of "
-                             f"{tuple(PRESETS) + tuple(MODERN_PRESETS)}")
-        layers, hidden, heads = PRESETS[name]
-        fields = dict(num_layers=layers, hidden_size=hidden, num_heads=heads,
-                      intermediate_size=4 * hidden)
-        fields.update(overrides)
-        return cls(**known_fields(fields, f"BertConfig.preset({name!r})"))
+        if name not in ALL_PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {ALL_PRESETS}")
+        # A modern preset names its feed-forward width; a compact one's is 4 * hidden.
+        layers, hidden, heads, *width = MODERN_PRESETS.get(name) or PRESETS[name]
+        fields = dict(MODERN if width else {}, num_layers=layers, hidden_size=hidden,
+                      num_heads=heads, intermediate_size=width[0] if width else 4 * hidden)
+        return cls(**known_fields({**fields, **overrides}, f"BertConfig.preset({name!r})"))
 
     def replace(self, **overrides: Any) -> "BertConfig":
         """A copy with some fields changed (validated again)."""
@@ -222,9 +222,14 @@ def check_int(owner: str, name: str, value: Any, minimum: int) -> None:
 
 
 def known_fields(fields: dict[str, Any], where: str) -> dict[str, Any]:
-    """`fields` as they are, after refusing any name that is not a BertConfig field."""
+    """`fields` as they are, after refusing any name that is not a BertConfig field: a
+    TypeError naming ours for transformers' name of one (`HF_RENAMES`), else a ValueError."""
     known = {f.name for f in dataclasses.fields(BertConfig)}
     unknown = sorted(set(fields) - known)
+    if theirs := [n for n in unknown if n in HF_RENAMES]:
+        raise TypeError(f"{where} got {', '.join(theirs)}, transformers' name"
+                        f"{'s' * (len(theirs) > 1)} for {', '.join(HF_RENAMES[n] for n in theirs)}"
+                        f": use {', '.join(f'{HF_RENAMES[n]}={fields[n]!r}' for n in theirs)}")
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {unknown}; BertConfig fields are "
                          f"{sorted(known)}")

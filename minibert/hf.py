@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from .atomic import PathLike, error_gist
-from .config import MODERN, BertConfig, known_fields
+from .config import HF_RENAMES, MODERN, BertConfig, known_fields
 
 logger = logging.getLogger(__name__)
 
@@ -519,21 +519,12 @@ def model_type(config: BertConfig) -> str:
     return MINIBERT_MODEL_TYPE
 
 
-# transformers' name -> minibert's name, for the fields both have.
-_HF_NAMES = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "num_hidden_layers": "num_layers",
-    "num_attention_heads": "num_heads",
-    "intermediate_size": "intermediate_size",
-    "max_position_embeddings": "max_position_embeddings",
-    "type_vocab_size": "type_vocab_size",
-    "hidden_dropout_prob": "hidden_dropout",
-    "attention_probs_dropout_prob": "attention_dropout",
-    "layer_norm_eps": "layer_norm_eps",
-    "initializer_range": "initializer_range",
-    "pad_token_id": "pad_token_id",
-}
+# transformers' name -> minibert's name, for the fields both have: under the same name, or
+# under another (config.HF_RENAMES, which BertConfig also reads to refuse them).
+_HF_NAMES = {**{name: name for name in ("vocab_size", "hidden_size", "intermediate_size",
+                                        "max_position_embeddings", "type_vocab_size",
+                                        "layer_norm_eps", "initializer_range", "pad_token_id")},
+             **HF_RENAMES}
 # minibert-only fields, written into config.json under their own names.
 _MINIBERT_ONLY = ("norm_position", "attention", "attention_chunk_size")
 _SWITCHES = ("position", "rope_theta", "rope_local_theta", "mlp", "bias",

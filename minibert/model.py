@@ -120,10 +120,9 @@ class SelfAttention(nn.Module):
         """x: (B, T, H), or (N, H) for the N real tokens of an unpadded batch (see `unpad`);
         keep: (B, T) bool, True for real tokens, or None when nothing is padding.
 
-        Returns x's layout, and the attention probabilities (B, nh, T, T) when asked for
-        (zero in the rows of padding queries), else None. Attention alone needs the (B, T)
-        grid, to know which tokens share a sequence, so an unpadded batch goes back to it for
-        the attention and out again.
+        Returns x's layout, and the probabilities (B, nh, T, T), zero in padding queries'
+        rows, when asked for. Attention alone needs the (B, T) grid, to know which tokens
+        share a sequence, so an unpadded batch goes back to it and out again.
         """
         H = x.size(-1)
         unpadded = x.dim() == 2
@@ -138,8 +137,7 @@ class SelfAttention(nn.Module):
             cos, sin = rope_angles(T, q.size(-1), self.rope_theta, q.device,
                                    rope_dtype(q.dtype))  # (T, hs)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        p = self.dropout_p if self.training else 0.0
-        probs = None
+        p, probs = (self.dropout_p if self.training else 0.0), None
         if output_attentions:  # the formula itself, which has the probabilities to hand out
             probs = attention_probs(q, k, attention_bias(keep, T, self.window, q.dtype,
                                                          q.device))  # (B, nh, T, T)
@@ -182,9 +180,7 @@ def padded(x: Tensor, keep: Optional[Tensor]) -> Tensor:
     or masked where a traced graph kept the padding in place (see `BertModel.forward`)."""
     if keep is None:
         return x
-    if x.dim() == 2:
-        return repad(x, keep)
-    return x.masked_fill(~keep[..., None], 0.0)
+    return repad(x, keep) if x.dim() == 2 else x.masked_fill(~keep[..., None], 0.0)
 
 
 class FeedForward(nn.Module):
@@ -297,36 +293,34 @@ class BertModel(PretrainedMixin, nn.Module):
         """
         check_inputs(self.config, input_ids, attention_mask, token_type_ids)
         keep = None if attention_mask is None else attention_mask.bool()  # (B, T)
-        # Unpadding needs N, the number of real tokens: a value of the data, which a graph
-        # traced by torch.compile or torch.export cannot know. A traced graph therefore keeps
-        # the padded layout, and attention's bias hides the padding keys (the same outputs).
-        # Eagerly, a mask with no padding in it is dropped here, once for all layers:
-        # attention then gets no bias at all, which on CUDA is what lets SDPA choose the
-        # FlashAttention kernel (any attn_mask rules it out, and MLMCollator always returns
-        # a mask). `keep.all()` makes the host wait for the device; that is one sync per
-        # forward, and the decision whether to unpad needs the same answer anyway.
+        # Unpadding needs N, the number of real tokens, which a graph traced by torch.compile
+        # or torch.export cannot know: a traced graph keeps the padded layout, its padding
+        # keys hidden by attention's bias (the same outputs). Eagerly, a mask with no padding
+        # is dropped here, once for all layers: attention then gets no bias at all, which on
+        # CUDA lets SDPA choose FlashAttention (any attn_mask rules it out, and MLMCollator
+        # always returns one). `keep.all()` is one host-device sync per forward, and the
+        # decision whether to unpad needs the same answer anyway.
         unpadding = keep is not None and not torch.compiler.is_compiling()
         if unpadding and bool(keep.all()):
             keep, unpadding = None, False
         x = self.embeddings(input_ids, token_type_ids, tied_word_grad)  # (B, T, H)
-        hidden = [padded(x, keep)] if output_hidden_states else None
-        attentions = [] if output_attentions else None
+        hidden = (padded(x, keep),) if output_hidden_states else None
+        attentions = () if output_attentions else None
         if unpadding:
             x = unpad(x, keep)  # (N, H): the blocks skip the padding (see `unpad`)
         for block in self.blocks:
             x, probs = self._run_block(block, x, keep, output_attentions)
             if hidden is not None:
-                hidden.append(padded(x, keep))
+                hidden += (padded(x, keep),)
             if attentions is not None:
-                attentions.append(probs)
+                attentions += (probs,)
         if self.final_norm is not None:
             x = self.final_norm(x)
         x = padded(x, keep)  # (B, T, H)
         if hidden is not None:
-            hidden[-1] = x  # the last state is the output, after the final norm
+            hidden = hidden[:-1] + (x,)  # the last state is the output, after the final norm
         pooled = None if self.pooler is None else torch.tanh(self.pooler(x[:, 0]))  # (B, H)
-        return BertOutput(x, pooled, None if hidden is None else tuple(hidden),
-                          None if attentions is None else tuple(attentions))
+        return BertOutput(x, pooled, hidden, attentions)
 
     def _run_block(self, block: Block, x: Tensor, keep: Optional[Tensor],
                    output_attentions: bool) -> tuple[Tensor, Optional[Tensor]]:

@@ -24,6 +24,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
+import torch
 import torch.nn as nn
 from torch import Tensor
 
@@ -34,7 +35,7 @@ from .heads import (BertForSequenceClassification, BertForTokenClassification,
 from .inputs import check_cls_first
 from .hf import (PathLike, check_mappable, config_from_hf, is_modernbert, load_hf_state_dict,
                  read_weights)
-from .pretrained import GradientCheckpointing, read_folder_config
+from .pretrained import GradientCheckpointing, load_dtype, read_folder_config
 from .model import BertModel, Dropout, init_weights
 
 if TYPE_CHECKING:
@@ -181,17 +182,20 @@ class BertMultiTask(GradientCheckpointing, nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: PathLike, tasks: Mapping[str, TaskSpec], *,
-                        allow_vocab_mismatch: bool = False,
+                        allow_vocab_mismatch: bool = False, dtype: Optional[torch.dtype] = None,
+                        torch_dtype: Optional[torch.dtype] = None,
                         **config_overrides: Any) -> "BertMultiTask":
         """The encoder (and pooler, when the checkpoint has one) of a model folder, minibert's
         or transformers', with a fresh head per task. Any head in the checkpoint (MLM,
         classifier) is not read: it was trained for another task. `config_overrides` apply
         on top of the stored config, e.g. `hidden_dropout=0.0`. A folder whose tokenizer
         is not the vocabulary its config.json records is refused unless
-        `allow_vocab_mismatch`, as in the model classes' `from_pretrained`."""
+        `allow_vocab_mismatch`, and `dtype` (or `torch_dtype`) casts the model (heads too), as
+        in the model classes' `from_pretrained`."""
+        dtype = load_dtype(dtype, torch_dtype)
         config = config_from_hf(read_folder_config(path, allow_vocab_mismatch),
                                          **config_overrides)
         model = cls(config, tasks)
         load_hf_state_dict(model.bert, read_weights(path))
-        return model
+        return model if dtype is None else model.to(dtype)
 

@@ -19,6 +19,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
+import torch
+
 from .atomic import replace_folder
 from .config import BertConfig
 from .hf import (CONFIG_FILE, MODEL_FILES, MODERNBERT_MODEL_TYPE, PRE_LN_WEIGHTS_FILE, SHARD_FILE,
@@ -81,7 +83,9 @@ class PretrainedMixin(GradientCheckpointing):
 
     @classmethod
     def from_pretrained(cls: type[M], path: PathLike, *, on_other_labels: str = "error",
-                        allow_vocab_mismatch: bool = False, **config_overrides: Any) -> M:
+                        allow_vocab_mismatch: bool = False, dtype: Optional[torch.dtype] = None,
+                        torch_dtype: Optional[torch.dtype] = None,
+                        **config_overrides: Any) -> M:
         """Load a checkpoint directory in transformers' layout (or one minibert saved).
 
         Overrides apply on top of the stored config, e.g. `attention="chunked"` or
@@ -100,7 +104,13 @@ class PretrainedMixin(GradientCheckpointing):
         `save_pretrained(..., tokenizer=tok)`) and whose tokenizer is another is refused,
         naming both fingerprints, unless `allow_vocab_mismatch` (deliberate vocabulary
         surgery).
+
+        `dtype` (or `torch_dtype`, transformers' older name for it), e.g. `torch.bfloat16`:
+        the parameters' dtype. The model is read in fp32 and then cast, so it computes what
+        `from_pretrained(path).to(dtype)` does; without it the model is fp32 whatever the
+        stored weights' dtype, as in transformers.
         """
+        dtype = load_dtype(dtype, torch_dtype)
         if on_other_labels not in ON_OTHER_LABELS:
             raise ValueError(f"on_other_labels={on_other_labels!r}: choose one of "
                              f"{ON_OTHER_LABELS}")
@@ -138,7 +148,7 @@ class PretrainedMixin(GradientCheckpointing):
         if not own_head:
             sd = {k: t for k, t in sd.items() if not k.startswith("classifier.")}
         load_hf_state_dict(model, sd)
-        return model
+        return model if dtype is None else model.to(dtype)
 
     def save_pretrained(self, path: PathLike, tokenizer: Optional["Tokenizer"] = None) -> None:
         """Write the folder `path`: config.json and the weights, replacing an earlier export.
@@ -182,6 +192,24 @@ class PretrainedMixin(GradientCheckpointing):
 
         replace_folder(Path(path), write,
                        owns=lambda name: name in MODEL_FILES or bool(SHARD_FILE.match(name)))
+
+
+def load_dtype(dtype: Any, torch_dtype: Any) -> Optional[torch.dtype]:
+    """The dtype a `from_pretrained` casts its model to: `dtype`, or `torch_dtype` (the name
+    transformers used before `dtype`, accepted as an alias), or None (fp32), checked before
+    any file is read."""
+    if dtype is not None and torch_dtype is not None:
+        raise TypeError("from_pretrained got both dtype= and torch_dtype=, transformers' older "
+                        "name for dtype: pass dtype= alone")
+    name, value = ("dtype", dtype) if torch_dtype is None else ("torch_dtype", torch_dtype)
+    if value is not None and not isinstance(value, torch.dtype):
+        raise TypeError(f"{name}={value!r} must be a torch.dtype, such as torch.bfloat16, "
+                        f"torch.float16 or torch.float32")
+    if value is not None and not value.is_floating_point:
+        raise ValueError(f"{name}={value} is not a floating-point dtype; a model's parameters "
+                         f"can be torch.float32, torch.bfloat16 or torch.float16")
+    return value
+
 
 # ---- a model and its tokenizer ------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from .data.mlm import pad_batch
 from . import heads
 from .inputs import check_cls_first
 from .hf import PathLike, config_from_hf, load_hf_state_dict, read_weights
-from .pretrained import read_folder_config
+from .pretrained import load_dtype, read_folder_config
 from .model import BertModel
 from .tokenizer import Tokenizer
 
@@ -115,7 +115,8 @@ class SentenceEncoder(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: PathLike, pooling: str = "mean", normalize: bool = False,
-                        *, allow_vocab_mismatch: bool = False,
+                        *, allow_vocab_mismatch: bool = False, dtype: Optional[torch.dtype] = None,
+                        torch_dtype: Optional[torch.dtype] = None,
                         **config_overrides: Any) -> "SentenceEncoder":
         """Load the encoder and tokenizer of a model folder.
 
@@ -128,14 +129,18 @@ class SentenceEncoder(nn.Module):
 
         A folder whose config.json records another vocabulary than its tokenizer's (the
         tokenizer was replaced after saving) is refused unless `allow_vocab_mismatch`, as
-        in the model classes' `from_pretrained`.
+        in the model classes' `from_pretrained`, and `dtype` (or `torch_dtype`) casts the
+        encoder as theirs does; `encode` still returns float32.
         """
         check_pooling(pooling)  # before reading any file
+        dtype = load_dtype(dtype, torch_dtype)
         config = config_from_hf(read_folder_config(path, allow_vocab_mismatch),
                                          **config_overrides)
         tokenizer = Tokenizer.from_pretrained(path)
         model = BertModel(config, add_pooler=False)
         load_hf_state_dict(model, read_weights(path))  # extra tensors (heads) are skipped
+        if dtype is not None:
+            model.to(dtype)
         return cls(model.eval(), tokenizer, pooling, normalize)
 
     @property

@@ -18,7 +18,9 @@ class below only adds what minibert needs on top: training with a content-keyed
 cache (in `minibert.tokenizer_train`), loading from the file layouts found in
 the wild, the special ids, and for fine-tuning an `Encoding` per text, text
 pair or list of words: token types, pair truncation, and each token's characters
-and word, which map predictions back onto the text.
+and word, which map predictions back onto the text. A Tokenizer is also called as
+transformers' tokenizers are, `model(**tok(texts, padding=True, return_tensors="pt"))`
+(its arguments and padding in `minibert.tokenizer_call`).
 """
 from __future__ import annotations
 
@@ -33,13 +35,12 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from .atomic import publish_folder, write_files_atomically
 from .special_tokens import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK
+from .tokenizer_call import TRUNCATION, BatchEncoding, CallOptions, Text, pad_rows, text_inputs
 from .tokenizer_files import read_tokenizer_config, read_vocab_txt, tokenizer_config_for
 from .tokenizer_train import PathLike, default_cache_dir, train_on_files, train_on_texts
 
-__all__ = ["Encoding", "Explanation", "SPECIAL_TOKENS", "Tokenizer", "default_cache_dir",
-           "truncated_lengths", "wordpiece"]
-
-TRUNCATION = ("longest_first", "only_first", "only_second")
+__all__ = ["BatchEncoding", "Encoding", "Explanation", "SPECIAL_TOKENS", "Tokenizer",
+           "default_cache_dir", "truncated_lengths", "wordpiece"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,9 +124,9 @@ class Tokenizer:
             logger.warning("the tokenizer has no post-processor, so its encodings would "
                            "lack [CLS] and [SEP]: attached BERT's template, [CLS] A [SEP] "
                            "and [CLS] A [SEP] B [SEP] (saving keeps it)")
-        # Padding and truncation are the collator's job, not the tokenizer's: a
-        # tokenizer.json from a checkpoint may carry settings that would silently
-        # cut or pad every encoding.
+        # Padding and truncation are asked for per call (by the collators, or in
+        # `__call__`), never left in the backend: a tokenizer.json from a checkpoint may
+        # carry settings that would silently cut or pad every encoding.
         backend.no_padding()
         backend.no_truncation()
         self.backend = backend
@@ -321,6 +322,47 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Ids of `text`, as `[CLS] ... [SEP]` unless `add_special_tokens=False`."""
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def __call__(self, text: Text, text_pair: Optional[Text] = None, *,
+                 padding: Union[bool, str] = False, truncation: Union[bool, str, None] = None,
+                 max_length: Optional[int] = None, return_tensors: Optional[str] = None,
+                 return_token_type_ids: bool = True) -> BatchEncoding:
+        """Encode for the model as transformers' tokenizers do:
+        `model(**tok(texts, padding=True, truncation=True, max_length=128, return_tensors="pt"))`.
+
+        text: one str, or a list of B str. text_pair: none, or the second text of each (a
+            str for one text, else a list of B), for `[CLS] a [SEP] b [SEP]` rows.
+        padding: True (or "longest") pads to the longest row, "max_length" to max_length,
+            False (the default, or "do_not_pad") not at all; on the right, with [PAD].
+        truncation: True (or "longest_first") cuts each row to max_length, a pair's longer
+            text first (`truncated_lengths`), "only_first" / "only_second" one text, False
+            none. Unset, max_length alone (without padding) cuts, as in transformers.
+        max_length: needed by truncation and by padding="max_length"; transformers would take
+            its tokenizer's model_max_length, and minibert's Tokenizer does not know its
+            model's (`model.config.max_position_embeddings`).
+        return_tensors: "pt" for int64 torch tensors, "np" for numpy arrays, (B, T) and
+            (1, T) for one text; None for lists.
+        return_token_type_ids: the segment ids (0, and 1 on text_pair's tokens) are returned
+            by default, as transformers' BERT tokenizer returns them; pass
+            `model.config.has_segments` to leave them out for a model without segments
+            (every ModernBERT), which tells a pair's texts apart by [SEP] alone.
+
+        Returns a `BatchEncoding` (a dict): `input_ids`, `token_type_ids`, `attention_mask`
+        (1 on tokens). Equal to transformers' tokenizer loaded from the folder `save` writes
+        (tests/test_tokenizer_call.py), but for an empty text_pair beside one text, which
+        transformers drops and minibert keeps as an empty second segment (as `encode_pair`).
+        """
+        options = CallOptions.read(padding, truncation, max_length, return_tensors,
+                                   return_token_type_ids)
+        inputs, single = text_inputs(text, text_pair)
+        if options.truncation == "only_second" and text_pair is None:
+            raise ValueError("truncation='only_second' cuts text_pair's texts, and there is "
+                             "no text_pair: use truncation=True")
+        rows = [self._encoding(enc, options.max_length if options.truncation else None,
+                               options.truncation or "longest_first")
+                for enc in self.backend.encode_batch(inputs)]
+        return pad_rows([(r.input_ids, r.token_type_ids) for r in rows], self.pad_id, options,
+                        single)
 
     def encode_with_offsets(self, text: str, max_length: Optional[int] = None) -> Encoding:
         """`[CLS] text [SEP]` with each token's characters and word; at most `max_length`

@@ -1,3 +1,7 @@
+import copy
+import dataclasses
+import pickle
+
 import pytest
 import torch
 
@@ -48,6 +52,52 @@ def test_unknown_preset_and_field():
         BertConfig.preset("huge")
     with raises(ValueError, "'hiden_size'", "BertConfig.preset('mini')"):
         BertConfig.preset("mini", hiden_size=3)
+
+
+# transformers' name -> minibert's, for every field the two name differently (hf.py's map).
+RENAMED = {"num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
+           "hidden_dropout_prob": "hidden_dropout",
+           "attention_probs_dropout_prob": "attention_dropout"}
+
+
+def test_the_renamed_fields_are_those_of_the_config_json_map():
+    from minibert.hf import _HF_NAMES
+    assert {theirs: ours for theirs, ours in _HF_NAMES.items() if theirs != ours} == RENAMED
+
+
+@pytest.mark.parametrize("theirs, ours", list(RENAMED.items()))
+def test_a_transformers_field_name_is_refused_naming_minibert_s(theirs, ours):
+    value = 0.0 if "dropout" in ours else 2
+    with raises(TypeError, f"BertConfig got {theirs}", "transformers", f"{ours}={value}"):
+        BertConfig(**{theirs: value})
+    with raises(TypeError, theirs, "BertConfig.preset('tiny')", f"{ours}={value}"):
+        BertConfig.preset("tiny", **{theirs: value})
+    with raises(TypeError, theirs, "BertConfig.replace", f"{ours}={value}"):
+        BertConfig().replace(**{theirs: value})
+    with raises(TypeError, theirs, "config_from_hf", f"{ours}={value}"):  # from_pretrained's
+        config_from_hf(config_to_hf(BertConfig()), **{theirs: value})
+
+
+def test_two_transformers_names_are_named_together():
+    with raises(TypeError, "num_hidden_layers", "num_attention_heads", "num_layers=2",
+                "num_heads=4"):
+        BertConfig(num_attention_heads=4, num_hidden_layers=2, hidden_size=64)
+
+
+def test_an_unknown_field_name_is_refused_without_a_transformers_hint():
+    with raises(TypeError, "hiden_size") as info:
+        BertConfig(hiden_size=64, num_layers=2)
+    assert "transformers" not in str(info.value)
+    with raises(ValueError, "hiden_size") as info:
+        BertConfig.preset("tiny", hiden_size=64)
+    assert "transformers" not in str(info.value)
+
+
+def test_a_config_copies_pickles_and_replaces():
+    c = BertConfig.preset("tiny", vocab_size=99, norm_position="pre")
+    assert copy.copy(c) == c == copy.deepcopy(c) == pickle.loads(pickle.dumps(c))
+    assert dataclasses.replace(c, num_layers=3) == c.replace(num_layers=3) != c
+    assert BertConfig(*dataclasses.astuple(c)) == BertConfig(**dataclasses.asdict(c)) == c
 
 
 def test_hf_dict_round_trip():

@@ -19,20 +19,22 @@ def test_readme_snippets_run(tmp_path, monkeypatch):
     pytest.importorskip("safetensors")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MINIBERT_CACHE", str(tmp_path / "cache"))
-    # What the snippets expect to find: a BERT checkpoint folder and a small text corpus.
-    minibert.BertForMaskedLM(minibert.BertConfig.preset("tiny", vocab_size=8192)
-                             ).save_pretrained("bert-checkpoint")
+    # What the snippets expect to find: a BERT checkpoint folder with its tokenizer, and a
+    # small text corpus.
     rng = random.Random(0)
     words = "the a cat dog sat ran on under mat tree river home far near song rain".split()
     docs = [" ".join(rng.choice(words) for _ in range(rng.randint(30, 120))) for _ in range(200)]
     Path("corpus.txt").write_text("\n\n".join(docs))
+    tok = minibert.Tokenizer.train_from_iterator(docs, vocab_size=200, use_cache=False)
+    minibert.BertForMaskedLM(minibert.BertConfig.preset("tiny", vocab_size=8192)
+                             ).save_pretrained("bert-checkpoint", tokenizer=tok)
 
     blocks = python_blocks(ROOT / "README.md")
     assert len(blocks) >= 4
     namespace: dict = {}
     for i, code in enumerate(blocks):
         exec(compile(code, f"README.md python block {i + 1}", "exec"), namespace)
-    assert Path("exported/model.safetensors").is_file()
+    assert Path("exported/model.safetensors").is_file() and Path("exported/vocab.txt").is_file()
     assert Path("runs/readme/metrics.jsonl").is_file()
 
 

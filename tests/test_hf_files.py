@@ -339,3 +339,76 @@ def test_a_modern_folder_names_its_tokenizer_s_special_ids(tmp_path):
     assert (theirs.cls_token_id, theirs.sep_token_id, theirs.bos_token_id,
             theirs.eos_token_id, theirs.pad_token_id) == (tok.cls_id, tok.sep_id, tok.cls_id,
                                                           tok.sep_id, tok.pad_id)
+
+
+# ---- F. from_pretrained(dtype=...): the model in another precision ---------------------------
+
+MODEL_CLASSES = [minibert.BertModel, minibert.BertForMaskedLM,
+                 minibert.BertForSequenceClassification, minibert.BertForTokenClassification,
+                 minibert.BertForQuestionAnswering]
+
+
+def _outputs(model, ids, mask):
+    with torch.no_grad():
+        out = model(ids, mask)
+    return [t for t in out if isinstance(t, torch.Tensor)]
+
+
+@pytest.mark.parametrize("cls", MODEL_CLASSES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("name, dtype", [("dtype", torch.bfloat16),
+                                         ("torch_dtype", torch.float16)])
+def test_from_pretrained_in_another_dtype_is_the_fp32_model_cast(cls, name, dtype, tmp_path):
+    """`dtype=` (and transformers' older name `torch_dtype=`) loads every parameter in that
+    dtype, computing what the fp32 model cast to it computes."""
+    labels = {"num_labels": 3} if cls is minibert.BertForTokenClassification else {}
+    _random_model(cls, **labels).save_pretrained(tmp_path)
+    model = cls.from_pretrained(tmp_path, **{name: dtype}).eval()
+    assert {p.dtype for p in model.parameters()} == {dtype}
+    cast = cls.from_pretrained(tmp_path).to(dtype).eval()
+    assert _same_weights(model, cast)
+    ids, mask = random_batch(B=2, T=9, pad_from=5)
+    ours, want = _outputs(model, ids, mask), _outputs(cast, ids, mask)
+    assert ours and all(a.dtype == dtype and torch.equal(a, b) for a, b in zip(ours, want))
+
+
+def test_from_pretrained_with_dtype_holds_transformers_weights(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    _random_model().save_pretrained(tmp_path)
+    theirs = transformers.BertForMaskedLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    ours = hf.to_hf_state_dict(minibert.BertForMaskedLM.from_pretrained(
+        tmp_path, dtype=torch.bfloat16))
+    shared = [k for k, t in theirs.state_dict().items() if t.is_floating_point() and k in ours]
+    assert len(shared) > 20
+    for key in shared:
+        t = theirs.state_dict()[key]
+        assert t.dtype == ours[key].dtype == torch.bfloat16 and torch.equal(t, ours[key]), key
+
+
+@pytest.mark.parametrize("kwargs, error, facts", [
+    (dict(dtype="bfloat16"), TypeError, ["dtype='bfloat16'", "torch.bfloat16"]),
+    (dict(torch_dtype="auto"), TypeError, ["torch_dtype='auto'", "torch.dtype"]),
+    (dict(dtype=torch.int64), ValueError, ["dtype=torch.int64", "floating"]),
+    (dict(dtype=torch.bfloat16, torch_dtype=torch.bfloat16), TypeError,
+     ["dtype", "torch_dtype", "older name"]),
+])
+def test_a_dtype_that_is_not_one_is_refused_by_name(kwargs, error, facts, tmp_path):
+    _random_model(minibert.BertModel).save_pretrained(tmp_path)
+    with raises(error, *facts):
+        minibert.BertModel.from_pretrained(tmp_path, **kwargs)
+    with raises(error, *facts):  # before any file is read
+        minibert.BertModel.from_pretrained(tmp_path / "nowhere", **kwargs)
+
+
+def test_the_sentence_encoder_and_multitask_model_load_in_a_dtype(tmp_path):
+    texts = ["the cat sat", "a dog ran far"]
+    tok = minibert.Tokenizer.train_from_iterator(texts * 10, vocab_size=60, min_frequency=1,
+                                                 use_cache=False)
+    minibert.BertForMaskedLM(tiny_config(vocab_size=tok.vocab_size)).save_pretrained(
+        tmp_path, tokenizer=tok)
+    encoder = minibert.SentenceEncoder.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert {p.dtype for p in encoder.parameters()} == {torch.bfloat16}
+    cast = minibert.SentenceEncoder.from_pretrained(tmp_path).to(torch.bfloat16)
+    assert torch.equal(encoder.encode(texts), cast.encode(texts))
+    multi = minibert.BertMultiTask.from_pretrained(
+        tmp_path, {"a": ("sequence", 2)}, torch_dtype=torch.bfloat16)
+    assert {p.dtype for p in multi.parameters()} == {torch.bfloat16}
