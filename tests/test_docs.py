@@ -65,6 +65,32 @@ def test_walkthrough_snippets_run(tmp_path, monkeypatch):
     assert not (tmp_path / "cache").exists()  # no tokenizer cache written
 
 
+def test_research_snippets_run(tmp_path, monkeypatch):
+    """Every python block of docs/research.md runs, in order, in one namespace. torch.compile
+    traces with aot_eager: the tracing is what the page shows (no graph break, the same
+    outputs), and inductor's code generation would add a minute on a CPU."""
+    import functools
+
+    import torch
+
+    for extra in ("peft", "onnx", "onnxscript", "onnxruntime", "safetensors"):
+        pytest.importorskip(extra)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MINIBERT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    blocks = python_blocks(ROOT / "docs" / "research.md")
+    assert len(blocks) >= 9
+    namespace: dict = {}
+    for i, code in enumerate(blocks):
+        exec(compile(code, f"docs/research.md python block {i + 1}", "exec"), namespace)
+    assert namespace["accuracy"] > 0.9
+    H = namespace["H"]
+    delta = namespace["delta"]
+    assert not delta[H:2 * H].any() and delta[:H].any() and delta[2 * H:].any()
+    assert (tmp_path / "lora-merged" / "model.safetensors").is_file()
+    assert abs(namespace["logits"] - namespace["want"].numpy()).max() < 1e-5
+
+
 def test_machine_room_snippets_run():
     """Every python block of docs/machine-room.md runs, in order, in one namespace: each
     hand-written kernel against the plain call it replaces, and the allocator's page faults."""
@@ -84,7 +110,7 @@ def _slug(heading: str) -> str:
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/walkthrough.md", "docs/finetune.md",
                                  "docs/qa.md", "docs/multitask.md", "docs/distill.md",
-                                 "docs/machine-room.md", "docs/runs.md",
+                                 "docs/machine-room.md", "docs/runs.md", "docs/research.md",
                                  "docs/results-map.md"])
 def test_local_links_point_at_files_and_headings_that_exist(doc):
     path = ROOT / doc
