@@ -48,14 +48,14 @@ from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.engine.
 from .recovery import back_off, optimizer_out_of_memory, skip_step
 from .resume import claim_out_dir, resume_run, save_run
 from .runlog import RunLog
-from .meters import flops_per_token
+from .meters import flops_per_token, matmul_weights, parameter_flops_per_token
 from .environment import log_environment
 from .hf import decodes
 from .memory import release_freed_memory, reset_peak_memory
 from .meters import StepMeter, say_if_beaten, stated_ceiling
 from .rng import rank_seed, set_seed
 from .signals import StopFlag
-from .state import TrainConfig, TrainState
+from .state import TrainConfig, TrainState, bert_config
 
 logger = logging.getLogger(__name__)
 
@@ -143,29 +143,32 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
           batches: Optional[GlobalBatches] = None) -> dict[str, Any]:
     """Train `model` on `train_set` (examples that `collate` turns into batches).
 
-    `collate(examples, epoch=e)` returns a dict of (B, T) tensors with `labels`
-    (IGNORE_INDEX where nothing is predicted) and must be a pure function of its inputs, as
-    `MLMCollator` is: that is what makes accumulation, DDP and resume exact. Writes
-    `metrics.jsonl` and `checkpoints/` under `out_dir` (rank 0); a fresh start into a folder
-    holding a run is refused unless `overwrite`. `data_identity`: what the data is, compared
-    with the configs on `resume` (state.py). Evaluation: `eval_set` for `evaluate`'s MLM
-    metrics, or `eval_fn(model, precision) -> scores`, a mapping whose numbers are logged and
-    added to the result; the last one is returned whole as result["scores"]. `precision`
-    (result["precision"]) is decided at the run's first start and kept by every resume:
-    evaluate in it. `lengths` (tokens per example) groups similar lengths into a batch;
-    `batches` replaces the order with one of your own (`next`, `position`, `seek`, as
-    `GlobalBatches`, e.g. `TaskMixtureBatches`). Returns the final evaluation and the run's
-    totals; a run stopped by a signal saves a checkpoint and returns result["interrupted"]
-    and result["stop_signal"].
+    `model`: minibert's, or any nn.Module of yours (docs/runs.md, "A model of your own"):
+    `model(**batch)` returns an object with a scalar `.loss` (as the heads' NamedTuples),
+    the mean over the batch's targets. `collate(examples, epoch=e)` returns a dict of
+    tensors: `input_ids` (B, T), `labels`, any other argument of the forward (without an
+    `attention_mask` every position is a token), and is a pure function of its inputs, as
+    `MLMCollator` is: that makes accumulation, DDP and resume exact. A micro-batch's loss
+    weighs by its targets (`count_targets`): its labels, but IGNORE_INDEX in integer ones
+    and padding in per-token ones; each float label (a regression's) is one.
+    Writes `metrics.jsonl` and `checkpoints/` under `out_dir` (rank 0); a fresh start into a
+    folder holding a run is refused unless `overwrite`. `data_identity`: what the data is,
+    compared on `resume` (state.py). Evaluation: `eval_set` for `evaluate`'s MLM metrics, or
+    `eval_fn(model, precision) -> scores`, whose numbers are logged and added to the result
+    (the last scores whole in result["scores"]); `precision` (result["precision"]) is the
+    run's since its first start: evaluate in it. `lengths` (tokens per example) groups
+    similar lengths into a batch; `batches` is an order of your own (`next`, `position`,
+    `seek`, as `GlobalBatches`, e.g. `TaskMixtureBatches`). Returns the final evaluation and
+    the run's totals; a run stopped by a signal saves a checkpoint and returns
+    result["interrupted"] and result["stop_signal"].
 
     What `train` does to the process beyond its model, each a TrainConfig setting:
     - `handle_signals` (default on): SIGTERM / SIGINT end the step in progress, save and
       return (a notebook's interrupt included); the previous handlers are back on return.
     - `peak_flops` (default None): the MFU ceiling is this machine's, measured by its first
       run and recorded in the cache folder (`meters.mfu_ceiling`); a number skips both.
-    - `release_memory` (default on): glibc's free memory is handed back to the kernel
-      (`memory.release_freed_memory`) at each new sequence length and every RELEASE_EVERY
-      steps, so a long run's resident set does not climb.
+    - `release_memory` (default on): glibc's free memory goes back to the kernel at each new
+      sequence length and every RELEASE_EVERY steps (`memory.release_freed_memory`).
     The process's random generators are the run's: seeded per rank, or put back on resume.
     `train` writes no environment variable and no global torch flag.
     """
@@ -240,6 +243,7 @@ class _Run:
     warmup: int  # learning-rate warmup, in steps
     seq_warmup: int  # sequence-length warmup, in steps (0: off)
     decodes: bool  # a masked LM: its sparse head's FLOPs count on predicted tokens
+    own_flops: Optional[float]  # per token, of a model without a BertConfig (`_own_flops`)
     peak: float  # the MFU ceiling of one rank (0 on ranks that do not log)
     env: dict
     log: RunLog
@@ -314,7 +318,7 @@ def _start(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCo
         ckpt_root=ckpt_root, per_rank=per_rank, micro=micro,
         warmup=warmup, seq_warmup=seq_warmup,
         # Only a masked LM decodes over the vocabulary; a classifier's FLOPs are the encoder's.
-        decodes=decodes(type(raw)), peak=peak, env=env,
+        decodes=decodes(type(raw)), own_flops=_own_flops(raw, ctx.is_main), peak=peak, env=env,
         log=RunLog(out_dir / "metrics.jsonl", stale_after=state.step if resume else None),
         bar=_progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step),
         meter=StepMeter(), start_step=state.step, started=time.perf_counter())
@@ -330,7 +334,7 @@ def _global_batch(run: _Run, state: TrainState) -> tuple[list[dict], list[int], 
     micro = run.micro_batch(state)
     # An epoch's last batch may be smaller (data/sampler.py): its micro-batches are then
     # fewer or smaller, and the weights of `_accumulate` still make its gradient exact.
-    micros = [run.collate(examples[i:i + micro], epoch=epoch)
+    micros = [_checked(run.collate(examples[i:i + micro], epoch=epoch))
               for i in range(0, len(examples), micro)]
     if run.seq_warmup and state.step <= run.seq_warmup:  # data/seq_warmup.py
         # L(step) from the global batch's width, the same however it is split
@@ -364,7 +368,7 @@ def _clip_and_step(run: _Run, state: TrainState, micros: list[dict], loss_sum: T
     scaler.unscale_(optimizer)  # true gradients before clipping (no-op unless fp16)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(run.raw.parameters(),
                                                      run.cfg.max_grad_norm))
-    local_tokens = sum(int(b["attention_mask"].sum()) for b in micros)
+    local_tokens = sum(_tokens(b) for b in micros)
     totals = all_reduce_sum(torch.tensor(
         [float(loss_sum), float(local_tokens), float(stop.signal is not None)],
         dtype=torch.float64, device=device), run.ctx).tolist()
@@ -388,9 +392,10 @@ def _count_step(run: _Run, state: TrainState, step: _Step, micros: list[dict], n
     seconds = time.perf_counter() - step_start
     state.train_seconds += seconds
     # Model FLOPs of this step: the sparse MLM head is counted for predicted tokens only.
-    run.meter.add(step.tokens, seconds, step.tokens * flops_per_token(
+    per_token = run.own_flops if run.own_flops is not None else flops_per_token(
         run.raw.config, micros[0]["input_ids"].shape[1],
-        mlm_fraction=n_global / step.tokens if run.decodes else 0.0))
+        mlm_fraction=n_global / step.tokens if run.decodes else 0.0)
+    run.meter.add(step.tokens, seconds, step.tokens * per_token)
 
 
 def _log_step(run: _Run, state: TrainState, step: _Step) -> None:
@@ -464,12 +469,13 @@ def _accumulate(model: nn.Module, micros: list[dict], counts: list[int], n_globa
         sync = contextlib.nullcontext() if last or ctx.world_size == 1 else model.no_sync()
         with sync:
             with autocast_context(precision, device):
-                out = model(**batch)
+                mean = _loss(model(**batch), model)
             if n == 0:  # nothing to predict here: a zero loss still joins DDP's all-reduce
-                loss = out.logits.sum() * 0.0
+                # (the mean over no targets is NaN, and * 0.0 passes it no gradient)
+                loss = mean * 0.0
             else:
-                loss = out.loss * micro_step_weight(n, n_global, ctx.world_size)
-                loss_sum += out.loss.detach().double() * n
+                loss = mean * micro_step_weight(n, n_global, ctx.world_size)
+                loss_sum += mean.detach().double() * n
             scaler.scale(loss).backward()
     return loss_sum
 
@@ -546,6 +552,54 @@ def _numbers(scores: Mapping[str, Any]) -> dict[str, float]:
 
 
 # ---- small pieces -----------------------------------------------------------------------------
+
+def _checked(batch: Any) -> dict:
+    """A micro-batch as `collate` made it, refused by name unless it is a dict holding
+    `input_ids` (B, T), from which the engine counts tokens and reads the length; its
+    `labels` are `count_targets`' to check."""
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    if not (torch.is_tensor(ids) and ids.dim() == 2):
+        held = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
+        raise ValueError(f"collate must return a dict of tensors with `input_ids` (B, T), from "
+                         f"which train counts the tokens; it returned {held}")
+    return batch
+
+
+def _tokens(batch: Mapping[str, Tensor]) -> int:
+    """The batch's real tokens: its attention_mask's ones, or every position without one."""
+    mask = batch.get("attention_mask")
+    return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+
+
+def _loss(out: Any, model: nn.Module) -> Tensor:
+    """The scalar `.loss` of what `model(**batch)` returned (a NamedTuple's field, or any
+    attribute), refused by name where there is none."""
+    loss = getattr(out, "loss", None)  # checked here, not defaulted
+    if not (torch.is_tensor(loss) and loss.dim() == 0):
+        raise TypeError(f"{type(unwrap(model)).__name__}(**batch) returned "
+                        f"{type(out).__name__}, without a scalar tensor `.loss`; train needs "
+                        f"one: return e.g. a NamedTuple whose `loss` is the mean over the "
+                        f"batch's targets")
+    return loss
+
+
+def _own_flops(raw: nn.Module, say: bool) -> Optional[float]:
+    """FLOPs per token of a model without a BertConfig, from its weight matrices
+    (meters.parameter_flops_per_token), and the log says once what they leave out; None
+    for a model whose config gives them (flops_per_token, each step's length)."""
+    if bert_config(raw) is not None:
+        return None
+    # Counted rather than left out: every row keeps its `mfu` column (which plots and the
+    # ceiling's check read), and a count that errs low by a stated share still says how
+    # the run uses the machine, and compares across runs of one model.
+    if say:
+        logger.info("MFU of %s, a model without a BertConfig: 6 FLOPs per token for each of "
+                    "its %s matmul weights; attention's 12 * layers * hidden * length per "
+                    "token is left out, so it reads low by that share "
+                    "(meters.parameter_flops_per_token)", type(raw).__name__,
+                    f"{matmul_weights(raw):,}")
+    return parameter_flops_per_token(raw)
+
 
 def _to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v
