@@ -89,7 +89,7 @@ def test_train_and_its_config_are_at_the_top_level():
 def test_a_regression_head_of_ones_own_trains_and_accumulates_exactly(tmp_path, monkeypatch):
     """37 examples at batch 8: each epoch ends on a batch of 5, whose micro-batches of 2
     hold 2, 2 and 1 examples. Weighted by their examples (a float label is one target each)
-    they give what the whole batch gives; the mean of their means would not."""
+    they give what the whole batch gives."""
     import minibert.engine
 
     examples = made_up_examples()
@@ -155,10 +155,11 @@ def test_without_attention_mask_every_position_is_a_token(tmp_path):
     assert result["tokens_seen"] == unmasked(made_up_examples(8))["input_ids"].numel()
 
 
-def test_a_micro_batch_with_nothing_to_predict_needs_no_logits(tmp_path):
+def test_a_micro_batch_with_nothing_to_predict_needs_no_logits(tmp_path, monkeypatch):
     """A classifier of one's own that returns a loss and no logits, the second micro-batch
     of each step all IGNORE_INDEX (its mean loss NaN): each step is the whole batch's, in
     which those examples weigh nothing, and none is skipped."""
+    import minibert.engine
     from minibert.data.sampler import GlobalBatches
     from minibert.labels import IGNORE_INDEX
 
@@ -180,8 +181,12 @@ def test_a_micro_batch_with_nothing_to_predict_needs_no_logits(tmp_path):
 
     full, accum = Cls(), Cls()
     minibert.train(full, examples, classes, reg_config(max_steps=4), tmp_path / "full")
+    counted, count = [], minibert.engine.count_targets
+    monkeypatch.setattr(minibert.engine, "count_targets",
+                        lambda batch: counted.append(count(batch)) or count(batch))
     result = minibert.train(accum, examples, classes, reg_config(max_steps=4, micro_batch_size=4),
                             tmp_path / "accum")
+    assert counted[1::2] == [0, 0, 0, 0] and all(counted[::2])  # every second one: nothing
     assert result["skipped_steps"] == 0
     assert same_logged_losses(_losses(tmp_path / "full"), _losses(tmp_path / "accum"))
     assert _max_rel_diff(full, accum) <= FP32_RUNS_APART
