@@ -14,7 +14,8 @@ Everything that moves during a run is in one `TrainState` (step, tokens, data po
 counters), saved and restored whole; the learning rate is `lr_at(step)`, a pure function of
 a horizon fixed when the run starts. What a checkpoint holds, and the *run identity* that
 a resume must match, are in state.py; how a checkpoint is written and found, in resume.py;
-the log's rows, in runlog.py; how a signal stops the loop, in signals.py.
+the log's rows and the progress shown, in runlog.py; how a signal stops the loop, in
+signals.py.
 `train` reads over named phases: `_start` (start or resume), the step (`_global_batch`,
 `_accumulate`, `_clip_and_step`, `_count_step`), `_log_step`, evaluation and save, stop,
 and `_finish`.
@@ -47,7 +48,7 @@ from .precision import autocast_context, keep_precision, resolve_precision
 from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.engine.TrainingError)
 from .recovery import back_off, optimizer_out_of_memory, skip_step
 from .resume import claim_out_dir, resume_run, save_run
-from .runlog import RunLog
+from .runlog import RunLog, progress_bar, shown
 from .meters import flops_per_token, matmul_weights, parameter_flops_per_token
 from .environment import log_environment
 from .hf import decodes
@@ -169,52 +170,52 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
       run and recorded in the cache folder (`meters.mfu_ceiling`); a number skips both.
     - `release_memory` (default on): glibc's free memory goes back to the kernel at each new
       sequence length and every RELEASE_EVERY steps (`memory.release_freed_memory`).
+    - `progress` (default on): rank 0 draws a tqdm bar, or without tqdm logs a line every
+      `log_every` steps, shown on stderr for the call where logging is not set up (`shown`).
     The process's random generators are the run's: seeded per rank, or put back on resume.
     `train` writes no environment variable and no global torch flag.
     """
-    run, state = _start(model, train_set, collate, cfg, Path(out_dir), ctx, eval_set, eval_fn,
-                        resume, overwrite, dict(data_identity or {}), lengths, batches)
-    cfg = run.cfg  # with the run's horizon (decay_steps)
-    scores: Optional[Mapping[str, Any]] = None  # the last evaluation's, returned whole
-    stop_signal: Optional[int] = None
-    with StopFlag(enabled=cfg.handle_signals) as stop:
-        while state.step < cfg.max_steps:
-            step_start, position = time.perf_counter(), run.batches.position()
-            # ---- 1-2: the global batch, its micro-batches and its number of targets
-            micros, counts, n_global = _global_batch(run, state)
-            set_lr(run.optimizer, _lr(cfg, run.warmup, state.step + 1,
-                                      first=state.step == run.start_step))
-            # ---- 3: forward + backward, gradients accumulate over micro-batches
-            try:
-                loss_sum = _accumulate(run.model, micros, counts, n_global, ctx, run.precision,
-                                       ctx.device, run.scaler)
-            except torch.OutOfMemoryError:  # the same global batch again, in smaller pieces
-                _smaller_micro_batches(run, state, micros[0], position)
-                continue
-            # ---- 4: clip and step, unless something is not finite; then the counters
-            step = _clip_and_step(run, state, micros, loss_sum, n_global, stop)
-            _count_step(run, state, step, micros, n_global, step_start)
-            # ---- 5: log, evaluate, save
-            _log_step(run, state, step)
-            if cfg.eval_every and state.step % cfg.eval_every == 0 and \
-                    state.step < cfg.max_steps and run.evaluates:
-                scores = _evaluate_and_log(run, state)
-            periodic = cfg.save_every and state.step % cfg.save_every == 0 and state.bad_steps == 0
-            if periodic or step.stopping or state.step == cfg.max_steps:
-                save_run(run.ckpt_root, run.raw, state, cfg, run.data_identity, ctx)
-            if cfg.release_memory and state.step % RELEASE_EVERY == 0:
-                release_freed_memory()
-            # ---- 6: stop on this rank's signal, or another rank's (told by the all-reduce)
-            if step.stopping:
-                stop_signal = stop.signal or signal.SIGTERM
-                logger.warning("stopped by signal at step %d; checkpoint saved, resume with "
-                               "--resume", state.step)
-                break
-        if stop_signal is None:
-            # A signal during the last step's save, after the step had looked for one: the
-            # run stops all the same, its checkpoint saved, rather than go on to its outputs.
-            stop_signal = max_over_ranks(stop.signal or 0, ctx) or None
-    return _finish(run, state, scores, stop_signal)
+    with shown(cfg.progress and ctx.is_main):  # runlog.shown: log lines a notebook sees
+        run, state = _start(model, train_set, collate, cfg, Path(out_dir), ctx, eval_set,
+                            eval_fn, resume, overwrite, dict(data_identity or {}), lengths,
+                            batches)
+        cfg = run.cfg  # with the run's horizon (decay_steps)
+        scores: Optional[Mapping[str, Any]] = None  # the last evaluation's, returned whole
+        stop_signal: Optional[int] = None
+        with StopFlag(enabled=cfg.handle_signals) as stop:
+            while state.step < cfg.max_steps:
+                step_start, position = time.perf_counter(), run.batches.position()
+                # ---- 1-2: the global batch, its micro-batches and its number of targets
+                micros, counts, n_global = _global_batch(run, state)
+                set_lr(run.optimizer, _lr(cfg, run.warmup, state.step + 1,
+                                          first=state.step == run.start_step))
+                # ---- 3: forward + backward, gradients accumulate over micro-batches
+                try:
+                    loss_sum = _accumulate(run.model, micros, counts, n_global, ctx,
+                                           run.precision, ctx.device, run.scaler)
+                except torch.OutOfMemoryError:  # the same global batch, in smaller pieces
+                    _smaller_micro_batches(run, state, micros[0], position)
+                    continue
+                # ---- 4: clip and step, unless something is not finite; then the counters
+                step = _clip_and_step(run, state, micros, loss_sum, n_global, stop)
+                _count_step(run, state, step, micros, n_global, step_start)
+                # ---- 5: log, evaluate, save
+                _log_step(run, state, step)
+                if run.evaluates and _due(cfg.eval_every, state) and state.step < cfg.max_steps:
+                    scores = _evaluate_and_log(run, state)
+                if (_due(cfg.save_every, state) and state.bad_steps == 0) or step.stopping \
+                        or state.step == cfg.max_steps:
+                    save_run(run.ckpt_root, run.raw, state, cfg, run.data_identity, ctx)
+                if cfg.release_memory and state.step % RELEASE_EVERY == 0:
+                    release_freed_memory()
+                # ---- 6: stop on this rank's signal, or another rank's (told by the all-reduce)
+                if step.stopping:
+                    stop_signal = stop.signal or signal.SIGTERM
+                    logger.warning("stopped by signal at step %d; checkpoint saved, resume "
+                                   "with --resume", state.step)
+                    break
+            stop_signal = stop_signal or _signalled_during_save(stop, ctx)
+        return _finish(run, state, scores, stop_signal)
 
 
 # ---- the phases of a run ----------------------------------------------------------------------
@@ -320,7 +321,7 @@ def _start(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCo
         # Only a masked LM decodes over the vocabulary; a classifier's FLOPs are the encoder's.
         decodes=decodes(type(raw)), own_flops=_own_flops(raw, ctx.is_main), peak=peak, env=env,
         log=RunLog(out_dir / "metrics.jsonl", stale_after=state.step if resume else None),
-        bar=_progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step),
+        bar=progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step),
         meter=StepMeter(), start_step=state.step, started=time.perf_counter())
     reset_peak_memory(device)
     return run, state
@@ -480,6 +481,18 @@ def _accumulate(model: nn.Module, micros: list[dict], counts: list[int], n_globa
     return loss_sum
 
 
+def _due(every: int, state: TrainState) -> bool:
+    """Whether a thing done every `every` steps (0: never here) is due at this step."""
+    return bool(every) and state.step % every == 0
+
+
+def _signalled_during_save(stop: StopFlag, ctx: DistContext) -> Optional[int]:
+    """A signal that reached a rank during the last step's save, after the step had looked
+    for one: the run stops all the same, its checkpoint saved, rather than go on to its
+    outputs (evaluated and written on a resume)."""
+    return max_over_ranks(stop.signal or 0, ctx) or None
+
+
 def _lr(cfg: TrainConfig, warmup: int, step: int, first: bool) -> float:
     """The rate of `step`, on the horizon fixed at the run's start (min_lr past it)."""
     if step > cfg.decay_steps and (first or step == cfg.decay_steps + 1):  # said once a run
@@ -612,11 +625,3 @@ def _wrap(model: nn.Module, cfg: TrainConfig, ctx: DistContext, device: torch.de
             model, device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=getattr(model, "unused_parameters_per_step", False))
     return torch.compile(model) if cfg.compile else model
-
-
-def _progress_bar(enabled: bool, total: int, initial: int):
-    try:
-        from tqdm import tqdm  # optional
-    except ImportError:
-        return None
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True) if enabled else None

@@ -1,10 +1,13 @@
 """`minibert.train` called from a researcher's own code: a model of one's own (a regression
 head around `BertModel`, with no `config` and no `logits`) trains, accumulates exactly, is
-metered and resumes exactly, and what it must return and be given is said by name."""
+metered and resumes exactly, and what it must return and be given is said by name; and a
+call shows its progress as a notebook user expects."""
 
+import contextlib
 import logging
 import os
 import signal
+import sys
 from typing import NamedTuple
 
 import pytest
@@ -13,7 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import minibert
-from engine_utils import FP32_RUNS_APART, same_logged_losses, train_config
+from engine_utils import (FP32_RUNS_APART, collator, same_logged_losses, tiny_corpus,
+                          tiny_model, train_config)
 from engine_utils import quick_runs  # noqa: F401 (a fixture: one thread, for tiny models)
 from facts import raises
 from minibert.data import pad_batch
@@ -247,3 +251,117 @@ def test_a_model_of_ones_own_resumes_exactly(tmp_path):
                        tmp_path / "run", resume=True)
     assert [name for name, _, _ in info.value.diffs] == ["model shapes "
                                                          "bert.embeddings.word.weight"]
+
+
+# ---- progress, as a notebook shows it ---------------------------------------------------------
+
+@contextlib.contextmanager
+def as_in_a_notebook():
+    """Logging as a fresh notebook has it: no handler anywhere. pytest's own, which catch
+    records for its reports, are taken off the root logger meanwhile (inside the test's
+    body, since pytest adds one as the test starts) and put back after."""
+    root = logging.getLogger()
+    kept = root.handlers[:]
+    for handler in kept:
+        root.removeHandler(handler)
+    try:
+        assert not logging.getLogger("minibert").hasHandlers()
+        yield
+    finally:
+        for handler in kept:
+            root.addHandler(handler)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return tiny_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def _without_tqdm(monkeypatch):
+    for name in ("tqdm", "tqdm.auto", "tqdm.std"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import tqdm` raises ImportError
+
+
+def _rows_in(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("step ") and "loss" in line]
+
+
+def test_without_tqdm_a_call_logs_a_line_every_log_every_steps(corpus, tmp_path, monkeypatch,
+                                                                capfd):
+    tok, ds = corpus
+    _without_tqdm(monkeypatch)
+    with as_in_a_notebook():
+        minibert.train(tiny_model(tok), ds, collator(tok),
+                       train_config(max_steps=6, log_every=2, progress=True), tmp_path)
+        package = logging.getLogger("minibert")  # as it was before the call
+        assert package.handlers == [] and package.level == logging.NOTSET
+    out, err = capfd.readouterr()
+    assert [line.split(" |")[0] for line in _rows_in(err)] == ["step 2", "step 4", "step 6"]
+    assert out == ""
+
+
+def test_logging_set_up_by_the_caller_is_left_as_it_is(corpus, tmp_path, monkeypatch, capfd):
+    """A handler of the caller's, as `logging.basicConfig(level=logging.INFO)` sets up: the
+    rows reach it once, and train adds no handler of its own."""
+    import io
+
+    tok, ds = corpus
+    _without_tqdm(monkeypatch)
+    mine, root = io.StringIO(), logging.getLogger()
+    with as_in_a_notebook():
+        handler, level = logging.StreamHandler(mine), root.level
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        try:
+            minibert.train(tiny_model(tok), ds, collator(tok),
+                           train_config(max_steps=4, log_every=2, progress=True), tmp_path)
+            assert logging.getLogger("minibert").handlers == []
+        finally:
+            root.removeHandler(handler)
+            root.setLevel(level)
+    assert len(_rows_in(mine.getvalue())) == 2
+    assert capfd.readouterr() == ("", "")
+
+
+def test_progress_false_prints_nothing(corpus, tmp_path, monkeypatch, capfd):
+    tok, ds = corpus
+    cfg = train_config(max_steps=4, log_every=2, progress=False)
+    with as_in_a_notebook():
+        minibert.train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "tqdm")
+        _without_tqdm(monkeypatch)
+        minibert.train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "no-tqdm")
+    assert capfd.readouterr() == ("", "")
+
+
+def test_with_tqdm_a_call_draws_a_bar(corpus, tmp_path, capfd):
+    pytest.importorskip("tqdm")
+    tok, ds = corpus
+    with as_in_a_notebook():
+        minibert.train(tiny_model(tok), ds, collator(tok),
+                       train_config(max_steps=4, log_every=2, progress=True), tmp_path)
+    out, err = capfd.readouterr()
+    assert "4/4" in err and "step" in err  # the bar, on stderr
+    assert len(_rows_in(out)) == 2  # the rows, written above it
+
+
+def test_only_rank_0_shows_progress(corpus, tmp_path, monkeypatch, capfd):
+    """A rank other than 0 draws no bar and shows no line, with tqdm or without, not even
+    one it logs itself (a step past the schedule's horizon, said on every rank), which rank
+    0 shows. (Here one process whose context says it is not the main rank: it computes as
+    rank 0 would, and writes and shows nothing, as every rank but 0 does.)"""
+    from minibert.distributed import DistContext
+
+    class NotMain(DistContext):
+        @property
+        def is_main(self) -> bool:
+            return False
+
+    tok, ds = corpus
+    cfg = train_config(max_steps=3, decay_steps=2, warmup=1, log_every=1, progress=True)
+    with as_in_a_notebook():
+        minibert.train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "a", ctx=NotMain())
+        _without_tqdm(monkeypatch)
+        minibert.train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "b", ctx=NotMain())
+        assert capfd.readouterr() == ("", "")
+        minibert.train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "main")
+    assert "past the schedule's horizon" in capfd.readouterr().err
