@@ -2,10 +2,11 @@
 
     >>> import minibert
     >>> model = minibert.BertForMaskedLM(minibert.BertConfig.preset("tiny", vocab_size=1000))
+    >>> minibert.train(model, dataset, collate, minibert.TrainConfig(max_steps=100), "runs/x")
 
 The names below are imported from their modules on first use (PEP 562 `__getattr__`), so
 `import minibert.model` loads the model's files and nothing of the training engine or the
-data pipeline (tests/test_layout.py).
+data pipeline (tests/test_layout.py); `minibert.train` loads the engine when first used.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ _WHERE = {
     "SentenceEncoder": "sentence",
     "Tokenizer": "tokenizer",
     "set_seed": "rng",
+    "train": "engine",
+    "TrainConfig": "state",
 }
 
 __all__ = list(_WHERE)

@@ -14,7 +14,8 @@ Everything that moves during a run is in one `TrainState` (step, tokens, data po
 counters), saved and restored whole; the learning rate is `lr_at(step)`, a pure function of
 a horizon fixed when the run starts. What a checkpoint holds, and the *run identity* that
 a resume must match, are in state.py; how a checkpoint is written and found, in resume.py;
-the log's rows, in runlog.py; how a signal stops the loop, in signals.py.
+the log's rows and the progress shown, in runlog.py; how a signal stops the loop, in
+signals.py.
 `train` reads over named phases: `_start` (start or resume), the step (`_global_batch`,
 `_accumulate`, `_clip_and_step`, `_count_step`), `_log_step`, evaluation and save, stop,
 and `_finish`.
@@ -47,15 +48,15 @@ from .precision import autocast_context, keep_precision, resolve_precision
 from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.engine.TrainingError)
 from .recovery import back_off, optimizer_out_of_memory, skip_step
 from .resume import claim_out_dir, resume_run, save_run
-from .runlog import RunLog
-from .meters import flops_per_token
+from .runlog import RunLog, progress_bar, shown
+from .meters import flops_per_token, matmul_weights, parameter_flops_per_token
 from .environment import log_environment
 from .hf import decodes
 from .memory import release_freed_memory, reset_peak_memory
 from .meters import StepMeter, say_if_beaten, stated_ceiling
 from .rng import rank_seed, set_seed
 from .signals import StopFlag
-from .state import TrainConfig, TrainState
+from .state import TrainConfig, TrainState, bert_config
 
 logger = logging.getLogger(__name__)
 
@@ -143,75 +144,78 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
           batches: Optional[GlobalBatches] = None) -> dict[str, Any]:
     """Train `model` on `train_set` (examples that `collate` turns into batches).
 
-    `collate(examples, epoch=e)` returns a dict of (B, T) tensors with `labels`
-    (IGNORE_INDEX where nothing is predicted) and must be a pure function of its inputs, as
-    `MLMCollator` is: that is what makes accumulation, DDP and resume exact. Writes
-    `metrics.jsonl` and `checkpoints/` under `out_dir` (rank 0); a fresh start into a folder
-    holding a run is refused unless `overwrite`. `data_identity`: what the data is, compared
-    with the configs on `resume` (state.py). Evaluation: `eval_set` for `evaluate`'s MLM
-    metrics, or `eval_fn(model, precision) -> scores`, a mapping whose numbers are logged and
-    added to the result; the last one is returned whole as result["scores"]. `precision`
-    (result["precision"]) is decided at the run's first start and kept by every resume:
-    evaluate in it. `lengths` (tokens per example) groups similar lengths into a batch;
-    `batches` replaces the order with one of your own (`next`, `position`, `seek`, as
-    `GlobalBatches`, e.g. `TaskMixtureBatches`). Returns the final evaluation and the run's
-    totals; a run stopped by a signal saves a checkpoint and returns result["interrupted"]
-    and result["stop_signal"].
+    `model`: minibert's, or any nn.Module of yours (docs/runs.md, "A model of your own"):
+    `model(**batch)` returns an object with a scalar `.loss` (as the heads' NamedTuples),
+    the mean over the batch's targets. `collate(examples, epoch=e)` returns a dict of
+    tensors: `input_ids` (B, T), `labels`, any other argument of the forward (without an
+    `attention_mask` every position is a token), and is a pure function of its inputs, as
+    `MLMCollator` is: that makes accumulation, DDP and resume exact. A micro-batch's loss
+    weighs by its targets (`count_targets`): its labels, but IGNORE_INDEX in integer ones
+    and padding in per-token ones; each float label (a regression's) is one.
+    Writes `metrics.jsonl` and `checkpoints/` under `out_dir` (rank 0); a fresh start into a
+    folder holding a run is refused unless `overwrite`. `data_identity`: what the data is,
+    compared on `resume` (state.py). Evaluation: `eval_set` for `evaluate`'s MLM metrics, or
+    `eval_fn(model, precision) -> scores`, whose numbers are logged and added to the result
+    (the last scores whole in result["scores"]); `precision` (result["precision"]) is the
+    run's since its first start: evaluate in it. `lengths` (tokens per example) groups
+    similar lengths into a batch; `batches` is an order of your own (`next`, `position`,
+    `seek`, as `GlobalBatches`, e.g. `TaskMixtureBatches`). Returns the final evaluation and
+    the run's totals; a run stopped by a signal saves a checkpoint and returns
+    result["interrupted"] and result["stop_signal"].
 
     What `train` does to the process beyond its model, each a TrainConfig setting:
     - `handle_signals` (default on): SIGTERM / SIGINT end the step in progress, save and
       return (a notebook's interrupt included); the previous handlers are back on return.
     - `peak_flops` (default None): the MFU ceiling is this machine's, measured by its first
       run and recorded in the cache folder (`meters.mfu_ceiling`); a number skips both.
-    - `release_memory` (default on): glibc's free memory is handed back to the kernel
-      (`memory.release_freed_memory`) at each new sequence length and every RELEASE_EVERY
-      steps, so a long run's resident set does not climb.
+    - `release_memory` (default on): glibc's free memory goes back to the kernel at each new
+      sequence length and every RELEASE_EVERY steps (`memory.release_freed_memory`).
+    - `progress` (default on): rank 0 draws a tqdm bar, or without tqdm logs a line every
+      `log_every` steps, shown on stderr for the call where logging is not set up (`shown`).
     The process's random generators are the run's: seeded per rank, or put back on resume.
     `train` writes no environment variable and no global torch flag.
     """
-    run, state = _start(model, train_set, collate, cfg, Path(out_dir), ctx, eval_set, eval_fn,
-                        resume, overwrite, dict(data_identity or {}), lengths, batches)
-    cfg = run.cfg  # with the run's horizon (decay_steps)
-    scores: Optional[Mapping[str, Any]] = None  # the last evaluation's, returned whole
-    stop_signal: Optional[int] = None
-    with StopFlag(enabled=cfg.handle_signals) as stop:
-        while state.step < cfg.max_steps:
-            step_start, position = time.perf_counter(), run.batches.position()
-            # ---- 1-2: the global batch, its micro-batches and its number of targets
-            micros, counts, n_global = _global_batch(run, state)
-            set_lr(run.optimizer, _lr(cfg, run.warmup, state.step + 1,
-                                      first=state.step == run.start_step))
-            # ---- 3: forward + backward, gradients accumulate over micro-batches
-            try:
-                loss_sum = _accumulate(run.model, micros, counts, n_global, ctx, run.precision,
-                                       ctx.device, run.scaler)
-            except torch.OutOfMemoryError:  # the same global batch again, in smaller pieces
-                _smaller_micro_batches(run, state, micros[0], position)
-                continue
-            # ---- 4: clip and step, unless something is not finite; then the counters
-            step = _clip_and_step(run, state, micros, loss_sum, n_global, stop)
-            _count_step(run, state, step, micros, n_global, step_start)
-            # ---- 5: log, evaluate, save
-            _log_step(run, state, step)
-            if cfg.eval_every and state.step % cfg.eval_every == 0 and \
-                    state.step < cfg.max_steps and run.evaluates:
-                scores = _evaluate_and_log(run, state)
-            periodic = cfg.save_every and state.step % cfg.save_every == 0 and state.bad_steps == 0
-            if periodic or step.stopping or state.step == cfg.max_steps:
-                save_run(run.ckpt_root, run.raw, state, cfg, run.data_identity, ctx)
-            if cfg.release_memory and state.step % RELEASE_EVERY == 0:
-                release_freed_memory()
-            # ---- 6: stop on this rank's signal, or another rank's (told by the all-reduce)
-            if step.stopping:
-                stop_signal = stop.signal or signal.SIGTERM
-                logger.warning("stopped by signal at step %d; checkpoint saved, resume with "
-                               "--resume", state.step)
-                break
-        if stop_signal is None:
-            # A signal during the last step's save, after the step had looked for one: the
-            # run stops all the same, its checkpoint saved, rather than go on to its outputs.
-            stop_signal = max_over_ranks(stop.signal or 0, ctx) or None
-    return _finish(run, state, scores, stop_signal)
+    with shown(cfg.progress and ctx.is_main):  # runlog.shown: log lines a notebook sees
+        run, state = _start(model, train_set, collate, cfg, Path(out_dir), ctx, eval_set,
+                            eval_fn, resume, overwrite, dict(data_identity or {}), lengths,
+                            batches)
+        cfg = run.cfg  # with the run's horizon (decay_steps)
+        scores: Optional[Mapping[str, Any]] = None  # the last evaluation's, returned whole
+        stop_signal: Optional[int] = None
+        with StopFlag(enabled=cfg.handle_signals) as stop:
+            while state.step < cfg.max_steps:
+                step_start, position = time.perf_counter(), run.batches.position()
+                # ---- 1-2: the global batch, its micro-batches and its number of targets
+                micros, counts, n_global = _global_batch(run, state)
+                set_lr(run.optimizer, _lr(cfg, run.warmup, state.step + 1,
+                                          first=state.step == run.start_step))
+                # ---- 3: forward + backward, gradients accumulate over micro-batches
+                try:
+                    loss_sum = _accumulate(run.model, micros, counts, n_global, ctx,
+                                           run.precision, ctx.device, run.scaler)
+                except torch.OutOfMemoryError:  # the same global batch, in smaller pieces
+                    _smaller_micro_batches(run, state, micros[0], position)
+                    continue
+                # ---- 4: clip and step, unless something is not finite; then the counters
+                step = _clip_and_step(run, state, micros, loss_sum, n_global, stop)
+                _count_step(run, state, step, micros, n_global, step_start)
+                # ---- 5: log, evaluate, save
+                _log_step(run, state, step)
+                if run.evaluates and _due(cfg.eval_every, state) and state.step < cfg.max_steps:
+                    scores = _evaluate_and_log(run, state)
+                if (_due(cfg.save_every, state) and state.bad_steps == 0) or step.stopping \
+                        or state.step == cfg.max_steps:
+                    save_run(run.ckpt_root, run.raw, state, cfg, run.data_identity, ctx)
+                if cfg.release_memory and state.step % RELEASE_EVERY == 0:
+                    release_freed_memory()
+                # ---- 6: stop on this rank's signal, or another rank's (told by the all-reduce)
+                if step.stopping:
+                    stop_signal = stop.signal or signal.SIGTERM
+                    logger.warning("stopped by signal at step %d; checkpoint saved, resume "
+                                   "with --resume", state.step)
+                    break
+            stop_signal = stop_signal or _signalled_during_save(stop, ctx)
+        return _finish(run, state, scores, stop_signal)
 
 
 # ---- the phases of a run ----------------------------------------------------------------------
@@ -240,6 +244,7 @@ class _Run:
     warmup: int  # learning-rate warmup, in steps
     seq_warmup: int  # sequence-length warmup, in steps (0: off)
     decodes: bool  # a masked LM: its sparse head's FLOPs count on predicted tokens
+    own_flops: Optional[float]  # per token, of a model without a BertConfig (`_own_flops`)
     peak: float  # the MFU ceiling of one rank (0 on ranks that do not log)
     env: dict
     log: RunLog
@@ -314,9 +319,9 @@ def _start(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCo
         ckpt_root=ckpt_root, per_rank=per_rank, micro=micro,
         warmup=warmup, seq_warmup=seq_warmup,
         # Only a masked LM decodes over the vocabulary; a classifier's FLOPs are the encoder's.
-        decodes=decodes(type(raw)), peak=peak, env=env,
+        decodes=decodes(type(raw)), own_flops=_own_flops(raw, ctx.is_main), peak=peak, env=env,
         log=RunLog(out_dir / "metrics.jsonl", stale_after=state.step if resume else None),
-        bar=_progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step),
+        bar=progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step),
         meter=StepMeter(), start_step=state.step, started=time.perf_counter())
     reset_peak_memory(device)
     return run, state
@@ -330,7 +335,7 @@ def _global_batch(run: _Run, state: TrainState) -> tuple[list[dict], list[int], 
     micro = run.micro_batch(state)
     # An epoch's last batch may be smaller (data/sampler.py): its micro-batches are then
     # fewer or smaller, and the weights of `_accumulate` still make its gradient exact.
-    micros = [run.collate(examples[i:i + micro], epoch=epoch)
+    micros = [_checked(run.collate(examples[i:i + micro], epoch=epoch))
               for i in range(0, len(examples), micro)]
     if run.seq_warmup and state.step <= run.seq_warmup:  # data/seq_warmup.py
         # L(step) from the global batch's width, the same however it is split
@@ -364,7 +369,7 @@ def _clip_and_step(run: _Run, state: TrainState, micros: list[dict], loss_sum: T
     scaler.unscale_(optimizer)  # true gradients before clipping (no-op unless fp16)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(run.raw.parameters(),
                                                      run.cfg.max_grad_norm))
-    local_tokens = sum(int(b["attention_mask"].sum()) for b in micros)
+    local_tokens = sum(_tokens(b) for b in micros)
     totals = all_reduce_sum(torch.tensor(
         [float(loss_sum), float(local_tokens), float(stop.signal is not None)],
         dtype=torch.float64, device=device), run.ctx).tolist()
@@ -388,9 +393,10 @@ def _count_step(run: _Run, state: TrainState, step: _Step, micros: list[dict], n
     seconds = time.perf_counter() - step_start
     state.train_seconds += seconds
     # Model FLOPs of this step: the sparse MLM head is counted for predicted tokens only.
-    run.meter.add(step.tokens, seconds, step.tokens * flops_per_token(
+    per_token = run.own_flops if run.own_flops is not None else flops_per_token(
         run.raw.config, micros[0]["input_ids"].shape[1],
-        mlm_fraction=n_global / step.tokens if run.decodes else 0.0))
+        mlm_fraction=n_global / step.tokens if run.decodes else 0.0)
+    run.meter.add(step.tokens, seconds, step.tokens * per_token)
 
 
 def _log_step(run: _Run, state: TrainState, step: _Step) -> None:
@@ -464,14 +470,27 @@ def _accumulate(model: nn.Module, micros: list[dict], counts: list[int], n_globa
         sync = contextlib.nullcontext() if last or ctx.world_size == 1 else model.no_sync()
         with sync:
             with autocast_context(precision, device):
-                out = model(**batch)
+                mean = _loss(model(**batch), model)
             if n == 0:  # nothing to predict here: a zero loss still joins DDP's all-reduce
-                loss = out.logits.sum() * 0.0
+                # (the mean over no targets is NaN, and * 0.0 passes it no gradient)
+                loss = mean * 0.0
             else:
-                loss = out.loss * micro_step_weight(n, n_global, ctx.world_size)
-                loss_sum += out.loss.detach().double() * n
+                loss = mean * micro_step_weight(n, n_global, ctx.world_size)
+                loss_sum += mean.detach().double() * n
             scaler.scale(loss).backward()
     return loss_sum
+
+
+def _due(every: int, state: TrainState) -> bool:
+    """Whether a thing done every `every` steps (0: never here) is due at this step."""
+    return bool(every) and state.step % every == 0
+
+
+def _signalled_during_save(stop: StopFlag, ctx: DistContext) -> Optional[int]:
+    """A signal that reached a rank during the last step's save, after the step had looked
+    for one: the run stops all the same, its checkpoint saved, rather than go on to its
+    outputs (evaluated and written on a resume)."""
+    return max_over_ranks(stop.signal or 0, ctx) or None
 
 
 def _lr(cfg: TrainConfig, warmup: int, step: int, first: bool) -> float:
@@ -547,6 +566,54 @@ def _numbers(scores: Mapping[str, Any]) -> dict[str, float]:
 
 # ---- small pieces -----------------------------------------------------------------------------
 
+def _checked(batch: Any) -> dict:
+    """A micro-batch as `collate` made it, refused by name unless it is a dict holding
+    `input_ids` (B, T), from which the engine counts tokens and reads the length; its
+    `labels` are `count_targets`' to check."""
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    if not (torch.is_tensor(ids) and ids.dim() == 2):
+        held = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
+        raise ValueError(f"collate must return a dict of tensors with `input_ids` (B, T), from "
+                         f"which train counts the tokens; it returned {held}")
+    return batch
+
+
+def _tokens(batch: Mapping[str, Tensor]) -> int:
+    """The batch's real tokens: its attention_mask's ones, or every position without one."""
+    mask = batch.get("attention_mask")
+    return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+
+
+def _loss(out: Any, model: nn.Module) -> Tensor:
+    """The scalar `.loss` of what `model(**batch)` returned (a NamedTuple's field, or any
+    attribute), refused by name where there is none."""
+    loss = getattr(out, "loss", None)  # checked here, not defaulted
+    if not (torch.is_tensor(loss) and loss.dim() == 0):
+        raise TypeError(f"{type(unwrap(model)).__name__}(**batch) returned "
+                        f"{type(out).__name__}, without a scalar tensor `.loss`; train needs "
+                        f"one: return e.g. a NamedTuple whose `loss` is the mean over the "
+                        f"batch's targets")
+    return loss
+
+
+def _own_flops(raw: nn.Module, say: bool) -> Optional[float]:
+    """FLOPs per token of a model without a BertConfig, from its weight matrices
+    (meters.parameter_flops_per_token), and the log says once what they leave out; None
+    for a model whose config gives them (flops_per_token, each step's length)."""
+    if bert_config(raw) is not None:
+        return None
+    # Counted rather than left out: every row keeps its `mfu` column (which plots and the
+    # ceiling's check read), and a count that errs low by a stated share still says how
+    # the run uses the machine, and compares across runs of one model.
+    if say:
+        logger.info("MFU of %s, a model without a BertConfig: 6 FLOPs per token for each of "
+                    "its %s matmul weights; attention's 12 * layers * hidden * length per "
+                    "token is left out, so it reads low by that share "
+                    "(meters.parameter_flops_per_token)", type(raw).__name__,
+                    f"{matmul_weights(raw):,}")
+    return parameter_flops_per_token(raw)
+
+
 def _to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v
             for k, v in batch.items()}
@@ -558,11 +625,3 @@ def _wrap(model: nn.Module, cfg: TrainConfig, ctx: DistContext, device: torch.de
             model, device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=getattr(model, "unused_parameters_per_step", False))
     return torch.compile(model) if cfg.compile else model
-
-
-def _progress_bar(enabled: bool, total: int, initial: int):
-    try:
-        from tqdm import tqdm  # optional
-    except ImportError:
-        return None
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True) if enabled else None

@@ -65,7 +65,9 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
                          f"saved by minibert's training loop); pass model_class= one of "
                          f"{EXPORTABLE}")
     if name not in EXPORTABLE:
-        raise ValueError(f"model_class={name!r} is not one of {EXPORTABLE}")
+        raise ValueError(f"model_class={name!r} is not one of {EXPORTABLE}; a model of your "
+                         f"own is not rebuilt here: its weights are minibert.checkpoint."
+                         f"load_checkpoint({str(checkpoint_dir)!r})['model']")
     try:
         bert_config = BertConfig(**config)
     except TypeError as e:

@@ -18,8 +18,14 @@ def predicted(labels: torch.Tensor, attention_mask: Optional[torch.Tensor] = Non
               ) -> torch.Tensor:
     """Where a loss scores a label: not IGNORE_INDEX, and, for per-token labels (B, T), on a
     real token (attention_mask 1). The encoder does not compute padding, so the heads never
-    score a label there; every count of targets must agree with them. Same shape as labels."""
-    keep = labels != IGNORE_INDEX
+    score a label there; every count of targets must agree with them. Same shape as labels.
+
+    IGNORE_INDEX marks a class id. A float label is a regression target, which any number
+    may be: -100.0 is scored like 0.5 (an MSE averages over every one), so it is kept."""
+    if labels.is_floating_point():
+        keep = torch.ones_like(labels, dtype=torch.bool)
+    else:
+        keep = labels != IGNORE_INDEX
     if attention_mask is not None and attention_mask.shape == labels.shape:
         keep &= attention_mask.bool()
     return keep

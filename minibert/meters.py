@@ -4,7 +4,8 @@ the matmul ceiling MFU is a fraction of.
 * `measure_peak_flops`: the achievable matmul rate of a device in a dtype, bounded in time.
 * `mfu_ceiling`: that rate measured once per machine, recorded, and read back by every run;
   `stated_ceiling`: the one a run uses, said in its log.
-* `flops_per_token`: a BertForMaskedLM step's model FLOPs per token (Kaplan et al. 2020).
+* `flops_per_token`: a BertForMaskedLM step's model FLOPs per token (Kaplan et al. 2020);
+  `parameter_flops_per_token`: a model of your own's, from its weight matrices alone.
 * `mfu`: model FLOPs (`flops_per_token`) per second over that ceiling.
 * `StepMeter`: the tokens, seconds and FLOPs of the steps between two log rows.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import NamedTuple, Optional, Union
 
 import torch
+import torch.nn as nn
 
 from .atomic import PathLike, write_files_atomically
 from .config import BertConfig
@@ -271,3 +273,28 @@ def flops_per_token(config: BertConfig, seq_len: int,
     keys = sum(seq_len if config.window(i) is None else min(seq_len, 2 * config.window(i) + 1)
                for i in range(L))  # keys each query meets, summed over layers
     return 6.0 * (n_encoder + head_fraction * n_head) + 12.0 * H * keys
+
+
+def matmul_weights(model: nn.Module) -> int:
+    """The weights a token meets in a matmul: every parameter of two or more dimensions,
+    each counted once (a tied matrix is one tensor), but the tables of `nn.Embedding`, of
+    which a token reads one row and multiplies nothing."""
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return sum(p.numel() for p in model.parameters()  # lists a shared tensor once
+               if p.ndim >= 2 and id(p) not in tables)
+
+
+def parameter_flops_per_token(model: nn.Module) -> float:
+    """Training FLOPs (forward + backward) per input token of a model whose shape minibert
+    cannot read, a model of your own without a BertConfig: 6 * N, N its matmul weights
+    (`matmul_weights`), Kaplan et al.'s count as in `flops_per_token`.
+
+    What it leaves out, so that an MFU computed from it reads low: attention's own term,
+    12 * L * H * T per token, which has no parameters for a count to see (for BERT-base,
+    about 3% of its FLOPs at T = 128 and 10% at T = 512); a tied decoder's matmul, whose
+    matrix is an embedding table (`flops_per_token` counts it); and, as there, the work of
+    LayerNorm, activations, softmax and biases. It counts every weight for every token,
+    where a head that runs on some tokens only (a sparse MLM head) costs less: that part
+    reads high.
+    """
+    return 6.0 * matmul_weights(model)

@@ -36,7 +36,7 @@ from .checkpoint import (STATE_FILE, latest_checkpoint, load_checkpoint,
 from .distributed import DistContext, all_gather_objects, barrier, unwrap
 from .hf import check_finite
 from .precision import resolve_precision
-from .state import TrainConfig, TrainState, check_identity, run_identity
+from .state import TrainConfig, TrainState, bert_config, check_identity, run_identity
 
 
 logger = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identit
     before = saved["train_config"]["micro_batch_size"]
     if cfg.micro_batch_size != before:
         state.micro_batch_size = None  # the resume chose another micro-batch: it wins
-        if raw.config.hidden_dropout or raw.config.attention_dropout:
+        if _draws_dropout(raw):
             logger.warning("micro-batch %s, was %s, with dropout on: dropout's masks are drawn "
                            "one micro-batch at a time, so the run goes on with other masks "
                            "than it would have drawn (the same gradients otherwise); keep "
@@ -128,6 +128,18 @@ def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identit
                            cfg.micro_batch_size, before)
     logger.info("resumed from %s (step %d)", last, state.step)
     return cfg
+
+
+def _draws_dropout(raw: nn.Module) -> bool:
+    """Whether the model draws dropout masks: its config says so (minibert's attention
+    dropout has no module); a model of your own, by a dropout module with p > 0 (dropout
+    drawn by a function call is not seen)."""
+    config = bert_config(raw)
+    if config is not None:
+        return bool(config.hidden_dropout or config.attention_dropout)
+    kinds = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+             nn.FeatureAlphaDropout)
+    return any(isinstance(m, kinds) and m.p > 0 for m in raw.modules())
 
 
 def check_saved_weights(saved: dict, checkpoint: Path) -> None:

@@ -8,15 +8,20 @@ skips the one row a kill may have cut short.
 
 Non-finite numbers (a skipped step's loss, an overflowed gradient norm) are written as
 `null`, so the file is strict JSON that any reader takes.
+
+While a run trains, rank 0 shows its progress (`TrainConfig.progress`): a tqdm bar where
+tqdm is installed (`progress_bar`), with each row written above it; without tqdm, each row
+is a log line at INFO, which `shown` makes visible where nobody has set logging up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from .atomic import atomic_file
 
@@ -57,6 +62,50 @@ class RunLog:
     def has_eval(self, step: int) -> bool:
         """Whether the log holds an evaluation row (one without a training "lr") of `step`."""
         return any(row.get("step") == step and "lr" not in row for row in read_rows(self.path))
+
+
+def _tqdm() -> Any:
+    """tqdm's bar class (`tqdm.auto`: a widget in a notebook with ipywidgets, text on a
+    terminal), or None where tqdm, an optional extra, is not installed."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm
+
+
+def progress_bar(enabled: bool, total: int, initial: int) -> Any:
+    """A bar of the run's steps, from `initial` to `total`, or None: not enabled, or no tqdm."""
+    bar = _tqdm() if enabled else None
+    return bar(total=total, initial=initial, unit="step", dynamic_ncols=True) if bar else None
+
+
+@contextlib.contextmanager
+def shown(enabled: bool) -> Iterator[None]:
+    """For the duration of a run whose progress is shown (`enabled`: `progress` on, rank 0)
+    and has no bar to draw it (tqdm not installed): where nobody has set logging up, as in
+    a fresh notebook (no handler on the "minibert" logger or above it, and its level
+    unset), a handler on the "minibert" logger writes its records from INFO up to stderr,
+    the log rows among them, and is taken off when the run returns or raises.
+
+    Logging that the caller has set up is theirs: left as it is, it shows what it was set
+    to show (`logging.basicConfig(level=logging.INFO)` shows the rows). Python's own
+    fallback would show warnings alone, and a library call that trains for minutes in
+    silence looks hung."""
+    package = logging.getLogger(__name__.partition(".")[0])  # "minibert", above every module's
+    if (not enabled or _tqdm() is not None or package.hasHandlers()
+            or package.level != logging.NOTSET):
+        yield
+        return
+    handler = logging.StreamHandler()  # sys.stderr, where tqdm and Python's fallback write
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(logging.NOTSET)
 
 
 def read_rows(metrics_file: Path) -> list[dict[str, Any]]:

@@ -9,7 +9,8 @@ optimizer, the gradient scaler, the random generators and the run identity), and
 the checkpoint left it (lingua's `TrainState` is the model). resume.py only orchestrates:
 it gathers every rank's generators, writes the dict and finds the checkpoint to resume.
 
-The *run identity* is everything that decides what a run computes: the model config, the
+The *run identity* is everything that decides what a run computes: the model config (for a
+model of your own without one, the shape of each of its tensors: `model_config`), the
 training settings but those in `RESUME_MAY_CHANGE`, and the data's identity given by the
 caller. A resume with any of them changed is refused by name (`check_identity`).
 
@@ -23,14 +24,14 @@ its final/ folder, which leaves the run's log as it was.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn
 
-from .config import check_int
+from .config import BertConfig, check_int
 from .distributed import unwrap
 from .hf import minibert_class
 from .optim import resolve_warmup
@@ -171,7 +172,7 @@ class TrainState:
                 "train_state": self.counters(), "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict(), "rng": rng_state(),
                 "id2label": list(names) if names else None,
-                "model_config": asdict(raw.config), "train_config": asdict(cfg),
+                "model_config": model_config(raw), "train_config": asdict(cfg),
                 "data_identity": data_identity}
 
     def load_state_dict(self, saved: dict[str, Any], model: nn.Module, rank: int = 0,
@@ -214,8 +215,28 @@ def run_identity(model: nn.Module, cfg: "TrainConfig") -> dict[str, Any]:
     # The class as checkpoints name it: minibert's own for a user's subclass (export
     # rebuilds it).
     return {"model_class": minibert_class(type(raw)).__name__,
-            "model_config": asdict(raw.config),
+            "model_config": model_config(raw),
             "train_config": {k: v for k, v in asdict(cfg).items() if k not in RESUME_MAY_CHANGE}}
+
+
+def model_config(model: nn.Module) -> dict[str, Any]:
+    """What a checkpoint records of the model's shape, for the run identity: its `config`
+    (`asdict`: minibert's BertConfig, or a dataclass of your own), or, for a model of your
+    own without one, the shape of each tensor it saves, under "shapes": a resume into a
+    model of another shape is then refused naming the tensor ("model shapes
+    head.weight"), before torch's size mismatch deep in load_state_dict."""
+    config = getattr(model, "config", None)  # a plain nn.Module has none
+    if is_dataclass(config) and not isinstance(config, type):
+        return asdict(config)
+    return {"shapes": {name: list(t.shape) for name, t in model.state_dict().items()}}
+
+
+def bert_config(model: nn.Module) -> Optional[BertConfig]:
+    """The model's BertConfig where it has one (minibert's models, and yours that expose
+    one as `config`), from which the engine reads what the model computes (its FLOPs, its
+    dropout); None for a model of your own, of which it knows only the parameters."""
+    config = getattr(model, "config", None)
+    return config if isinstance(config, BertConfig) else None
 
 
 class SettingsMismatch(ValueError):

@@ -136,9 +136,14 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 def count_targets(batch: Mapping[str, torch.Tensor]) -> int:
     """Predicted items in a batch, the unit its loss is a mean over: masked tokens (MLM),
     labelled real positions (token classification), examples (classification, and QA,
-    whose batches carry `start_positions` instead of `labels`)."""
-    if "labels" not in batch:
+    whose batches carry `start_positions` instead of `labels`), a regression's float labels
+    (every one: `labels.predicted`)."""
+    if "labels" not in batch and "start_positions" in batch:
         return int(batch["start_positions"].shape[0])
+    if not torch.is_tensor(batch.get("labels")):
+        raise ValueError(f"a batch needs `labels`, a tensor of the targets its loss is a mean "
+                         f"over (they weigh each micro-batch's loss); this one holds "
+                         f"{sorted(batch)}: have collate return the targets as `labels`")
     return int(predicted(batch["labels"], batch.get("attention_mask")).sum())
 
 
