@@ -220,7 +220,10 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
                           f"random weights {scratch_dropout}, from a checkpoint its own"),
         "--attention": dict(choices=["sdpa", "math", "chunked"]),
         "--compile": dict(action="store_true", help="torch.compile the model (distillation: "
-                          "the student and the teacher)"),
+                          "the student and the teacher); on the CPUs measured it did not pay: "
+                          "no faster on packed batches, slower on padded ones, after a compile "
+                          "of tens of seconds (benchmarks/RESULTS.md, 'torch.compile on this "
+                          "CPU')"),
         "--gradient-checkpointing": dict(action="store_true", help="recompute each encoder "
                                          "block's activations in the backward pass instead of "
                                          "keeping them: the same gradients in less memory, "

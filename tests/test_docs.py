@@ -89,6 +89,8 @@ def test_research_snippets_run(tmp_path, monkeypatch):
     assert not delta[H:2 * H].any() and delta[:H].any() and delta[2 * H:].any()
     assert (tmp_path / "lora-merged" / "model.safetensors").is_file()
     assert abs(namespace["logits"] - namespace["want"].numpy()).max() < 1e-5
+    assert namespace["result"]["steps"] == 30
+    assert (tmp_path / "runs" / "length" / "metrics.jsonl").is_file()
 
 
 def test_machine_room_snippets_run():
