@@ -112,35 +112,23 @@ def test_hidden_states_and_attentions_match_transformers_modernbert(tmp_path, ba
 
 
 HEADS = [("BertForMaskedLM", {}), ("BertForSequenceClassification", {"num_labels": 3}),
-         ("BertForTokenClassification", {"num_labels": 3}), ("BertForQuestionAnswering", {})]
+         ("BertForTokenClassification", {"num_labels": 3}), ("BertForQuestionAnswering", {}),
+         ("ModernBertForMaskedLM", {}), ("ModernBertForTokenClassification", {"num_labels": 3})]
 
 
 @pytest.mark.parametrize("name,kwargs", HEADS)
 def test_every_head_hands_out_what_transformers_hands_out(tmp_path, name, kwargs):
-    hf = _classic(tmp_path, name, **kwargs)
-    ours = getattr(minibert, name).from_pretrained(tmp_path).eval()
+    modern = name.startswith("Modern")
+    hf = (_modern if modern else _classic)(tmp_path, name, **kwargs)
+    ours = getattr(minibert, name.removeprefix("Modern")).from_pretrained(tmp_path).eval()
     ids, mask = _batch()
     with torch.no_grad():
         a = ours(ids, mask, output_hidden_states=True, output_attentions=True)
         b = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True,
                output_attentions=True)
-    _assert_states_match(a.hidden_states, b.hidden_states, mask, 2)
-    _assert_attentions_match(a.attentions, b.attentions, mask, 2)
-
-
-@pytest.mark.parametrize("name,kwargs", [("ModernBertForMaskedLM", {}),
-                                         ("ModernBertForTokenClassification",
-                                          {"num_labels": 3})])
-def test_modern_heads_hand_out_what_transformers_hands_out(tmp_path, name, kwargs):
-    hf = _modern(tmp_path, name, **kwargs)
-    ours = getattr(minibert, name.replace("Modern", "")).from_pretrained(tmp_path).eval()
-    ids, mask = _batch()
-    with torch.no_grad():
-        a = ours(ids, mask, output_hidden_states=True, output_attentions=True)
-        b = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True,
-               output_attentions=True)
-    _assert_states_match(a.hidden_states, b.hidden_states, mask, 3)
-    _assert_attentions_match(a.attentions, b.attentions, mask, 3)
+    layers = 3 if modern else 2
+    _assert_states_match(a.hidden_states, b.hidden_states, mask, layers)
+    _assert_attentions_match(a.attentions, b.attentions, mask, layers)
 
 
 def test_with_labels_the_heads_still_hand_them_out():
