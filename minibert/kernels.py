@@ -30,11 +30,12 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     (measured by benchmarks/bench_levers.py; the numbers are in benchmarks/RESULTS.md,
     "Speed levers kept, each measured"). The numbers still come from torch's generator, so
     `set_seed` and checkpointed RNG states reproduce them.
-    On other devices `F.dropout` is already a fused kernel and is used as it is.
+    On other devices `F.dropout` is already a fused kernel and is used as it is, and so is
+    it in a graph that torch.compile traces, where it fuses too.
     """
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" or torch.compiler.is_compiling():  # a traced graph: torch's
         return F.dropout(x, p, training=True)
     # The rate the 15-bit lanes can draw, and the scale that keeps the expectation exact at
     # that rate (1 / (1 - p) would be off by up to 1/65536 of it, and scale a p so small

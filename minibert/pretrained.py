@@ -88,7 +88,9 @@ class PretrainedMixin(GradientCheckpointing):
                         **config_overrides: Any) -> M:
         """Load a checkpoint directory in transformers' layout (or one minibert saved).
 
-        Overrides apply on top of the stored config, e.g. `attention="chunked"` or
+        The model comes in eval mode (dropout off), as transformers gives it; the engine
+        puts it in train mode, and so does `.train()`. Overrides apply on top of the stored
+        config, e.g. `attention="chunked"` or
         `hidden_dropout=0.0`. Weights missing for a head or pooler are freshly initialised
         (with a warning); weights missing from the encoder are an error. A classifier is read
         only from a checkpoint of its own class (or one that names no class).
@@ -148,6 +150,7 @@ class PretrainedMixin(GradientCheckpointing):
         if not own_head:
             sd = {k: t for k, t in sd.items() if not k.startswith("classifier.")}
         load_hf_state_dict(model, sd)
+        model.eval()  # as transformers gives it: dropout off until `.train()`
         return model if dtype is None else model.to(dtype)
 
     def save_pretrained(self, path: PathLike, tokenizer: Optional["Tokenizer"] = None) -> None:

@@ -207,3 +207,29 @@ def test_gradient_checkpointing_switches_every_encoder_and_keeps_nothing_between
             m(*_batch(2, 8)).last_hidden_state.sum()
         saved.append(count[0])
     assert saved[1] < saved[0] / 2, saved
+
+
+@pytest.mark.parametrize("preset", ["tiny", "modernbert-tiny"])
+def test_compile_traces_a_training_step_with_dropout_whole(preset):
+    """Dropout on, as the presets train: the traced graph takes torch's dropout (minibert's
+    CPU mask draws random bits in a way dynamo cannot trace), and breaks nowhere."""
+    torch._dynamo.reset()
+    model = _model("BertForSequenceClassification", {"num_labels": 3}, preset,
+                   hidden_dropout=0.1, attention_dropout=0.1).train()
+    model.gradient_checkpointing_enable()
+    ids, mask = _batch(3, 12)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=True)
+    out = compiled(ids, mask, labels=torch.tensor([0, 2, 1]))
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and model.classifier.weight.grad.abs().sum() > 0
+
+
+def test_from_pretrained_gives_the_model_in_eval_mode(tmp_path):
+    pytest.importorskip("safetensors")
+    _model("BertForSequenceClassification", {"num_labels": 3},
+           hidden_dropout=0.1).save_pretrained(tmp_path)
+    model = minibert.BertForSequenceClassification.from_pretrained(tmp_path)
+    assert not model.training
+    ids, mask = _batch(2, 9)
+    with torch.no_grad():
+        assert torch.equal(model(ids, mask).logits, model(ids, mask).logits)
