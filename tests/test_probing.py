@@ -77,16 +77,22 @@ def _assert_attentions_match(ours, theirs, mask, n_layers):
         assert torch.allclose(a[rows].sum(-1), torch.ones(())), i
 
 
-@pytest.mark.parametrize("backend", ["math", "sdpa", "chunked"])
-def test_hidden_states_and_attentions_match_transformers_bert(tmp_path, backend):
-    hf = _classic(tmp_path)
-    ours = minibert.BertModel.from_pretrained(tmp_path, attention=backend,
-                                              attention_chunk_size=8).eval()
+def _both(ours, hf):
+    """Both models' outputs on the padded batch, every state and map asked for."""
     ids, mask = _batch()
     with torch.no_grad():
         a = ours(ids, mask, output_hidden_states=True, output_attentions=True)
         b = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True,
                output_attentions=True)
+    return a, b, mask
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa", "chunked"])
+def test_hidden_states_and_attentions_match_transformers_bert(tmp_path, backend):
+    hf = _classic(tmp_path)
+    ours = minibert.BertModel.from_pretrained(tmp_path, attention=backend,
+                                              attention_chunk_size=8).eval()
+    a, b, mask = _both(ours, hf)
     _assert_states_match(a.hidden_states, b.hidden_states, mask, 2)
     _assert_attentions_match(a.attentions, b.attentions, mask, 2)
     assert torch.equal(a.hidden_states[-1], a.last_hidden_state)
@@ -98,11 +104,7 @@ def test_hidden_states_and_attentions_match_transformers_modernbert(tmp_path, ba
     ours = minibert.BertModel.from_pretrained(tmp_path, attention=backend,
                                               attention_chunk_size=4).eval()
     assert ours.config.global_every == 2 and ours.final_norm is not None
-    ids, mask = _batch()
-    with torch.no_grad():
-        a = ours(ids, mask, output_hidden_states=True, output_attentions=True)
-        b = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True,
-               output_attentions=True)
+    a, b, mask = _both(ours, hf)
     _assert_states_match(a.hidden_states, b.hidden_states, mask, 3)
     _assert_attentions_match(a.attentions, b.attentions, mask, 3)
     # layer 1 is local: a query 10 sees keys 6..14 only (the window of 8, 4 on each side)
@@ -121,11 +123,7 @@ def test_every_head_hands_out_what_transformers_hands_out(tmp_path, name, kwargs
     modern = name.startswith("Modern")
     hf = (_modern if modern else _classic)(tmp_path, name, **kwargs)
     ours = getattr(minibert, name.removeprefix("Modern")).from_pretrained(tmp_path).eval()
-    ids, mask = _batch()
-    with torch.no_grad():
-        a = ours(ids, mask, output_hidden_states=True, output_attentions=True)
-        b = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True,
-               output_attentions=True)
+    a, b, mask = _both(ours, hf)
     layers = 3 if modern else 2
     _assert_states_match(a.hidden_states, b.hidden_states, mask, layers)
     _assert_attentions_match(a.attentions, b.attentions, mask, layers)
