@@ -88,6 +88,23 @@ def environment_report(device: Device) -> dict[str, Any]:
     return report
 
 
+# What decides a run's rounding, beside its settings: a run is bit for bit the same only where
+# all of these are (docs/runs.md, "The same result"). Threads matter on a CPU because a
+# reduction (a matmul's sum, a norm's mean) is split across them, and floating-point
+# addition done in another order rounds otherwise; the torch version and the machine choose
+# the kernels, and so the order.
+ROUNDING_FIELDS = ("torch", "device_name", "cpu_capability", "torch_threads")
+
+
+def rounding_context(device: Device) -> dict[str, Any]:
+    """The fields of `environment_report` that decide how a run rounds (`ROUNDING_FIELDS`);
+    a checkpoint records them, and a resume where they differ says it goes on equivalent,
+    not bit for bit."""
+    report = environment_report(device)
+    return {k: report[k] if isinstance(report[k], int) else str(report[k])
+            for k in ROUNDING_FIELDS}  # plain values: a checkpoint loads them weights-only
+
+
 def environment_warnings(report: dict[str, Any], precision: Optional[str] = None) -> list[str]:
     """The mismatches in an `environment_report`, one sentence each (empty when all is well)."""
     if precision is not None and precision not in _precision.PRECISIONS:

@@ -26,7 +26,7 @@ import logging
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
@@ -34,6 +34,7 @@ import torch.nn as nn
 from .checkpoint import (STATE_FILE, latest_checkpoint, load_checkpoint,
                          save_checkpoint)
 from .distributed import DistContext, all_gather_objects, barrier, unwrap
+from .environment import rounding_context
 from .hf import check_finite
 from .precision import resolve_precision
 from .state import TrainConfig, TrainState, bert_config, check_identity, run_identity
@@ -126,8 +127,25 @@ def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identit
                            "than it would have drawn (the same gradients otherwise); keep "
                            "the micro-batch for a bit-identical resume",
                            cfg.micro_batch_size, before)
+    _say_rounding(saved.get("rounding"), ctx.device)
     logger.info("resumed from %s (step %d)", last, state.step)
     return cfg
+
+
+def _say_rounding(before: Optional[dict], device: torch.device) -> None:
+    """Warn, once, where the resume rounds otherwise than the run's last start: another
+    thread count, torch or machine sums in another order, so the run goes on equivalent,
+    not bit for bit (docs/runs.md, "The same result"). A checkpoint without the record (an
+    older one) says nothing."""
+    if not before:
+        return
+    now = rounding_context(device)
+    diffs = [f"{k} {now[k]}, was {before[k]}" for k in now
+             if k in before and now[k] != before[k]]
+    if diffs:
+        logger.warning("resumed with %s: the run goes on equivalent, not bit for bit (the "
+                       "same result needs the same thread count, torch and machine; "
+                       "docs/runs.md, 'The same result')", "; ".join(diffs))
 
 
 def _draws_dropout(raw: nn.Module) -> bool:

@@ -33,6 +33,7 @@ import torch.nn as nn
 
 from .config import BertConfig, check_int
 from .distributed import unwrap
+from .environment import rounding_context
 from .hf import minibert_class
 from .optim import resolve_warmup
 from .precision import PRECISIONS
@@ -164,7 +165,8 @@ class TrainState:
         `id2label`, which export writes into its config), the run in motion (`train_state`:
         the counters; `optimizer`, `scaler`, and `rng`: this process's generators, which
         `resume.save_run` replaces with one per rank) and the run identity (`model_config`,
-        `train_config`, `data_identity`)."""
+        `train_config`, `data_identity`), and what decides its rounding (`rounding`: the torch
+        version, the device, the thread count), which a resume compares."""
         raw = unwrap(model)
         names = getattr(raw, "id2label", None)
         # The class export rebuilds: minibert's own, for a user's subclass of it.
@@ -173,7 +175,8 @@ class TrainState:
                 "scaler": self.scaler.state_dict(), "rng": rng_state(),
                 "id2label": list(names) if names else None,
                 "model_config": model_config(raw), "train_config": asdict(cfg),
-                "data_identity": data_identity}
+                "data_identity": data_identity,
+                "rounding": rounding_context(next(raw.parameters()).device)}
 
     def load_state_dict(self, saved: dict[str, Any], model: nn.Module, rank: int = 0,
                         seed: int = 0) -> None:

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import minibert
 from engine_utils import (FP32_RUNS_APART, MODERN_TINY, collator, same_logged_losses,
                           tiny_corpus, tiny_model, train_config)
 from facts import raises
@@ -586,6 +587,50 @@ def test_a_resume_with_another_micro_batch_says_when_dropout_makes_it_inexact(
               replace(cfg, max_steps=3, micro_batch_size=4), tmp_path, resume=True)
     warned = "micro-batch 4, was 16, with dropout on" in caplog.text
     assert warned == (dropout > 0)
+
+
+def test_a_resume_on_another_thread_count_says_it_is_not_bit_for_bit(corpus, tmp_path,
+                                                                  caplog):
+    """A CPU splits each reduction across its threads, and another split rounds otherwise:
+    the same run resumed on another thread count goes on equivalent, not bit for bit. It
+    used to say nothing; on the same count it still says nothing."""
+    tok, ds = corpus
+    cfg = train_config(max_steps=2)
+    threads = torch.get_num_threads()
+    train(tiny_model(tok), ds, collator(tok), cfg, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="minibert"):
+        train(tiny_model(tok), ds, collator(tok), replace(cfg, max_steps=3), tmp_path,
+              resume=True)
+    assert "not bit for bit" not in caplog.text
+    caplog.clear()
+    torch.set_num_threads(threads + 1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="minibert"):
+            train(tiny_model(tok), ds, collator(tok), replace(cfg, max_steps=4), tmp_path,
+                  resume=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert f"torch_threads {threads + 1}, was {threads}" in caplog.text
+    assert "not bit for bit" in caplog.text
+
+
+def test_deterministic_changes_nothing_a_cpu_computes(corpus, tmp_path):
+    """docs/runs.md, "The same result": a CPU run is already the same bit for bit at a fixed
+    thread count, so --deterministic (rng.set_seed's deterministic=True) adds nothing to
+    it; dropout on, so that its masks are drawn too."""
+    tok, ds = corpus
+    weights = []
+    for deterministic in (False, True):
+        try:
+            minibert.set_seed(0, deterministic=deterministic)
+            model = tiny_model(tok, dropout=0.1)
+            train(model, ds, collator(tok), train_config(max_steps=3),
+                  tmp_path / str(deterministic))
+        finally:
+            torch.use_deterministic_algorithms(False)
+            torch.backends.cudnn.deterministic = False
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(*weights)
 
 
 def test_the_final_evaluation_is_logged_once_however_the_run_was_stopped(corpus, tmp_path,
