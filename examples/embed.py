@@ -24,6 +24,7 @@ if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
 
 import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -74,14 +75,9 @@ def read_texts(path: Path) -> tuple[list[str], list[int]]:
 
 
 def save_npy(path: Path, array: np.ndarray) -> None:
-    """Write `path` whole or not at all (minibert.atomic); folders made for it go again if
-    it is not written."""
-    made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OSError(f"cannot make the folder of --out {path}: {e.strerror}: {e.filename}"
-                      ) from None
+    """Write `path` whole or not at all (minibert.atomic, which says why where it cannot);
+    folders made for it go again if it is not written."""
+    made = [p for p in (path.parent, *path.parent.parents) if not os.path.lexists(p)]
     try:
         with atomic_file(path) as f:
             np.save(f, array)
@@ -139,7 +135,8 @@ def main(argv=None) -> int:
                     print(f"{score:.4f}\tline {numbers[row]}\t{texts[row]}")
         except BaseException as e:
             signals.settle()
-            return cli.exit_status(e, signals.received, left=lambda: (
+            said = cli.name_outputs(e, {"--out": args.out})  # a write error, in the flag's terms
+            return cli.exit_status(said, signals.received, left=lambda: (
                 f"; {args.out} is written" if written else f" before {args.out} was written"))
     return 0
 

@@ -34,6 +34,7 @@ from types import SimpleNamespace
 
 import minibert
 from minibert import cli, pretrain
+from minibert.atomic import atomic_file
 from minibert.data import MLMCollator
 from minibert.data.prepare import save_prepared
 from minibert.engine import eval_batches, evaluate, train
@@ -120,7 +121,8 @@ def plot_loss(out: Path) -> None:
     plt.ylabel("MLM loss")
     plt.legend()
     plt.tight_layout()
-    plt.savefig(out / "loss.png", dpi=110)
+    with atomic_file(out / "loss.png") as f:  # whole or not at all, like every output
+        plt.savefig(f, format="png", dpi=110)
     plt.close()
 
 

@@ -1,4 +1,4 @@
-"""Files and folders written whole or not at all.
+"""Files and folders written whole or not at all, as the user's own files would be.
 
 A training run writes results a user keeps (an exported model, a tokenizer, eval.json)
 and may be killed, or run out of disk, at any moment. Each writer here first puts the new
@@ -14,8 +14,22 @@ target holds the old content or the new, never a mix of the two and never half a
 * `replace_folder(path, write)`: a whole folder (a model export), swapped in one step.
 * `publish_folder(path, write)`: a folder written once (a cache entry); the first writer wins.
 * `fsync(path)`: make a file's data or a folder's entries durable.
-* `write_failure(error, what, folder, then)`: what stopped a write, said so that the user
-  knows what to do: a full disk, a quota, a file-size limit are three different fixes.
+
+What they write is the user's, as a file they made themselves would be:
+* Modes: the umask's. A new folder is 0o777 less the umask, a new file 0o666 less it (the
+  `tempfile` module's would be readable by their owner alone); `usual_mode` gives that mode
+  to a file another library made for its owner alone (safetensors does).
+* Temporary names: `.{name}.{pid}-{hex}.tmp`, a dot name beside the target that no reader
+  of the folder takes for data. Its writer holds an `flock` on it while it writes, and the
+  kernel drops that lock with the process, however it ends (kill -9 included): each writer
+  first removes from its folder the temporaries whose lock can be taken, those of writers
+  that are gone (`sweep`), and never a live writer's.
+* Failures: a `WriteError` (an OSError) that names what was being written, by the path the
+  caller gave, and what stopped it, never a temporary name: `write_failure` says a full
+  disk, a quota, a file-size limit, a read-only disk, a folder without write permission, a
+  symbolic link loop or a link to nothing, each with its own fix. `reported(path)` turns
+  the OSErrors of any other write (a log appended to, a lock file) into one, and
+  `WriteError.as_output` says one in a script's terms: the flag and the path the user gave.
 
 Checkpoints (`checkpoint.py`) are folders published by `replace_folder`, one per step.
 """
@@ -24,18 +38,97 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 import re
 import secrets
 import shutil
+import stat
 import sys
-import tempfile
 import uuid
-from pathlib import Path
 from contextlib import contextmanager
+from pathlib import Path
 from typing import IO, Callable, Iterator, Mapping, Optional, Union
 
+try:
+    import fcntl
+except ImportError:  # Windows: no locks, so no temporary is ever proven abandoned
+    fcntl = None
+
 PathLike = Union[str, os.PathLike]
+
+logger = logging.getLogger(__name__)
+
+# Every temporary file and folder a writer makes beside its target. (Folders were named
+# `.{name}.tmp-{random}` by tempfile.mkdtemp before they were locked: `replace_folder`
+# removes those of its own target, as it always did.)
+_TEMPORARY = re.compile(r"^\..+\.\d+-[0-9a-f]{8}\.tmp$")
+# This process's temporaries, which `sweep` leaves alone even where the lock is the
+# process's rather than the open file's (NFS emulates flock with POSIX locks).
+_writing: set[str] = set()
+
+
+class WriteError(OSError):
+    """A write that failed, said in the user's terms: `target` is what was being written,
+    by the path the caller gave (never a temporary name), and the message says what stopped
+    it and the way on. `errno` is the cause's, `error` the cause itself."""
+
+    def __init__(self, message: str, target: Optional[PathLike] = None,
+                 code: Optional[int] = None, error: Optional[BaseException] = None) -> None:
+        super().__init__(message)
+        self.target = None if target is None else Path(target)
+        self.errno = code
+        self.error = error
+
+    def __reduce__(self):  # the message, target and errno survive a pickle (to other ranks)
+        return type(self), (str(self), self.target, self.errno)
+
+    def as_output(self, flag: str, given: PathLike) -> Optional[WriteError]:
+        """This error as a script says it, where `target` is `given` or lies under it: the
+        flag and the path the user gave first ("--out runs/a: cannot write runs/a/final:
+        ..."); None where `target` is elsewhere."""
+        if self.target is None or not _within(self.target, Path(given)):
+            return None
+        message = str(self)
+        said = f"cannot write {given}: "
+        if message.startswith(said):  # the flag's path itself: said once
+            message = "cannot write: " + message[len(said):]
+        return WriteError(f"{flag} {given}: {message}", self.target, self.errno, self.error)
+
+
+def _within(path: Path, folder: Path) -> bool:
+    if path == folder or folder in path.parents:
+        return True
+    real, real_folder = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    return real == real_folder or real_folder in real.parents
+
+
+@contextmanager
+def reported(target: PathLike) -> Iterator[None]:
+    """An OSError of the system inside (a folder made, a log appended to) raised as the
+    `WriteError` of writing `target`, saying what stopped it (`write_failure`); one that
+    is already words (a WriteError, an OSError of a message and no errno) passes."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, WriteError) or e.errno is None:
+            raise
+        raise _failure(e, target, str(target)) from None
+
+
+def make_folders(path: PathLike) -> None:
+    """`path` and the folders above it, made where missing (the umask decides their modes,
+    as for any folder), or a `WriteError` that says why they cannot be."""
+    with reported(path):
+        Path(path).mkdir(parents=True, exist_ok=True)
+
+
+def _failure(error: BaseException, target: PathLike, what: str,
+             folder: Optional[PathLike] = None) -> WriteError:
+    """The WriteError of writing `target` (`what`, in words) into `folder` (its own)."""
+    folder = Path(target).parent if folder is None else folder
+    return WriteError(write_failure(error, what, folder, ""), target, _os_error(error)[0],
+                      error)
 
 
 def write_files_atomically(directory: PathLike, contents: Mapping[str, str]) -> None:
@@ -45,20 +138,32 @@ def write_files_atomically(directory: PathLike, contents: Mapping[str, str]) -> 
     directory and flushed to disk; only then are they renamed over the old files, in
     the order given, and the directory itself is flushed so the renames survive a
     power cut. A crash or a full disk before the renames leaves every old file whole;
-    put last the file whose arrival should mark the new version complete.
+    put last the file whose arrival should mark the new version complete. A new file
+    has the umask's mode, as any other new file.
     """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    written: dict[str, Path] = {}
+    names = list(contents)
+    target = directory / names[0] if len(names) == 1 else directory
+    what = str(target) if len(names) == 1 else f"{', '.join(names)} in {directory}"
+    written: dict[str, tuple[Path, int]] = {}
     try:
+        directory.mkdir(parents=True, exist_ok=True)
+        sweep(directory)
         for name, text in contents.items():
-            written[name] = _write_synced_temp(directory, name, text)
-        for name, tmp in written.items():
+            tmp, fd = written[name] = _temporary(directory / name)
+            with os.fdopen(fd, "w", encoding="utf-8", newline="\n", closefd=False) as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        for name, (tmp, _) in written.items():
             os.replace(tmp, directory / name)
+        fsync(directory)
+    except OSError as e:
+        raise _failure(e, target, what, directory) from None
     finally:
-        for tmp in written.values():
+        for tmp, fd in written.values():
             tmp.unlink(missing_ok=True)  # only still there when something failed
-    fsync(directory)
+            _release(tmp, fd)
 
 
 @contextmanager
@@ -66,20 +171,42 @@ def atomic_file(path: PathLike, mode: str = "wb") -> Iterator[IO]:
     """`with atomic_file(path) as f:` write `f` in as many pieces as you like; when the block
     ends the file is flushed to disk and renamed over `path`, and if it raises, the
     temporary file goes and `path` keeps what it held. The temporary name is unique to this
-    process, beside `path`, and a dot name, so no reader of the folder takes it for data."""
+    process, beside `path`, and a dot name, so no reader of the folder takes it for data.
+
+    A write that fails (a full disk, a read-only one, ...) is a `WriteError` naming `path`;
+    what the block raises otherwise (a text it reads that is missing) passes as it is."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, mode) as f:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sweep(path.parent)
+        tmp, fd = _temporary(path)
+    except OSError as e:
+        raise _failure(e, path, str(path)) from None
+    ours = True  # whether an error comes from this writer, not from the block
+    try:
+        with os.fdopen(fd, mode, closefd=False) as f:
+            ours = False
             yield f
+            ours = True
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        os.replace(tmp, path)  # still locked: a sweep never sees it unlocked and unpublished
+        fsync(path.parent)
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and (ours or _writes_to(e, tmp)):
+            raise _failure(e, path, str(path)) from None
         raise
-    fsync(path.parent)
+    finally:
+        _release(tmp, fd)
+
+
+def _writes_to(error: OSError, tmp: Path) -> bool:
+    """Whether an OSError raised in an `atomic_file` block is a write of its file failing (a
+    full disk: no file name, or the temporary's), rather than something else the block did."""
+    if isinstance(error, WriteError) or error.errno is None:  # words of its own: not ours
+        return False
+    return error.filename is None or Path(os.fsdecode(error.filename)) == tmp
 
 
 def publish_file(written: PathLike, path: PathLike) -> None:
@@ -87,30 +214,125 @@ def publish_file(written: PathLike, path: PathLike) -> None:
     piece), under the name `path`: flushed, renamed over it in one step, the rename made
     durable. For a file written across several processes, where `atomic_file` cannot hold
     it open; `written` must sit beside `path`, on the same file system."""
-    fsync(written)
-    os.replace(written, path)
-    fsync(Path(path).parent)
+    with reported(path):
+        fsync(written)
+        os.replace(written, path)
+        fsync(Path(path).parent)
 
 
-def _write_synced_temp(directory: Path, name: str, text: str) -> Path:
-    """Write `text` to a new uniquely named file in `directory`, fsync it, return its path.
+def _temporary(target: Path, folder: bool = False) -> tuple[Path, int]:
+    """A new temporary file (or folder) beside `target`, and a descriptor of it that holds
+    its lock: close it (`_release`) once the temporary is published or removed.
 
-    A unique name (not `name + ".tmp"`) keeps two processes saving into the same
-    directory from writing into each other's temporary file. `os.open` with mode
-    0o666 lets the umask decide the permissions, as for any other new file
-    (`tempfile.mkstemp` would make the file readable by its owner only).
-    """
-    tmp = directory / f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    Made with the modes of any new file or folder, which the umask decides. The lock tells
+    `sweep` that its writer is alive; a lock that cannot be had at once is a sweep removing
+    the new name before it was locked, and a fresh name is tried."""
+    for _ in range(100):
+        tmp = target.with_name(f".{target.name[:200]}.{os.getpid()}-"
+                               f"{secrets.token_hex(4)}.tmp")
+        if folder:
+            os.mkdir(tmp, 0o777)
+            if fcntl is None:  # nothing to lock with (Windows, which cannot open a folder)
+                _writing.add(str(tmp))
+                return tmp, -1
+            fd = os.open(tmp, os.O_RDONLY)
+        else:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        locked = _lock(fd)
+        if locked is None or (locked and _same_file(fd, tmp)):
+            _writing.add(str(tmp))
+            return tmp, fd
+        os.close(fd)
+    raise OSError(errno.EAGAIN, "no temporary name could be kept locked", str(target))
+
+
+def _release(tmp: Path, fd: int) -> None:
+    _writing.discard(str(tmp))
+    if fd >= 0:
+        os.close(fd)  # the lock goes with the last descriptor of the file
+
+
+def _lock(fd: int) -> Optional[bool]:
+    """Take the exclusive lock of `fd` without waiting: True, False (someone holds it), or
+    None where this file system or platform cannot lock it."""
+    if fcntl is None:
+        return None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:  # ENOLCK, EOPNOTSUPP; EBADF for a folder on NFS
+        return None
+    return True
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st, at = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (at.st_dev, at.st_ino)
+
+
+def is_temporary(name: str) -> bool:
+    """Whether `name` is one of the temporary names these writers give (`sweep` governs it)."""
+    return bool(_TEMPORARY.match(name))
+
+
+def sweep(folder: PathLike) -> list[Path]:
+    """Remove from `folder` the temporary files and folders of writers that are gone; return
+    them. A temporary is proven abandoned when its lock can be taken: its writer held the
+    lock from the moment it made it (`_temporary`), and the kernel let it go when that
+    process ended, on this host or, through NFS's lock manager, on another. A live writer's
+    temporary is kept, and so is one where nothing can be proven (a file system or a
+    platform that cannot lock)."""
+    folder = Path(folder)
+    try:
+        names = [n for n in os.listdir(folder) if _TEMPORARY.match(n)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        path = folder / name
+        if fcntl is None or str(path) in _writing:
+            continue
+        try:
+            st = os.lstat(path)
+            is_dir = stat.S_ISDIR(st.st_mode)
+            if not (is_dir or stat.S_ISREG(st.st_mode)):  # a link, a pipe: not a writer's
+                continue
+            # NFS grants an exclusive lock only on a file open for writing.
+            fd = os.open(path, os.O_RDONLY if is_dir else os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            if not (_lock(fd) and _same_file(fd, path)):
+                continue
+            if is_dir:
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+        finally:
+            os.close(fd)
+    for path in removed:
+        logger.info("removed %s, left by a writer that is gone", path)
+    return removed
+
+
+def usual_mode(path: PathLike) -> None:
+    """Give `path`, a file another library made readable by its owner alone (safetensors
+    does), the mode a new file gets in its folder: 0o666 less the umask. The mode is read
+    off a file made for the purpose, since reading the umask means setting it, for every
+    thread of the process at once."""
+    path = Path(path)
+    tmp, fd = _temporary(path)
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+    finally:
         tmp.unlink(missing_ok=True)
-        raise
-    return tmp
+        _release(tmp, fd)
+    os.chmod(path, mode)
 
 
 def replace_folder(path: Path, write: Callable[[Path], None],
@@ -122,24 +344,32 @@ def replace_folder(path: Path, write: Callable[[Path], None],
     not own (`owns(name)` is False: a tokenizer, notes) are carried over; everything is
     flushed to disk; then the two folders swap names. A crash at any moment leaves `path`
     holding the complete old export or the complete new one, never new weights beside an
-    old config. A write that fails is an OSError saying what stopped it: `failed(error)`'s
-    words where given, else `write_failure`'s and that the old folder is intact.
+    old config. A write that fails is a `WriteError` naming `path` and saying what stopped
+    it: `failed(error)`'s words where given, else `write_failure`'s and that the old folder
+    is intact.
     """
-    path = path.expanduser().resolve()  # through a link: replace the folder it points to
+    given = Path(path).expanduser()
+    # Through a link: replace the folder it points to. (Path.resolve would raise a
+    # RuntimeError on a link loop; the loop is named when the folder cannot be made.)
+    path = Path(os.path.realpath(given))
     if path.exists() and not path.is_dir():
-        raise NotADirectoryError(f"cannot save into {path}: it is a file, not a folder")
+        raise NotADirectoryError(f"cannot save into {given}: it is a file, not a folder")
     if path == Path.cwd() or path in Path.cwd().parents:
-        raise ValueError(f"cannot save into {path}: it holds the working directory, which the "
-                         f"save replaces; save into a subfolder such as {path / 'model'}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():  # a save killed between the two renames below: put the old one back
-        for p in path.parent.iterdir():
-            if p.name.startswith(f".{path.name}.old-"):
-                os.rename(p, path)
-                break
-    new = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    old = None
+        raise ValueError(f"cannot save into {given}: it holds the working directory, which "
+                         f"the save replaces; save into a subfolder such as {given / 'model'}")
+    new = fd = old = None
     try:
+        # The folders above as the user named them, as `mkdir -p` makes them: never through
+        # a link to nothing (an unmounted disk's folder), which the resolved path would follow.
+        given.parent.mkdir(parents=True, exist_ok=True)
+        path = Path(os.path.realpath(given))
+        if not path.exists():  # a save killed between the two renames below: put the old one back
+            for p in path.parent.iterdir():
+                if p.name.startswith(f".{path.name}.old-"):
+                    os.rename(p, path)
+                    break
+        sweep(path.parent)
+        new, fd = _temporary(path, folder=True)
         write(new)
         if path.is_dir():
             _carry_over(path, new, owns)
@@ -158,17 +388,23 @@ def replace_folder(path: Path, write: Callable[[Path], None],
     except BaseException as e:
         if old is not None and not path.exists():
             os.rename(old, path)  # put the previous export back
-        shutil.rmtree(new, ignore_errors=True)
+        if new is not None:
+            shutil.rmtree(new, ignore_errors=True)
         if isinstance(e, (OSError, RuntimeError)) or type(e).__name__ == "SafetensorError":
             # A full disk reaches us as "os error 28" inside a SafetensorError, or as torch's
             # "unexpected pos": say what was being written, why it stopped, and what is safe.
-            raise OSError(failed(e) if failed else
-                          write_failure(e, str(path), path.parent, "save again") +
-                          f"; what {path} held before is intact") from None
+            raise WriteError(failed(e) if failed else
+                             write_failure(e, str(given), path.parent, "save again") +
+                             f"; what {given} held before is intact", given,
+                             _os_error(e)[0], e) from None
         raise
-    # Done: drop the previous export, and what saves killed mid-way left behind.
+    finally:
+        if fd is not None:
+            _release(new, fd)
+    # Done: drop the previous export, and what saves killed between two renames (or by an
+    # older minibert, mid-save) left.
     for p in path.parent.iterdir():
-        if p.name.startswith((f".{path.name}.tmp-", f".{path.name}.old-")):
+        if p.name.startswith((f".{path.name}.old-", f".{path.name}.tmp-")) or p == new:
             shutil.rmtree(p, ignore_errors=True)
 
 
@@ -177,21 +413,28 @@ def publish_folder(path: Path, write: Callable[[Path], None]) -> bool:
     whose name fixes its content, so the first process to publish it wins and the others
     keep its copy. `write` fills a hidden sibling, which is flushed to disk and renamed into
     place; readers see the whole entry or none. Returns False where another process
-    published `path` first."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    published `path` first; a write that fails is a `WriteError` naming `path`."""
+    new = fd = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sweep(path.parent)
+        new, fd = _temporary(path, folder=True)
         write(new)
         _fsync_tree(new)
-        os.rename(new, path)  # onto a non-empty folder: EEXIST or ENOTEMPTY
+        try:
+            os.rename(new, path)  # onto a non-empty folder: EEXIST or ENOTEMPTY
+        except OSError as e:
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY) and path.is_dir():
+                return False
+            raise
         fsync(path.parent)
         return True
     except OSError as e:
-        if e.errno in (errno.EEXIST, errno.ENOTEMPTY) and path.is_dir():
-            return False
-        raise
+        raise _failure(e, path, str(path)) from None
     finally:
-        shutil.rmtree(new, ignore_errors=True)  # nothing left once renamed
+        if fd is not None:
+            shutil.rmtree(new, ignore_errors=True)  # nothing left once renamed
+            _release(new, fd)
 
 
 def _carry_over(old: Path, new: Path, owns: Callable[[str], bool]) -> None:
@@ -271,45 +514,117 @@ def free_mb(path: PathLike) -> float:
 
 def write_failure(error: BaseException, what: str, folder: PathLike, then: str,
                   freeing: str = "some space") -> str:
-    """"could not write WHAT (the error); why, what to do, and THEN": the message of a write
-    into `folder` that failed with `error`.
+    """"cannot write WHAT: the problem; what to do, and THEN": the message of a write into
+    `folder` that failed with `error`. The one place where a failed write is put in words.
 
-    The cause decides the fix, so it is named: EFBIG is this process's file-size limit
-    (`ulimit -f`), which no free space lifts; EDQUOT is the user's quota on a disk that may
-    have room; ENOSPC is a full disk, with the space left. An error that carries no number
-    (torch's "unexpected pos" from a writer given a path) is taken for a full disk, the
-    usual cause.
+    The cause decides the fix, so it is named, with the path at fault as the user knows it:
+    never a temporary name, but the folder it was made in. EFBIG is this process's
+    file-size limit (`ulimit -f`), which no free space lifts; EDQUOT is the user's quota on
+    a disk that may have room; ENOSPC is a full disk, with the space left; EROFS a
+    read-only disk; EACCES and EPERM a folder (or file) this user may not write; a symbolic
+    link loop, a link to nothing or a file where a folder should be are named by the path
+    that is one. An error that carries no number (torch's "unexpected pos" from a writer
+    given a path) is taken for a full disk, the usual cause.
     """
-    code, said = _os_error(error)
+    code, filename, said = _os_error(error)
+    folder = Path(folder)
+    where = _place(filename, folder)
+    name = errno.errorcode.get(code, str(code)) if code is not None else None
     if code == errno.EFBIG:
         limit = _file_size_limit()
-        why = (f"EFBIG: the file reached this process's file-size limit"
-               f"{f' of {limit} bytes' if limit else ''}, not the end of the disk. Raise the "
-               f"limit (`ulimit -f unlimited` in the shell that runs it)")
+        problem = (f"the file reached this process's file-size limit"
+                   f"{f' of {limit} bytes' if limit else ''} (EFBIG), not the end of the disk")
+        fix = "raise the limit (`ulimit -f unlimited` in the shell that runs it)"
     elif code == getattr(errno, "EDQUOT", "none here"):  # not an errno on Windows
-        why = (f"EDQUOT: the disk quota is used up ({free_mb(folder):.0f} MB are free on the "
-               f"disk, not for this user). Free {freeing} within the quota, or have it raised")
+        problem = (f"the disk quota is used up (EDQUOT; {free_mb(where):.0f} MB are free on "
+                   f"the disk, not for this user)")
+        fix = f"free {freeing} within the quota, or have it raised"
     elif code in (None, errno.ENOSPC):
-        why = f"{free_mb(folder):.0f} MB are free on its disk. Free {freeing}"
-    else:  # a folder not writable, a read-only disk...: nothing that space would fix
-        why = (f"{errno.errorcode.get(code, code)}: {os.strerror(code)}, which no free space "
-               f"would fix. Correct it")
-    return f"could not write {what} ({said}); {why} and {then}"
+        problem = f"{os.strerror(errno.ENOSPC)} (ENOSPC; {free_mb(where):.0f} MB are free on it)"
+        fix = f"free {freeing}"
+    elif code in (errno.EACCES, errno.EPERM):
+        problem = f"{os.strerror(code).lower()} on {where} ({name})"
+        fix = f"give this user write permission on {where}, or choose another place"
+    elif code == errno.EROFS:
+        problem = f"{where} is on a read-only file system (EROFS)"
+        fix = "choose a place on a disk that can be written"
+    else:
+        problem, fix = _on_the_way(filename, code) if filename else (None, None)
+        if problem is None:
+            problem = f"{os.strerror(code).lower()} ({name}) on {where}"
+            fix = "correct it"
+    if code is None or not isinstance(_cause(error), OSError):
+        problem += f" ({said})"  # a library's own words, or no errno: the only trace
+    return f"cannot write {what}: {problem}; {fix}" + (f", and {then}" if then else "")
 
 
-def _os_error(error: BaseException) -> tuple[Optional[int], str]:
-    """(errno, a line saying it) of what stopped a write. torch.save reports a failed write as
-    "unexpected pos", with the OSError of the file object's write as its context;
-    safetensors says "os error 27" (or "code: 27") inside its message."""
-    seen: Optional[BaseException] = error
+def _cause(error: BaseException) -> BaseException:
+    return error.error if isinstance(error, WriteError) and error.error is not None else error
+
+
+def _os_error(error: BaseException) -> tuple[Optional[int], Optional[str], str]:
+    """(errno, the path it names, a line saying it) of what stopped a write. torch.save
+    reports a failed write as "unexpected pos", with the OSError of the file object's write
+    as its context; safetensors says "os error 27" (or "code: 27") inside its message; a
+    `WriteError` of a writer within the write holds its cause."""
+    seen: Optional[BaseException] = _cause(error)
     for _ in range(8):  # the chain is short; the bound guards against a cycle
         if seen is None:
             break
         if isinstance(seen, OSError) and seen.errno is not None:
-            return seen.errno, error_gist(seen)
+            seen = _cause(seen)
+            name = getattr(seen, "filename", None)
+            return seen.errno, None if name is None else os.fsdecode(name), error_gist(seen)
         seen = seen.__cause__ or seen.__context__
     found = re.search(r"os error (\d+)|code: (\d+)", str(error))
-    return (int(found.group(1) or found.group(2)) if found else None), error_gist(error)
+    return (int(found.group(1) or found.group(2)) if found else None), None, error_gist(error)
+
+
+def _place(filename: Optional[str], folder: Path) -> Path:
+    """The path a failed write is about, as the user knows it: a temporary (or what is in
+    one) is its folder; a path not made is the nearest folder above it that is there."""
+    if filename is None:
+        return _existing(folder)
+    path = Path(filename)
+    for i, part in enumerate(path.parts):
+        if _TEMPORARY.match(part):
+            return Path(*path.parts[:i])
+    return path if os.path.lexists(path) else _existing(path.parent)
+
+
+def _existing(path: Path) -> Path:
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _on_the_way(filename: str, code: int) -> tuple[Optional[str], Optional[str]]:
+    """(problem, fix) where the path to `filename` goes through a symbolic link loop, a link
+    to nothing, or a file where a folder should be (`filename` itself, for EEXIST: a folder
+    that could not be made); (None, None) where it does not."""
+    path = Path(filename)
+    for i, part in enumerate(path.parts):
+        if _TEMPORARY.match(part):  # a writer's own: its folder is what the user knows
+            path = Path(*path.parts[:i])
+            break
+    for step in [*reversed(path.parents), path][1:]:
+        if step.is_symlink():
+            try:
+                os.stat(step)
+            except OSError as e:
+                fix = f"correct the link {step}, or choose another place"
+                if e.errno == errno.ELOOP:
+                    return f"{step} is a symbolic link loop (ELOOP)", fix
+                if e.errno == errno.ENOENT:
+                    return (f"{step} is a symbolic link to {os.readlink(step)}, which does not "
+                            f"exist"), fix
+                return None, None
+        elif not step.exists():
+            break
+        elif not step.is_dir() and (step != path or code == errno.EEXIST):
+            return (f"{step} is a file, not a folder",
+                    f"move {step} away, or choose another place")
+    return None, None
 
 
 def _file_size_limit() -> Optional[int]:

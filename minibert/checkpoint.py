@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 import torch
 
-from .atomic import PathLike, error_gist, replace_folder, write_failure
+from .atomic import PathLike, error_gist, is_temporary, replace_folder, write_failure
 from .hf import META_FILE, STATE_FILE
 
 logger = logging.getLogger(__name__)
@@ -69,8 +69,7 @@ def save_checkpoint(root: PathLike, step: int, state: dict[str, Any],
         raise TypeError(f"state must be a dict, got {type(state).__name__}")
     _check_loadable(state, "state")
 
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    root = Path(root)  # made by replace_folder, which says why where it cannot be
     final = step_dir(root, step)
     meta: dict[str, Any] = {}
 
@@ -207,9 +206,10 @@ def _step_dirs(root: Path) -> list[Path]:
 
 def _remove_leftovers(root: Path) -> None:
     """Delete the hidden folders interrupted saves left behind (a dot name is never a
-    checkpoint: it cannot match _STEP_DIR)."""
+    checkpoint: it cannot match _STEP_DIR); temporary ones are replace_folder's to sweep,
+    which keeps those of a save still under way."""
     for p in root.iterdir():
-        if p.is_dir() and p.name.startswith("."):
+        if p.is_dir() and p.name.startswith(".") and not is_temporary(p.name):
             shutil.rmtree(p, ignore_errors=True)
             logger.info("removed %s, left over from an interrupted save", p)
 

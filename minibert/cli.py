@@ -48,6 +48,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 import torch.nn as nn
 
 from . import memory
+from .atomic import WriteError
 from .checkpoint import CheckpointError
 from .config import ALL_PRESETS
 from .data.tokens import TokenFileError
@@ -59,6 +60,7 @@ from .rundir import RunFolder, open_run
 from .runlog import last_training_loss
 from .signals import Interrupted, StopOnSignals, Stopped
 from .state import SettingsMismatch, TrainConfig
+from .tokenizer_train import default_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -368,12 +370,33 @@ def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
         except BaseException as e:
             signals.settle()  # the outcome is decided: a signal now would only cut it short
             ok = isinstance(e, Stopped)  # every rank stopped at the same step, saved
-            return exit_status(e, signals.received, flags, lambda: _left(args.out, folder))
+            return exit_status(name_outputs(e, script_outputs(args)), signals.received, flags,
+                               lambda: _left(args.out, folder))
         finally:
             signals.settle()
             if ctx is not None:
                 cleanup(ctx, wait=ok)
     return 0
+
+
+def script_outputs(args: Any) -> dict[str, Path]:
+    """Where a script's run writes, by the flag that chose it: --out, and the cache (the
+    token files, a trained tokenizer, a download), by --cache-dir or its default."""
+    cache = getattr(args, "cache_dir", None)
+    if cache:
+        return {"--out": Path(args.out), "--cache-dir": Path(cache).expanduser()}
+    return {"--out": Path(args.out), "the default --cache-dir": default_cache_dir()}
+
+
+def name_outputs(error: BaseException, outputs: Mapping[str, Path]) -> BaseException:
+    """`error` in the script's terms: a write that failed (`atomic.WriteError`) in one of
+    `outputs` (flag -> the path given) starts with that flag and path, as the user typed
+    them ("--out runs/a: cannot write runs/a/final: ..."); any other error is as it was."""
+    if isinstance(error, WriteError):
+        for flag, path in outputs.items():
+            if (named := error.as_output(flag, path)) is not None:
+                return named
+    return error
 
 
 def exit_status(error: BaseException, received: Optional[int], flags: Mapping[str, str] = {},

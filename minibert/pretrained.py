@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 import torch
 
-from .atomic import replace_folder
+from .atomic import replace_folder, usual_mode
 from .config import BertConfig
 from .hf import (CONFIG_FILE, MODEL_FILES, MODERNBERT_MODEL_TYPE, PRE_LN_WEIGHTS_FILE, SHARD_FILE,
                  WEIGHTS_FILE, PathLike, check_tied_decoder, config_from_hf, config_to_hf,
@@ -188,6 +188,7 @@ class PretrainedMixin(GradientCheckpointing):
 
         def write(folder: Path) -> None:
             save_file(state, str(folder / weights), metadata={"format": "pt"})
+            usual_mode(folder / weights)  # safetensors makes it readable by its owner alone
             (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n",
                                               encoding="utf-8")
             if tokenizer is not None:  # its length limit for transformers' truncation

@@ -31,6 +31,7 @@ from typing import Any, Optional
 import torch
 import torch.nn as nn
 
+from .atomic import make_folders
 from .checkpoint import (STATE_FILE, latest_checkpoint, load_checkpoint,
                          save_checkpoint)
 from .distributed import DistContext, all_gather_objects, barrier, unwrap
@@ -56,7 +57,7 @@ def claim_out_dir(out_dir: Path, overwrite: bool, ctx: DistContext) -> None:
     if ctx.is_main:
         shutil.rmtree(ckpt_root, ignore_errors=True)
         metrics.unlink(missing_ok=True)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        make_folders(out_dir)
 
 
 @dataclass

@@ -98,7 +98,7 @@ class RunLock:
             return self
         for attempt in range(10):
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides its mode
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -243,10 +243,14 @@ class RunFolder:
     def __enter__(self) -> RunFolder:
         if not self.main:
             return self
+        # here, not above: the module loads alone too, by its path, outside its package
+        from .atomic import reported
+
         if self._before is None:
             self.check()
         try:
-            self._lock.acquire()
+            with reported(self.path):  # the first write to the folder: why it fails, said
+                self._lock.acquire()
             # Another start may have come and gone since the check: look again (what it
             # left is not this start's to take back), and check again.
             now = _listing(self.path)

@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from .atomic import atomic_file
+from .atomic import atomic_file, reported
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class RunLog:
         self.settle()
         strict = {k: None if isinstance(v, float) and not math.isfinite(v) else v
                   for k, v in row.items()}
-        with open(self.path, "a") as f:
+        with reported(self.path), open(self.path, "a") as f:  # a full disk, a read-only one
             f.write(json.dumps(strict, allow_nan=False) + "\n")
         text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                           for k, v in row.items())

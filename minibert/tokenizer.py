@@ -291,13 +291,10 @@ class Tokenizer:
         return directory
 
     def _save_atomically(self, directory: Path) -> None:
-        """Publish the cache entry `directory` whole (atomic.publish_folder); an entry another
-        process published first is the same, and theirs is kept."""
-        try:
-            publish_folder(directory, self.save)
-        except OSError as e:
-            raise OSError(e.errno, f"could not cache the tokenizer in {directory}: "
-                                   f"{e.strerror or e}") from None
+        """Publish the cache entry `directory` whole (atomic.publish_folder, whose WriteError
+        names the entry and what stopped it); an entry another process published first is
+        the same, and theirs is kept."""
+        publish_folder(directory, self.save)
 
     # ------------------------------------------------------------------ using
     @property

@@ -1,4 +1,5 @@
 """WikiText download (from a local HTTP server, never the internet) and reading."""
+import errno
 import http.server
 import io
 import logging
@@ -281,3 +282,21 @@ def test_the_main_job_trains_on_wikitext_103_from_a_mirror(server, tmp_path, mon
         "wiki.test.raw", "wiki.train.raw", "wiki.valid.raw"]
     assert json.loads((out / "eval.json").read_text())["steps"] == 3
     assert (out / "final" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("code, said", [(errno.EROFS, "read-only file system"),
+                                        (errno.EACCES, "permission denied")])
+def test_a_cache_that_cannot_be_written_is_named_not_called_an_interrupted_download(
+        code, said, server, tmp_path, monkeypatch):
+    """The partial download's file could not be written: that is the cache's problem,
+    said as such, not a download "interrupted" that the next call would resume."""
+    from unwritable import refuse
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    url = server(make_zip())
+    refuse(monkeypatch, lambda p: p.parent == cache, code)
+    with raises(OSError, str(cache / "wikitext-2-raw-v1.zip.part"), said, str(cache)) as info:
+        download_wikitext(cache_dir=cache, url=url)
+    assert not isinstance(info.value, DownloadError) and "interrupted" not in str(info.value)
+    assert list(cache.iterdir()) == []

@@ -114,7 +114,7 @@ def error_cases(tmp, model_dir, texts_file):
         ("input is a folder", {"--input": tmp / "a-folder"}, ["--input", str(tmp / "a-folder")]),
         ("out is a folder", {"--out": tmp / "a-folder"}, ["--out", str(tmp / "a-folder")]),
         ("out under a file", {"--out": texts_file / "v.npy"},
-         ["--out", str(texts_file / "v.npy"), f"File exists: {texts_file}"]),
+         ["--out", str(texts_file / "v.npy"), str(texts_file), "not a folder"]),
         ("too long", {"--max-length": 65}, ["--max-length 65", "max_position_embeddings=64"]),
         ("top-k", {"--top-k": 0}, ["--top-k"]),
         # an empty text ranks the lines by nothing that was asked

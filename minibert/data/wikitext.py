@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
-from ..atomic import PathLike, publish_file, replace_folder
+from ..atomic import PathLike, WriteError, publish_file, replace_folder, reported
 from .text import iter_lines
 
 logger = logging.getLogger(__name__)
@@ -159,13 +159,23 @@ def _fetch(url: str, part: Path, timeout: float, name: str, expected: list[str])
             offset = 0
         length = response.headers.get("Content-Length")
         total = offset + int(length) if length is not None else None
-        part.parent.mkdir(parents=True, exist_ok=True)
         progress = _Progress(name, total, offset)
         try:
-            with open(part, "ab" if resumed else "wb") as f:
+            # A write that fails is the cache's (a full or read-only disk), said as such; a
+            # read that fails is the download's, which the next call resumes.
+            with reported(part):
+                part.parent.mkdir(parents=True, exist_ok=True)
+                f = open(part, "ab" if resumed else "wb")
+            try:
                 while block := response.read(1 << 16):
-                    f.write(block)
+                    with reported(part):
+                        f.write(block)
                     progress.update(len(block))
+            finally:
+                with reported(part):
+                    f.close()  # the last of the buffer is written here
+        except WriteError:
+            raise
         except (OSError, http.client.HTTPException) as e:
             raise DownloadError(
                 f"download of {url} was interrupted ({e}); the partial file {part} is kept "
