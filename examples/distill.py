@@ -211,8 +211,9 @@ def run(args, ctx, p: SimpleNamespace) -> None:
                          "temperature": args.temperature, **{k: distilled[k] for k in keys}}
     rows["baseline"] = {"model": f"student {args.student_preset}, without teacher",
                         "parameters": n_student, **{k: baseline[k] for k in keys}}
-    pretrain.write_json(args.out / "eval.json", rows)
     distiller.student.save_pretrained(args.out / "final", tokenizer=tok)
+    # Last: eval.json marks the run complete, which a --resume of it then leaves as it is.
+    pretrain.write_json(args.out / "eval.json", rows)
     print(report(rows))
     print(f"\ndistilled student in {args.out / 'final'}; numbers in {args.out / 'eval.json'}")
 

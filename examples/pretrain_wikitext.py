@@ -34,6 +34,7 @@ from types import SimpleNamespace
 
 import minibert
 from minibert import cli, pretrain
+from minibert.atomic import atomic_file
 from minibert.data import MLMCollator
 from minibert.data.prepare import save_prepared
 from minibert.engine import eval_batches, evaluate, train
@@ -120,7 +121,8 @@ def plot_loss(out: Path) -> None:
     plt.ylabel("MLM loss")
     plt.legend()
     plt.tight_layout()
-    plt.savefig(out / "loss.png", dpi=110)
+    with atomic_file(out / "loss.png") as f:  # whole or not at all, as every output
+        plt.savefig(f, format="png", dpi=110)
     plt.close()
 
 
@@ -152,10 +154,11 @@ def run(args, ctx, p: SimpleNamespace) -> None:
     if not cli.finished(result, ctx, cfg.lr, model, args.out):
         return
     model.save_pretrained(args.out / "final", tokenizer=tok)
+    plot_loss(args.out)
+    # Last: eval.json marks the run complete, which a --resume of it then leaves as it is.
     pretrain.write_json(args.out / "eval.json", {k: result[k] for k in (
         "eval_loss", "eval_accuracy", "perplexity", "steps", "tokens_seen", "wall_seconds",
         "train_seconds", "precision")})
-    plot_loss(args.out)
     log.info("eval loss %.4f, accuracy %.4f, perplexity %.1f; model in %s", result["eval_loss"],
              result["eval_accuracy"], result["perplexity"], args.out / "final")
 

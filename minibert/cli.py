@@ -6,10 +6,11 @@ returns a namespace whose `runs` lists the training runs it will start (`resume.
 `run_script` then checks --out: whether it can take a fresh start or holds a run to resume
 (`rundir.RunFolder.check`), and with --resume, whether each run's checkpoint continues
 that very run (`resume.check_resume`: the model's class and config, the settings, the
-data). Only then does `run(args, ctx, prepared)` write, inside the run folder held by its
-lock (`rundir.open_run`); a start that ends before it has trained leaves the folder as it
-found it. How it ends is said by the exit status, so that `cmd && next` never goes on
-after a run that did not finish well:
+data). A --resume of a run that is finished (`rundir.run_finished`) ends there, with one
+line and exit status 0, writing nothing. Only then does `run(args, ctx, prepared)` write,
+inside the run folder held by its lock (`rundir.open_run`); a start that ends before it
+has trained leaves the folder as it found it. How it ends is said by the exit status, so
+that `cmd && next` never goes on after a run that did not finish well:
 
     0          the run finished; its outputs are written
     1          the run started and could not finish well: it diverged (steps kept being
@@ -357,8 +358,12 @@ def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
             prepared = prepare(args, ctx)  # reads and checks; writes nothing
             folder = open_run(args.out, args.resume, main=ctx.is_main)
             folder.check()  # what --out holds (the rank that writes it)
-            for plan in prepared.runs:  # every rank loads the checkpoint on --resume
-                check_resume(plan, ctx.device)
+            # every rank loads the checkpoint on --resume
+            steps = [(check_resume(plan, ctx.device), plan.cfg.max_steps)
+                     for plan in prepared.runs]
+            if args.resume and _finished(args.out, folder, steps, ctx):
+                ok = True
+                return 0
             with folder:
                 run(args, ctx, prepared)  # the first write to --out
             ok = True
@@ -371,6 +376,19 @@ def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
             if ctx is not None:
                 cleanup(ctx, wait=ok)
     return 0
+
+
+def _finished(out: Path, folder: RunFolder, steps: list[tuple[Optional[int], int]],
+              ctx: DistContext) -> bool:
+    """Whether --resume found the run finished (`RunFolder.finished`, rank 0's word for
+    every rank): said in one line, and nothing is written. Rewriting its outputs would only
+    put a second evaluation's times over the run's."""
+    finished = all_gather_objects(folder.finished(steps), ctx)[0]
+    if finished and ctx.is_main:
+        _said.info("--resume: the run in %s is complete, at step %d, where it stops, with its "
+                   "outputs written; nothing is done and nothing is written (a larger "
+                   "--max-steps trains it further)", out, steps[0][1])
+    return finished
 
 
 def exit_status(error: BaseException, received: Optional[int], flags: Mapping[str, str] = {},
@@ -412,12 +430,17 @@ def _left(out: Path, folder: Optional[RunFolder]) -> str:
     return f" before the first step; {out} is as this start found it"
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to `sys.stderr` as it is at each record (a redirected or captured stream)."""
+class _LiveHandler(logging.StreamHandler):
+    """Writes to `sys.stderr` (or `sys.stdout`) as it is at each record (a redirected or
+    captured stream)."""
+
+    def __init__(self, name: str = "stderr") -> None:
+        self._which = name
+        super().__init__()
 
     @property
     def stream(self):
-        return sys.stderr
+        return getattr(sys, self._which)
 
     @stream.setter
     def stream(self, value) -> None:  # logging sets it once; the property reads it live
@@ -426,8 +449,13 @@ class _StderrHandler(logging.StreamHandler):
 
 # The scripts' one-line errors: on stderr whatever the logging setup, never on stdout.
 _errors = logging.getLogger(__name__ + ".errors")
-_errors.addHandler(_StderrHandler())
+_errors.addHandler(_LiveHandler())
 _errors.propagate = False
+# A script's one line where its run has nothing to do: on stdout, whatever the logging setup.
+_said = logging.getLogger(__name__ + ".said")
+_said.addHandler(_LiveHandler("stdout"))
+_said.setLevel(logging.INFO)
+_said.propagate = False
 
 
 def failed(error: Exception) -> int:

@@ -26,7 +26,7 @@ import logging
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
@@ -72,14 +72,17 @@ class RunPlan:
     resume: bool
 
 
-def check_resume(plan: RunPlan, device: torch.device) -> None:
+def check_resume(plan: RunPlan, device: torch.device) -> Optional[int]:
     """Refuse a resume of `plan` that `resume_run` would refuse once the run holds its
     folder: no intact checkpoint, another run identity (the model's class and config, the
     settings, the data), a step past max_steps, a precision this device lacks. Writes
-    nothing; the checkpoint's tensors are memory-mapped, not read."""
-    if plan.resume:
-        _resumable(unwrap(plan.model), plan.cfg, plan.data_identity,
-                   Path(plan.out_dir) / "checkpoints", device, mmap=True)
+    nothing; the checkpoint's tensors are memory-mapped, not read. Returns the step the
+    resume goes on from (None: `plan` is no resume)."""
+    if not plan.resume:
+        return None
+    _, saved, _ = _resumable(unwrap(plan.model), plan.cfg, plan.data_identity,
+                             Path(plan.out_dir) / "checkpoints", device, mmap=True)
+    return int(saved["train_state"]["step"])
 
 
 def _resumable(raw: nn.Module, cfg: TrainConfig, data_identity: dict, ckpt_root: Path,

@@ -149,6 +149,26 @@ class RunLock:
         finally:
             os.close(fd)  # closing the file is what drops the flock
 
+    def check_free(self) -> None:
+        """Refuse, as `acquire` would, a folder whose lock another run holds, writing nothing:
+        for a start that will not write (the resume of a finished run), which `acquire`'s
+        record of the holder would write to."""
+        if fcntl is None:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:  # no lock file: no run holds the folder
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd, wait=True)
+            raise RunLockedError(_locked_message(self.out_dir, holder), holder) from None
+        except OSError:  # a file system that refuses locks: as `acquire`, go ahead
+            pass
+        finally:
+            os.close(fd)  # which drops the flock, if it was taken
+
     def __enter__(self) -> RunLock:
         return self.acquire()
 
@@ -206,6 +226,26 @@ def check_run_folder(out_dir: PathLike, resume: bool) -> None:
                                  "another --out"))
 
 
+def run_finished(out_dir: PathLike, steps: list[tuple[Optional[int], int]]) -> bool:
+    """Whether `out_dir` holds a finished run, which a resume has nothing to add to: each of
+    its trainings' newest intact checkpoint is at the step it stops at (`steps`: per
+    training, the checkpoint's step, None for none, and max_steps), and eval.json, which a
+    script writes last, records those steps. A run whose outputs were cut short (eval.json
+    missing or unreadable) is not finished, nor one resumed to go further (a larger
+    max_steps), nor one resumed further and stopped at its last checkpoint (eval.json holds
+    the steps of an earlier finish)."""
+    if not steps or any(step is None or step != last for step, last in steps):
+        return False
+    try:
+        record = json.loads((Path(out_dir) / "eval.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    # eval.json's `steps`, or its rows' (distillation: one row per student trained)
+    rows = [record, *record.values()] if isinstance(record, dict) else []
+    recorded = {row["steps"] for row in rows if isinstance(row, dict) and "steps" in row}
+    return bool(recorded) and recorded == {last for _, last in steps}
+
+
 class RunFolder:
     """A run folder held by one start (`open_run`), left as that start found it if the start
     ends, by an exception, before its run has trained.
@@ -239,6 +279,15 @@ class RunFolder:
         self._before = _listing(self.path)
         self._had_lock = LOCK_FILE in self._before
         check_run_folder(self.path, self.resume)
+
+    def finished(self, steps: list[tuple[Optional[int], int]]) -> bool:
+        """Whether the folder holds a finished run (`run_finished`) that no other run holds
+        (main rank; False elsewhere). A resume of it leaves the folder untouched: it is not
+        entered, so not even the lock's record is written."""
+        if not self.main or not run_finished(self.path, steps):
+            return False
+        self._lock.check_free()
+        return True
 
     def __enter__(self) -> RunFolder:
         if not self.main:
