@@ -32,10 +32,11 @@ import torch
 import torch.nn as nn
 
 from .checkpoint import (STATE_FILE, latest_checkpoint, load_checkpoint,
-                         save_checkpoint)
+                         save_checkpoint, step_dir)
 from .distributed import DistContext, all_gather_objects, barrier, unwrap
 from .hf import check_finite
 from .precision import resolve_precision
+from .rundir import writing
 from .state import TrainConfig, TrainState, bert_config, check_identity, run_identity
 
 
@@ -167,5 +168,6 @@ def save_run(ckpt_root: Path, raw: nn.Module, state: TrainState, cfg: TrainConfi
     saved = state.state_dict(raw, cfg, data_identity)
     saved["rng"] = all_gather_objects(saved["rng"], ctx)  # every rank takes part
     if ctx.is_main:
-        save_checkpoint(ckpt_root, state.step, saved, keep=cfg.keep_checkpoints)
+        with writing(f"checkpoint {step_dir(ckpt_root, state.step)}"):
+            save_checkpoint(ckpt_root, state.step, saved, keep=cfg.keep_checkpoints)
     barrier(ctx)

@@ -12,7 +12,10 @@ Check, then write: `check_run_folder` says whether the folder can take the start
 only, so that a refused start leaves it as it found it. `open_run` then takes the lock and
 looks again under it, so that the check and the writes after it belong to the same run; and
 a start that ends before it has trained (refused after all, failed, or stopped by Ctrl-C)
-takes back what it made there: the folder is as that start found it. Under torchrun only
+takes back what it made there: the folder is as that start found it. So does a start that
+could not write (a full disk, a quota, a file-size limit: `could_not_write`) before it had
+saved a checkpoint to resume from. Whether a folder holds a finished run, which a resume
+leaves untouched, is `run_finished`'s to say. Under torchrun only
 the main rank takes the lock (every rank of one run shares the directory, and a second
 rank's lock would refuse its own run).
 
@@ -35,6 +38,7 @@ The module needs only the standard library.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import json
@@ -45,7 +49,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 if TYPE_CHECKING:  # only for the annotations: the module runs on the standard library alone
     from .atomic import PathLike
@@ -60,6 +64,9 @@ log = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
 # What a run leaves in its directory; a folder counts only when something is in it.
 RUN_OUTPUTS = ("final/", "eval.json", "metrics.jsonl", "checkpoints/")
+# What stops a write that no check before it could foresee: a full disk, a used-up quota,
+# the process's file-size limit (`ulimit -f`).
+NO_ROOM = frozenset({errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
 
 class RunLockedError(OSError):
@@ -176,6 +183,28 @@ class RunLock:
         self.release()
 
 
+@contextlib.contextmanager
+def writing(what: Any) -> Iterator[None]:
+    """`with writing(path):` name `path` (its str()) as what an OSError raised inside was
+    writing, for the line that says a run could not write (`could_not_write`): a write that
+    fails in a file object's `write` names no file. The innermost `writing` names it."""
+    try:
+        yield
+    except OSError as error:
+        if getattr(error, "writing", None) is None:
+            error.writing = str(what)
+        raise
+
+
+def could_not_write(error: BaseException) -> bool:
+    """Whether `error` is a failed write of a run: one that `writing` names, or one that a
+    full disk, a quota or a file-size limit stopped (its errno found however deep in its
+    chain: torch.save says "unexpected pos" over the OSError, safetensors "os error 28")."""
+    from .atomic import _os_error  # here, so the module alone stays importable by its path
+
+    return getattr(error, "writing", None) is not None or _os_error(error)[0] in NO_ROOM
+
+
 def run_exists(out_dir: PathLike) -> list[str]:
     """Which of RUN_OUTPUTS are in out_dir (folders only when not empty), in that order.
 
@@ -254,16 +283,23 @@ class RunFolder:
     only; entering (main rank) checks if that was not done, takes the lock, and checks
     again if the folder changed meanwhile. Leaving by an exception puts the folder back,
     under the lock: what this start made there goes (and the lock file and the folder
-    itself, if it made them), unless the run saved a checkpoint or logged a row. Then
-    `trained` says whether it had (None: this start never held the folder), `made` whether
-    the folder is gone, made by this start, and `left` names what this start made or
-    wrote over and did not take back.
+    itself, if it made them), unless the run saved a checkpoint or logged a row. A start
+    that could not write (`could_not_write`: a full disk, a quota, a file-size limit) puts
+    it back all the same where no intact checkpoint is there to resume from: its log rows
+    are of steps no resume can go on from, and with them taken back the same command works
+    again once the write can go through. Then `trained` says whether the run had trained
+    (None: this start never held the folder), `kept` whether what it wrote stays,
+    `resume_from` the newest intact checkpoint (after a failed write), `made` whether the
+    folder is gone, made by this start, and `left` names what this start made or wrote
+    over and did not take back.
     """
 
     def __init__(self, path: Path, resume: bool, main: bool = True) -> None:
         self.path, self.resume, self.main = path, resume, main
         self.made = False
         self.trained: Optional[bool] = None
+        self.kept = False
+        self.resume_from: Optional[Path] = None
         self.left: list[str] = []
         self._lock = RunLock(path)
         self._had_lock = False
@@ -307,27 +343,32 @@ class RunFolder:
             raise
         return self
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, error: Optional[BaseException], *exc: Any) -> None:
         if not self.main:
             return
         if exc_type is None:
             self._lock.release()
         else:
-            self._leave()
+            self._leave(error is not None and could_not_write(error))
 
-    def _leave(self) -> None:
+    def _leave(self, write_failed: bool = False) -> None:
         if self._lock.held:  # only the holder may look at what changed, and take it back
-            self._put_back()
-            self._lock.release(remove=not self._had_lock and not self.trained)
-        if not self.trained:
+            self._put_back(write_failed)
+            self._lock.release(remove=not self._had_lock and not self.kept)
+        if not self.kept:
             self._remove_made_folders()
 
-    def _put_back(self) -> None:
+    def _put_back(self, write_failed: bool) -> None:
         before, now = self._before or {}, _listing(self.path)
         changed = [rel for rel, entry in now.items() if before.get(rel) != entry
                    and rel != LOCK_FILE]
         self.trained = any(_training_output(rel) for rel in changed)
-        if self.trained:
+        if write_failed:
+            from .checkpoint import latest_checkpoint  # here: the module stays stdlib-only
+
+            self.resume_from = latest_checkpoint(self.path / "checkpoints")
+        self.kept = self.trained and not (write_failed and self.resume_from is None)
+        if self.kept:
             return
         for rel in changed:
             if rel in before:  # a file that was there, written over
@@ -350,7 +391,7 @@ class RunFolder:
             if folder == self._first_made:
                 break
         self.made = not self.path.exists()
-        if not self.made and self.trained is False and not self.left:
+        if not self.made and self.trained is not None and not self.left:
             self.left = sorted(p.name for p in self.path.iterdir())
 
 
