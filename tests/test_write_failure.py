@@ -209,46 +209,50 @@ def test_a_resumed_run_that_cannot_write_goes_on_from_its_newest_checkpoint(
 # ---- a file-size limit, for real -------------------------------------------------------------
 
 # Runs examples/SCRIPT.py as `python examples/SCRIPT.py ARGS` does, with this process's
-# file-size limit lowered to LIMIT bytes as MODULE.FUNCTION is first called ("-": from the
-# start).
+# file-size limit lowered to LIMIT bytes as MODULE.FUNCTION is first called.
 LIMITED = textwrap.dedent("""
     import importlib, resource, runpy, sys
     script, target, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    *path, name = target.split(".")
+    owner, attrs = None, []
+    while owner is None:
+        try:
+            owner = importlib.import_module(".".join(path))
+        except ImportError:
+            attrs.insert(0, path.pop())
+    for attr in attrs:
+        owner = getattr(owner, attr)
+    original = getattr(owner, name)
 
-    def lower():
+    def limited(*args, **kwargs):
         resource.setrlimit(resource.RLIMIT_FSIZE,
                            (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        return original(*args, **kwargs)
 
-    if target == "-":
-        lower()
-    else:
-        *path, name = target.split(".")
-        owner, attrs = None, []
-        while owner is None:
-            try:
-                owner = importlib.import_module(".".join(path))
-            except ImportError:
-                attrs.insert(0, path.pop())
-        for attr in attrs:
-            owner = getattr(owner, attr)
-        original = getattr(owner, name)
-
-        def limited(*args, **kwargs):
-            lower()
-            return original(*args, **kwargs)
-
-        setattr(owner, name, limited)
+    setattr(owner, name, limited)
     sys.argv = [script, *sys.argv[4:]]
     runpy.run_path(script, run_name="__main__")
 """)
 
 
 def _limited(script, args, target, limit):
+    """(exit status, its one line on stderr) of `script` under a file-size limit of `limit`
+    bytes: from the process's start (`target` None: set before Python starts, as `ulimit
+    -f` does), or from the first call of `target`."""
+    import resource
+
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    proc = subprocess.run([sys.executable, "-c", LIMITED, str(EXAMPLES / f"{script}.py"),
-                           target, str(limit), *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+
+    def lower():  # in the child, before it runs Python
+        resource.setrlimit(resource.RLIMIT_FSIZE,
+                           (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    command = ([sys.executable, str(EXAMPLES / f"{script}.py")] if target is None else
+               [sys.executable, "-c", LIMITED, str(EXAMPLES / f"{script}.py"), target,
+                str(limit)])
+    proc = subprocess.run([*command, *args], capture_output=True, text=True, env=env,
+                          timeout=300, preexec_fn=lower if target is None else None)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     return proc.returncode, lines[0]
@@ -262,7 +266,7 @@ def test_a_file_size_limit_at_the_first_checkpoint(inputs, tmp_path):
     metrics.jsonl, labels.json and tokenizer/ were left in --out."""
     out, script = tmp_path / "out", "finetune_classification"
     args = script_argv(script, inputs, out)
-    code, line = _limited(script, args, "-", 3 * 2**20)
+    code, line = _limited(script, args, None, 3 * 2**20)
     assert code == 3, line
     assert_carries(line, str(out / "checkpoints" / "step_00000001"), "EFBIG",
                    "file-size limit", "ulimit -f", "the same command")
