@@ -49,6 +49,7 @@ from minibert.distill import Distiller, check_alpha_temperature, load_teacher, t
 from minibert.data.prepare import save_prepared
 from minibert.engine import eval_batches, evaluate, train
 from minibert.resume import RunPlan
+from minibert.rundir import writing
 
 log = logging.getLogger("distill")
 
@@ -211,8 +212,10 @@ def run(args, ctx, p: SimpleNamespace) -> None:
                          "temperature": args.temperature, **{k: distilled[k] for k in keys}}
     rows["baseline"] = {"model": f"student {args.student_preset}, without teacher",
                         "parameters": n_student, **{k: baseline[k] for k in keys}}
+    with writing(args.out / "final"):
+        distiller.student.save_pretrained(args.out / "final", tokenizer=tok)
+    # Last: eval.json marks the run complete, which a --resume of it then leaves as it is.
     pretrain.write_json(args.out / "eval.json", rows)
-    distiller.student.save_pretrained(args.out / "final", tokenizer=tok)
     print(report(rows))
     print(f"\ndistilled student in {args.out / 'final'}; numbers in {args.out / 'eval.json'}")
 

@@ -47,6 +47,7 @@ from minibert.data import TaskCollator, read_table_task
 from minibert.engine import train
 from minibert.predict import predict
 from minibert.resume import RunPlan
+from minibert.rundir import writing
 
 log = logging.getLogger("finetune")
 
@@ -125,7 +126,8 @@ def run(args, ctx, p: SimpleNamespace) -> None:
                    data_identity=p.identity)
     if not cli.finished(result, ctx, cfg.lr, model, args.out):
         return
-    model.save_pretrained(args.out / "final", tokenizer=tok)
+    with writing(args.out / "final"):
+        model.save_pretrained(args.out / "final", tokenizer=tok)
     scores, names = result["scores"], task.names
     rows = io.StringIO()
     w = csv.writer(rows, delimiter="\t", lineterminator="\n")

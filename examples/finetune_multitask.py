@@ -49,6 +49,7 @@ from minibert.metrics import SCHEMES, canonical_scheme, numbers
 from minibert.multitask import KINDS, check_task_name
 from minibert.predict import predict
 from minibert.resume import RunPlan
+from minibert.rundir import writing
 
 log = logging.getLogger("finetune_multitask")
 
@@ -174,7 +175,8 @@ def run(args, ctx, p: SimpleNamespace) -> None:
     if not cli.finished(result, ctx, cfg.lr, model, args.out):
         return
     for t in tasks:
-        model.export(t["name"], args.out / "final" / t["name"], tokenizer=tok)
+        with writing(args.out / "final" / t["name"]):
+            model.export(t["name"], args.out / "final" / t["name"], tokenizer=tok)
     scores = result["scores"]["tasks"]
     finetune.write_eval(args.out, **finetune.summary(result, tasks={
         t["name"]: {"kind": t["kind"], **{k: v for k, v in scores[t["name"]].items()

@@ -41,6 +41,7 @@ from minibert.engine import train
 from minibert.metrics import squad_scores
 from minibert.predict import predict
 from minibert.resume import RunPlan
+from minibert.rundir import writing
 
 log = logging.getLogger("finetune_qa")
 
@@ -156,7 +157,8 @@ def run(args, ctx, p: SimpleNamespace) -> None:
                    data_identity=p.identity)
     if not cli.finished(result, ctx, cfg.lr, model, args.out):
         return
-    model.save_pretrained(args.out / "final", tokenizer=tok)
+    with writing(args.out / "final"):
+        model.save_pretrained(args.out / "final", tokenizer=tok)
     answers = json.dumps(result["scores"]["predictions"], indent=2, ensure_ascii=False)
     finetune.write_eval(args.out, {"predictions.json": answers + "\n"}, **finetune.summary(
         result, exact_match=result["exact_match"], f1=result["f1"],

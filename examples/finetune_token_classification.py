@@ -37,6 +37,7 @@ from minibert.engine import train
 from minibert.metrics import SCHEMES, canonical_scheme
 from minibert.predict import predict
 from minibert.resume import RunPlan
+from minibert.rundir import writing
 
 log = logging.getLogger("finetune_token")
 
@@ -114,7 +115,8 @@ def run(args, ctx, p: SimpleNamespace) -> None:
                    data_identity=p.identity)
     if not cli.finished(result, ctx, cfg.lr, model, args.out):
         return
-    model.save_pretrained(args.out / "final", tokenizer=tok)
+    with writing(args.out / "final"):
+        model.save_pretrained(args.out / "final", tokenizer=tok)
     names, tags = task.names, result["scores"]["predictions"]
     lines = ["\n".join(f"{w}\t{names[g]}\t{t}" for w, g, t in zip(s.words, g_s, t_s)) + "\n"
              for s, g_s, t_s in zip(task.eval.sentences, task.eval.labels, tags)]

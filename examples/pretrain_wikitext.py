@@ -12,7 +12,8 @@ batches -> `minibert.engine.train` (`minibert.data.prepare` makes the data ready
 Outputs in --out: metrics.jsonl, eval.json,
 checkpoints/, final/ (loadable by transformers, with the tokenizer) and loss.png.
 Bad input ends with one line on stderr and exit status 2, before --out is touched; the exit
-status says how a run ended (minibert/cli.py: 1 diverged, 128 + N stopped by signal N).
+status says how a run ended (minibert/cli.py: 1 diverged, 3 could not write, 128 + N
+stopped by signal N).
 One run at a time uses an --out folder (a lock held for the run's life), a finished or
 started run there is never overwritten without --resume, and --resume continues only the
 same run: the data, tokenizer and settings are compared with the checkpoint's.
@@ -39,6 +40,7 @@ from minibert.data import MLMCollator
 from minibert.data.prepare import save_prepared
 from minibert.engine import eval_batches, evaluate, train
 from minibert.resume import RunPlan
+from minibert.rundir import writing
 from minibert.runlog import read_rows
 
 log = logging.getLogger("pretrain")
@@ -121,7 +123,7 @@ def plot_loss(out: Path) -> None:
     plt.ylabel("MLM loss")
     plt.legend()
     plt.tight_layout()
-    with atomic_file(out / "loss.png") as f:  # whole or not at all, like every output
+    with writing(out / "loss.png"), atomic_file(out / "loss.png") as f:  # whole, or not at all
         plt.savefig(f, format="png", dpi=110)
     plt.close()
 
@@ -153,11 +155,13 @@ def run(args, ctx, p: SimpleNamespace) -> None:
                    resume=args.resume, data_identity=p.identity)
     if not cli.finished(result, ctx, cfg.lr, model, args.out):
         return
-    model.save_pretrained(args.out / "final", tokenizer=tok)
+    with writing(args.out / "final"):
+        model.save_pretrained(args.out / "final", tokenizer=tok)
+    plot_loss(args.out)
+    # Last: eval.json marks the run complete, which a --resume of it then leaves as it is.
     pretrain.write_json(args.out / "eval.json", {k: result[k] for k in (
         "eval_loss", "eval_accuracy", "perplexity", "steps", "tokens_seen", "wall_seconds",
         "train_seconds", "precision")})
-    plot_loss(args.out)
     log.info("eval loss %.4f, accuracy %.4f, perplexity %.1f; model in %s", result["eval_loss"],
              result["eval_accuracy"], result["perplexity"], args.out / "final")
 

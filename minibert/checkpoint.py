@@ -85,10 +85,13 @@ def save_checkpoint(root: PathLike, step: int, state: dict[str, Any],
 
     # torch.save reports a failed write as "[enforce fail at inline_container.cc] unexpected
     # pos", which says neither space nor limit: say what was being written, what stopped it
-    # and what is left.
+    # and what is left (a failed save leaves the checkpoints before it as they were).
+    before = [p.name for p in _step_dirs(root)]
+    left = (f"; the checkpoints saved before it are as they were (the newest: {before[0]})"
+            if before else "; no checkpoint was saved before it")
     replace_folder(final, write, owns=lambda name: True, failed=lambda e: write_failure(
-        e, f"checkpoint {final}", root, "resume", freeing="some space (or keep fewer "
-        "checkpoints)") + "; the earlier checkpoints are intact")
+        e, f"checkpoint {final}", root, "resume" if before else "save again",
+        freeing="some space (or keep fewer checkpoints)") + left)
     logger.info("saved checkpoint %s (%.1f MiB)", final, meta["files"][STATE_FILE]["bytes"] / 2**20)
 
     _remove_leftovers(root)

@@ -6,10 +6,11 @@ returns a namespace whose `runs` lists the training runs it will start (`resume.
 `run_script` then checks --out: whether it can take a fresh start or holds a run to resume
 (`rundir.RunFolder.check`), and with --resume, whether each run's checkpoint continues
 that very run (`resume.check_resume`: the model's class and config, the settings, the
-data). Only then does `run(args, ctx, prepared)` write, inside the run folder held by its
-lock (`rundir.open_run`); a start that ends before it has trained leaves the folder as it
-found it. How it ends is said by the exit status, so that `cmd && next` never goes on
-after a run that did not finish well:
+data). A --resume of a run that is finished (`rundir.run_finished`) ends there, with one
+line and exit status 0, writing nothing. Only then does `run(args, ctx, prepared)` write,
+inside the run folder held by its lock (`rundir.open_run`); a start that ends before it
+has trained leaves the folder as it found it. How it ends is said by the exit status, so
+that `cmd && next` never goes on after a run that did not finish well:
 
     0          the run finished; its outputs are written
     1          the run started and could not finish well: it diverged (steps kept being
@@ -17,6 +18,10 @@ after a run that did not finish well:
                final/ is written, the checkpoints are kept
     2          bad input (a flag, a file, a checkpoint, a missing package), refused with
                one line on stderr, before --out is touched
+    3          could not write: a full disk, a quota or a file-size limit stopped a write
+               after the run had written to --out; the line names what is left and how to
+               go on (--resume from the newest intact checkpoint; without one, the start
+               takes back what it wrote, and the same command works once the write can)
     128 + N    stopped by signal N (130 for SIGINT, 143 for SIGTERM), said in one line on
                stderr: during training, after saving a checkpoint (the same command with
                --resume continues it); before the first step, with --out as the start
@@ -48,7 +53,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 import torch.nn as nn
 
 from . import memory
-from .atomic import WriteError
+from .atomic import WriteError, write_failure
 from .checkpoint import CheckpointError
 from .config import ALL_PRESETS
 from .data.tokens import TokenFileError
@@ -56,7 +61,7 @@ from .data.wikitext import DownloadError
 from .distributed import DistContext, all_gather_objects, cleanup, init_distributed
 from .recovery import TrainingError
 from .resume import check_resume
-from .rundir import RunFolder, open_run
+from .rundir import RunFolder, could_not_write, open_run
 from .runlog import last_training_loss
 from .signals import Interrupted, StopOnSignals, Stopped
 from .state import SettingsMismatch, TrainConfig
@@ -362,16 +367,22 @@ def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
             prepared = prepare(args, ctx)  # reads and checks; writes nothing
             folder = open_run(args.out, args.resume, main=ctx.is_main)
             folder.check()  # what --out holds (the rank that writes it)
-            for plan in prepared.runs:  # every rank loads the checkpoint on --resume
-                check_resume(plan, ctx.device)
+            # every rank loads the checkpoint on --resume
+            steps = [(check_resume(plan, ctx.device), plan.cfg.max_steps)
+                     for plan in prepared.runs]
+            if args.resume and _finished(args.out, folder, steps, ctx):
+                ok = True
+                return 0
             with folder:
                 run(args, ctx, prepared)  # the first write to --out
             ok = True
         except BaseException as e:
             signals.settle()  # the outcome is decided: a signal now would only cut it short
             ok = isinstance(e, Stopped)  # every rank stopped at the same step, saved
+            raised = e  # the write's own error, which the line of a run that could not write reads
             return exit_status(name_outputs(e, script_outputs(args)), signals.received, flags,
-                               lambda: _left(args.out, folder))
+                               lambda: _left(args.out, folder),
+                               lambda error: _could_not_write(raised, args.out, folder))
         finally:
             signals.settle()
             if ctx is not None:
@@ -399,11 +410,26 @@ def name_outputs(error: BaseException, outputs: Mapping[str, Path]) -> BaseExcep
     return error
 
 
+def _finished(out: Path, folder: RunFolder, steps: list[tuple[Optional[int], int]],
+              ctx: DistContext) -> bool:
+    """Whether --resume found the run finished (`RunFolder.finished`, rank 0's word for
+    every rank): said in one line, and nothing is written. Rewriting its outputs would only
+    put a second evaluation's times over the run's."""
+    finished = all_gather_objects(folder.finished(steps), ctx)[0]
+    if finished and ctx.is_main:
+        _said.info("--resume: the run in %s is complete, at step %d, where it stops, with its "
+                   "outputs written; nothing is done and nothing is written (a larger "
+                   "--max-steps trains it further)", out, steps[0][1])
+    return finished
+
+
 def exit_status(error: BaseException, received: Optional[int], flags: Mapping[str, str] = {},
-                left: Callable[[], str] = lambda: "") -> int:
+                left: Callable[[], str] = lambda: "",
+                unwritten: Callable[[BaseException], Optional[str]] = lambda e: None) -> int:
     """How a script that raised `error` ends: its one line on stderr and its exit status
     (the module docstring's table). A signal (`received`, or a KeyboardInterrupt) stops it
-    whatever the exception it surfaced as; `left()` says what the stop left behind. An
+    whatever the exception it surfaced as; `left()` says what the stop left behind.
+    `unwritten(error)` is the line of a run that could not write, None for any other. An
     exception that is neither a stop nor bad input nor a failed run is raised again: a
     bug, whose traceback is wanted."""
     if isinstance(error, Stopped):
@@ -415,11 +441,63 @@ def exit_status(error: BaseException, received: Optional[int], flags: Mapping[st
         signum = received or getattr(error, "signal", signal.SIGINT)
         _errors.warning("stopped by %s%s", signal.Signals(signum).name, left())
         return 128 + signum
+    line = unwritten(error)
+    if line is not None:
+        _errors.error("error: %s", line)
+        return 3
     if isinstance(error, SettingsMismatch):
         return failed(ValueError(error.said(flags)))
     if isinstance(error, (TrainingError, *BAD_INPUT)):
         return failed(error)
     raise error
+
+
+def _could_not_write(error: BaseException, out: Path, folder: Optional[RunFolder]
+                     ) -> Optional[str]:
+    """The line of a run that could not write into --out once it held it (None for any
+    other error, or another rank's): what stopped which write, what to do about it (the
+    cause's own fix: a file-size limit is not a full disk), what the start left in --out
+    and the way on from there. A file-size limit reaches this as EFBIG, not as a kill:
+    Python ignores SIGXFSZ from its start (its default action would end the process
+    mid-write, with no line at all)."""
+    if folder is None or folder.trained is None or not (
+            could_not_write(error) or isinstance(error, WriteError)):
+        return None
+    target = error.target if isinstance(error, WriteError) else None
+    what = getattr(error, "writing", None) or (str(target) if target else f"into {out}")
+    on_disk = next(p for p in (out, *out.parents) if p.exists())  # whose free space it says
+    return f"--out {out}: " + write_failure(_what_stopped(error), what, on_disk,
+                                            _way_on(out, folder))
+
+
+def _what_stopped(error: BaseException) -> BaseException:
+    """The error behind a failed write: the OSError with an errno in `error`'s chain (under
+    the line a writer made of it, or torch.save's "unexpected pos"), else the deepest one
+    (safetensors' error, which names the os error in its message)."""
+    for _ in range(8):  # the chain is short; the bound guards against a cycle
+        if isinstance(error, OSError) and error.errno is not None:
+            break
+        deeper = error.__cause__ or error.__context__
+        if deeper is None:
+            break
+        error = deeper
+    return error
+
+
+def _way_on(out: Path, folder: RunFolder) -> str:
+    """What a run that could not write left in --out, and the way on that works from it."""
+    if folder.resume_from is not None:
+        return (f"run the same command with --resume: it goes on from {folder.resume_from}, "
+                f"the newest intact checkpoint in {out}")
+    nothing = f"there is no intact checkpoint in {out} to resume from"
+    if folder.left:
+        return (f"delete {', '.join(folder.left)} in {out}, then run the same command again: "
+                f"{nothing}, and this start took back the rest of what it wrote")
+    if folder.made:
+        return (f"run the same command again: {nothing}, so this start removed the folder, "
+                f"which it had made")
+    return (f"run the same command again: {nothing}, so this start took back what it had "
+            f"written there")
 
 
 def _left(out: Path, folder: Optional[RunFolder]) -> str:
@@ -438,12 +516,17 @@ def _left(out: Path, folder: Optional[RunFolder]) -> str:
     return f" before the first step; {out} is as this start found it"
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to `sys.stderr` as it is at each record (a redirected or captured stream)."""
+class _LiveHandler(logging.StreamHandler):
+    """Writes to `sys.stderr` (or `sys.stdout`) as it is at each record (a redirected or
+    captured stream)."""
+
+    def __init__(self, name: str = "stderr") -> None:
+        self._which = name
+        super().__init__()
 
     @property
     def stream(self):
-        return sys.stderr
+        return getattr(sys, self._which)
 
     @stream.setter
     def stream(self, value) -> None:  # logging sets it once; the property reads it live
@@ -452,8 +535,13 @@ class _StderrHandler(logging.StreamHandler):
 
 # The scripts' one-line errors: on stderr whatever the logging setup, never on stdout.
 _errors = logging.getLogger(__name__ + ".errors")
-_errors.addHandler(_StderrHandler())
+_errors.addHandler(_LiveHandler())
 _errors.propagate = False
+# A script's one line where its run has nothing to do: on stdout, whatever the logging setup.
+_said = logging.getLogger(__name__ + ".said")
+_said.addHandler(_LiveHandler("stdout"))
+_said.setLevel(logging.INFO)
+_said.propagate = False
 
 
 def failed(error: Exception) -> int:

@@ -205,7 +205,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                     scores = _evaluate_and_log(run, state)
                 if (_due(cfg.save_every, state) and state.bad_steps == 0) or step.stopping \
                         or state.step == cfg.max_steps:
-                    save_run(run.ckpt_root, run.raw, state, cfg, run.data_identity, ctx)
+                    _save(run, state)
                 if cfg.release_memory and state.step % RELEASE_EVERY == 0:
                     release_freed_memory()
                 # ---- 6: stop on this rank's signal, or another rank's (told by the all-reduce)
@@ -251,7 +251,8 @@ class _Run:
     bar: Any  # tqdm's bar, or None
     meter: StepMeter
     start_step: int
-    started: float  # perf_counter() at the start, for wall_seconds
+    started: float  # perf_counter() at this start, for wall_seconds
+    wall_before: float  # the run's wall time over its earlier starts (TrainState's)
 
     @property
     def evaluates(self) -> bool:
@@ -322,7 +323,8 @@ def _start(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCo
         decodes=decodes(type(raw)), own_flops=_own_flops(raw, ctx.is_main), peak=peak, env=env,
         log=RunLog(out_dir / "metrics.jsonl", stale_after=state.step if resume else None),
         bar=progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step),
-        meter=StepMeter(), start_step=state.step, started=time.perf_counter())
+        meter=StepMeter(), start_step=state.step, started=time.perf_counter(),
+        wall_before=state.wall_seconds)
     reset_peak_memory(device)
     return run, state
 
@@ -431,7 +433,7 @@ def _finish(run: _Run, state: TrainState, scores: Optional[Mapping[str, Any]],
         run.bar.close()
     result: dict[str, Any] = {"steps": state.step, "tokens_seen": state.tokens_seen,
                               "skipped_steps": state.skipped,
-                              "wall_seconds": round(time.perf_counter() - run.started, 2),
+                              "wall_seconds": round(_wall_seconds(run), 2),
                               "train_seconds": round(state.train_seconds, 3),
                               # A signal during the last step stops the run all the same:
                               # the script exits 128 + N, and a resume evaluates it.
@@ -479,6 +481,19 @@ def _accumulate(model: nn.Module, micros: list[dict], counts: list[int], n_globa
                 loss_sum += mean.detach().double() * n
             scaler.scale(loss).backward()
     return loss_sum
+
+
+def _save(run: _Run, state: TrainState) -> None:
+    """The checkpoint of this step, with the run's wall time until now in it."""
+    state.wall_seconds = _wall_seconds(run)
+    save_run(run.ckpt_root, run.raw, state, run.cfg, run.data_identity, run.ctx)
+
+
+def _wall_seconds(run: _Run) -> float:
+    """The run's wall time until now: this start's, after what its earlier starts took up
+    to the checkpoint it resumed from (the time a killed start ran past it is lost, as its
+    steps are)."""
+    return run.wall_before + time.perf_counter() - run.started
 
 
 def _due(every: int, state: TrainState) -> bool:

@@ -34,6 +34,7 @@ from .metrics import sequence_scores, token_scores
 from .precision import resolve_precision
 from .predict import Predictions
 from .pretrained import PretrainedMixin, check_tokenizer_fits
+from .rundir import writing
 from .state import TrainConfig
 from .tokenizer import Tokenizer
 
@@ -179,7 +180,8 @@ def save_tokenizer(args: Any, ctx: DistContext, tok: Tokenizer) -> None:
     """Rank 0 writes the run's tokenizer to --out/tokenizer; a resumed run's is kept as it
     is (compared with the checkpoint's by the engine), never written again."""
     if ctx.is_main and not (args.resume and (args.out / "tokenizer" / "tokenizer.json").is_file()):
-        tok.save(args.out / "tokenizer")
+        with writing(args.out / "tokenizer"):
+            tok.save(args.out / "tokenizer")
 
 
 def build_model(cls: Any, args: Any, tok: Tokenizer, **head: Any) -> nn.Module:
@@ -230,8 +232,9 @@ def save_labels(args: Any, names: list[str]) -> None:
     """labels.json: written by a new run; a resumed one keeps its own (`check_labels` has
     compared it). Rank 0."""
     if not (args.resume and (args.out / "labels.json").is_file()):
-        write_files_atomically(args.out, {"labels.json": json.dumps({"id2label": names},
-                                                                    indent=2) + "\n"})
+        with writing(args.out / "labels.json"):
+            write_files_atomically(args.out, {"labels.json": json.dumps({"id2label": names},
+                                                                        indent=2) + "\n"})
 
 
 # ---- evaluation ------------------------------------------------------------------------------
@@ -258,5 +261,6 @@ def summary(result: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
 
 def write_eval(out: Path, files: Optional[Mapping[str, str]] = None, **content: Any) -> None:
     """`files` (name -> text), then eval.json, written last: it marks the results complete."""
-    write_files_atomically(out, {**(files or {}),
-                                 "eval.json": json.dumps(content, indent=2) + "\n"})
+    contents = {**(files or {}), "eval.json": json.dumps(content, indent=2) + "\n"}
+    with writing(f"{', '.join(contents)} in {out}"):
+        write_files_atomically(out, contents)

@@ -29,6 +29,7 @@ from .hf import (check_tied_decoder, check_weights, config_from_hf, read_config,
                  require_safetensors)
 from .precision import resolve_precision
 from .pretrained import check_tokenizer_fits
+from .rundir import writing
 from .state import TrainConfig
 from .tokenizer import Tokenizer
 
@@ -281,4 +282,5 @@ def prepare_data(args: Any, ctx: DistContext, corpus: Optional[Corpus] = None
 
 def write_json(path: Path, obj: Any) -> None:
     """Through a temporary file and a rename: a crash keeps the previous file whole."""
-    write_files_atomically(path.parent, {path.name: json.dumps(obj, indent=2) + "\n"})
+    with writing(path):
+        write_files_atomically(path.parent, {path.name: json.dumps(obj, indent=2) + "\n"})

@@ -33,11 +33,12 @@ import torch.nn as nn
 
 from .atomic import make_folders
 from .checkpoint import (STATE_FILE, latest_checkpoint, load_checkpoint,
-                         save_checkpoint)
+                         save_checkpoint, step_dir)
 from .distributed import DistContext, all_gather_objects, barrier, unwrap
 from .environment import rounding_context
 from .hf import check_finite
 from .precision import resolve_precision
+from .rundir import writing
 from .state import TrainConfig, TrainState, bert_config, check_identity, run_identity
 
 
@@ -74,14 +75,17 @@ class RunPlan:
     resume: bool
 
 
-def check_resume(plan: RunPlan, device: torch.device) -> None:
+def check_resume(plan: RunPlan, device: torch.device) -> Optional[int]:
     """Refuse a resume of `plan` that `resume_run` would refuse once the run holds its
     folder: no intact checkpoint, another run identity (the model's class and config, the
     settings, the data), a step past max_steps, a precision this device lacks. Writes
-    nothing; the checkpoint's tensors are memory-mapped, not read."""
-    if plan.resume:
-        _resumable(unwrap(plan.model), plan.cfg, plan.data_identity,
-                   Path(plan.out_dir) / "checkpoints", device, mmap=True)
+    nothing; the checkpoint's tensors are memory-mapped, not read. Returns the step the
+    resume goes on from (None: `plan` is no resume)."""
+    if not plan.resume:
+        return None
+    _, saved, _ = _resumable(unwrap(plan.model), plan.cfg, plan.data_identity,
+                             Path(plan.out_dir) / "checkpoints", device, mmap=True)
+    return int(saved["train_state"]["step"])
 
 
 def _resumable(raw: nn.Module, cfg: TrainConfig, data_identity: dict, ckpt_root: Path,
@@ -183,5 +187,6 @@ def save_run(ckpt_root: Path, raw: nn.Module, state: TrainState, cfg: TrainConfi
     saved = state.state_dict(raw, cfg, data_identity)
     saved["rng"] = all_gather_objects(saved["rng"], ctx)  # every rank takes part
     if ctx.is_main:
-        save_checkpoint(ckpt_root, state.step, saved, keep=cfg.keep_checkpoints)
+        with writing(f"checkpoint {step_dir(ckpt_root, state.step)}"):
+            save_checkpoint(ckpt_root, state.step, saved, keep=cfg.keep_checkpoints)
     barrier(ctx)

@@ -12,7 +12,10 @@ Check, then write: `check_run_folder` says whether the folder can take the start
 only, so that a refused start leaves it as it found it. `open_run` then takes the lock and
 looks again under it, so that the check and the writes after it belong to the same run; and
 a start that ends before it has trained (refused after all, failed, or stopped by Ctrl-C)
-takes back what it made there: the folder is as that start found it. Under torchrun only
+takes back what it made there: the folder is as that start found it. So does a start that
+could not write (a full disk, a quota, a file-size limit: `could_not_write`) before it had
+saved a checkpoint to resume from. Whether a folder holds a finished run, which a resume
+leaves untouched, is `run_finished`'s to say. Under torchrun only
 the main rank takes the lock (every rank of one run shares the directory, and a second
 rank's lock would refuse its own run).
 
@@ -35,6 +38,7 @@ The module needs only the standard library.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import json
@@ -45,7 +49,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 if TYPE_CHECKING:  # only for the annotations: the module runs on the standard library alone
     from .atomic import PathLike
@@ -60,6 +64,9 @@ log = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
 # What a run leaves in its directory; a folder counts only when something is in it.
 RUN_OUTPUTS = ("final/", "eval.json", "metrics.jsonl", "checkpoints/")
+# What stops a write that no check before it could foresee: a full disk, a used-up quota,
+# the process's file-size limit (`ulimit -f`).
+NO_ROOM = frozenset({errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
 
 class RunLockedError(OSError):
@@ -149,11 +156,53 @@ class RunLock:
         finally:
             os.close(fd)  # closing the file is what drops the flock
 
+    def check_free(self) -> None:
+        """Refuse, as `acquire` would, a folder whose lock another run holds, writing nothing:
+        for a start that will not write (the resume of a finished run), which `acquire`'s
+        record of the holder would write to."""
+        if fcntl is None:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:  # no lock file: no run holds the folder
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd, wait=True)
+            raise RunLockedError(_locked_message(self.out_dir, holder), holder) from None
+        except OSError:  # a file system that refuses locks: as `acquire`, go ahead
+            pass
+        finally:
+            os.close(fd)  # which drops the flock, if it was taken
+
     def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+@contextlib.contextmanager
+def writing(what: Any) -> Iterator[None]:
+    """`with writing(path):` name `path` (its str()) as what an OSError raised inside was
+    writing, for the line that says a run could not write (`could_not_write`): a write that
+    fails in a file object's `write` names no file. The innermost `writing` names it."""
+    try:
+        yield
+    except OSError as error:
+        if getattr(error, "writing", None) is None:
+            error.writing = str(what)
+        raise
+
+
+def could_not_write(error: BaseException) -> bool:
+    """Whether `error` is a failed write of a run: one that `writing` names, or one that a
+    full disk, a quota or a file-size limit stopped (its errno found however deep in its
+    chain: torch.save says "unexpected pos" over the OSError, safetensors "os error 28")."""
+    from .atomic import _os_error  # here, so the module alone stays importable by its path
+
+    return getattr(error, "writing", None) is not None or _os_error(error)[0] in NO_ROOM
 
 
 def run_exists(out_dir: PathLike) -> list[str]:
@@ -206,6 +255,26 @@ def check_run_folder(out_dir: PathLike, resume: bool) -> None:
                                  "another --out"))
 
 
+def run_finished(out_dir: PathLike, steps: list[tuple[Optional[int], int]]) -> bool:
+    """Whether `out_dir` holds a finished run, which a resume has nothing to add to: each of
+    its trainings' newest intact checkpoint is at the step it stops at (`steps`: per
+    training, the checkpoint's step, None for none, and max_steps), and eval.json, which a
+    script writes last, records those steps. A run whose outputs were cut short (eval.json
+    missing or unreadable) is not finished, nor one resumed to go further (a larger
+    max_steps), nor one resumed further and stopped at its last checkpoint (eval.json holds
+    the steps of an earlier finish)."""
+    if not steps or any(step is None or step != last for step, last in steps):
+        return False
+    try:
+        record = json.loads((Path(out_dir) / "eval.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    # eval.json's `steps`, or its rows' (distillation: one row per student trained)
+    rows = [record, *record.values()] if isinstance(record, dict) else []
+    recorded = {row["steps"] for row in rows if isinstance(row, dict) and "steps" in row}
+    return bool(recorded) and recorded == {last for _, last in steps}
+
+
 class RunFolder:
     """A run folder held by one start (`open_run`), left as that start found it if the start
     ends, by an exception, before its run has trained.
@@ -214,16 +283,23 @@ class RunFolder:
     only; entering (main rank) checks if that was not done, takes the lock, and checks
     again if the folder changed meanwhile. Leaving by an exception puts the folder back,
     under the lock: what this start made there goes (and the lock file and the folder
-    itself, if it made them), unless the run saved a checkpoint or logged a row. Then
-    `trained` says whether it had (None: this start never held the folder), `made` whether
-    the folder is gone, made by this start, and `left` names what this start made or
-    wrote over and did not take back.
+    itself, if it made them), unless the run saved a checkpoint or logged a row. A start
+    that could not write (`could_not_write`: a full disk, a quota, a file-size limit) puts
+    it back all the same where no intact checkpoint is there to resume from: its log rows
+    are of steps no resume can go on from, and with them taken back the same command works
+    again once the write can go through. Then `trained` says whether the run had trained
+    (None: this start never held the folder), `kept` whether what it wrote stays,
+    `resume_from` the newest intact checkpoint (after a failed write), `made` whether the
+    folder is gone, made by this start, and `left` names what this start made or wrote
+    over and did not take back.
     """
 
     def __init__(self, path: Path, resume: bool, main: bool = True) -> None:
         self.path, self.resume, self.main = path, resume, main
         self.made = False
         self.trained: Optional[bool] = None
+        self.kept = False
+        self.resume_from: Optional[Path] = None
         self.left: list[str] = []
         self._lock = RunLock(path)
         self._had_lock = False
@@ -239,6 +315,15 @@ class RunFolder:
         self._before = _listing(self.path)
         self._had_lock = LOCK_FILE in self._before
         check_run_folder(self.path, self.resume)
+
+    def finished(self, steps: list[tuple[Optional[int], int]]) -> bool:
+        """Whether the folder holds a finished run (`run_finished`) that no other run holds
+        (main rank; False elsewhere). A resume of it leaves the folder untouched: it is not
+        entered, so not even the lock's record is written."""
+        if not self.main or not run_finished(self.path, steps):
+            return False
+        self._lock.check_free()
+        return True
 
     def __enter__(self) -> RunFolder:
         if not self.main:
@@ -262,27 +347,32 @@ class RunFolder:
             raise
         return self
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, error: Optional[BaseException], *exc: Any) -> None:
         if not self.main:
             return
         if exc_type is None:
             self._lock.release()
         else:
-            self._leave()
+            self._leave(error is not None and could_not_write(error))
 
-    def _leave(self) -> None:
+    def _leave(self, write_failed: bool = False) -> None:
         if self._lock.held:  # only the holder may look at what changed, and take it back
-            self._put_back()
-            self._lock.release(remove=not self._had_lock and not self.trained)
-        if not self.trained:
+            self._put_back(write_failed)
+            self._lock.release(remove=not self._had_lock and not self.kept)
+        if not self.kept:
             self._remove_made_folders()
 
-    def _put_back(self) -> None:
+    def _put_back(self, write_failed: bool) -> None:
         before, now = self._before or {}, _listing(self.path)
         changed = [rel for rel, entry in now.items() if before.get(rel) != entry
                    and rel != LOCK_FILE]
         self.trained = any(_training_output(rel) for rel in changed)
-        if self.trained:
+        if write_failed:
+            from .checkpoint import latest_checkpoint  # here: the module stays stdlib-only
+
+            self.resume_from = latest_checkpoint(self.path / "checkpoints")
+        self.kept = self.trained and not (write_failed and self.resume_from is None)
+        if self.kept:
             return
         for rel in changed:
             if rel in before:  # a file that was there, written over
@@ -305,7 +395,7 @@ class RunFolder:
             if folder == self._first_made:
                 break
         self.made = not self.path.exists()
-        if not self.made and self.trained is False and not self.left:
+        if not self.made and self.trained is not None and not self.left:
             self.left = sorted(p.name for p in self.path.iterdir())
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from .atomic import atomic_file, reported
+from .rundir import writing
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ class RunLog:
 
     def settle(self) -> None:
         if self.stale_after is not None:
-            drop_rows_after(self.path, self.stale_after)
+            with writing(self.path):
+                drop_rows_after(self.path, self.stale_after)
             self.stale_after = None
 
     def write(self, row: dict[str, Any], bar: Any = None) -> None:
@@ -50,7 +52,7 @@ class RunLog:
         self.settle()
         strict = {k: None if isinstance(v, float) and not math.isfinite(v) else v
                   for k, v in row.items()}
-        with reported(self.path), open(self.path, "a") as f:  # a full disk, a read-only one
+        with writing(self.path), reported(self.path), open(self.path, "a") as f:
             f.write(json.dumps(strict, allow_nan=False) + "\n")
         text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                           for k, v in row.items())

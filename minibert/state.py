@@ -142,6 +142,9 @@ class TrainState:
     # Seconds spent training, over every start of the run: evaluation, checkpoint saves and
     # logging excluded, so time-to-loss curves compare runs that evaluate at different rates.
     train_seconds: float = 0.0
+    # Seconds the run has taken, evaluations and saves included, over every start up to its
+    # last checkpoint: a resumed run's wall time adds to it, as its training time does.
+    wall_seconds: float = 0.0
     # The micro-batch in use when an out-of-memory error made the run halve it
     # (recovery.back_off); None: TrainConfig.micro_batch_size. A resumed run keeps it, so
     # it does not run out of memory again to find it, unless the resume sets another one.

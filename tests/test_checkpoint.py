@@ -236,6 +236,27 @@ def test_a_full_disk_is_one_clear_error_and_keeps_older_checkpoints(tmp_path, mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001"]
 
 
+def test_a_failed_first_save_claims_no_earlier_checkpoint(tmp_path, monkeypatch):
+    """The first checkpoint of a run, on a full disk: the message said "resume; the earlier
+    checkpoints are intact" where there was none to resume from."""
+    import errno
+
+    import minibert.checkpoint as checkpoint
+
+    def full_disk(obj, f):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    with raises(OSError, "step_00000001", "no checkpoint was saved before it") as e:
+        save_checkpoint(tmp_path, 1, {"w": torch.zeros(3)})
+    assert "resume" not in str(e.value) and "intact" not in str(e.value), str(e.value)
+    monkeypatch.undo()
+    save_checkpoint(tmp_path, 1, {"w": torch.zeros(3)})
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    with raises(OSError, "step_00000002", "resume", "step_00000001"):  # the one to resume
+        save_checkpoint(tmp_path, 2, {"w": torch.zeros(3)})
+
+
 @pytest.mark.skipif(os.name != "posix", reason="a file-size limit is POSIX's setrlimit")
 def test_a_file_size_limit_is_named_not_taken_for_a_full_disk(tmp_path):
     """A checkpoint bigger than `ulimit -f` was said to have filled the disk, with the

@@ -471,7 +471,8 @@ def test_damaged_weights_checkpoints_and_a_full_disk_are_one_line(data_dir, tmp_
     step = tmp_path / "base" / "checkpoints" / "step_00000002"
     err = _error_line(capsys, _args(data_dir, tmp_path / "b", cache, "--init-from", str(step)))
     assert_carries(err, str(step), "training checkpoint", "export_checkpoint")
-    # A full disk while writing final/: one line, and the run's checkpoints are intact.
+    # A full disk while writing final/: one line, exit status 3, and the run's last
+    # checkpoint, intact, to resume from (or to export).
     import safetensors.torch
 
     def full_disk(*args, **kwargs):
@@ -479,8 +480,11 @@ def test_damaged_weights_checkpoints_and_a_full_disk_are_one_line(data_dir, tmp_
 
     monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
     out = tmp_path / "c"
-    err = _error_line(capsys, _args(data_dir, out, cache, "--max-steps", "2"))
-    assert_carries(err, str(out / "final"), "MB are free", "intact")
+    assert pretrain.main(_args(data_dir, out, cache, "--max-steps", "2")) == 3
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert_carries(err, str(out / "final"), "MB are free", "--resume",
+                   str(out / "checkpoints" / "step_00000002"))
     monkeypatch.undo()
     from minibert.export import export_checkpoint
 

@@ -193,6 +193,38 @@ def test_a_start_that_ends_before_training_leaves_the_folder_as_it_found_it(tmp_
     assert (out / "checkpoints" / "step_00000001" / "state.pt").read_bytes() == b"weights"
 
 
+def test_a_start_that_could_not_write_keeps_only_a_run_that_can_resume(tmp_path):
+    """A write that a full disk stopped: the log rows and the files of a start with no
+    intact checkpoint are taken back (no resume could go on from them, and a fresh start
+    would be refused with them there); with one, everything stays, for --resume."""
+    import errno
+
+    import torch
+
+    from minibert.checkpoint import save_checkpoint
+    from minibert.rundir import open_run, writing
+
+    out = tmp_path / "out"
+    full = OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(OSError):
+        with open_run(out, resume=False) as folder:
+            (out / "labels.json").write_text("{}")
+            (out / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
+            (out / "checkpoints").mkdir()
+            raise full  # an errno says it: no `writing` needed
+    assert not out.exists() and not folder.kept and folder.resume_from is None
+    assert folder.trained and folder.made
+
+    with pytest.raises(OSError):
+        with open_run(out, resume=False) as folder:
+            save_checkpoint(out / "checkpoints", 1, {"w": torch.ones(2)})
+            (out / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
+            with writing(out / "final"):
+                raise OSError("could not write it")  # no errno: `writing` says it
+    assert folder.kept and folder.resume_from == out / "checkpoints" / "step_00000001"
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "checkpoints", "metrics.jsonl"]
+
+
 def test_a_lock_file_removed_by_its_holder_is_not_held(tmp_path, monkeypatch):
     """A start that leaves no trace removes the lock file while it holds it; a start that
     opened that file just before locks a file nobody else will find, so it takes the lock

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
 from ..atomic import PathLike, write_files_atomically
+from ..rundir import writing
 from ..tokenizer import Tokenizer, default_cache_dir
 from .corpus import Corpus, Documents, load_corpus
 from .mlm import PackedMLMDataset
@@ -107,9 +108,10 @@ def save_prepared(run_dir: PathLike, data: PreparedCorpus) -> None:
     it already (a resumed run's is never written again: a kill during a rewrite could leave
     it truncated), and each split's keys."""
     folder = Path(run_dir) / "tokenizer"
-    if not (folder / "tokenizer.json").is_file():
-        data.tokenizer.save(folder)
-    write_files_atomically(folder, {f"{s}.key": key for s, key in data.keys.items()})
+    with writing(folder):
+        if not (folder / "tokenizer.json").is_file():
+            data.tokenizer.save(folder)
+        write_files_atomically(folder, {f"{s}.key": key for s, key in data.keys.items()})
 
 
 def check_splits(corpus: Corpus, splits: Sequence[str], data_dir: PathLike,
