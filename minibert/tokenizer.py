@@ -177,7 +177,8 @@ class Tokenizer:
         cache_dir: Optional[PathLike] = None,
         use_cache: bool = True,
     ) -> "Tokenizer":
-        """Train a WordPiece vocabulary on text files (UTF-8; bad bytes are replaced).
+        """Train a WordPiece vocabulary on text files (strict UTF-8: a byte that is not is
+        refused, naming its file and line; `minibert.data.text`).
 
         `files` is one path or a sequence of them (`str` or `Path`), each an
         existing file; `tokenize_to_memmap` reads the same list as the same files.

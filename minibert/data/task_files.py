@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterable, NamedTuple
 
 from ..atomic import PathLike
-
+from .text import read_text
 
 
 def _check_is_file(path: Path) -> None:
@@ -36,16 +36,11 @@ def _check_is_file(path: Path) -> None:
         raise FileNotFoundError(f"{path} not found")
 
 
-def _read_utf8(path: Path, expected: str) -> str:
-    """The file's text; a clear error if it is missing, not UTF-8 or holds only whitespace."""
+def _read_utf8(path: Path, expected: str, line_ends: bool = True) -> str:
+    """The file's text, read as every text file is (`text.read_text`: strict UTF-8, refused
+    with the line and the byte); a clear error if it is missing or holds only whitespace."""
     _check_is_file(path)
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")  # -sig: drop the byte-order mark some editors write
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise ValueError(f"{path}, line {line}: not valid UTF-8 (byte 0x{raw[e.start]:02x}); "
-                         f"save the file as UTF-8") from None
+    text = read_text(path, line_ends=line_ends)
     if not text.strip():
         raise ValueError(f"{path} is empty; expected {expected}")
     return text
@@ -284,7 +279,9 @@ def read_squad(path: PathLike, version_2: bool = False) -> list[QAExample]:
     text "true" or "false", in any case; a key the reader uses may not come twice.
     """
     path = Path(path)
-    text = _read_utf8(path, "SQuAD JSON: {\"data\": [{\"paragraphs\": [...]}]}")
+    # JSON: a \r alone is whitespace between tokens like any other, no line end to refuse.
+    text = _read_utf8(path, "SQuAD JSON: {\"data\": [{\"paragraphs\": [...]}]}",
+                      line_ends=False)
     try:
         doc = json.loads(text, object_pairs_hook=_Object.from_pairs)
     except json.JSONDecodeError as e:
