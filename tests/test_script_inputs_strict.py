@@ -70,3 +70,23 @@ def test_embed_refuses_random_bytes_as_input(inputs, tmp_path, capsys):
     assert_carries(err, str(noise), "not valid UTF-8", "byte 0x", "line ")
     assert "Warning" not in err
     assert not (tmp_path / "out").exists()
+
+
+# ---- a long text is read like any other ------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["tsv", "csv"])
+def test_a_text_of_a_megabyte_is_read_and_truncated(kind, inputs, tmp_path, capsys):
+    """It was refused with the csv module's "field larger than field limit (131072)";
+    docs/finetune.md says every text is truncated to --seq-len."""
+    d, args = with_copy(inputs, tmp_path, "finetune_classification")
+    rows = (d / "train.tsv").read_text().splitlines()
+    rows[1] = " ".join(["cat sat, on a mat"] * 60_000) + "\t" + rows[1].split("\t")[1]
+    if kind == "csv":
+        rows = [",".join('"' + f.replace('"', '""') + '"' for f in r.split("\t")) for r in rows]
+    data = d / f"train.{kind}"
+    data.write_text("\n".join(rows) + "\n")
+    assert data.stat().st_size > 2**20
+    for flag in ("--train", "--eval"):
+        args[args.index(flag) + 1] = str(data)
+    assert load_example("finetune_classification").main(args) == 0, capsys.readouterr().err
+    assert (tmp_path / "out" / "final").is_dir()
