@@ -48,6 +48,8 @@ from minibert.data import MLMCollator
 from minibert.distill import Distiller, check_alpha_temperature, load_teacher, teacher_digest
 from minibert.data.prepare import save_prepared
 from minibert.engine import eval_batches, evaluate, train
+from minibert.hf import MODEL_FOLDER
+from minibert.paths import check_readable
 from minibert.resume import RunPlan
 
 log = logging.getLogger("distill")
@@ -88,12 +90,11 @@ def prepare(args, ctx) -> SimpleNamespace:
     tokenizer and positions), the corpus (read, tokenized into the cache), the student, and
     what --resume compares for each of the two runs (their `RunPlan`s)."""
     check_alpha_temperature(args.alpha, args.temperature)
+    check_readable(args.teacher, "--teacher", MODEL_FOLDER)  # there to read, or said why not
     if args.teacher.is_file():
         raise NotADirectoryError(f"--teacher {args.teacher} is a file, not a checkpoint "
                                  f"folder; pass the folder that holds config.json, the "
                                  f"weights and the tokenizer")
-    if not args.teacher.is_dir():
-        raise FileNotFoundError(f"--teacher {args.teacher}: no such checkpoint folder")
     if args.student_preset not in ALL_PRESETS:
         raise ValueError(f"unknown --student-preset {args.student_preset!r}; choose one of "
                          f"{', '.join(ALL_PRESETS)}")

@@ -47,6 +47,7 @@ from minibert.data.sampler import TaskMixtureBatches, batches_per_epoch
 from minibert.engine import train
 from minibert.metrics import SCHEMES, canonical_scheme, numbers
 from minibert.multitask import KINDS, check_task_name
+from minibert.paths import check_readable
 from minibert.predict import predict
 from minibert.resume import RunPlan
 
@@ -91,6 +92,8 @@ def parse_tasks(specs: list[str]) -> list[dict]:
         if name in names:
             raise ValueError(f"--task {spec!r}: the task name {name!r} is used twice")
         names.add(name)
+        for part, path in (("TRAIN", train_file), ("EVAL", eval_file)):
+            check_readable(path, f"--task {name}'s {part}")  # there to read, or said why not
         tasks.append({"name": name, "kind": kind, "train_file": Path(train_file),
                       "eval_file": Path(eval_file)})
     return tasks

@@ -29,8 +29,9 @@ from .config import ALL_PRESETS, BertConfig
 from .data.sampler import batches_per_epoch
 from .data.tasks import TaskData, word_predictions
 from .distributed import DistContext, all_gather_objects
-from .hf import config_from_hf, read_config, require_safetensors
+from .hf import MODEL_FOLDER, config_from_hf, read_config, require_safetensors
 from .metrics import sequence_scores, token_scores
+from .paths import check_readable
 from .precision import resolve_precision
 from .predict import Predictions
 from .pretrained import PretrainedMixin, check_tokenizer_fits
@@ -80,6 +81,11 @@ def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> Tra
     """The mistakes in the shared flags worth one clear line, before any work is done, and
     the training settings as far as the flags fix them (`train_config` adds the epochs).
     `positive` names the script's own flags that must be at least 1 too."""
+    for flag in ("train", "eval"):  # each path there to read, or said why not
+        if getattr(args, flag, None) is not None:
+            check_readable(getattr(args, flag), f"--{flag}")
+    if args.init_from:
+        check_readable(args.init_from, "--init-from", MODEL_FOLDER)
     if not args.init_from and args.preset not in ALL_PRESETS:
         raise ValueError(f"unknown --preset {args.preset!r}; choose one of "
                          f"{', '.join(ALL_PRESETS)}")

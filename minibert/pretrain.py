@@ -21,12 +21,13 @@ import tokenizers
 from .atomic import write_files_atomically
 from .cli import SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names
 from .config import ALL_PRESETS, BertConfig
-from .data.corpus import Corpus, load_corpus
+from .data.corpus import CORPUS_FOLDER, Corpus, load_corpus
 from .data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_corpus
 from .data.wikitext import SPLITS as WIKITEXT_SPLITS, WIKITEXT_VARIANTS
 from .distributed import DistContext, all_gather_objects
-from .hf import (check_tied_decoder, check_weights, config_from_hf, read_config,
+from .hf import (MODEL_FOLDER, check_tied_decoder, check_weights, config_from_hf, read_config,
                  require_safetensors)
+from .paths import check_readable
 from .precision import resolve_precision
 from .pretrained import check_tokenizer_fits
 from .state import TrainConfig
@@ -169,6 +170,8 @@ def architecture_overrides(args: Any) -> dict[str, Any]:
 def check_args(args: Any, ctx: DistContext) -> TrainConfig:
     """The mistakes worth one clear line, before any work is done; the run's settings.
     `args.preset` is the preset to build (the student's, in distillation)."""
+    if args.data_dir is not None:
+        check_readable(args.data_dir, "--data-dir", CORPUS_FOLDER)  # or said why not
     if args.preset not in ALL_PRESETS:
         raise ValueError(f"unknown --preset {args.preset!r}; choose one of "
                          f"{', '.join(ALL_PRESETS)}")
@@ -190,6 +193,7 @@ def check_model_fits(args: Any) -> None:
     is written: --init-from's config and tokenizer (`check_tokenizer_fits`), or --preset's
     positions (its vocabulary is the tokenizer the run trains)."""
     if args.init_from:
+        check_readable(args.init_from, "--init-from", MODEL_FOLDER)
         stored = read_config(args.init_from)
         check_tied_decoder(stored)  # pretraining decodes: a masked LM
         config = config_from_hf(stored)

@@ -3,8 +3,10 @@ file (strict UTF-8), the same words for a path that cannot be read (a loop of li
 to nothing, a permission refused), a long text read like a short one, and the settings a
 message names said as the flags the user gave."""
 
+import os
 import random
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +92,145 @@ def test_a_text_of_a_megabyte_is_read_and_truncated(kind, inputs, tmp_path, caps
         args[args.index(flag) + 1] = str(data)
     assert load_example("finetune_classification").main(args) == 0, capsys.readouterr().err
     assert (tmp_path / "out" / "final").is_dir()
+
+
+# ---- a path that cannot be read, said as what it is ------------------------------------------
+
+# Every input path of every script: (script, flag, what the flag names). TRAIN and EVAL are
+# the paths inside finetune_multitask.py's --task NAME:KIND:TRAIN:EVAL.
+INPUT_PATHS = [
+    *[(s, flag, kind) for s in ("finetune_classification", "finetune_token_classification",
+                                "finetune_qa")
+      for flag, kind in (("--train", "file"), ("--eval", "file"), ("--init-from", "folder"))],
+    ("finetune_multitask", "TRAIN", "file"), ("finetune_multitask", "EVAL", "file"),
+    ("finetune_multitask", "--init-from", "folder"),
+    ("pretrain_wikitext", "--data-dir", "folder"), ("pretrain_wikitext", "--init-from", "folder"),
+    ("distill", "--data-dir", "folder"), ("distill", "--teacher", "folder"),
+    ("embed", "--input", "file"), ("embed", "--model", "folder"),
+]
+
+
+def given(script, flag, path, inputs, out):
+    """The script's argv with `path` as the value of `flag`, and how the message names it."""
+    args = script_argv(script, inputs, out)
+    if flag in ("TRAIN", "EVAL"):
+        at = args.index("--task") + 1
+        name, kind, train, evaluation = args[at].split(":")
+        args[at] = ":".join([name, kind, *((path, evaluation) if flag == "TRAIN"
+                                           else (train, path))])
+        return args, f"--task {name}'s {flag} {path}"
+    if flag in args:
+        args[args.index(flag) + 1] = str(path)
+    else:
+        args += [flag, str(path)]
+    return args, f"{flag} {path}"
+
+
+def real_input(script, flag, inputs):
+    """The path the script's argv gives for `flag` (or the model folder it would start from)."""
+    if flag == "--init-from":
+        return inputs / "teacher"
+    args = script_argv(script, inputs, inputs / "unused")
+    if flag in ("TRAIN", "EVAL"):
+        return args[args.index("--task") + 1].split(":")[2 if flag == "TRAIN" else 3]
+    return args[args.index(flag) + 1]
+
+
+@pytest.mark.parametrize("script,flag,kind", INPUT_PATHS)
+def test_a_symlink_loop_is_named_as_one(script, flag, kind, inputs, tmp_path, capsys):
+    """A loop of links given as --train was reported as "not found"."""
+    loop = tmp_path / f"loop.{kind}"
+    loop.symlink_to(tmp_path / "round")
+    (tmp_path / "round").symlink_to(loop)
+    args, said = given(script, flag, str(loop), inputs, tmp_path / "out")
+    err = one_line(capsys, script, args)
+    assert_carries(err, said, "loop of symbolic links", "round")
+    assert "not found" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("script,flag,kind", INPUT_PATHS)
+def test_a_dangling_symlink_is_named_with_its_target(script, flag, kind, inputs, tmp_path,
+                                                     capsys):
+    link = tmp_path / f"moved.{kind}"
+    link.symlink_to(tmp_path / "elsewhere" / "gone")
+    args, said = given(script, flag, str(link), inputs, tmp_path / "out")
+    err = one_line(capsys, script, args)
+    assert_carries(err, said, "symbolic link to nothing", str(tmp_path / "elsewhere" / "gone"),
+                   "does not exist")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("script,flag,kind", INPUT_PATHS)
+def test_a_path_this_user_may_not_read_is_a_permission_error(script, flag, kind, inputs,
+                                                             tmp_path, capsys, monkeypatch):
+    """As root every file is readable, so the refusal is made by os.access, for that path
+    alone: what the check asks of the system, answered as for a user without the right."""
+    path = real_input(script, flag, inputs)
+    if kind == "file":  # a copy: --train and --eval name one file in the argv
+        path = shutil.copy(path, tmp_path / f"own-{Path(path).name}")
+    path = str(path)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if os.fspath(p) == path
+                        else real_access(p, mode, *a, **k))
+    args, said = given(script, flag, path, inputs, tmp_path / "out")
+    err = one_line(capsys, script, args)
+    assert_carries(err, said, "permission denied", "folder" if kind == "folder" else "file")
+    assert "not found" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
+                    reason="root reads every file whatever its mode")
+@pytest.mark.parametrize("script,flag,kind", [("finetune_classification", "--train", "file"),
+                                              ("embed", "--model", "folder")])
+def test_a_file_without_read_permission_is_a_permission_error(script, flag, kind, inputs,
+                                                              tmp_path, capsys):
+    locked = tmp_path / "locked"
+    shutil.copytree(inputs / "teacher", locked) if kind == "folder" else \
+        shutil.copy(real_input(script, flag, inputs), locked)
+    locked.chmod(0)
+    try:
+        args, said = given(script, flag, str(locked), inputs, tmp_path / "out")
+        assert_carries(one_line(capsys, script, args), said, "permission denied")
+    finally:
+        locked.chmod(0o700)
+
+
+MODEL_FLAGS = [("finetune_classification", "--init-from"), ("pretrain_wikitext", "--init-from"),
+               ("distill", "--teacher"), ("embed", "--model")]
+
+
+@pytest.mark.parametrize("script,flag", MODEL_FLAGS)
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "tokenizer.json",
+                                  "tokenizer_config.json"])
+def test_a_model_folders_file_linked_to_nothing_is_named(script, flag, name, inputs, tmp_path,
+                                                         capsys):
+    """A download cache links a model folder's files to blobs kept elsewhere; one whose blob
+    is gone was "not found", or passed over: tokenizer.json for the vocab.txt beside it,
+    the casing in tokenizer_config.json (read with vocab.txt) for the default."""
+    folder = tmp_path / "model"
+    shutil.copytree(inputs / "teacher", folder)
+    (folder / name).unlink()
+    (folder / name).symlink_to(tmp_path / "blobs" / "3f2a")
+    if name == "tokenizer_config.json":  # read beside vocab.txt; tokenizer.json has its own
+        (folder / "tokenizer.json").unlink()
+    args, _ = given(script, flag, str(folder), inputs, tmp_path / "out")
+    err = one_line(capsys, script, args)
+    assert_carries(err, str(folder / name), "symbolic link to nothing",
+                   str(tmp_path / "blobs" / "3f2a"))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("script", ["pretrain_wikitext", "distill"])
+def test_a_corpus_file_linked_to_nothing_is_refused_not_skipped(script, inputs, tmp_path,
+                                                                capsys):
+    """A text folder's .txt link to nothing was left out of the corpus without a word."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("\n\n".join(f"document {i} of words" for i in range(40)))
+    (corpus / "b.txt").symlink_to(tmp_path / "gone.txt")
+    args, _ = given(script, "--data-dir", str(corpus), inputs, tmp_path / "out")
+    err = one_line(capsys, script, args)
+    assert_carries(err, str(corpus / "b.txt"), "symbolic link to nothing")
+    assert not (tmp_path / "out").exists()

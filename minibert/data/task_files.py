@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import Iterable, NamedTuple
 
 from ..atomic import PathLike
+from ..paths import check_readable
 from .text import read_text
 
 
 def _check_is_file(path: Path) -> None:
     """Refuse a path that is no file: a folder is said to be one (with what it holds, where
     the file asked for often is), since "not found" sends the user looking for a typo."""
+    check_readable(path)  # a loop, a link to nothing, a file that may not be read: named
     if path.is_dir():
         files = sorted(p.name for p in path.iterdir() if p.is_file() and
                        not p.name.startswith("."))

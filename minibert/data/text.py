@@ -20,10 +20,12 @@ start (some editors write one) is not part of the text.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Iterator, Optional
 
 from ..atomic import PathLike
+from ..paths import check_readable, file_present
 
 
 # 4 MiB chunks keep memory flat however large the file, while amortising Python overhead.
@@ -85,8 +87,8 @@ def iter_text_chunks(path: PathLike, chunk_bytes: int = _CHUNK_BYTES, *,
     file whose line ends do not matter (JSON), where a `\\r` alone is no reason to refuse.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"text file not found: {path}")
+    if stat.S_ISDIR(check_readable(path).st_mode):  # a loop, a link to nothing: named
+        raise IsADirectoryError(f"{path} is a folder, not a text file")
     line = 1  # the line the next piece starts on
     pending: list[bytes] = []  # read since the last line end: a long line, in blocks
     with open(path, "rb") as f:
@@ -189,8 +191,10 @@ def load_text_folder(path: PathLike, holdout_every: int = 20) -> dict[str, list[
     not WikiText, and says which files it read.
     """
     root = Path(path).expanduser()
+    check_readable(root)  # a loop, a link to nothing, a folder that may not be entered
     if not root.is_dir():
-        raise FileNotFoundError(f"text folder not found: {root}")
+        raise NotADirectoryError(f"{root} is a file; load_text_folder reads a folder of .txt "
+                                 f"files")
     files = text_folder_files(root)
     if not files:
         raise FileNotFoundError(f"no .txt files in {root}")
@@ -201,7 +205,16 @@ def load_text_folder(path: PathLike, holdout_every: int = 20) -> dict[str, list[
 
 def text_folder_files(root: Path) -> list[Path]:
     """The files `load_text_folder` reads: `*.txt` (any case) in `root`, by name."""
-    return sorted(p for p in root.iterdir() if p.suffix.lower() == ".txt" and p.is_file())
+    return files_named(root, (".txt",))
+
+
+def files_named(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    """The files in `folder` whose names end in one of `suffixes` (any case), by name. One
+    of them that is a link to nothing (or a loop, or may not be read) raises, naming it
+    (`minibert.paths.file_present`): skipped, it would leave its text out of the corpus
+    without a word."""
+    return sorted(p for p in folder.iterdir()
+                  if p.suffix.lower() in suffixes and file_present(p))
 
 
 def check_holdout_every(holdout_every: int) -> None:
