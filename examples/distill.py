@@ -82,7 +82,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    return cli.run_script(args, prepare, run, pretrain.flag_names(args))
+    return cli.run_script(args, prepare, run, pretrain.flag_names(args, "--student-preset"))
 
 
 def prepare(args, ctx) -> SimpleNamespace:
@@ -100,11 +100,12 @@ def prepare(args, ctx) -> SimpleNamespace:
                          f"{', '.join(ALL_PRESETS)}")
     cfg = pretrain.check_args(args, ctx)  # every numeric flag, the batch split
     teacher, tok = cli.in_flag_names(
-        lambda: load_teacher(args.teacher, args.seq_len, args.allow_vocab_mismatch),
-        cli.SEQ_LEN_FLAG)
+        lambda: load_teacher(args.teacher, args.seq_len, args.allow_vocab_mismatch,
+                             what=f"--teacher {args.teacher}"), cli.SEQ_LEN_FLAG)
     student = student_config(args, teacher, tok)
-    cli.in_flag_names(lambda: student.check_fits(args.seq_len, tok.vocab_size,
-                                                 what="the student"), cli.SEQ_LEN_FLAG)
+    cli.in_flag_names(lambda: student.check_fits(
+        args.seq_len, tok.vocab_size, what=f"--student-preset {args.student_preset}"),
+        cli.SEQ_LEN_FLAG)
     # The teacher's tokenizer (--init-from is the teacher), or a resumed run's own.
     data, identity = pretrain.prepare_data(args, ctx, pretrain.read_corpus(args, ctx))
     # The distillation's own settings join the run identity that --resume compares.

@@ -126,7 +126,9 @@ def main(argv=None) -> int:
             check_tokenizer_fits(encoder.model.config, encoder.tokenizer, source=args.model,
                                  allow_vocab_mismatch=args.allow_vocab_mismatch)
             encoder.to(device(args.device))
-            flags = {"max_length": "--max-length", "batch_size": "--batch-size"}
+            # The model whose positions bound --max-length is the one --model gave.
+            flags = {"max_length": "--max-length", "batch_size": "--batch-size",
+                     "the model's": f"--model {args.model}'s"}
             vectors = cli.in_flag_names(lambda: encoder.encode(
                 texts, batch_size=args.batch_size, max_length=args.max_length), flags)
             # The query too before --out is written: whatever refuses it, refuses it first.

@@ -234,3 +234,126 @@ def test_a_corpus_file_linked_to_nothing_is_refused_not_skipped(script, inputs, 
     err = one_line(capsys, script, args)
     assert_carries(err, str(corpus / "b.txt"), "symbolic link to nothing")
     assert not (tmp_path / "out").exists()
+
+
+# ---- messages name the flags the user gave ---------------------------------------------------
+
+def modern_model(inputs, folder):
+    """A modernbert-tiny masked LM with the teacher's tokenizer: ModernBERT's task heads."""
+    import minibert
+
+    tok = minibert.Tokenizer.from_pretrained(inputs / "teacher")
+    minibert.BertForMaskedLM(minibert.BertConfig.preset(
+        "modernbert-tiny", vocab_size=tok.vocab_size, pad_token_id=tok.pad_id,
+        max_position_embeddings=64)).save_pretrained(folder, tokenizer=tok)
+    return folder
+
+
+def test_multitask_says_a_modern_model_in_the_flag_that_chose_it(inputs, tmp_path, capsys):
+    """`--preset modernbert-tiny` was refused with "task_head='transform' is not supported
+    here": a field the user never gave."""
+    args = script_argv("finetune_multitask", inputs, tmp_path / "out", "--preset",
+                       "modernbert-tiny")
+    err = one_line(capsys, "finetune_multitask", args)
+    assert_carries(err, "--preset modernbert-tiny", "--preset mini")
+    assert "task_head" not in err and "BertMultiTask" not in err
+    folder = modern_model(inputs, tmp_path / "modern")
+    err = one_line(capsys, "finetune_multitask", [*args, "--init-from", str(folder)])
+    assert_carries(err, f"--init-from {folder}", "ModernBERT")
+    assert "task_head" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flags,said", [
+    (["--norm", "pre"], ["--norm pre", "--norm post"]),
+    (["--no-bias"], ["--no-bias", "--bias"]),
+    (["--position", "rope"], ["--position rope", "--position learned"]),
+    (["--global-every", "3"], ["--global-every 3", "--global-every 1"]),
+])
+def test_an_architecture_flag_against_init_from_is_said_in_flags(flags, said, inputs, tmp_path,
+                                                                 capsys):
+    """It said "--norm contradicts DIR, whose norm_position is 'post'" (and "--bias" for a
+    --no-bias given)."""
+    args = script_argv("pretrain_wikitext", inputs, tmp_path / "out", "--init-from",
+                       str(inputs / "teacher"), *flags)
+    err = one_line(capsys, "pretrain_wikitext", args)
+    assert_carries(err, *said, f"--init-from {inputs / 'teacher'}")
+    assert not {"norm_position", "global_every", "bias is", "position is"} & set(
+        err.replace("--", " ").split()), err
+
+
+@pytest.mark.parametrize("script,extra,said", [
+    ("pretrain_wikitext", ["--seq-len", "600"], ["--seq-len 600", "--preset tiny", "512"]),
+    ("finetune_classification", ["--seq-len", "600"], ["--seq-len 600", "--preset tiny"]),
+    ("finetune_classification", ["--init-from", "{teacher}", "--seq-len", "100"],
+     ["--seq-len 100", "--init-from {teacher}", "64"]),
+    ("pretrain_wikitext", ["--init-from", "{teacher}", "--seq-len", "100"],
+     ["--seq-len 100", "--init-from {teacher}", "64"]),
+    ("distill", ["--seq-len", "100"], ["--seq-len 100", "--teacher {teacher}", "64"]),
+    ("embed", ["--max-length", "100"], ["--max-length 100", "--model {teacher}", "64"]),
+])
+def test_a_length_beyond_the_positions_names_the_flag_that_chose_the_model(
+        script, extra, said, inputs, tmp_path, capsys):
+    """"exceeds the model's max_position_embeddings=512": which model was the user's to
+    guess; it is the one --preset or --init-from gave."""
+    teacher = str(inputs / "teacher")
+    extra = [x.replace("{teacher}", teacher) for x in extra]
+    err = one_line(capsys, script, script_argv(script, inputs, tmp_path / "out", *extra))
+    assert_carries(err, *[s.replace("{teacher}", teacher) for s in said])
+
+
+@pytest.mark.parametrize("extra,said", [(["--warmup-steps", "50"], "--max-steps 1"),
+                                        (["--warmup-steps", "50", "--decay-steps", "10"],
+                                         "--decay-steps 10")])
+def test_a_warmup_longer_than_the_run_names_the_flag_that_sets_its_length(
+        extra, said, inputs, tmp_path, capsys):
+    err = one_line(capsys, "pretrain_wikitext", script_argv("pretrain_wikitext", inputs,
+                                                            tmp_path / "out", *extra))
+    assert_carries(err, "--warmup-steps", said)
+    assert "total_steps" not in err
+
+
+@pytest.mark.parametrize("script,extra,said", [
+    ("pretrain_wikitext", ["--norm", "pre"], ["--norm: checkpoint 'post', now 'pre'"]),
+    ("pretrain_wikitext", ["--attention", "math"], ["--attention: checkpoint 'sdpa'"]),
+    ("pretrain_wikitext", ["--dropout", "0.1"], ["--dropout: checkpoint 0.0, now 0.1"]),
+    ("pretrain_wikitext", ["--preset", "mini"], ["num_layers of --preset: checkpoint 2, now 4"]),
+    ("finetune_classification", ["--preset", "mini"], ["of --preset: checkpoint 2, now 4"]),
+    ("distill", ["--student-preset", "mini"], ["of --student-preset: checkpoint 2, now 4"]),
+])
+def test_a_resume_with_another_model_names_its_flags(script, extra, said, inputs, tmp_path,
+                                                     capsys):
+    """It said "model norm_position: checkpoint 'post', now 'pre'"."""
+    out = tmp_path / "out"
+    assert load_example(script).main(script_argv(script, inputs, out)) == 0
+    err = one_line(capsys, script, script_argv(script, inputs, out, "--resume",
+                                               "--max-steps", "2", *extra))
+    assert_carries(err, *said)
+    assert "model " not in err.replace("a model", ""), err
+    assert err.count("--dropout") <= 1, err
+
+
+def test_distill_names_the_vocabulary_flag_not_the_argument(inputs, tmp_path, capsys):
+    """A teacher whose tokenizer was replaced: "pass allow_vocab_mismatch=True"."""
+    import minibert
+    from engine_utils import WORDS
+
+    folder = tmp_path / "teacher"
+    shutil.copytree(inputs / "teacher", folder)
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
+        (folder / name).unlink()
+    minibert.Tokenizer.train_from_iterator([" ".join(WORDS)] * 20 + ["zebra quokka"] * 5,
+                                           vocab_size=100, min_frequency=1,
+                                           use_cache=False).save(folder)
+    args, _ = given("distill", "--teacher", str(folder), inputs, tmp_path / "out")
+    err = one_line(capsys, "distill", args)
+    assert_carries(err, "--allow-vocab-mismatch")
+    assert "allow_vocab_mismatch" not in err
+
+
+@pytest.mark.parametrize("script", ["pretrain_wikitext", "distill"])
+def test_decay_steps_0_is_refused_as_in_fine_tuning(script, inputs, tmp_path, capsys):
+    """Read as "unset" (0 is falsy) it ran with the default horizon instead."""
+    err = one_line(capsys, script, script_argv(script, inputs, tmp_path / "out",
+                                               "--decay-steps", "0"))
+    assert_carries(err, "--decay-steps 0", ">= 1")
