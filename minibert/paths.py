@@ -20,9 +20,9 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
 
-PathLike = Union[str, "os.PathLike[str]"]
+from .atomic import PathLike
 
 _MAX_HOPS = 8  # links followed to show a chain or a loop; more is noise in a message
 
