@@ -286,17 +286,21 @@ def prepare_data(args: Any, ctx: DistContext, corpus: Optional[Corpus] = None
     run's part once the run holds it). The tokenizer comes from --init-from when set.
     `corpus`: `read_corpus`'s, if read already."""
     splits = (args.train_split, args.eval_split)
+    # A split too short for one block, said as the flags that chose the split and the length.
+    flags = {**SEQ_LEN_FLAG, **{f"the {split} split": f"{flag} {split}" for flag, split in
+                                (("--eval-split", args.eval_split),
+                                 ("--train-split", args.train_split))}}
     made = None
     if ctx.is_main:
-        data = prepare_corpus(args.out, splits, args.seq_len, data_dir=args.data_dir,
-                              dataset=args.dataset, cache_dir=args.cache_dir,
-                              init_from=args.init_from, vocab_size=args.vocab_size,
-                              resume=args.resume, corpus=corpus)
+        data = in_flag_names(lambda: prepare_corpus(
+            args.out, splits, args.seq_len, data_dir=args.data_dir, dataset=args.dataset,
+            cache_dir=args.cache_dir, init_from=args.init_from, vocab_size=args.vocab_size,
+            resume=args.resume, corpus=corpus), flags)
         made = (data.tokenizer.backend.to_str(), data.keys)
     if ctx.distributed:  # every rank encodes with the one pipeline --out/tokenizer will hold
         tok_json, keys = all_gather_objects(made, ctx)[0]
-        data = open_prepared(Tokenizer(tokenizers.Tokenizer.from_str(tok_json)), keys,
-                             args.seq_len, args.cache_dir)
+        data = in_flag_names(lambda: open_prepared(Tokenizer(tokenizers.Tokenizer.from_str(
+            tok_json)), keys, args.seq_len, args.cache_dir), flags)
     identity = {"corpus": data.keys,
                 "--train-split": args.train_split, "--eval-split": args.eval_split,
                 "--seq-len": args.seq_len, "--mask-prob": args.mask_prob,

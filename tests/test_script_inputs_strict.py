@@ -357,3 +357,17 @@ def test_decay_steps_0_is_refused_as_in_fine_tuning(script, inputs, tmp_path, ca
     err = one_line(capsys, script, script_argv(script, inputs, tmp_path / "out",
                                                "--decay-steps", "0"))
     assert_carries(err, "--decay-steps 0", ">= 1")
+
+
+@pytest.mark.parametrize("script", ["pretrain_wikitext", "distill"])
+def test_a_split_too_short_for_one_block_names_the_split_and_seq_len(script, inputs, tmp_path,
+                                                                      capsys):
+    """It said "not enough for one block of seq_len=16" of a file in the token cache."""
+    wiki = tmp_path / "wiki"
+    shutil.copytree(inputs / "wiki", wiki)
+    (wiki / "valid.txt").write_text(" = Short = \n\n cat sat \n")
+    args, _ = given(script, "--data-dir", str(wiki), inputs, tmp_path / "out")
+    err = one_line(capsys, script, args)
+    assert_carries(err, "--seq-len 16", "--eval-split valid")
+    assert "seq_len" not in err
+    assert not (tmp_path / "out").exists()
