@@ -48,6 +48,8 @@ from minibert.data import MLMCollator
 from minibert.distill import Distiller, check_alpha_temperature, load_teacher, teacher_digest
 from minibert.data.prepare import save_prepared
 from minibert.engine import eval_batches, evaluate, train
+from minibert.hf import MODEL_FOLDER
+from minibert.paths import check_readable
 from minibert.resume import RunPlan
 from minibert.rundir import writing
 
@@ -81,7 +83,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    return cli.run_script(args, prepare, run, pretrain.flag_names(args))
+    return cli.run_script(args, prepare, run, pretrain.flag_names(args, "--student-preset"))
 
 
 def prepare(args, ctx) -> SimpleNamespace:
@@ -89,22 +91,22 @@ def prepare(args, ctx) -> SimpleNamespace:
     tokenizer and positions), the corpus (read, tokenized into the cache), the student, and
     what --resume compares for each of the two runs (their `RunPlan`s)."""
     check_alpha_temperature(args.alpha, args.temperature)
+    check_readable(args.teacher, "--teacher", MODEL_FOLDER)  # there to read, or said why not
     if args.teacher.is_file():
         raise NotADirectoryError(f"--teacher {args.teacher} is a file, not a checkpoint "
                                  f"folder; pass the folder that holds config.json, the "
                                  f"weights and the tokenizer")
-    if not args.teacher.is_dir():
-        raise FileNotFoundError(f"--teacher {args.teacher}: no such checkpoint folder")
     if args.student_preset not in ALL_PRESETS:
         raise ValueError(f"unknown --student-preset {args.student_preset!r}; choose one of "
                          f"{', '.join(ALL_PRESETS)}")
     cfg = pretrain.check_args(args, ctx)  # every numeric flag, the batch split
     teacher, tok = cli.in_flag_names(
-        lambda: load_teacher(args.teacher, args.seq_len, args.allow_vocab_mismatch),
-        cli.SEQ_LEN_FLAG)
+        lambda: load_teacher(args.teacher, args.seq_len, args.allow_vocab_mismatch,
+                             what=f"--teacher {args.teacher}"), cli.SEQ_LEN_FLAG)
     student = student_config(args, teacher, tok)
-    cli.in_flag_names(lambda: student.check_fits(args.seq_len, tok.vocab_size,
-                                                 what="the student"), cli.SEQ_LEN_FLAG)
+    cli.in_flag_names(lambda: student.check_fits(
+        args.seq_len, tok.vocab_size, what=f"--student-preset {args.student_preset}"),
+        cli.SEQ_LEN_FLAG)
     # The teacher's tokenizer (--init-from is the teacher), or a resumed run's own.
     data, identity = pretrain.prepare_data(args, ctx, pretrain.read_corpus(args, ctx))
     # The distillation's own settings join the run identity that --resume compares.

@@ -35,6 +35,8 @@ from minibert import cli
 from minibert.atomic import atomic_file
 from minibert.signals import StopOnSignals
 from minibert.data.text import iter_lines
+from minibert.hf import MODEL_FOLDER
+from minibert.paths import check_readable
 from minibert.pretrained import check_tokenizer_fits
 from minibert.sentence import POOLINGS, SentenceEncoder, nearest
 
@@ -58,6 +60,7 @@ def parse_args(argv=None):
 
 def read_texts(path: Path) -> tuple[list[str], list[int]]:
     """The non-blank lines of `path` and their line numbers (from 1)."""
+    check_readable(path, "--input")  # there to read, or said why not
     if path.is_dir():
         raise ValueError(f"--input {path} is a folder; give a text file, one text per line")
     texts, numbers, blank = [], [], 0
@@ -110,6 +113,7 @@ def main(argv=None) -> int:
             if args.out.is_dir():
                 raise ValueError(f"--out {args.out} is a folder; give the .npy file to write")
             texts, numbers = read_texts(args.input)  # read before the model: the cheaper check
+            check_readable(args.model, "--model", MODEL_FOLDER)
             # The folder's vocabulary is checked next, with the rest of the fit and in the
             # flag's terms, so the loader's own check (which names the argument) is waived.
             encoder = SentenceEncoder.from_pretrained(args.model, pooling=args.pooling,
@@ -118,7 +122,9 @@ def main(argv=None) -> int:
             check_tokenizer_fits(encoder.model.config, encoder.tokenizer, source=args.model,
                                  allow_vocab_mismatch=args.allow_vocab_mismatch)
             encoder.to(device(args.device))
-            flags = {"max_length": "--max-length", "batch_size": "--batch-size"}
+            # The model whose positions bound --max-length is the one --model gave.
+            flags = {"max_length": "--max-length", "batch_size": "--batch-size",
+                     "the model's": f"--model {args.model}'s"}
             vectors = cli.in_flag_names(lambda: encoder.encode(
                 texts, batch_size=args.batch_size, max_length=args.max_length), flags)
             # The query too before --out is written: whatever refuses it, refuses it first.

@@ -44,9 +44,12 @@ from minibert import cli, finetune
 from minibert.checkpoint import sha256_file
 from minibert.data import TaskCollator, read_conll_task, read_table_task
 from minibert.data.sampler import TaskMixtureBatches, batches_per_epoch
+from minibert.config import PRESETS
 from minibert.engine import train
+from minibert.hf import config_from_hf, read_config
 from minibert.metrics import SCHEMES, canonical_scheme, numbers
 from minibert.multitask import KINDS, check_task_name
+from minibert.paths import check_readable
 from minibert.predict import predict
 from minibert.resume import RunPlan
 from minibert.rundir import writing
@@ -92,13 +95,34 @@ def parse_tasks(specs: list[str]) -> list[dict]:
         if name in names:
             raise ValueError(f"--task {spec!r}: the task name {name!r} is used twice")
         names.add(name)
+        for part, path in (("TRAIN", train_file), ("EVAL", eval_file)):
+            check_readable(path, f"--task {name}'s {part}")  # there to read, or said why not
         tasks.append({"name": name, "kind": kind, "train_file": Path(train_file),
                       "eval_file": Path(eval_file)})
     return tasks
 
 
+def check_bert_heads(args) -> None:
+    """BertMultiTask puts BERT's heads (a tanh pooler, linear classifiers) on its shared
+    encoder; a model with ModernBERT's (a dense-GELU-LayerNorm before every classifier) is
+    refused in the flag that chose it, before any work."""
+    config = config_from_hf(read_config(args.init_from)) if args.init_from else \
+        minibert.BertConfig.preset(args.preset)
+    if config.task_head == "bert":
+        return
+    what = (f"--init-from {args.init_from} is a ModernBERT model" if args.init_from else
+            f"--preset {args.preset} is a ModernBERT preset")
+    raise ValueError(f"{what}, whose task heads put a dense-GELU-LayerNorm before each "
+                     f"classifier, and {Path(__file__).name} builds BERT's (a pooler and linear "
+                     f"classifiers) on the shared encoder: start from a BERT preset "
+                     f"({', '.join(PRESETS)}, e.g. --preset mini) or checkpoint, or train "
+                     f"each task on its own with finetune_classification.py or "
+                     f"finetune_token_classification.py")
+
+
 def main(argv=None) -> int:
-    return cli.run_script(parse_args(argv), prepare, run, finetune.FLAGS)
+    args = parse_args(argv)
+    return cli.run_script(args, prepare, run, finetune.flag_names(args))
 
 
 def prepare(args, ctx) -> SimpleNamespace:
@@ -107,6 +131,7 @@ def prepare(args, ctx) -> SimpleNamespace:
     and what --resume compares (the run's `RunPlan`)."""
     tasks = parse_tasks(args.task)
     finetune.check_args(args, ctx)
+    check_bert_heads(args)
     if args.seq_len < 5:
         raise ValueError("--seq-len must be at least 5 (the special tokens and some text)")
     for t in tasks:

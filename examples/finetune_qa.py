@@ -78,7 +78,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    return cli.run_script(parse_args(argv), prepare, run, finetune.FLAGS)
+    args = parse_args(argv)
+    return cli.run_script(args, prepare, run, finetune.flag_names(args))
 
 
 def prepare(args, ctx) -> SimpleNamespace:

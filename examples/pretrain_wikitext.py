@@ -97,7 +97,8 @@ def build_model(args, tok) -> minibert.BertForMaskedLM:
         model = minibert.BertForMaskedLM(minibert.BertConfig.preset(
             args.preset, vocab_size=tok.vocab_size, pad_token_id=tok.pad_id,
             **pretrain.architecture_overrides(args), **overrides))
-    cli.in_flag_names(lambda: model.config.check_fits(args.seq_len, tok.vocab_size),
+    cli.in_flag_names(lambda: model.config.check_fits(args.seq_len, tok.vocab_size,
+                                                      what=cli.model_source(args)),
                       cli.SEQ_LEN_FLAG)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()

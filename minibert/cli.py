@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import logging
 import math
 import re
@@ -55,7 +56,7 @@ import torch.nn as nn
 from . import memory
 from .atomic import WriteError, write_failure
 from .checkpoint import CheckpointError
-from .config import ALL_PRESETS
+from .config import ALL_PRESETS, BertConfig
 from .data.tokens import TokenFileError
 from .data.wikitext import DownloadError
 from .distributed import DistContext, all_gather_objects, cleanup, init_distributed
@@ -324,6 +325,20 @@ def in_flag_names(make: Callable[[], T], flags: Mapping[str, str]) -> T:
             message = re.sub(rf"(?<![\w-]){re.escape(field)}(=|\b)",
                              lambda m: flag + (" " if m.group(1) == "=" else ""), message)
         raise ValueError(message) from None
+
+
+def model_source(args: Any) -> str:
+    """The flag that chose the model, as the user gave it: `--init-from DIR`, or
+    `--preset NAME` (for `BertConfig.check_fits`'s `what`, which names the model)."""
+    return f"--init-from {args.init_from}" if args.init_from else f"--preset {args.preset}"
+
+
+def model_flag_names(model: str, flags: Mapping[str, str] = {}) -> dict[str, str]:
+    """What a refused resume calls the model's config fields (`model FIELD`, in
+    `state.SettingsMismatch`): the flag that sets the field (`flags`, field -> flag), else
+    the field as one of those the flag `model` chose (`num_layers of --preset`)."""
+    return {f"model {f.name}": flags.get(f.name, f"{f.name} of {model}")
+            for f in dataclasses.fields(BertConfig)}
 
 
 def check_numbers(args: Any, rules: Sequence[tuple[str, Callable[[float], bool], str]]) -> None:

@@ -28,7 +28,7 @@ from torch import Tensor
 from .atomic import PathLike
 from .labels import predicted
 from .heads import BertForMaskedLM, MaskedLMOutput
-from .hf import read_config
+from .hf import config_from_hf, read_config
 from .pretrained import check_tokenizer_fits
 from .tokenizer import Tokenizer
 
@@ -115,25 +115,28 @@ def check_alpha_temperature(alpha: float, temperature: float) -> None:
                          f"teacher's own distribution; Hinton et al. use 1 to 20)")
 
 
-def load_teacher(path: PathLike, seq_len: int,
-                 allow_vocab_mismatch: bool = False) -> tuple[BertForMaskedLM, Tokenizer]:
+def load_teacher(path: PathLike, seq_len: int, allow_vocab_mismatch: bool = False,
+                 what: str = "the teacher") -> tuple[BertForMaskedLM, Tokenizer]:
     """The teacher of folder `path` and its tokenizer, refused when they cannot teach:
 
     a classifier (its MLM head would be initialised at random, and a student would learn
-    noise), a tokenizer that is not the model's (`check_tokenizer_fits`), or positions
-    fewer than `seq_len`."""
-    architectures = read_config(path).get("architectures") or []
+    noise), a tokenizer that is not the model's (`check_tokenizer_fits`, whose messages name
+    --allow-vocab-mismatch), or positions fewer than `seq_len`; all before the weights are
+    read. `what` names the teacher where its positions are said (a script: its flag)."""
+    stored = read_config(path)
+    architectures = stored.get("architectures") or []
     if architectures and not any(a.endswith(("ForMaskedLM", "ForPreTraining"))
                                  for a in architectures):
         raise ValueError(f"the teacher {path} is a {', '.join(architectures)}, not a "
                          f"masked-language model: it has no MLM head to distil from (one "
                          f"would be initialised at random); pass a *ForMaskedLM checkpoint")
-    teacher = BertForMaskedLM.from_pretrained(path, allow_vocab_mismatch=allow_vocab_mismatch)
     tok = Tokenizer.from_pretrained(path)
-    teacher.config.check_fits(seq_len, tok.vocab_size, what="the teacher")
-    check_tokenizer_fits(teacher.config, tok, source=path, what="the teacher",
+    config = config_from_hf(stored)
+    config.check_fits(seq_len, tok.vocab_size, what=what)
+    check_tokenizer_fits(config, tok, source=path, what="the teacher",
                          allow_vocab_mismatch=allow_vocab_mismatch)
-    return teacher, tok
+    # Checked just above: the loader's own check of the folder's vocabulary is waived.
+    return BertForMaskedLM.from_pretrained(path, allow_vocab_mismatch=True), tok
 
 
 def teacher_digest(teacher: nn.Module) -> str:

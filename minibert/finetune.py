@@ -24,13 +24,15 @@ import tokenizers
 import torch.nn as nn
 
 from .atomic import write_files_atomically
-from .cli import SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names
+from .cli import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names,
+                  model_flag_names, model_source)
 from .config import ALL_PRESETS, BertConfig
 from .data.sampler import batches_per_epoch
 from .data.tasks import TaskData, word_predictions
 from .distributed import DistContext, all_gather_objects
-from .hf import config_from_hf, read_config, require_safetensors
+from .hf import MODEL_FOLDER, config_from_hf, read_config, require_safetensors
 from .metrics import sequence_scores, token_scores
+from .paths import check_readable
 from .precision import resolve_precision
 from .predict import Predictions
 from .pretrained import PretrainedMixin, check_tokenizer_fits
@@ -51,6 +53,13 @@ FINETUNE = Job(train=TrainConfig(batch_size=32, lr=5e-4, min_lr=0.0, warmup=0.1,
 
 # TrainConfig's fields as the flags that set them, for its messages.
 FLAGS = FINETUNE.flags()
+
+
+def flag_names(args: Any) -> dict[str, str]:
+    """What a refused resume calls the settings: FLAGS, and the model's fields as --dropout
+    or as those of --init-from or --preset, whichever chose the model."""
+    return {**FLAGS, **model_flag_names("--init-from" if args.init_from else "--preset", {
+        "hidden_dropout": "--dropout", "attention_dropout": "--dropout"})}
 
 
 # ---- flags -----------------------------------------------------------------------------------
@@ -81,6 +90,11 @@ def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> Tra
     """The mistakes in the shared flags worth one clear line, before any work is done, and
     the training settings as far as the flags fix them (`train_config` adds the epochs).
     `positive` names the script's own flags that must be at least 1 too."""
+    for flag in ("train", "eval"):  # each path there to read, or said why not
+        if getattr(args, flag, None) is not None:
+            check_readable(getattr(args, flag), f"--{flag}")
+    if args.init_from:
+        check_readable(args.init_from, "--init-from", MODEL_FOLDER)
     if not args.init_from and args.preset not in ALL_PRESETS:
         raise ValueError(f"unknown --preset {args.preset!r}; choose one of "
                          f"{', '.join(ALL_PRESETS)}")
@@ -205,11 +219,12 @@ def _read_or_build(cls: Any, args: Any, tok: Tokenizer, dropout: dict[str, float
     if not args.init_from:
         model = cls(BertConfig.preset(args.preset, vocab_size=tok.vocab_size,
                                       pad_token_id=tok.pad_id, **dropout), **head)
-        in_flag_names(lambda: model.config.check_fits(args.seq_len, tok.vocab_size),
-                      SEQ_LEN_FLAG)
+        in_flag_names(lambda: model.config.check_fits(args.seq_len, tok.vocab_size,
+                                                      what=model_source(args)), SEQ_LEN_FLAG)
         return model
     config = config_from_hf(read_config(args.init_from))
-    in_flag_names(lambda: config.check_fits(args.seq_len, tok.vocab_size), SEQ_LEN_FLAG)
+    in_flag_names(lambda: config.check_fits(args.seq_len, tok.vocab_size,
+                                            what=model_source(args)), SEQ_LEN_FLAG)
     check_tokenizer_fits(config, tok, source=args.init_from,
                          allow_vocab_mismatch=args.allow_vocab_mismatch)
     options: dict[str, Any] = {"allow_vocab_mismatch": args.allow_vocab_mismatch}

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from .atomic import PathLike, error_gist
 from .config import HF_RENAMES, MODERN, BertConfig, known_fields
+from .paths import check_readable, file_present
 
 logger = logging.getLogger(__name__)
 
@@ -281,6 +282,9 @@ TORCH_FILE = "pytorch_model.bin"
 MODEL_FILES = {CONFIG_FILE, WEIGHTS_FILE, PRE_LN_WEIGHTS_FILE, INDEX_FILE, TORCH_FILE,
                 "pytorch_model.bin.index.json"}
 SHARD_FILE = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
+# What a path given for a model is expected to be, for the message that finds nothing there.
+MODEL_FOLDER = (f"a model folder holding {CONFIG_FILE}, the weights ({WEIGHTS_FILE} or "
+                f"{TORCH_FILE}) and the tokenizer")
 _LFS_POINTER = b"version https://git-lfs"
 
 
@@ -332,16 +336,15 @@ def require_safetensors() -> None:
 def read_config(path: PathLike) -> dict[str, Any]:
     """The parsed `config.json` of a model folder, with errors that name the file."""
     path = Path(path)
+    check_readable(path, expected=MODEL_FOLDER)  # a loop, a link to nothing, ... named
     if path.is_file():  # e.g. the model.safetensors of a folder: "does not exist" misleads
         raise NotADirectoryError(f"{path} is a file, not a checkpoint directory; pass the "
                                  f"folder that holds config.json and model.safetensors or "
                                  f"pytorch_model.bin (perhaps {str(path.parent)!r})")
     if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist (or is not "
-                                f"a directory); expected config.json and model.safetensors "
-                                f"or pytorch_model.bin inside it")
+        raise NotADirectoryError(f"{path} is not a folder; expected {MODEL_FOLDER}")
     cfg = path / CONFIG_FILE
-    if not cfg.is_file():
+    if not file_present(cfg):
         if (path / META_FILE).is_file() and (path / STATE_FILE).is_file():
             raise FileNotFoundError(f"{path} is a training checkpoint, not a model folder; "
                                     f"export it with minibert.export.export_checkpoint("
@@ -400,11 +403,11 @@ def _weight_files(path: Path) -> list[Path]:
     """The files holding a model folder's weights, in the order `read_weights` prefers:
     one safetensors file, a safetensors index's shards, or a pickled `pytorch_model.bin`."""
     for name in (WEIGHTS_FILE, PRE_LN_WEIGHTS_FILE):
-        if (path / name).is_file():
+        if file_present(path / name):  # a link to nothing is named, not passed over
             return [path / name]
-    if (path / INDEX_FILE).is_file():
+    if file_present(path / INDEX_FILE):
         return _shard_files(path / INDEX_FILE)
-    if (path / TORCH_FILE).is_file():
+    if file_present(path / TORCH_FILE):
         return [path / TORCH_FILE]
     raise FileNotFoundError(f"no weights in {path}: looked for {WEIGHTS_FILE}, "
                             f"{PRE_LN_WEIGHTS_FILE}, {INDEX_FILE} and {TORCH_FILE}")
@@ -431,7 +434,7 @@ def _shard_files(index: Path) -> list[Path]:
             raise ValueError(f"{index} names the shard {name!r}, which lies outside "
                              f"{index.parent}; refusing to read it (the index is damaged or "
                              f"was made to read other files)")
-        if not (index.parent / name).is_file():
+        if not file_present(index.parent / name):
             raise FileNotFoundError(f"shard {name} listed in {index} is not in {index.parent}; "
                                     f"the download is incomplete, fetch the missing shard")
         shards.append(index.parent / name)

@@ -19,14 +19,16 @@ from typing import Any, Optional
 import tokenizers
 
 from .atomic import write_files_atomically
-from .cli import SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names
+from .cli import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names,
+                  model_flag_names, model_source)
 from .config import ALL_PRESETS, BertConfig
-from .data.corpus import Corpus, load_corpus
+from .data.corpus import CORPUS_FOLDER, Corpus, load_corpus
 from .data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_corpus
 from .data.wikitext import SPLITS as WIKITEXT_SPLITS, WIKITEXT_VARIANTS
 from .distributed import DistContext, all_gather_objects
-from .hf import (check_tied_decoder, check_weights, config_from_hf, read_config,
+from .hf import (MODEL_FOLDER, check_tied_decoder, check_weights, config_from_hf, read_config,
                  require_safetensors)
+from .paths import check_readable
 from .precision import resolve_precision
 from .pretrained import check_tokenizer_fits
 from .rundir import writing
@@ -72,6 +74,10 @@ ARCHITECTURE_FLAGS = {"norm_position": "--norm", "position": "--position", "mlp"
 
 # TrainConfig's fields as the flags that set them, for its messages.
 FLAGS = MAIN_JOB.flags()
+# The BertConfig fields flags set, as those flags (the others come with --preset or
+# --init-from).
+MODEL_FLAGS = {**ARCHITECTURE_FLAGS, "attention": "--attention", "hidden_dropout": "--dropout",
+               "attention_dropout": "--dropout"}
 
 # The numeric flags no setting checks itself, in the flag's name.
 NUMBER_RULES = [
@@ -85,14 +91,18 @@ NUMBER_RULES = [
 ]
 
 
-def flag_names(args: Any) -> dict[str, str]:
-    """What a refused resume calls the settings: TrainConfig's fields as FLAGS, and each
-    split's text (the identity's `corpus SPLIT`) as the flag that chose the split."""
+def flag_names(args: Any, model: Optional[str] = None) -> dict[str, str]:
+    """What a refused resume calls the settings: TrainConfig's fields as FLAGS, the model's
+    fields as the flags that set them (`MODEL_FLAGS`) or the one that chose the model
+    (`model`, default --init-from or --preset), and each split's text (the identity's
+    `corpus SPLIT`) as the flag that chose the split."""
     chose: dict[str, list[str]] = {}
     for flag, split in (("--train-split", args.train_split), ("--eval-split", args.eval_split)):
         chose.setdefault(split, []).append(flag)
-    return {**FLAGS, **{f"corpus {split}": f"the text of {' and '.join(flags)} {split}"
-                        for split, flags in chose.items()}}
+    model = model or ("--init-from" if args.init_from else "--preset")
+    return {**FLAGS, **model_flag_names(model, MODEL_FLAGS),
+            **{f"corpus {split}": f"the text of {' and '.join(flags)} {split}"
+               for split, flags in chose.items()}}
 
 
 def add_data_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB
@@ -170,6 +180,8 @@ def architecture_overrides(args: Any) -> dict[str, Any]:
 def check_args(args: Any, ctx: DistContext) -> TrainConfig:
     """The mistakes worth one clear line, before any work is done; the run's settings.
     `args.preset` is the preset to build (the student's, in distillation)."""
+    if args.data_dir is not None:
+        check_readable(args.data_dir, "--data-dir", CORPUS_FOLDER)  # or said why not
     if args.preset not in ALL_PRESETS:
         raise ValueError(f"unknown --preset {args.preset!r}; choose one of "
                          f"{', '.join(ALL_PRESETS)}")
@@ -191,15 +203,19 @@ def check_model_fits(args: Any) -> None:
     is written: --init-from's config and tokenizer (`check_tokenizer_fits`), or --preset's
     positions (its vocabulary is the tokenizer the run trains)."""
     if args.init_from:
+        check_readable(args.init_from, "--init-from", MODEL_FOLDER)
         stored = read_config(args.init_from)
         check_tied_decoder(stored)  # pretraining decodes: a masked LM
         config = config_from_hf(stored)
         for field, value in architecture_overrides(args).items():
             if getattr(config, field) != value:
-                raise ValueError(f"{ARCHITECTURE_FLAGS[field]} contradicts {args.init_from}, "
-                                 f"whose {field} is {getattr(config, field)!r}")
+                raise ValueError(f"{architecture_flag(field, value)} contradicts --init-from "
+                                 f"{args.init_from}, built with "
+                                 f"{architecture_flag(field, getattr(config, field))}; leave "
+                                 f"the flag out to keep the checkpoint's")
         tok = Tokenizer.from_pretrained(args.init_from)
-        in_flag_names(lambda: config.check_fits(args.seq_len, tok.vocab_size), SEQ_LEN_FLAG)
+        in_flag_names(lambda: config.check_fits(args.seq_len, tok.vocab_size,
+                                                what=model_source(args)), SEQ_LEN_FLAG)
         check_tokenizer_fits(config, tok, source=args.init_from,
                              allow_vocab_mismatch=args.allow_vocab_mismatch)
         check_weights(args.init_from)  # missing or damaged: said now, not after the tokenizer
@@ -207,7 +223,16 @@ def check_model_fits(args: Any) -> None:
         config = in_flag_names(lambda: BertConfig.preset(
             args.preset, vocab_size=args.vocab_size, **architecture_overrides(args)),
             ARCHITECTURE_FLAGS)
-        in_flag_names(lambda: config.check_fits(args.seq_len, args.vocab_size), SEQ_LEN_FLAG)
+        in_flag_names(lambda: config.check_fits(args.seq_len, args.vocab_size,
+                                                what=model_source(args)), SEQ_LEN_FLAG)
+
+
+def architecture_flag(field: str, value: Any) -> str:
+    """An architecture field's value as the flag that sets it: `--norm post`, `--no-bias`."""
+    flag = ARCHITECTURE_FLAGS[field]
+    if isinstance(value, bool):
+        return flag if value else f"--no-{flag[2:]}"
+    return f"{flag} {value}"
 
 
 def train_config(args: Any) -> TrainConfig:
@@ -216,7 +241,12 @@ def train_config(args: Any) -> TrainConfig:
     A fresh start's horizon is --decay-steps or --max-steps, given here so that a warmup
     longer than it is refused before any work; a resume leaves it to the checkpoint (the
     engine keeps the run's), so --max-steps may shrink to stop earlier."""
-    horizon = args.decay_steps or (None if args.resume else args.max_steps)
+    # --decay-steps 0 is given, not unset: TrainConfig refuses it.
+    horizon = args.decay_steps if args.decay_steps is not None else (
+        None if args.resume else args.max_steps)
+    # The horizon a warmup is measured against, as the flag that set it.
+    flags = {**FLAGS, "total_steps": "--max-steps" if args.decay_steps is None else
+             "--decay-steps"}
     job = MAIN_JOB.train  # what an unset flag leaves; distillation trains as the main job
     return in_flag_names(lambda: replace(
         job, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
@@ -228,7 +258,7 @@ def train_config(args: Any) -> TrainConfig:
         save_every=args.save_every, compile=args.compile, progress=not args.no_progress,
         seq_len_warmup=(args.seq_len_warmup if args.seq_len_warmup is not None
                         else job.seq_len_warmup),
-        seq_len_start=args.seq_len_start or job.seq_len_start), FLAGS)
+        seq_len_start=args.seq_len_start or job.seq_len_start), flags)
 
 
 def read_corpus(args: Any, ctx: DistContext) -> Optional[Corpus]:
@@ -257,17 +287,21 @@ def prepare_data(args: Any, ctx: DistContext, corpus: Optional[Corpus] = None
     run's part once the run holds it). The tokenizer comes from --init-from when set.
     `corpus`: `read_corpus`'s, if read already."""
     splits = (args.train_split, args.eval_split)
+    # A split too short for one block, said as the flags that chose the split and the length.
+    flags = {**SEQ_LEN_FLAG, **{f"the {split} split": f"{flag} {split}" for flag, split in
+                                (("--eval-split", args.eval_split),
+                                 ("--train-split", args.train_split))}}
     made = None
     if ctx.is_main:
-        data = prepare_corpus(args.out, splits, args.seq_len, data_dir=args.data_dir,
-                              dataset=args.dataset, cache_dir=args.cache_dir,
-                              init_from=args.init_from, vocab_size=args.vocab_size,
-                              resume=args.resume, corpus=corpus)
+        data = in_flag_names(lambda: prepare_corpus(
+            args.out, splits, args.seq_len, data_dir=args.data_dir, dataset=args.dataset,
+            cache_dir=args.cache_dir, init_from=args.init_from, vocab_size=args.vocab_size,
+            resume=args.resume, corpus=corpus), flags)
         made = (data.tokenizer.backend.to_str(), data.keys)
     if ctx.distributed:  # every rank encodes with the one pipeline --out/tokenizer will hold
         tok_json, keys = all_gather_objects(made, ctx)[0]
-        data = open_prepared(Tokenizer(tokenizers.Tokenizer.from_str(tok_json)), keys,
-                             args.seq_len, args.cache_dir)
+        data = in_flag_names(lambda: open_prepared(Tokenizer(tokenizers.Tokenizer.from_str(
+            tok_json)), keys, args.seq_len, args.cache_dir), flags)
     identity = {"corpus": data.keys,
                 "--train-split": args.train_split, "--eval-split": args.eval_split,
                 "--seq-len": args.seq_len, "--mask-prob": args.mask_prob,

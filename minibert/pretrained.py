@@ -23,6 +23,7 @@ import torch
 
 from .atomic import replace_folder, usual_mode
 from .config import BertConfig
+from .paths import file_present
 from .hf import (CONFIG_FILE, MODEL_FILES, MODERNBERT_MODEL_TYPE, PRE_LN_WEIGHTS_FILE, SHARD_FILE,
                  WEIGHTS_FILE, PathLike, check_tied_decoder, config_from_hf, config_to_hf,
                  decodes, load_hf_state_dict, minibert_class, model_type, read_config,
@@ -286,7 +287,8 @@ def read_folder_config(path: PathLike, allow_vocab_mismatch: bool = False) -> di
 def _check_folder_tokenizer(folder: Path, hf_config: dict[str, Any]) -> None:
     """A folder that records no vocabulary, or holds no tokenizer, passes."""
     recorded = hf_config.get(VOCAB_KEY)
-    if not recorded or not any((folder / n).is_file() for n in ("tokenizer.json", "vocab.txt")):
+    names = ("tokenizer.json", "vocab.txt")
+    if not recorded or not any(file_present(folder / n) for n in names):
         return
     from .tokenizer import Tokenizer  # here: the model classes need no tokenizer otherwise
 

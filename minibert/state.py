@@ -256,8 +256,9 @@ class SettingsMismatch(ValueError):
 
     def said(self, names: Mapping[str, str] = {}) -> str:
         """The message, each setting said as `names` calls it (field -> flag)."""
-        shown = "; ".join(f"{names.get(name, name)}: checkpoint {old}, now {new}"
-                          for name, old, new in self.diffs)
+        shown = "; ".join(dict.fromkeys(  # two fields one flag sets (--dropout) say it once
+            f"{names.get(name, name)}: checkpoint {old}, now {new}"
+            for name, old, new in self.diffs))
         return (f"cannot resume from {self.path}: the settings differ from the checkpoint's "
                 f"({shown}); use the original settings or a new --out directory")
 

@@ -34,6 +34,7 @@ import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from .atomic import publish_folder, write_files_atomically
+from .paths import check_readable, file_present
 from .special_tokens import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK
 from .tokenizer_call import TRUNCATION, BatchEncoding, CallOptions, Text, pad_rows, text_inputs
 from .tokenizer_files import read_tokenizer_config, read_vocab_txt, tokenizer_config_for
@@ -177,7 +178,8 @@ class Tokenizer:
         cache_dir: Optional[PathLike] = None,
         use_cache: bool = True,
     ) -> "Tokenizer":
-        """Train a WordPiece vocabulary on text files (UTF-8; bad bytes are replaced).
+        """Train a WordPiece vocabulary on text files (strict UTF-8: a byte that is not is
+        refused, naming its file and line; `minibert.data.text`).
 
         `files` is one path or a sequence of them (`str` or `Path`), each an
         existing file; `tokenize_to_memmap` reads the same list as the same files.
@@ -227,9 +229,10 @@ class Tokenizer:
         (default: yes). A `tokenizer.json` holds its own normalizer and is taken as is.
         """
         path = Path(path).expanduser()
+        check_readable(path)  # a loop, a link to nothing, one that may not be read: named
         if path.is_dir():
             for name in ("tokenizer.json", "vocab.txt"):
-                if (path / name).is_file():
+                if file_present(path / name):  # a link to nothing is named, not passed over
                     path = path / name
                     break
             else:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from .data.text import iter_lines
+from .paths import file_present
 from .special_tokens import CLS, MASK, PAD, SEP, UNK
 
 
@@ -26,7 +27,7 @@ def read_tokenizer_config(path: Path) -> dict:
     """The keys of `CONFIG_FLAGS` in a transformers `tokenizer_config.json` ({} if there is
     no such file), each checked: a string "false" would otherwise reach the Rust normalizer
     as a TypeError far from the file that holds it."""
-    if not path.is_file():
+    if not file_present(path):  # a link to nothing raises: passed over, it gives the default casing
         return {}
     fix = "repair it or re-save the tokenizer (Tokenizer.save writes this file)"
     try:

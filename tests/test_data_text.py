@@ -245,3 +245,28 @@ def test_a_corpus_file_with_carriage_returns_only_is_refused(tmp_path):
         list(iter_lines(f))
     f.write_bytes(b"windows\r\n\r\nline ends\r\n")  # \r\n is fine
     assert list(iter_lines(f)) == ["windows", "", "line ends"]
+
+
+def test_bytes_that_are_not_utf8_are_refused_with_the_file_line_and_byte(tmp_path):
+    """One strict reader for every text file: a bad byte is named where it is, with the way
+    to drop such bytes, however far into the file (the reader goes in chunks)."""
+    from minibert.data.text import iter_lines, read_text
+
+    f = tmp_path / "corpus.txt"
+    good = "".join(f"line {i} caf\u00e9\n" for i in range(1, 400))
+    for bad, shown in ((b"\x82", "0x82"), (b"\xc3(", "0xc3"), (b"\xed\xa0\x80", "0xed")):
+        f.write_bytes(good.encode() + b"so " + bad + b" bad\nmore\n")
+        with raises(ValueError, str(f), "line 400", shown, "not valid UTF-8",
+                    f"iconv -f utf-8 -t utf-8 -c {f}"):
+            list(iter_lines(f))
+        with raises(ValueError, str(f), "line 400", shown):
+            read_text(f)
+    f.write_bytes(good.encode() + b"cut short \xe2\x82")  # a character cut off at the end
+    with raises(ValueError, str(f), "line 400", "0xe2"):
+        read_text(f)
+    # Valid text is read whole: a character across a chunk's end, a U+FFFD the file holds, a
+    # byte-order mark (dropped, as every editor does).
+    f.write_bytes(b"\xef\xbb\xbf" + good.encode() + "\ufffd kept\n".encode())
+    assert read_text(f) == good + "\ufffd kept\n"
+    from minibert.data.text import iter_text_chunks
+    assert "".join(iter_text_chunks(f, chunk_bytes=7)) == good + "\ufffd kept\n"

@@ -180,13 +180,17 @@ def test_pickling_reopens_instead_of_copying(tok, tmp_path):
     assert Path(again.path) == tf.path
 
 
-def test_bad_utf8_is_replaced_and_counted(tok, tmp_path):
-    f = tmp_path / "bad.txt"
-    f.write_bytes(b"the first document\n\nsecond \xff\xfe document\n")
-    with pytest.warns(UnicodeWarning, match="2 invalid UTF-8"):
-        tf = tokenize_to_memmap(f, tok, tmp_path / "c.tok")
-    assert tf.doc(1).tolist() == tok.encode("second \ufffd\ufffd document",
-                                            add_special_tokens=False)
+def test_bad_utf8_is_refused_and_leaves_no_token_file(tok, tmp_path):
+    """A byte that is not UTF-8, past the documents already written: the token file under
+    way is dropped whole, as a cache entry must never be half one."""
+    f = tmp_path / "text" / "bad.txt"
+    f.parent.mkdir()
+    f.write_bytes("\n\n".join(DOCS * 50).encode() + b"\n\nsecond \xff\xfe document\n")
+    line = ("\n\n".join(DOCS * 50) + "\n\n").count("\n") + 1
+    out = tmp_path / "cache" / "c.tok"
+    with raises(ValueError, str(f), f"line {line}", "0xff", "iconv"):
+        tokenize_to_memmap(f, tok, out, batch_docs=8)
+    assert not out.parent.exists() or list(out.parent.iterdir()) == []
 
 
 def _with_header(data: bytes, **changes) -> bytes:

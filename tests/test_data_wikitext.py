@@ -217,11 +217,10 @@ def test_load_wikitext_empty_files(tmp_path):
 
 
 
-def test_load_wikitext_replaces_bad_bytes_with_a_warning(tmp_path):
-    (tmp_path / "wiki.valid.raw").write_bytes(b" = T = \n caf\xe9 \xff ok \n")
-    with pytest.warns(UnicodeWarning, match="2 invalid UTF-8"):
-        data = load_wikitext(tmp_path)
-    assert data["valid"] == ["= T =\ncaf\ufffd \ufffd ok"]
+def test_load_wikitext_refuses_bytes_that_are_not_utf8(tmp_path):
+    (tmp_path / "wiki.valid.raw").write_bytes(b" = T = \n ok \n caf\xe9 \xff ok \n")
+    with raises(ValueError, str(tmp_path / "wiki.valid.raw"), "line 3", "0xe9", "iconv"):
+        load_wikitext(tmp_path)
 
 
 def test_download_then_load_partial_callable(server, tmp_path):

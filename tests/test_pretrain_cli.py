@@ -178,8 +178,8 @@ def test_bad_input_gets_one_line(data_dir, tmp_path, capsys):
         (["--max-grad-norm", "-1"], ["--max-grad-norm -1.0", "> 0"]),
         (["--adam-eps", "0"], ["--adam-eps 0.0", "> 0"]),
         (["--lr", "1e-6"], ["--min-lr <= --lr", "--lr 1e-06", "--min-lr 1e-05"]),
-        (["--warmup-steps", "9"], ["--warmup-steps", "9 steps", "total_steps=6"]),
-        (["--seq-len-warmup", "9"], ["--seq-len-warmup", "9 steps", "total_steps=6"]),
+        (["--warmup-steps", "9"], ["--warmup-steps", "9 steps", "--max-steps 6"]),
+        (["--seq-len-warmup", "9"], ["--seq-len-warmup", "9 steps", "--max-steps 6"]),
         (["--seq-len-warmup", "-1"], ["--seq-len-warmup -1", ">= 0"]),
         # and the rules no setting checks itself
         (["--mask-prob", "1.5"], ["--mask-prob 1.5", "0 and 1"]),

@@ -227,9 +227,9 @@ def test_init_from_without_readable_weights_is_refused_before_out(script, inputs
         assert not out.exists()
 
 
-@pytest.mark.parametrize("flags,facts", [  # the flag, and the field and value it contradicts
-    (["--norm", "pre"], ["--norm", "norm_position", "'post'"]),
-    (["--global-every", "3"], ["--global-every", "global_every", "1"])])
+@pytest.mark.parametrize("flags,facts", [  # the flag given, and the checkpoint's, as a flag
+    (["--norm", "pre"], ["--norm pre", "--norm post"]),
+    (["--global-every", "3"], ["--global-every 3", "--global-every 1"])])
 def test_an_architecture_flag_against_init_from_is_refused_before_out(flags, facts, inputs,
                                                                       tmp_path, capsys):
     out = tmp_path / "out"

@@ -64,6 +64,24 @@ def test_a_blank_first_line_is_not_taken_for_an_empty_header(tmp_path):
         read_table(path, ["sentence", "label"])
 
 
+@pytest.mark.parametrize("name", ["train.tsv", "train.csv"])
+def test_a_text_of_a_megabyte_is_read_like_any_other(tmp_path, name):
+    """The csv module refuses a field over 128 KiB; a text is only truncated, later, to the
+    sequence length, so it is read whole, and csv's process-wide limit stays as it was."""
+    import csv
+
+    long = " ".join(["word"] * 200_000) + ' a "quoted" word, and a comma'
+    rows = [(long, "pos"), ("short text", "neg"), (long[:5000].strip(), "pos")]
+    sep = "\t" if name.endswith(".tsv") else ","
+    quote = (lambda t: t) if sep == "\t" else (lambda t: '"' + t.replace('"', '""') + '"')
+    path = write(tmp_path / name, f"sentence{sep}label\n" + "".join(
+        f"{quote(t)}{sep}{y}\n" for t, y in rows))
+    limit = csv.field_size_limit()
+    assert read_table(path, ["sentence", "label"]) == [(i + 2, [t, y])
+                                                       for i, (t, y) in enumerate(rows)]
+    assert csv.field_size_limit() == limit
+
+
 def test_integer_labels_are_plain_digits(tmp_path):
     # int() also reads "1_0" as 10 and "٣" as 3: those labels would have merged with others.
     labels = LabelMap.from_labels(["10", "1_0", "2"], tmp_path / "train.tsv")

@@ -171,12 +171,12 @@ def test_generators_train_without_cache(tmp_path):
     assert not (tmp_path / "tokenizers").exists()
 
 
-def test_non_utf8_training_file_warns_with_count(tmp_path):
+def test_a_non_utf8_training_file_is_refused_and_nothing_is_cached(tmp_path):
     f = tmp_path / "bad.txt"
     f.write_bytes("\n".join(CORPUS).encode("utf-8") + b"\nbad \xff\xfe bytes \xc3\n")
-    with pytest.warns(UnicodeWarning, match="3 invalid UTF-8"):
-        tok = Tokenizer.train([f], vocab_size=400, min_frequency=1, use_cache=False)
-    assert tok.vocab_size > 5
+    with raises(ValueError, str(f), f"line {len(CORPUS) + 1}", "0xff", "iconv"):
+        Tokenizer.train([f], vocab_size=400, min_frequency=1, cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache" / "tokenizers").exists()
 
 
 def test_empty_corpus_is_rejected(tmp_path):

@@ -7,7 +7,7 @@
 * `mlm`       pack it into `[CLS] ... [SEP]` blocks; pad and mask batches
 * `sampler`   deterministic, shardable, resumable batch order
 * `seq_warmup` sequence-length warmup: early batches cut to fewer positions
-* `text`      UTF-8 reading that replaces bad bytes instead of crashing; your own
+* `text`      strict UTF-8 reading, the one reader of every text file; your own
                     folder of `.txt` files as a corpus
 * `corpus`    `load_corpus`: a folder read as WikiText or as text files by its
                     layout, refusing mixed folders, with a report of what was read

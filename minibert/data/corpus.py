@@ -28,12 +28,15 @@ from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Optional
 
 from ..atomic import PathLike
-from .text import (TEXT_SUFFIXES, check_enough_documents, check_holdout_every, iter_documents,
-                   iter_lines, text_folder_files)
+from ..paths import check_readable
+from .text import (TEXT_SUFFIXES, check_enough_documents, check_holdout_every, files_named,
+                   iter_documents, iter_lines, text_folder_files)
 from .wikitext import SPLITS, WIKITEXT_LAYOUTS, iter_articles
 
 
 WIKITEXT, TEXT_FOLDER = "wikitext", "text folder"
+# What a path given for a corpus is expected to be, for the message that finds nothing there.
+CORPUS_FOLDER = "a WikiText folder or a folder of .txt files"
 
 
 class CorpusFile(NamedTuple):
@@ -148,8 +151,7 @@ def load_corpus(path: PathLike, *, holdout_every: int = 20) -> Corpus:
             ...
     """
     root = Path(path).expanduser()
-    if not root.exists():
-        raise FileNotFoundError(f"corpus folder not found: {root}")
+    check_readable(root, expected=CORPUS_FOLDER)  # a loop, a link to nothing, ... named
     if not root.is_dir():
         raise NotADirectoryError(
             f"load_corpus reads a folder, and {root} is a file: pass the folder it is in, or "
@@ -180,8 +182,7 @@ def load_corpus(path: PathLike, *, holdout_every: int = 20) -> Corpus:
 
 
 def _text_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir()
-                  if p.suffix.lower() in TEXT_SUFFIXES and p.is_file())
+    return files_named(folder, TEXT_SUFFIXES)
 
 
 def _subfolders_with_text(folder: Path) -> list[Path]:

@@ -98,8 +98,13 @@ def open_prepared(tok: Tokenizer, keys: dict[str, str], seq_len: int,
                   cache_dir: Optional[PathLike] = None) -> PreparedCorpus:
     """The splits `prepare_corpus` tokenized with `tok` (every rank opens them), each packed
     into blocks of `seq_len` tokens ([CLS] ... [SEP])."""
-    sets = {s: PackedMLMDataset(TokenFile.open(token_file(tok, key, cache_dir), tok), seq_len)
-            for s, key in keys.items()}
+    sets = {}
+    for s, key in keys.items():
+        tokens = TokenFile.open(token_file(tok, key, cache_dir), tok)
+        try:
+            sets[s] = PackedMLMDataset(tokens, seq_len)
+        except ValueError as e:  # too short for one block: the split, not only its cache file
+            raise ValueError(f"the {s} split: {e}") from None
     return PreparedCorpus(tok, sets, dict(keys))
 
 

@@ -15,16 +15,19 @@ import csv
 import io
 import json
 import re
+import threading
 from pathlib import Path
 from typing import Iterable, NamedTuple
 
 from ..atomic import PathLike
-
+from ..paths import check_readable
+from .text import read_text
 
 
 def _check_is_file(path: Path) -> None:
     """Refuse a path that is no file: a folder is said to be one (with what it holds, where
     the file asked for often is), since "not found" sends the user looking for a typo."""
+    check_readable(path)  # a loop, a link to nothing, a file that may not be read: named
     if path.is_dir():
         files = sorted(p.name for p in path.iterdir() if p.is_file() and
                        not p.name.startswith("."))
@@ -36,16 +39,11 @@ def _check_is_file(path: Path) -> None:
         raise FileNotFoundError(f"{path} not found")
 
 
-def _read_utf8(path: Path, expected: str) -> str:
-    """The file's text; a clear error if it is missing, not UTF-8 or holds only whitespace."""
+def _read_utf8(path: Path, expected: str, line_ends: bool = True) -> str:
+    """The file's text, read as every text file is (`text.read_text`: strict UTF-8, refused
+    with the line and the byte); a clear error if it is missing or holds only whitespace."""
     _check_is_file(path)
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")  # -sig: drop the byte-order mark some editors write
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise ValueError(f"{path}, line {line}: not valid UTF-8 (byte 0x{raw[e.start]:02x}); "
-                         f"save the file as UTF-8") from None
+    text = read_text(path, line_ends=line_ends)
     if not text.strip():
         raise ValueError(f"{path} is empty; expected {expected}")
     return text
@@ -69,32 +67,69 @@ def read_table(path: PathLike, columns: list[str]) -> list[tuple[int, list[str]]
                          f"name the file .tsv (tab-separated) or .csv (comma-separated)")
     text = _read_utf8(path, "a header row naming the columns, then one example per row")
     _refuse_lone_cr(text, path)
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True,
-                        **({"delimiter": "\t", "quoting": csv.QUOTE_NONE} if kind == ".tsv"
-                           else {"delimiter": ","}))
-    rows, line = [], 1
-    try:
-        header = [h.strip() for h in next(reader)]
-        where = _columns(header, columns, path)
-        line = reader.line_num + 1
-        for fields in reader:
-            line, start = reader.line_num + 1, line  # a quoted CSV field may span lines
-            if not fields or (len(fields) == 1 and not fields[0].strip()):
-                continue  # a blank line, or one of spaces only
-            if len(fields) != len(header):
-                hint = "a tab inside a text?" if kind == ".tsv" else \
-                    "quote a text that holds commas"
-                raise ValueError(f"{path}, line {start}: {len(fields)} field(s) but the header "
-                                 f"has {len(header)} ({hint})")
-            values = [fields[i].strip() for i in where]
-            for name, value in zip(columns, values):
-                if not value:
-                    raise ValueError(f"{path}, line {start}: the {name!r} field is empty")
-            rows.append((start, values))
-    except csv.Error as e:
-        raise ValueError(f"{path}, line {reader.line_num}: unreadable row ({e})") from None
+    lines = _tsv_rows(text) if kind == ".tsv" else _csv_rows(text, path)
+    header = [h.strip() for h in lines[0][1]]
+    where = _columns(header, columns, path)
+    rows = []
+    for start, fields in lines[1:]:
+        if not fields or (len(fields) == 1 and not fields[0].strip()):
+            continue  # a blank line, or one of spaces only
+        if len(fields) != len(header):
+            hint = "a tab inside a text?" if kind == ".tsv" else "quote a text that holds commas"
+            raise ValueError(f"{path}, line {start}: {len(fields)} field(s) but the header "
+                             f"has {len(header)} ({hint})")
+        values = [fields[i].strip() for i in where]
+        for name, value in zip(columns, values):
+            if not value:
+                raise ValueError(f"{path}, line {start}: the {name!r} field is empty")
+        rows.append((start, values))
     if not rows:
         raise ValueError(f"{path} has a header but no data rows")
+    return rows
+
+
+def _tsv_rows(text: str) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of every line of a TSV text, blank lines as no fields.
+
+    Split by hand rather than by the csv module: with no quoting there is nothing to parse
+    but tabs and line ends, and csv would refuse a text longer than its field limit.
+    """
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the text ends with a line end: no line after it
+    return [(n, line.split("\t") if line else [])
+            for n, line in enumerate((x.removesuffix("\r") for x in lines), start=1)]
+
+
+_CSV_LIMIT = threading.Lock()
+
+
+def _csv_rows(text: str, path: Path) -> list[tuple[int, list[str]]]:
+    """(first line, fields) of every row of a CSV text (RFC 4180: a quoted field may span
+    lines), blank lines as no fields.
+
+    The csv module refuses a field longer than its process-wide `field_size_limit` (128 KiB
+    unless set), a guard for a stream read without knowing its end; here the whole text is
+    in memory, no field can be longer than it, and a long text is only cut later, to the
+    sequence length. So when the text is longer than the limit, the limit is raised to its
+    length for this read and put back at once: the rows are read whole in between, under a
+    lock that keeps two such reads from putting back each other's value, and another reader
+    of csv meanwhile meets a higher limit than its own, never a lower one.
+    """
+    with _CSV_LIMIT:
+        limit = csv.field_size_limit()
+        if len(text) > limit:
+            csv.field_size_limit(len(text))
+        try:
+            reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+            rows, line = [], 1
+            for fields in reader:  # a quoted field may span lines: a row starts after the last
+                rows.append((line, fields))
+                line = reader.line_num + 1
+        except csv.Error as e:
+            raise ValueError(f"{path}, line {reader.line_num}: unreadable row ({e})") from None
+        finally:
+            csv.field_size_limit(limit)
     return rows
 
 
@@ -284,7 +319,9 @@ def read_squad(path: PathLike, version_2: bool = False) -> list[QAExample]:
     text "true" or "false", in any case; a key the reader uses may not come twice.
     """
     path = Path(path)
-    text = _read_utf8(path, "SQuAD JSON: {\"data\": [{\"paragraphs\": [...]}]}")
+    # JSON: a \r alone is whitespace between tokens like any other, no line end to refuse.
+    text = _read_utf8(path, "SQuAD JSON: {\"data\": [{\"paragraphs\": [...]}]}",
+                      line_ends=False)
     try:
         doc = json.loads(text, object_pairs_hook=_Object.from_pairs)
     except json.JSONDecodeError as e:

@@ -1,26 +1,36 @@
-"""Text files the same way everywhere: read as UTF-8 that never crashes on bad bytes,
-written so that a crash never leaves half a file.
+"""Text files read the same way everywhere: strict UTF-8, refused where a byte is wrong.
 
-Web-scraped corpora regularly contain a few bytes that are not valid UTF-8. A
-pipeline that crashes on byte 3,141,592,653 of a 5 GB file wastes an hour, so
-every reader in minibert decodes with replacement (U+FFFD) and reports how many
-bytes it replaced in one warning per file, instead of raising. A file that is plainly
-not UTF-8 text with `\\n` line ends (UTF-16, or classic Mac OS `\\r` line ends) is
-refused by its first bytes instead: read as UTF-8 it would silently lose its line breaks.
+Every text file minibert reads goes through `iter_text_chunks` (or `iter_lines`,
+`read_text`, which are built on it): a script's --input, the task files (TSV, CSV, CoNLL,
+SQuAD JSON), the corpus files of a pretraining folder, a tokenizer's training files and its
+vocab.txt. A byte that is not UTF-8 ends the read with a `ValueError` naming the file, the
+line and the byte, and the way to drop such bytes (`iconv -f utf-8 -t utf-8 -c`).
+
+Strict rather than lenient: decoding with replacement (U+FFFD) would never stop a run, but
+what it gives is not the file's text: a file of random bytes read as lines of text, embedded
+and written out with exit status 0; a file in Latin-1 loses every accented letter to the
+same replacement character; and the fine-tuning scripts refused what the corpus reader let
+through. A web-scraped corpus with a few stray bytes is cleaned once, by the
+user, with the command the error gives, and is then the text that was meant.
+
+A file that is plainly not UTF-8 text with `\\n` line ends (UTF-16, or classic Mac OS `\\r`
+line ends) is refused by its first bytes, with its own fix. A UTF-8 byte order mark at the
+start (some editors write one) is not part of the text.
 """
 from __future__ import annotations
 
 import os
-import warnings
+import stat
 from pathlib import Path
 from typing import Iterator, Optional
 
 from ..atomic import PathLike
+from ..paths import check_readable, file_present
 
 
 # 4 MiB chunks keep memory flat however large the file, while amortising Python overhead.
 _CHUNK_BYTES = 1 << 22
-_REPLACEMENT_UTF8 = "\ufffd".encode("utf-8")
+_BOM = b"\xef\xbb\xbf"
 
 
 # Suffixes of the text files minibert reads: plain text and WikiText's two variants.
@@ -65,78 +75,78 @@ def _looks_like_path(text: str) -> bool:
     return not any(c.isspace() for c in text) and text.lower().endswith(TEXT_SUFFIXES)
 
 
-def iter_text_chunks(path: PathLike, chunk_bytes: int = _CHUNK_BYTES) -> Iterator[str]:
+def iter_text_chunks(path: PathLike, chunk_bytes: int = _CHUNK_BYTES, *,
+                     line_ends: bool = True) -> Iterator[str]:
     """Yield the decoded text of `path` in pieces that each end on a line boundary.
 
     Cutting at `\\n` guarantees that no multi-byte UTF-8 character is split
-    across two pieces (`\\n` never occurs inside one). Invalid bytes become
-    U+FFFD; their number is reported in a single `UnicodeWarning` once the file
-    has been read to the end.
+    across two pieces (`\\n` never occurs inside one). A byte that is not UTF-8 raises
+    a `ValueError` naming the file, its line and the byte (see the module docstring); the
+    pieces before it have been yielded by then, so a caller that writes as it reads
+    writes to a temporary file (`minibert.atomic.atomic_file`). `line_ends=False` reads a
+    file whose line ends do not matter (JSON), where a `\\r` alone is no reason to refuse.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"text file not found: {path}")
-    n_replaced = 0
-    tail = b""
+    if stat.S_ISDIR(check_readable(path).st_mode):  # a loop, a link to nothing: named
+        raise IsADirectoryError(f"{path} is a folder, not a text file")
+    line = 1  # the line the next piece starts on
+    pending: list[bytes] = []  # read since the last line end: a long line, in blocks
     with open(path, "rb") as f:
         first = True
-        while True:
-            block = f.read(chunk_bytes)
-            if not block:
-                break
+        while block := f.read(chunk_bytes):
             if first:
-                _check_utf8_lines(path, block)
-                first = False
-            block = tail + block
+                _check_utf8_lines(path, block, line_ends)
+                block, first = block.removeprefix(_BOM), False
             cut = block.rfind(b"\n") + 1
-            if cut == 0:  # no newline yet: keep accumulating (a very long line)
-                tail = block
+            if cut == 0:  # no line end yet: keep the block (one joined copy, not one a block)
+                pending.append(block)
                 continue
-            piece, tail = block[:cut], block[cut:]
-            text, bad = _decode(piece)
-            n_replaced += bad
-            yield text
-    if tail:
-        text, bad = _decode(tail)
-        n_replaced += bad
-        yield text
-    if n_replaced:
-        warnings.warn(
-            f"{path}: {n_replaced} invalid UTF-8 byte sequence(s) replaced by U+FFFD",
-            UnicodeWarning,
-            stacklevel=2,
-        )
+            piece = b"".join([*pending, block[:cut]])
+            pending = [block[cut:]]
+            yield _decode(piece, path, line)
+            line += piece.count(b"\n")
+    if rest := b"".join(pending):
+        yield _decode(rest, path, line)
 
 
 # UTF-8 text holds no NUL bytes; UTF-16 and UTF-32 put one beside every ASCII character.
 _MAX_NUL_SHARE = 0.1
 
 
-def _check_utf8_lines(path: Path, head: bytes) -> None:
+def _check_utf8_lines(path: Path, head: bytes, line_ends: bool = True) -> None:
     """Refuse a file whose first bytes are plainly not UTF-8 text with `\\n` line ends.
 
-    Decoded with replacement, such a file does not fail: UTF-16's words survive (the
-    tokenizer's normaliser drops the NULs) but its line breaks do not, and a file that
-    ends lines with `\\r` alone has none either, so documents would silently run together
-    (and a line is held in memory whole). A few stray bad bytes stay a warning.
+    Such a file is refused for what it is, rather than at its first bad byte: UTF-16 is
+    easily saved as UTF-8 once named, and a file that ends lines with `\\r` alone is valid
+    UTF-8 with no line breaks at all, so documents would silently run together (and a line
+    is held in memory whole).
     """
     boms = (b"\xff\xfe", b"\xfe\xff")  # UTF-16's, and UTF-32 LE's starts with the first
     if head.startswith(boms) or head.count(0) > _MAX_NUL_SHARE * len(head):
         raise ValueError(f"{path} is not UTF-8 text: it looks like UTF-16 or UTF-32 (a byte "
-                         f"order mark or many NUL bytes); save it as UTF-8")
-    if b"\r" in head and b"\n" not in head:
+                         f"order mark or many NUL bytes); save it as UTF-8, e.g. iconv -f "
+                         f"utf-16 -t utf-8 {path} > {_fixed(path)}")
+    if line_ends and b"\r" in head and b"\n" not in head:
         raise ValueError(f"{path} ends its lines with \\r alone (classic Mac OS line ends); "
                          f"convert them to \\n, e.g. tr '\\r' '\\n' < in > out")
 
 
-def _decode(raw: bytes) -> tuple[str, int]:
-    """Decode UTF-8 with replacement; return the text and how many replacements were made."""
+def _decode(raw: bytes, path: Path, line: int) -> str:
+    """`raw` (the bytes of `path` from the start of `line`) as text; a byte that is not
+    UTF-8 raises, naming the file, its line and the byte."""
     try:
-        return raw.decode("utf-8"), 0
-    except UnicodeDecodeError:
-        text = raw.decode("utf-8", errors="replace")
-        # U+FFFD characters that were already in the file are not replacements.
-        return text, text.count("\ufffd") - raw.count(_REPLACEMENT_UTF8)
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        at = line + raw.count(b"\n", 0, e.start)
+        raise ValueError(
+            f"{path}, line {at}: not valid UTF-8 (byte 0x{raw[e.start]:02x}: {e.reason}); "
+            f"save the file as UTF-8, or drop the bytes that are not with iconv -f utf-8 "
+            f"-t utf-8 -c {path} > {_fixed(path)}") from None
+
+
+def _fixed(path: Path) -> Path:
+    """Where the fix a message gives writes the repaired copy of `path`: beside it."""
+    return path.with_name(f"{path.stem}.utf8{path.suffix}")
 
 
 def iter_lines(path: PathLike) -> Iterator[str]:
@@ -149,9 +159,9 @@ def iter_lines(path: PathLike) -> Iterator[str]:
             yield line.rstrip("\r")
 
 
-def read_text(path: PathLike) -> str:
+def read_text(path: PathLike, *, line_ends: bool = True) -> str:
     """Return the whole decoded text of `path` (see `iter_text_chunks`)."""
-    return "".join(iter_text_chunks(path))
+    return "".join(iter_text_chunks(path, line_ends=line_ends))
 
 
 def iter_documents(path: PathLike) -> Iterator[str]:
@@ -181,8 +191,10 @@ def load_text_folder(path: PathLike, holdout_every: int = 20) -> dict[str, list[
     not WikiText, and says which files it read.
     """
     root = Path(path).expanduser()
+    check_readable(root)  # a loop, a link to nothing, a folder that may not be entered
     if not root.is_dir():
-        raise FileNotFoundError(f"text folder not found: {root}")
+        raise NotADirectoryError(f"{root} is a file; load_text_folder reads a folder of .txt "
+                                 f"files")
     files = text_folder_files(root)
     if not files:
         raise FileNotFoundError(f"no .txt files in {root}")
@@ -193,7 +205,16 @@ def load_text_folder(path: PathLike, holdout_every: int = 20) -> dict[str, list[
 
 def text_folder_files(root: Path) -> list[Path]:
     """The files `load_text_folder` reads: `*.txt` (any case) in `root`, by name."""
-    return sorted(p for p in root.iterdir() if p.suffix.lower() == ".txt" and p.is_file())
+    return files_named(root, (".txt",))
+
+
+def files_named(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    """The files in `folder` whose names end in one of `suffixes` (any case), by name. One
+    of them that is a link to nothing (or a loop, or may not be read) raises, naming it
+    (`minibert.paths.file_present`): skipped, it would leave its text out of the corpus
+    without a word."""
+    return sorted(p for p in folder.iterdir()
+                  if p.suffix.lower() in suffixes and file_present(p))
 
 
 def check_holdout_every(holdout_every: int) -> None:
@@ -216,5 +237,3 @@ def hold_out(docs: list[str], holdout_every: int, root: Path,
     return {"train": [d for i, d in enumerate(docs) if (i + 1) % holdout_every],
             "valid": [d for i, d in enumerate(docs) if (i + 1) % holdout_every == 0]}
 
-
-# ---------------------------------------------------------------------- writing

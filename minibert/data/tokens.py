@@ -198,7 +198,8 @@ def tokenize_to_memmap(
             path but names no file raises `FileNotFoundError`; any other `str` is a
             document (see `minibert.data.text.text_file_named` for the exact
             rule). Text files hold documents separated by blank lines (BERT's
-            pretraining format); bad UTF-8 bytes are replaced, with a warning.
+            pretraining format), read as strict UTF-8 (`minibert.data.text`): a byte that
+            is not UTF-8 raises, and no token file is left behind.
         tokenizer: a `minibert.Tokenizer`; its fingerprint goes in the header.
         out_path: where to write. The file is written under a temporary name and
             renamed at the end, so a failed run leaves a previous file untouched.

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 from ..atomic import PathLike, WriteError, publish_file, replace_folder, reported
+from ..paths import check_readable, file_present
 from .text import iter_lines
 
 logger = logging.getLogger(__name__)
@@ -250,13 +251,15 @@ def load_wikitext(path: PathLike) -> dict[str, list[str]]:
     refuses such a mixed folder instead, and reports what it read.
     """
     root = Path(path).expanduser()
+    check_readable(root)  # a loop, a link to nothing, a folder that may not be entered
     if not root.is_dir():
-        raise FileNotFoundError(f"WikiText folder not found: {root}")
+        raise NotADirectoryError(f"{root} is a file; load_wikitext reads the folder that "
+                                 f"holds WikiText's split files")
     layouts = WIKITEXT_LAYOUTS
     candidates = [root] + sorted(p for p in root.iterdir() if p.is_dir())
     for folder in candidates:
         for layout in layouts:
-            found = {s: folder / f for s, f in layout.items() if (folder / f).is_file()}
+            found = {s: folder / f for s, f in layout.items() if file_present(folder / f)}
             if found:
                 out = {s: split_articles(iter_lines(p)) for s, p in found.items()}
                 if not any(out.values()):
