@@ -192,6 +192,12 @@ _KEEP_FREED_MEMORY = (
     "(benchmarks/RESULTS.md, 'Memory over a long run' and 'Process settings')")
 
 
+_DETERMINISTIC = (
+    "deterministic kernels: on a GPU, the same command then gives the same bits (slower); on "
+    "a CPU it already does at a fixed thread count, and this adds nothing (docs/runs.md, "
+    "'The same result')")
+
+
 # The flags whose meaning and default are the same in every script, training or not.
 PLAIN_FLAGS: dict[str, dict] = {
     "--device": dict(choices=["auto", "cpu", "cuda"], default="auto",
@@ -263,10 +269,7 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
                             "flags name bf16 matrix instructions (AMX, AVX512-BF16, Arm "
                             "BF16); fp32 elsewhere"),
         "--seed": dict(type=int, default=t.seed),
-        "--deterministic": dict(action="store_true", help="deterministic kernels: on a GPU, "
-                                "the same command gives the same bits (slower); on a CPU "
-                                "it already does at a fixed thread count, and this adds "
-                                "nothing (docs/runs.md, 'The same result')"),
+        "--deterministic": dict(action="store_true", help=_DETERMINISTIC),
         "--keep-freed-memory": (
             dict(action=argparse.BooleanOptionalAction,
                  help=_KEEP_FREED_MEMORY.format(when="on by default on a CPU"))
