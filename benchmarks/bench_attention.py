@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from minibert.config import BertConfig
+from minibert.model.config import BertConfig
 
 BACKENDS = ("math", "sdpa", "chunked")
 
@@ -43,8 +43,8 @@ def measure(backend: str, T: int, mode: str, device: str, dtype: str, chunk: int
     """One backend at one length, in this process: peak MB (mode "memory") or median seconds."""
     import torch
 
-    from minibert.attention import attention
-    from minibert.memory import current_memory_mb, peak_memory_mb, reset_peak_memory
+    from minibert.model.attention import attention
+    from minibert.machine.memory import current_memory_mb, peak_memory_mb, reset_peak_memory
 
     torch.manual_seed(0)
     dt = getattr(torch, dtype)
@@ -113,7 +113,7 @@ def chunk_for(T: int, args: argparse.Namespace) -> int:
 def pick(T: int, device: str, dtype: str, repeats: int) -> int:
     import torch
 
-    from minibert.autotune import pick_chunk_size
+    from minibert.machine.autotune import pick_chunk_size
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # it logs every tile's time
     t0 = time.perf_counter()
@@ -171,7 +171,7 @@ def main() -> None:
     # The tile a user gets without choosing one, so that a bare run measures the default.
     p.add_argument("--chunk-size", default=str(BertConfig.attention_chunk_size),
                    help="the chunked backend's tile (default: BertConfig's), or 'auto': "
-                   "minibert.autotune.pick_chunk_size measures the fastest at each length "
+                   "minibert.machine.autotune.pick_chunk_size measures the fastest at each length "
                    "on this machine")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--window", type=int, help="a local layer: each query sees the keys within "

@@ -27,7 +27,7 @@ def measure(preset: str, batch: int, seq_len: int, steps: int, checkpointing: bo
     import torch
 
     import minibert
-    from minibert.memory import peak_memory_mb, reset_peak_memory
+    from minibert.machine.memory import peak_memory_mb, reset_peak_memory
 
     torch.manual_seed(0)
     config = minibert.BertConfig.preset(preset, vocab_size=30522, max_position_embeddings=512)

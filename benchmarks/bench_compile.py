@@ -7,7 +7,7 @@ calls it (the engine's `_wrap`), with its default backend (inductor).
 - packed: every row full, T = `--seq-len`, as the main job's packed batches are;
 - padded: rows of random lengths up to `--seq-len`, each batch padded to its longest, as
   fine-tuning's dynamically padded batches are. Eager minibert unpads them; the compiled
-  graph keeps the padded layout (minibert.model.BertModel.forward says why).
+  graph keeps the padded layout (minibert.model.model.BertModel.forward says why).
 The compile time is the first compiled steps' time (those that compile: the first shape,
 and on padded batches the recompile torch makes when it turns the length dynamic) less
 the same number of steady compiled steps. The steady step time is the median over

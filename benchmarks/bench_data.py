@@ -31,7 +31,7 @@ import tokenizers  # noqa: E402
 import torch  # noqa: E402
 
 from minibert.data import MLMCollator, PackedMLMDataset, load_wikitext, tokenize_to_memmap  # noqa: E402
-from minibert.tokenizer import Tokenizer  # noqa: E402
+from minibert.data.tokenizer import Tokenizer  # noqa: E402
 
 SECTION = "## Data pipeline"
 

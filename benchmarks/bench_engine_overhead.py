@@ -5,7 +5,7 @@ gradient clipping, the learning-rate schedule, logging and the progress bar. Thi
 trains the same model on the same batches twice, in one process, alternating:
 
 * bare: a loop of forward (with labels), backward, fused AdamW step on pre-collated batches;
-* engine: `minibert.engine.train` on the packed dataset, its tokens/s read from
+* engine: `minibert.training.engine.train` on the packed dataset, its tokens/s read from
   metrics.jsonl (the number the engine logs), first logging window dropped as warm-up.
 
     python benchmarks/bench_engine_overhead.py                 # mini, 32 x 128, fp32
@@ -33,11 +33,11 @@ import torch
 
 import minibert
 from minibert.data import MLMCollator, PackedMLMDataset, load_wikitext, tokenize_to_memmap
-from minibert.distributed import DistContext
-from minibert.engine import TrainConfig, autocast_context, train
-from minibert.meters import flops_per_token as minibert_flops
-from minibert.meters import measure_peak_flops
-from minibert.precision import MATMUL_DTYPES
+from minibert.training.distributed import DistContext
+from minibert.training.engine import TrainConfig, autocast_context, train
+from minibert.machine.meters import flops_per_token as minibert_flops
+from minibert.machine.meters import measure_peak_flops
+from minibert.machine.precision import MATMUL_DTYPES
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2"
 
@@ -131,7 +131,7 @@ def main() -> None:
             print(f"round {r}: bare {bare[-1]:,.0f} tok/s, engine {engine[-1]:,.0f} tok/s",
                   file=sys.stderr)
     b, e = statistics.median(bare), statistics.median(engine)
-    from minibert.precision import cpu_bf16_native
+    from minibert.machine.precision import cpu_bf16_native
 
     emulated = " (emulated)" if args.precision == "bf16" and device.type == "cpu" and \
         not cpu_bf16_native() else ""

@@ -9,7 +9,7 @@ batch under `torch.inference_mode()`, the two taking turns batch by batch so tha
 in the machine's speed falls on both; each side's total time is summed over the batches,
 after a warm-up pass over the first few. bf16 is the model's weights in bf16
 (`from_pretrained(dtype=torch.bfloat16)` in both libraries), run only where the CPU has bf16
-matrix instructions (`minibert.precision.cpu_bf16_native`). The outputs are compared too,
+matrix instructions (`minibert.machine.precision.cpu_bf16_native`). The outputs are compared too,
 at the real tokens.
 
     python benchmarks/bench_inference.py                            # mini and base, fp32 and bf16
@@ -99,7 +99,7 @@ def main() -> None:
         print("transformers is not installed: nothing to compare against", file=sys.stderr)
         return
     import minibert
-    from minibert.precision import cpu_bf16_native
+    from minibert.machine.precision import cpu_bf16_native
 
     lines = wikitext_lines(args.data)
     tok = minibert.Tokenizer.train_from_iterator(lines, vocab_size=30522, use_cache=False)

@@ -31,7 +31,7 @@ import subprocess
 import sys
 from collections import Counter
 
-from minibert.memory import KERNEL_CACHE_CAPACITY, KERNEL_CACHE_ENV
+from minibert.machine.memory import KERNEL_CACHE_CAPACITY, KERNEL_CACHE_ENV
 
 MARK = "@@step "  # printed, flushed, before each step; oneDNN flushes each line it prints
 BOUNDS = (KERNEL_CACHE_CAPACITY, 1024)  # the scripts' bound, and oneDNN's own
@@ -44,7 +44,7 @@ def child(kind: str, steps: int) -> None:
 
     from minibert import BertConfig, BertForMaskedLM, BertForSequenceClassification
     from minibert.data.seq_warmup import seq_len_at, truncate
-    from minibert.pretrain import MAIN_JOB
+    from minibert.cli.pretrain import MAIN_JOB
 
     torch.manual_seed(0)
     rng = random.Random(0)

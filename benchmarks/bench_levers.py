@@ -17,13 +17,13 @@ Four measurements, each printed as a markdown table:
     python benchmarks/bench_levers.py                       # about 3 minutes on 2 cores
     python benchmarks/bench_levers.py --keep-freed-memory   # see bench_process.py
 
-`--keep-freed-memory` first calls `minibert.memory.keep_freed_memory()`, so that freed
+`--keep-freed-memory` first calls `minibert.machine.memory.keep_freed_memory()`, so that freed
 buffers are reused instead of faulted in again on every step (`bench_process.py`).
 
 The numbers in benchmarks/RESULTS.md come from a CPU that multiplies bf16 matrices natively
 (its bf16 matmul ceiling was 4.3x its fp32 one). On a CPU without (no AMX, no AVX512-BF16; see
-`minibert.precision.cpu_bf16_native`) torch emulates bf16 matmuls, 65x slower than fp32 on an
-AVX2 CPU: there the bf16 step, its profile and the bf16 matmul rows (attention, Q/K/V) are
+`minibert.machine.precision.cpu_bf16_native`) torch emulates bf16 matmuls, 65x slower than fp32
+on an AVX2 CPU: there the bf16 step, its profile and the bf16 matmul rows (attention, Q/K/V) are
 skipped with a note, unless `--emulated-bf16` is passed; the fp32 rows and the dropout and
 statistics rows, which do no bf16 matmul, still run.
 
@@ -42,12 +42,12 @@ import torch
 import torch.nn.functional as F
 
 import minibert
-import minibert.attention as A
-import minibert.model as M
-import minibert.precision
-from minibert import environment
-from minibert.engine import autocast_context
-from minibert.memory import keep_freed_memory
+import minibert.model.attention as A
+import minibert.model.model as M
+import minibert.machine.precision
+from minibert.machine import environment
+from minibert.training.engine import autocast_context
+from minibert.machine.memory import keep_freed_memory
 
 OURS = A.dropout
 CPU = torch.device("cpu")
@@ -55,7 +55,7 @@ CPU = torch.device("cpu")
 
 def runs_bf16(emulated_bf16: bool) -> bool:
     """Whether to time bf16 matmuls: where they are native, or where asked for anyway."""
-    return minibert.precision.cpu_bf16_native() or emulated_bf16
+    return minibert.machine.precision.cpu_bf16_native() or emulated_bf16
 
 
 def plain(x, p, training=True):
@@ -224,7 +224,7 @@ if __name__ == "__main__":
     if args.keep_freed_memory and not keep_freed_memory():
         sys.exit("--keep-freed-memory needs glibc's malloc")
     bf16 = runs_bf16(args.emulated_bf16)
-    native = minibert.precision.cpu_bf16_native()
+    native = minibert.machine.precision.cpu_bf16_native()
     emulated = "" if native else " (bf16 matmuls emulated on this CPU)"
     print(f"CPU: {environment.environment_report('cpu')['device_name']}{emulated}\n")
     if bf16:

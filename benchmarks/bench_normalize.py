@@ -25,8 +25,8 @@ from tokenizers import trainers
 import minibert
 from minibert.data import tokens
 from minibert.data.normalize import FastEncoder
-from minibert.special_tokens import SPECIAL_TOKENS
-from minibert.tokenizer_train import normalized
+from minibert.data.special_tokens import SPECIAL_TOKENS
+from minibert.data.tokenizer_train import normalized
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2"
 

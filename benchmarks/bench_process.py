@@ -3,7 +3,7 @@
 Neither is part of the model, yet on a CPU each can move a training step by tens of percent,
 so each is measured here on the same steps:
 
-* the allocator: glibc's malloc as it comes, `minibert.memory.keep_freed_memory()` (the
+* the allocator: glibc's malloc as it comes, `minibert.machine.memory.keep_freed_memory()` (the
   example scripts' `--keep-freed-memory`), and jemalloc / tcmalloc loaded with LD_PRELOAD, when
   they are installed (Debian: `apt install libjemalloc2 libtcmalloc-minimal4`);
 * the threads: torch's default (one per core), one thread, and threads pinned to cores
@@ -32,7 +32,7 @@ rounds, minor page faults per step and the process's peak resident memory.
     python benchmarks/bench_process.py --rounds 1 --workloads mini-fp32
 
 The bf16 workloads are skipped, with a note, on a CPU that emulates bf16 matmuls (no AMX or
-AVX512-BF16; `minibert.precision.cpu_bf16_native`), unless `--emulated-bf16` is passed.
+AVX512-BF16; `minibert.machine.precision.cpu_bf16_native`), unless `--emulated-bf16` is passed.
 """
 
 from __future__ import annotations
@@ -75,10 +75,10 @@ WORKLOADS = {
 def kept_workloads(workloads: list[str], emulated_bf16: bool) -> list[str]:
     """The workloads to run: bf16 ones are left out on a CPU that emulates bf16, unless
     asked for (a base step would take minutes)."""
-    import minibert.precision
+    import minibert.machine.precision
 
     bf16 = [w for w in workloads if WORKLOADS[w][3] == "bf16"]
-    if bf16 and not minibert.precision.cpu_bf16_native() and not emulated_bf16:
+    if bf16 and not minibert.machine.precision.cpu_bf16_native() and not emulated_bf16:
         print(f"skipped {', '.join(bf16)}: this CPU emulates bf16 matmuls (no AMX or "
               f"AVX512-BF16), far slower than fp32; --emulated-bf16 runs them anyway",
               file=sys.stderr)
@@ -135,8 +135,8 @@ def child(workload: str, keep: bool, threads: int | None, steps: int, warmup: in
 
     import torch
 
-    from minibert.precision import autocast_context
-    from minibert.memory import keep_freed_memory, peak_memory_mb
+    from minibert.machine.precision import autocast_context
+    from minibert.machine.memory import keep_freed_memory, peak_memory_mb
 
     if keep:
         assert keep_freed_memory(), "keep_freed_memory() needs glibc"

@@ -15,7 +15,7 @@ the "fixed at 128" rows show).
 
     python benchmarks/bench_shapes.py          # about a minute on 2 cores
 
-The sparse MLM head rounds its rows up to `minibert.kernels.PREDICTION_ROWS` for this reason
+The sparse MLM head rounds its rows up to `minibert.machine.kernels.PREDICTION_ROWS` for this reason
 (benchmarks/RESULTS.md, "Memory over a long run", which also has what oneDNN's cache cost a
 fine-tuning job).
 """

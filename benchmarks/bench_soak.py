@@ -22,7 +22,7 @@ every length from a few tokens to --seq-len, and the model starts from random we
 
 A setting is `name=flag,flag,VAR=value,module.NAME=value`: flags go to the job, VAR=value
 into its environment, and module.NAME=value sets a library constant in the job's process
-before it starts (to measure what a constant buys, e.g. `minibert.kernels.PREDICTION_ROWS=1`
+before it starts (to measure what a constant buys, e.g. `minibert.machine.kernels.PREDICTION_ROWS=1`
 runs the sparse MLM head on the masked rows alone, as before they were rounded up).
 
 The summary line is the target of the memory issue: the largest resident set over steps

@@ -7,7 +7,7 @@ step gives it two gradients that must be summed:
   added to the decoder's;
 * sparse: the lookup's gradient is sparse (`F.embedding(..., sparse=True)`), and autograd
   adds it to the decoder's out of place, into a fresh vocabulary-sized tensor;
-* hand-off: `minibert.kernels.TiedWordGradient`, what `BertForMaskedLM` does on a CPU; the
+* hand-off: `minibert.machine.kernels.TiedWordGradient`, what `BertForMaskedLM` does on a CPU; the
   decoder's backward hands its gradient to the lookup's, which adds its rows in place.
 
 Base training steps (fp32, 8 x 128, vocabulary 30,522, 15% labelled, fused AdamW), the ways
@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 
 import minibert
-import minibert.heads
-from minibert.kernels import TiedWordGradient
-from minibert.memory import keep_freed_memory
+import minibert.model.heads
+from minibert.machine.kernels import TiedWordGradient
+from minibert.machine.memory import keep_freed_memory
 
 
 class SparseLookup:
@@ -68,7 +68,8 @@ def main() -> None:
     labels = torch.where(torch.rand(ids.shape, generator=g) < 0.15, ids, -100)
 
     def step(way: str) -> float:
-        minibert.kernels.TiedWordGradient = WAYS[way]  # what BertForMaskedLM builds per forward
+        # what BertForMaskedLM builds per forward
+        minibert.machine.kernels.TiedWordGradient = WAYS[way]
         start = time.perf_counter()
         model(ids, labels=labels).loss.backward()
         assert not model.bert.embeddings.word.weight.grad.is_sparse
@@ -89,7 +90,7 @@ def main() -> None:
                 step(way)
             print(f"--- {way}: one step, by self CPU time")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
-    minibert.kernels.TiedWordGradient = TiedWordGradient
+    minibert.machine.kernels.TiedWordGradient = TiedWordGradient
     dense = statistics.median(times["dense"])
     print(f"{args.preset}, {args.batch_size} x {args.seq_len}, fp32, allocator "
           f"{'keeping freed memory' if args.keep_freed_memory else 'as it comes'}, "

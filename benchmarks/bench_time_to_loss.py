@@ -40,7 +40,7 @@ the faster (and says so if that is not the precision its curve ran in). It also 
 full transformers run's own measured time beside the extrapolation, the check that the
 extrapolation holds when that run had the machine to itself. The main job keeps freed
 memory for reuse on a CPU by default (glibc's allocator,
-`minibert.memory.keep_freed_memory`), and transformers' loop does not; so `report` then
+`minibert.machine.memory.keep_freed_memory`), and transformers' loop does not; so `report` then
 times transformers again with the same setting, and adds the ratio against that as a last
 column. Each of transformers' timings runs in a fresh process (`hf-step`), so none starts
 with the caches another left warm. Everything goes under `--out` (default
@@ -71,7 +71,7 @@ def prepare(data_dir: Path, cache: Path):
     `--train-split valid --eval-split test`, the same tokenizer cache and seed 0."""
     import minibert
     from minibert.data import MLMCollator, PackedMLMDataset, load_corpus, tokenize_to_memmap
-    from minibert.engine import TrainConfig, eval_batches
+    from minibert.training.engine import TrainConfig, eval_batches
 
     splits = load_corpus(data_dir).splits
     tok = minibert.Tokenizer.train_from_iterator(splits["valid"], vocab_size=VOCAB,
@@ -203,7 +203,7 @@ def hf_step_child(data_dir: Path, out: Path, steps: int, precision: str,
                   keep_freed: bool) -> None:
     """`hf-step`: print transformers' median seconds per step, or "none" when freed memory
     was asked to be kept and this allocator cannot keep it."""
-    from minibert.memory import keep_freed_memory
+    from minibert.machine.memory import keep_freed_memory
 
     if keep_freed and not keep_freed_memory():
         print("none")
@@ -256,7 +256,7 @@ def time_to(curve: list[dict], target: float, key: str = "train_seconds") -> flo
 
 
 def cpu_model() -> str:
-    from minibert.environment import environment_report
+    from minibert.machine.environment import environment_report
 
     import torch
 
@@ -269,8 +269,8 @@ def run_schedule(run_dir: Path, steps: int) -> tuple[int, int, int]:
     """(sequence-length warmup steps, its start length, the schedule's horizon) of a finished
     run of the main job, read from its last checkpoint. A run from before the warmup existed
     has none; without its folder, its horizon is taken to be its `steps`."""
-    from minibert.checkpoint import latest_checkpoint, load_checkpoint
-    from minibert.optim import resolve_warmup
+    from minibert.training.checkpoint import latest_checkpoint, load_checkpoint
+    from minibert.training.optim import resolve_warmup
 
     last = latest_checkpoint(run_dir / "checkpoints") if run_dir.is_dir() else None
     if last is None:

@@ -17,7 +17,7 @@ import argparse
 import hashlib
 import time
 
-from minibert.tokenizer import Tokenizer
+from minibert.data.tokenizer import Tokenizer
 
 
 def main() -> None:

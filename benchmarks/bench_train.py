@@ -23,7 +23,7 @@ real (non-padding) tokens, the useful work.
     python benchmarks/bench_train.py --device cuda --preset base --batch-size 32
 
 On a CPU without bf16 matrix instructions (no AMX, no AVX512-BF16; see
-`minibert.precision.cpu_bf16_native`) torch emulates bf16 matmuls, 65x slower than fp32 on
+`minibert.machine.precision.cpu_bf16_native`) torch emulates bf16 matmuls, 65x slower than fp32 on
 an AVX2 CPU: there the mixed-precision row is skipped and every row stays fp32, as the
 table's header says; `--emulated-bf16` runs it anyway, labelled as emulated.
 
@@ -89,7 +89,7 @@ def bf16_emulated(device: str) -> bool:
     """True on a CPU that emulates bf16 matmuls (no AMX or AVX512-BF16 instructions)."""
     import torch
 
-    from minibert.precision import cpu_bf16_native
+    from minibert.machine.precision import cpu_bf16_native
 
     return torch.device(device).type == "cpu" and not cpu_bf16_native()
 
@@ -122,7 +122,7 @@ def build_step(settings: dict, args):
     import torch.nn.functional as F
 
     import minibert
-    from minibert.engine import autocast_context
+    from minibert.training.engine import autocast_context
 
     device = torch.device(args.device)
     torch.manual_seed(0)
@@ -158,7 +158,7 @@ def build_step(settings: dict, args):
 
 
 def child(label: str, mode: str, args) -> dict:
-    from minibert.memory import current_memory_mb, peak_memory_mb, reset_peak_memory
+    from minibert.machine.memory import current_memory_mb, peak_memory_mb, reset_peak_memory
 
     settings = dict(cumulative_rows(False, skips_bf16(args)))[label]
     step = build_step(settings, args)

@@ -9,7 +9,7 @@ B x T positions, which is the reference forward defined below; the two are inter
     python benchmarks/bench_unpadding.py --preset mini --batch-size 32
 
 bf16 is skipped, with a note, on a CPU that emulates bf16 matmuls (no AMX or AVX512-BF16;
-`minibert.precision.cpu_bf16_native`), unless `--emulated-bf16` is passed.
+`minibert.machine.precision.cpu_bf16_native`), unless `--emulated-bf16` is passed.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import time
 import torch
 
 import minibert
-import minibert.precision
-from minibert import model as M
-from minibert.engine import autocast_context
+import minibert.machine.precision
+from minibert.model import model as M
+from minibert.training.engine import autocast_context
 
 
 def kept_precisions(precisions: list[str], device: str, emulated_bf16: bool) -> list[str]:
@@ -37,7 +37,8 @@ def kept_precisions(precisions: list[str], device: str, emulated_bf16: bool) -> 
 
 
 def precision_label(precision: str, device: str) -> str:
-    emulated = torch.device(device).type == "cpu" and not minibert.precision.cpu_bf16_native()
+    emulated = (torch.device(device).type == "cpu"
+                and not minibert.machine.precision.cpu_bf16_native())
     return f"{precision} (emulated)" if precision == "bf16" and emulated else precision
 
 

@@ -14,15 +14,15 @@ is measured in a separate fresh process per library (see `bench_attention.py` fo
 
 On a CPU the step time of both libraries depends on the C allocator: by default glibc hands
 large freed blocks back to the kernel, and each step then pays page faults to get them
-again. `--keep-freed-memory` calls `minibert.memory.keep_freed_memory()` (the example
+again. `--keep-freed-memory` calls `minibert.machine.memory.keep_freed_memory()` (the example
 scripts' `--keep-freed-memory`) before any step, for both libraries alike, since they share
 the process. Peak memory is measured the same way with or without it: in processes that run
 with `MALLOC_MMAP_THRESHOLD_=65536` and never keep freed memory, so that what a step frees
 leaves the resident set at once and the peak is the step's own.
 
 On a CPU without bf16 matrix instructions (no AMX, no AVX512-BF16; see
-`minibert.precision.cpu_bf16_native`) torch emulates bf16 matmuls, 65x slower than fp32 on an
-AVX2 CPU, and a base bf16 step would take minutes: the bf16 rows are skipped there, with a
+`minibert.machine.precision.cpu_bf16_native`) torch emulates bf16 matmuls, 65x slower than fp32
+on an AVX2 CPU, and a base bf16 step would take minutes: the bf16 rows are skipped there, with a
 note, unless `--emulated-bf16` is passed, and then they are labelled "bf16 (emulated)".
 
 Prints the ratio table, MFU against a measured matmul ceiling, and writes JSON. Skips
@@ -59,9 +59,9 @@ def bf16_emulated(device: str) -> bool:
     """True on a CPU that emulates bf16 matmuls (no AMX or AVX512-BF16 instructions)."""
     import torch
 
-    import minibert.precision
+    import minibert.machine.precision
 
-    return torch.device(device).type == "cpu" and not minibert.precision.cpu_bf16_native()
+    return torch.device(device).type == "cpu" and not minibert.machine.precision.cpu_bf16_native()
 
 
 def kept_precisions(precisions: list[str], device: str, emulated_bf16: bool) -> list[str]:
@@ -127,7 +127,7 @@ def make_batch(B: int, T: int, vocab: int, device: str, mask_share: float = 0.15
 def step_fn(model, opt, batch, precision: str, device: str):
     import torch
 
-    from minibert.engine import autocast_context
+    from minibert.training.engine import autocast_context
 
     dev = torch.device(device)
 
@@ -144,7 +144,7 @@ def step_fn(model, opt, batch, precision: str, device: str):
 
 def time_variants(name: str, precision: str, args) -> dict:
     """Interleaved steps of every variant in this process; medians and tokens/s."""
-    from minibert.meters import flops_per_token
+    from minibert.machine.meters import flops_per_token
 
     preset, B, T = CONFIGS[name]
     batch = make_batch(B, T, 30522, args.device)
@@ -182,7 +182,7 @@ def peak_memory(variant: str, name: str, precision: str, args) -> float:
 
 
 def child_memory(variant: str, name: str, precision: str, args) -> None:
-    from minibert.memory import current_memory_mb, peak_memory_mb, reset_peak_memory
+    from minibert.machine.memory import current_memory_mb, peak_memory_mb, reset_peak_memory
 
     preset, B, T = CONFIGS[name]
     model, opt = build(variant, Path(args.tmp) / preset, args.device)
@@ -220,9 +220,9 @@ def main() -> None:
         child_memory(*args.child_memory, args)
         return
 
-    from minibert.meters import measure_peak_flops
-    from minibert.precision import MATMUL_DTYPES
-    from minibert.memory import keep_freed_memory
+    from minibert.machine.meters import measure_peak_flops
+    from minibert.machine.precision import MATMUL_DTYPES
+    from minibert.machine.memory import keep_freed_memory
 
     if args.keep_freed_memory and not keep_freed_memory():
         raise SystemExit("--keep-freed-memory needs glibc's malloc")

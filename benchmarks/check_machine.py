@@ -5,13 +5,13 @@ the CPU, the C library and how busy the cores are. That is why these live here a
 tests/, whose tests must give the same answer on any machine. Each prints what it measured
 and one line `PASS`, `FAIL` or `SKIP` with the reason; the exit status is 1 if any failed.
 
-* `bf16`: `minibert.precision.cpu_bf16_native()` reads the CPU's flags (amx_bf16,
+* `bf16`: `minibert.machine.precision.cpu_bf16_native()` reads the CPU's flags (amx_bf16,
   avx512_bf16, Arm's bf16) to decide whether bf16 matmuls are native, and "auto" precision
   follows it. Checked against the clock: an emulating CPU runs bf16 matmuls far slower than
   fp32 (65x on an AVX2 EPYC), a native one at least as fast; a bf16 / fp32 ratio of matmul
   FLOP/s above 0.25 counts as native, the margin absorbing noise. One thread: a small
   multi-threaded product would time the wait for its slowest thread.
-* `page-faults`: `minibert.memory.keep_freed_memory()` turns off glibc's mmap threshold and
+* `page-faults`: `minibert.machine.memory.keep_freed_memory()` turns off glibc's mmap threshold and
   trimming so that a large block freed and allocated again is reused already mapped. A 64
   MiB tensor is allocated and freed 12 times in a fresh process (the setting is process-wide
   and permanent), with and without the setting, counting the minor page faults of each
@@ -19,7 +19,7 @@ and one line `PASS`, `FAIL` or `SKIP` with the reason; the exit status is 1 if a
   KiB; 32 where transparent huge pages are always on), so every cycle must fault at least 16
   times; kept, the block is reused once the heap has settled (up to four cycles), so each of
   the last six cycles must fault fewer than 100 times. glibc only.
-* `peak`: `minibert.meters.measure_peak_flops` on small products (up to 256 x 256) in fp32
+* `peak`: `minibert.machine.meters.measure_peak_flops` on small products (up to 256 x 256) in fp32
   and bf16 gives a rate a real CPU can have: between 0.1 GFLOP/s and 100 TFLOP/s.
 
     python benchmarks/check_machine.py                 # a few seconds
@@ -40,8 +40,8 @@ NATIVE_RATIO = 0.25  # bf16 / fp32 matmul FLOP/s above which bf16 counts as nati
 # then the minor page faults of each cycle.
 _FAULTS = """
 import resource, sys, torch
-from minibert.environment import environment_report
-from minibert.memory import keep_freed_memory
+from minibert.machine.environment import environment_report
+from minibert.machine.memory import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else False
 assert environment_report("cpu")["freed_memory_kept"] == kept
 print(kept)
@@ -56,8 +56,8 @@ for _ in range(12):
 def check_bf16(budget_s: float) -> tuple[str, str]:
     import torch
 
-    from minibert.meters import measure_peak_flops
-    from minibert.precision import cpu_bf16_flags, cpu_bf16_native
+    from minibert.machine.meters import measure_peak_flops
+    from minibert.machine.precision import cpu_bf16_flags, cpu_bf16_native
 
     native = cpu_bf16_native()
     if native is None:
@@ -107,7 +107,7 @@ def check_page_faults() -> tuple[str, str]:
 def check_peak() -> tuple[str, str]:
     import torch
 
-    from minibert.meters import measure_peak_flops
+    from minibert.machine.meters import measure_peak_flops
 
     rates = {str(dtype).removeprefix("torch."): measure_peak_flops("cpu", dtype, max_n=256)
              for dtype in (torch.float32, torch.bfloat16)}

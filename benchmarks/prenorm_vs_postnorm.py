@@ -123,10 +123,10 @@ def model_config(args, tok, norm: str):
 
 
 def run_in_process(norm: str, warmup: int, lr: float, args, data) -> dict:
-    """One run through `minibert.engine.train`, with the example's optimizer defaults."""
+    """One run through `minibert.training.engine.train`, with the example's optimizer defaults."""
     import minibert
     from minibert.data import MLMCollator
-    from minibert.engine import TrainConfig, TrainingError, train
+    from minibert.training.engine import TrainConfig, TrainingError, train
 
     name = f"{norm}-warmup{warmup}-lr{lr:g}"
     out = args.out / name
@@ -184,7 +184,7 @@ def used_precision(precision: str) -> str:
     """The precision the runs use, as pretrain_wikitext.py resolves it, said plainly."""
     import torch
 
-    from minibert.precision import cpu_bf16_native, resolve_precision
+    from minibert.machine.precision import cpu_bf16_native, resolve_precision
 
     used = resolve_precision(precision, torch.device("cpu"))
     if used == "bf16" and not cpu_bf16_native():

@@ -22,7 +22,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from minibert import BertConfig
-from minibert.attention import attention
+from minibert.model.attention import attention
 
 MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::matmul", "aten::addmm")
 

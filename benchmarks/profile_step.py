@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 import minibert
-from minibert.engine import autocast_context
-from minibert.memory import keep_freed_memory
+from minibert.training.engine import autocast_context
+from minibert.machine.memory import keep_freed_memory
 
 CONFIGS = {  # name: (preset, batch, seq_len, vocab, masked share, dropout, minibert attention)
     "mini": ("mini", 32, 128, 8192, 0.3, 0.0, "math"),
@@ -127,7 +127,7 @@ def main() -> None:
     p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--keep-freed-memory", action="store_true",
-                   help="minibert.memory.keep_freed_memory() first, for both libraries")
+                   help="minibert.machine.memory.keep_freed_memory() first, for both libraries")
     args = p.parse_args()
     try:
         import transformers

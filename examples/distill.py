@@ -10,8 +10,8 @@ for BERT, Sanh et al. 2019, DistilBERT): the student learns from the teacher's w
 distribution, not only from the one correct token, on the masked positions of WikiText.
 The loss is  alpha * T^2 * KL(p_teacher^T || p_student^T) + (1 - alpha) * CE(student, labels).
 
-The loss and the module the engine trains are `minibert.distill`'s. The teacher's data path
-is pretrain_wikitext.py's (same flags from `minibert.pretrain`, same cached files), with the
+The loss and the module the engine trains are `minibert.tasks.distill`'s. The teacher's data path
+is pretrain_wikitext.py's (same flags from `minibert.cli.pretrain`, same cached files), with the
 teacher's tokenizer: teacher and student share one vocabulary. The same student is then
 trained again without the teacher (plain MLM, same seed, same steps), and the three are
 evaluated on the same masked evaluation blocks. Outputs in --out: eval.json (teacher,
@@ -29,7 +29,8 @@ import signal
 
 if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
     # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
-    # stops in one line (minibert.signals.StopOnSignals), where Python would print a traceback.
+    # stops in one line (minibert.training.signals.StopOnSignals), where Python would print a
+    # traceback.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 import logging
@@ -41,17 +42,18 @@ import torch
 import torch.nn as nn
 
 import minibert
-from minibert import cli, pretrain
-from minibert.checkpoint import checkpoint_written
-from minibert.config import ALL_PRESETS
+from minibert import cli
+from minibert.cli import pretrain
+from minibert.training.checkpoint import checkpoint_written
+from minibert.model.config import ALL_PRESETS
 from minibert.data import MLMCollator
-from minibert.distill import Distiller, check_alpha_temperature, load_teacher, teacher_digest
+from minibert.tasks.distill import Distiller, check_alpha_temperature, load_teacher, teacher_digest
 from minibert.data.prepare import save_prepared
-from minibert.engine import eval_batches, evaluate, train
-from minibert.hf import MODEL_FOLDER
+from minibert.training.engine import eval_batches, evaluate, train
+from minibert.interop.hf import MODEL_FOLDER
 from minibert.paths import check_readable
-from minibert.resume import RunPlan
-from minibert.rundir import writing
+from minibert.training.resume import RunPlan
+from minibert.atomic import writing
 
 log = logging.getLogger("distill")
 
@@ -75,7 +77,7 @@ def parse_args(argv=None):
     pretrain.add_training_args(p, job)
     pretrain.add_run_args(p, default_out=Path("runs/distill"), job=job)
     args = p.parse_args(argv)
-    # What minibert.pretrain reads: the teacher's folder supplies the tokenizer
+    # What minibert.cli.pretrain reads: the teacher's folder supplies the tokenizer
     # (`init_from`), and the student preset is the one to build (`preset`).
     args.init_from, args.preset, args.vocab_size = args.teacher, args.student_preset, None
     return args

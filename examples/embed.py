@@ -8,8 +8,8 @@ One text per line. Blank (or whitespace-only) lines are skipped and counted in t
 row i of the (N, H) float32 array in --out is the i-th non-blank line; --query prints the
 file's own line numbers. --model is any folder minibert loads with its tokenizer (a
 pretraining run's final/, a transformers BERT folder); pooling as in sentence-transformers
-(see minibert/sentence.py); a tokenizer that is not the model's is refused
-(`minibert.pretrained.check_tokenizer_fits`). --out is replaced whole, through a temporary
+(see minibert/tasks/sentence.py); a tokenizer that is not the model's is refused
+(`minibert.interop.pretrained.check_tokenizer_fits`). --out is replaced whole, through a temporary
 file. Bad input ends with one line on stderr and exit status 2 (minibert/cli.py).
 """
 
@@ -19,7 +19,8 @@ import signal
 
 if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
     # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
-    # stops in one line (minibert.signals.StopOnSignals), where Python would print a traceback.
+    # stops in one line (minibert.training.signals.StopOnSignals), where Python would print a
+    # traceback.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 import contextlib
@@ -33,12 +34,12 @@ import torch
 
 from minibert import cli
 from minibert.atomic import atomic_file
-from minibert.signals import StopOnSignals
+from minibert.training.signals import StopOnSignals
 from minibert.data.text import iter_lines
-from minibert.hf import MODEL_FOLDER
+from minibert.interop.hf import MODEL_FOLDER
 from minibert.paths import check_readable
-from minibert.pretrained import check_tokenizer_fits
-from minibert.sentence import POOLINGS, SentenceEncoder, nearest
+from minibert.interop.pretrained import check_tokenizer_fits
+from minibert.tasks.sentence import POOLINGS, SentenceEncoder, nearest
 
 log = logging.getLogger("embed")
 
@@ -98,7 +99,8 @@ def device(name: str) -> torch.device:
 
 
 def main(argv=None) -> int:
-    with StopOnSignals() as signals:  # Ctrl-C: one line, exit status 130 (minibert/signals.py)
+    # Ctrl-C: one line, exit status 130 (minibert/training/signals.py)
+    with StopOnSignals() as signals:
         args = parse_args(argv)
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
         written = False

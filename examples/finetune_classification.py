@@ -15,9 +15,10 @@ This script is wiring; each step is a library piece. `minibert.data.read_table_t
 and checks both files' rows and turns labels into class ids, `SequenceSplit.encode` makes
 [CLS] text [SEP] (pair [SEP]) ids cut to --seq-len (a pair loses tokens from its longer
 text first, as transformers does), `TaskCollator` pads length-grouped batches, and
-`minibert.engine.train` trains, evaluating after every epoch with `minibert.predict` and
-`minibert.metrics.sequence_scores` (accuracy, macro-F1); the flags, checks and start-up
-shared with the other fine-tuning scripts are `minibert.finetune` and `minibert.cli`.
+`minibert.training.engine.train` trains, evaluating after every epoch with
+`minibert.tasks.predict` and `minibert.tasks.metrics.sequence_scores` (accuracy, macro-F1);
+the flags, checks and start-up shared with the other fine-tuning scripts are
+`minibert.cli.finetune` and `minibert.cli`.
 Outputs in --out: metrics.jsonl, eval.json, predictions.tsv, labels.json, checkpoints/ and
 final/ (model + tokenizer, loadable by minibert and transformers). Bad input ends with one
 line on stderr naming the file and the line, and exit status 2, before --out is touched;
@@ -30,7 +31,8 @@ import signal
 
 if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
     # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
-    # stops in one line (minibert.signals.StopOnSignals), where Python would print a traceback.
+    # stops in one line (minibert.training.signals.StopOnSignals), where Python would print a
+    # traceback.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 import csv
@@ -41,13 +43,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import minibert
-from minibert import cli, finetune
-from minibert.checkpoint import sha256_file
+from minibert import cli
+from minibert.cli import finetune
+from minibert.training.checkpoint import sha256_file
 from minibert.data import TaskCollator, read_table_task
-from minibert.engine import train
-from minibert.predict import predict
-from minibert.resume import RunPlan
-from minibert.rundir import writing
+from minibert.training.engine import train
+from minibert.tasks.predict import predict
+from minibert.training.resume import RunPlan
+from minibert.atomic import writing
 
 log = logging.getLogger("finetune")
 
@@ -92,7 +95,8 @@ def prepare(args, ctx) -> SimpleNamespace:
                                  num_labels=len(task.names), id2label=task.names)
     # What --resume compares besides the model and training settings: the same examples,
     # read from the same columns, encoded by the same tokenizer, for the same classes; and
-    # the same evaluation examples, so that every epoch's scores compare (minibert/state.py).
+    # the same evaluation examples, so that every epoch's scores compare
+    # (minibert/training/state.py).
     identity = {"train file": sha256_file(args.train), "--eval file": sha256_file(args.eval),
                 "--max-train-examples": args.max_train_examples,
                 "--text-column": args.text_column, "--text-pair-column": args.text_pair_column,

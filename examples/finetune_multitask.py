@@ -13,9 +13,9 @@ with probability proportional to the square root of its number of training examp
 (minibert.data.sampler.TaskMixtureBatches; docs/multitask.md says why).
 
 Wiring only: the task readers and TaskCollator of minibert.data, engine.train with the
-mixture as its batch order, minibert.predict, and minibert.finetune.task_scores
+mixture as its batch order, minibert.tasks.predict, and minibert.cli.finetune.task_scores
 (classification_scores: accuracy, macro-F1; span_f1 with word accuracy) for the metrics;
-minibert.finetune and minibert.cli hold what the fine-tuning scripts share. --epochs counts
+minibert.cli.finetune and minibert.cli hold what the fine-tuning scripts share. --epochs counts
 epoch-equivalents: (all tasks' training examples) / --batch-size steps, after each of which
 every task is evaluated. Outputs in --out: metrics.jsonl (keys "task/metric"), eval.json
 ({"tasks": {name: scores}}, run totals), checkpoints/ and final/ with one exported
@@ -29,7 +29,8 @@ import signal
 
 if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
     # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
-    # stops in one line (minibert.signals.StopOnSignals), where Python would print a traceback.
+    # stops in one line (minibert.training.signals.StopOnSignals), where Python would print a
+    # traceback.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 import logging
@@ -40,19 +41,20 @@ from types import SimpleNamespace
 import numpy as np
 
 import minibert
-from minibert import cli, finetune
-from minibert.checkpoint import sha256_file
+from minibert import cli
+from minibert.cli import finetune
+from minibert.training.checkpoint import sha256_file
 from minibert.data import TaskCollator, read_conll_task, read_table_task
 from minibert.data.sampler import TaskMixtureBatches, batches_per_epoch
-from minibert.config import PRESETS
-from minibert.engine import train
-from minibert.hf import config_from_hf, read_config
-from minibert.metrics import SCHEMES, canonical_scheme, numbers
-from minibert.multitask import KINDS, check_task_name
+from minibert.model.config import PRESETS
+from minibert.training.engine import train
+from minibert.interop.hf import config_from_hf, read_config
+from minibert.tasks.metrics import SCHEMES, canonical_scheme, numbers
+from minibert.tasks.multitask import KINDS, check_task_name
 from minibert.paths import check_readable
-from minibert.predict import predict
-from minibert.resume import RunPlan
-from minibert.rundir import writing
+from minibert.tasks.predict import predict
+from minibert.training.resume import RunPlan
+from minibert.atomic import writing
 
 log = logging.getLogger("finetune_multitask")
 
@@ -160,7 +162,7 @@ def prepare(args, ctx) -> SimpleNamespace:
                                                                ctx.world_size)))
     # What --resume compares: the same tasks in the same order (the dataset's layout), each
     # with its training file's content and labels, read and encoded the same way, and its
-    # evaluation file's content, so that every epoch's scores compare (minibert/state.py).
+    # evaluation file's content, so that every epoch's scores compare (minibert/training/state.py).
     identity = {"tasks": [f"{t['name']}:{t['kind']}" for t in tasks],
                 **{f"{t['name']} train file": sha256_file(t["train_file"]) for t in tasks},
                 **{f"{t['name']} eval file": sha256_file(t["eval_file"]) for t in tasks},

@@ -6,9 +6,9 @@
 Wiring only: `read_squad` reads and checks the questions; `encode_qa` cuts each context into
 windows of --seq-len tokens (the training examples, targets the answer's first and last
 token, or [CLS] where a window lacks it); `TaskCollator` pads; `engine.train` trains; after
-every epoch `minibert.predict` scores every window's tokens, `best_span` picks each
+every epoch `minibert.tasks.predict` scores every window's tokens, `best_span` picks each
 question's best span over its windows, in characters of the context, and `squad_scores`
-scores it; `minibert.finetune` and `minibert.cli` hold what the fine-tuning scripts share.
+scores it; `minibert.cli.finetune` and `minibert.cli` hold what the fine-tuning scripts share.
 Without --init-from, a WordPiece tokenizer is trained on the training questions and
 contexts and the weights start random (the baseline).
 Writes metrics.jsonl, eval.json, predictions.json (id -> answer, "" for none), checkpoints/
@@ -23,7 +23,8 @@ import signal
 
 if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
     # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
-    # stops in one line (minibert.signals.StopOnSignals), where Python would print a traceback.
+    # stops in one line (minibert.training.signals.StopOnSignals), where Python would print a
+    # traceback.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 import json
@@ -34,14 +35,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import minibert
-from minibert import cli, finetune
-from minibert.checkpoint import sha256_file
+from minibert import cli
+from minibert.cli import finetune
+from minibert.training.checkpoint import sha256_file
 from minibert.data import TaskCollator, best_span, encode_qa, random_subset, read_squad
-from minibert.engine import train
-from minibert.metrics import squad_scores
-from minibert.predict import predict
-from minibert.resume import RunPlan
-from minibert.rundir import writing
+from minibert.training.engine import train
+from minibert.tasks.metrics import squad_scores
+from minibert.tasks.predict import predict
+from minibert.training.resume import RunPlan
+from minibert.atomic import writing
 
 log = logging.getLogger("finetune_qa")
 
@@ -119,7 +121,7 @@ def prepare(args, ctx) -> SimpleNamespace:
     # What --resume compares besides the model and training settings: the same questions,
     # cut into the same windows by the same tokenizer; and the same evaluation questions,
     # whose answers are picked by the same rules, so that every epoch's scores compare
-    # (minibert/state.py).
+    # (minibert/training/state.py).
     identity = {"train file": sha256_file(args.train), "--eval file": sha256_file(args.eval),
                 "--max-train-examples": args.max_train_examples, "--seq-len": args.seq_len,
                 "--doc-stride": args.doc_stride, "--max-question-len": args.max_question_len,

@@ -8,8 +8,8 @@ Each line holds `word ... label` (whitespace- or tab-separated), a blank line en
 left out of the loss and the prediction. Without --init-from, a tokenizer is trained on the
 training words and the weights start at random (the baseline). Wiring only: the library
 reads and checks the tags against --scheme (`read_conll_task`), encodes
-(`TokenSplit.encode`), predicts (`minibert.predict`), reads words back and scores
-(`minibert.finetune.task_scores`: `span_f1`, as seqeval); `minibert.finetune` and
+(`TokenSplit.encode`), predicts (`minibert.tasks.predict`), reads words back and scores
+(`minibert.cli.finetune.task_scores`: `span_f1`, as seqeval); `minibert.cli.finetune` and
 `minibert.cli` hold what the fine-tuning scripts share. Outputs in --out: metrics.jsonl,
 eval.json, predictions.conll, labels.json, checkpoints/, final/. Bad input: one line naming
 the file and the line, exit status 2, and nothing in --out is touched.
@@ -21,7 +21,8 @@ import signal
 
 if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
     # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
-    # stops in one line (minibert.signals.StopOnSignals), where Python would print a traceback.
+    # stops in one line (minibert.training.signals.StopOnSignals), where Python would print a
+    # traceback.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 import logging
@@ -30,14 +31,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import minibert
-from minibert import cli, finetune
-from minibert.checkpoint import sha256_file
+from minibert import cli
+from minibert.cli import finetune
+from minibert.training.checkpoint import sha256_file
 from minibert.data import TaskCollator, read_conll_task
-from minibert.engine import train
-from minibert.metrics import SCHEMES, canonical_scheme
-from minibert.predict import predict
-from minibert.resume import RunPlan
-from minibert.rundir import writing
+from minibert.training.engine import train
+from minibert.tasks.metrics import SCHEMES, canonical_scheme
+from minibert.tasks.predict import predict
+from minibert.training.resume import RunPlan
+from minibert.atomic import writing
 
 log = logging.getLogger("finetune_token")
 
@@ -85,7 +87,7 @@ def prepare(args, ctx) -> SimpleNamespace:
                                 f"{args.train} gives {len(train_set)} training windows")
     # What --resume compares besides the model and training settings: the same sentences,
     # windows, tags and tokenizer, and the same evaluation sentences, so that every epoch's
-    # scores compare (minibert/state.py).
+    # scores compare (minibert/training/state.py).
     identity = {"train file": sha256_file(args.train), "--eval file": sha256_file(args.eval),
                 "--seq-len": args.seq_len,
                 "--max-train-examples": args.max_train_examples, "--scheme": args.scheme,

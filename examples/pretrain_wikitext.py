@@ -7,8 +7,8 @@
 
 The path the data takes: text -> WordPiece tokenizer (trained once, cached) -> memory-mapped
 token file (written once, cached) -> packed [CLS] ... [SEP] blocks -> dynamically masked
-batches -> `minibert.engine.train` (`minibert.data.prepare` makes the data ready;
-`minibert.pretrain` holds the flags and checks this script shares with distill.py).
+batches -> `minibert.training.engine.train` (`minibert.data.prepare` makes the data ready;
+`minibert.cli.pretrain` holds the flags and checks this script shares with distill.py).
 Outputs in --out: metrics.jsonl, eval.json,
 checkpoints/, final/ (loadable by transformers, with the tokenizer) and loss.png.
 Bad input ends with one line on stderr and exit status 2, before --out is touched; the exit
@@ -25,7 +25,8 @@ import signal
 
 if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
     # Ctrl-C and SIGTERM wait while the imports below load torch (seconds); then the script
-    # stops in one line (minibert.signals.StopOnSignals), where Python would print a traceback.
+    # stops in one line (minibert.training.signals.StopOnSignals), where Python would print a
+    # traceback.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 import logging
@@ -34,14 +35,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import minibert
-from minibert import cli, pretrain
+from minibert import cli
+from minibert.cli import pretrain
 from minibert.atomic import atomic_file
 from minibert.data import MLMCollator
 from minibert.data.prepare import save_prepared
-from minibert.engine import eval_batches, evaluate, train
-from minibert.resume import RunPlan
-from minibert.rundir import writing
-from minibert.runlog import read_rows
+from minibert.training.engine import eval_batches, evaluate, train
+from minibert.training.resume import RunPlan
+from minibert.atomic import writing
+from minibert.training.runlog import read_rows
 
 log = logging.getLogger("pretrain")
 

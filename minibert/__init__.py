@@ -5,7 +5,7 @@
     >>> minibert.train(model, dataset, collate, minibert.TrainConfig(max_steps=100), "runs/x")
 
 The names below are imported from their modules on first use (PEP 562 `__getattr__`), so
-`import minibert.model` loads the model's files and nothing of the training engine or the
+`import minibert.model.model` loads the model's files and nothing of the training engine or the
 data pipeline (tests/test_layout.py); `minibert.train` loads the engine when first used.
 """
 
@@ -18,23 +18,23 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _WHERE = {
-    "BertConfig": "config",
-    "BertModel": "model",
-    "BertOutput": "model",
-    "BertForMaskedLM": "heads",
-    "BertForSequenceClassification": "heads",
-    "BertForTokenClassification": "heads",
-    "BertForQuestionAnswering": "heads",
-    "MaskedLMOutput": "heads",
-    "SequenceClassifierOutput": "heads",
-    "TokenClassifierOutput": "heads",
-    "QuestionAnsweringModelOutput": "heads",
-    "BertMultiTask": "multitask",
-    "SentenceEncoder": "sentence",
-    "Tokenizer": "tokenizer",
-    "set_seed": "rng",
-    "train": "engine",
-    "TrainConfig": "state",
+    "BertConfig": "model.config",
+    "BertModel": "model.model",
+    "BertOutput": "model.model",
+    "BertForMaskedLM": "model.heads",
+    "BertForSequenceClassification": "model.heads",
+    "BertForTokenClassification": "model.heads",
+    "BertForQuestionAnswering": "model.heads",
+    "MaskedLMOutput": "model.heads",
+    "SequenceClassifierOutput": "model.heads",
+    "TokenClassifierOutput": "model.heads",
+    "QuestionAnsweringModelOutput": "model.heads",
+    "BertMultiTask": "tasks.multitask",
+    "SentenceEncoder": "tasks.sentence",
+    "Tokenizer": "data.tokenizer",
+    "set_seed": "training.rng",
+    "train": "training.engine",
+    "TrainConfig": "training.state",
 }
 
 __all__ = list(_WHERE)

@@ -48,7 +48,7 @@ import sys
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Callable, Iterator, Mapping, Optional, Union
+from typing import IO, Any, Callable, Iterator, Mapping, Optional, Union
 
 try:
     import fcntl
@@ -510,6 +510,31 @@ def free_mb(path: PathLike) -> float:
         return shutil.disk_usage(path).free / 2**20
     except OSError:
         return float("nan")
+
+
+# What stops a write that no check before it could foresee: a full disk, a used-up quota,
+# the process's file-size limit (`ulimit -f`).
+NO_ROOM = frozenset({errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)})
+
+
+@contextmanager
+def writing(what: Any) -> Iterator[None]:
+    """`with writing(path):` name `path` (its str()) as what an OSError raised inside was
+    writing, for the line that says a run could not write (`could_not_write`): a write that
+    fails in a file object's `write` names no file. The innermost `writing` names it."""
+    try:
+        yield
+    except OSError as error:
+        if getattr(error, "writing", None) is None:
+            error.writing = str(what)
+        raise
+
+
+def could_not_write(error: BaseException) -> bool:
+    """Whether `error` is a failed write of a run: one that `writing` names, or one that a
+    full disk, a quota or a file-size limit stopped (its errno found however deep in its
+    chain: torch.save says "unexpected pos" over the OSError, safetensors "os error 28")."""
+    return getattr(error, "writing", None) is not None or _os_error(error)[0] in NO_ROOM
 
 
 def write_failure(error: BaseException, what: str, folder: PathLike, then: str,

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import minibert
-from minibert.hf import _MINIBERT_ONLY, config_to_hf
+from minibert.interop.hf import _MINIBERT_ONLY, config_to_hf
 
 
 @pytest.fixture(autouse=True)
@@ -16,12 +16,12 @@ def allocator_calls(monkeypatch):
     peak-memory tests need glibc's default behaviour; test_machine.py tests the real
     settings in processes of their own, and scripts run as subprocesses make the real calls.
     """
-    import minibert.memory
+    import minibert.machine.memory
 
     calls = []
-    monkeypatch.setattr(minibert.memory, "keep_freed_memory",
+    monkeypatch.setattr(minibert.machine.memory, "keep_freed_memory",
                         lambda: calls.append(True) or True)
-    monkeypatch.setattr(minibert.memory, "limit_kernel_cache", lambda *a, **k: False)
+    monkeypatch.setattr(minibert.machine.memory, "limit_kernel_cache", lambda *a, **k: False)
     return calls
 
 

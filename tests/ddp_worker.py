@@ -8,8 +8,8 @@ import torch
 from engine_utils import MODERN_TINY, collator, tiny_model, train_config
 from minibert import Tokenizer
 from minibert.data import PackedMLMDataset, TokenFile
-from minibert.distributed import cleanup, init_distributed
-from minibert.engine import train
+from minibert.training.distributed import cleanup, init_distributed
+from minibert.training.engine import train
 
 if __name__ == "__main__":
     data, out = Path(sys.argv[1]), Path(sys.argv[2])

@@ -8,7 +8,7 @@ import torch
 
 import minibert
 from minibert.data import MLMCollator, PackedMLMDataset, tokenize_to_memmap
-from minibert.engine import TrainConfig
+from minibert.training.engine import TrainConfig
 
 WORDS = ("the cat sat on a mat while dogs ran far away from home and birds sang songs "
          "of rain in spring under green trees near rivers").split()
@@ -93,11 +93,11 @@ def quick_runs():
     first run on a machine does for its MFU column and is not what they test, and one thread:
     these models are too small to gain from more, and spinning OpenMP threads slow down many
     times over when another process shares the cores."""
-    import minibert.meters
+    import minibert.machine.meters
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(minibert.meters, "measure_peak_flops", lambda *a, **k: 1e12)
+        mp.setattr(minibert.machine.meters, "measure_peak_flops", lambda *a, **k: 1e12)
         yield
     torch.set_num_threads(threads)

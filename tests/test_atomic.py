@@ -193,7 +193,7 @@ def test_a_file_on_the_way_is_named(tmp_path):
 def _save_checkpoint(target):
     import torch
 
-    from minibert.checkpoint import save_checkpoint
+    from minibert.training.checkpoint import save_checkpoint
 
     save_checkpoint(target.parent, int(target.name.rsplit("_", 1)[1]), {"w": torch.ones(2)})
 

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-import minibert.attention as attention_module
-from minibert.attention import (
+import minibert.model.attention as attention_module
+from minibert.model.attention import (
     _ChunkedAttention,
     _tile_keep_mask,
     attention,
@@ -150,7 +150,7 @@ def test_chunked_saves_no_quadratic_tensor():
 
 
 def test_dropout_statistics_gradient_and_reproducibility():
-    from minibert.kernels import dropout
+    from minibert.machine.kernels import dropout
 
     # Never zero, so that y == 0 marks exactly the dropped elements. An exact 0.0 from randn
     # (in 3 of 30 generator states tried, at this size) made the test fail now and then,

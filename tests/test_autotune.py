@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-import minibert.autotune as autotune
-from minibert.autotune import CHUNK_CANDIDATES, pick_chunk_size, time_chunk_sizes
+import minibert.machine.autotune as autotune
+from minibert.machine.autotune import CHUNK_CANDIDATES, pick_chunk_size, time_chunk_sizes
 
 
 def test_pick_chunk_size_takes_a_larger_tile_only_when_clearly_faster(monkeypatch):

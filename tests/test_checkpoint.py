@@ -13,15 +13,15 @@ import torch
 import minibert
 from conftest import random_batch, tiny_config
 from facts import assert_carries, raises
-from minibert.checkpoint import (
+from minibert.training.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
     step_dir,
 )
-from minibert.optim import build_optimizer
-from minibert.rng import rng_state
+from minibert.training.optim import build_optimizer
+from minibert.training.rng import rng_state
 
 
 _CONFIG = tiny_config(hidden_dropout=0.0, attention_dropout=0.0)  # same forward twice
@@ -169,7 +169,7 @@ def test_damaged_checkpoint_is_refused_and_skipped(tmp_path, caplog, damage, fac
     with raises(CheckpointError, str(path), *facts) as info:
         load_checkpoint(path)
     assert isinstance(info.value, ValueError)
-    with caplog.at_level(logging.WARNING, logger="minibert.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="minibert.training.checkpoint"):
         assert latest_checkpoint(tmp_path) == step_dir(tmp_path, 1)
     assert_carries(caplog.text, "step_00000002", *facts)
 
@@ -220,7 +220,7 @@ def test_unloadable_values_are_refused_at_save_time(tmp_path):
 def test_a_full_disk_is_one_clear_error_and_keeps_older_checkpoints(tmp_path, monkeypatch):
     """torch.save on a full disk raises an 'unexpected pos' RuntimeError that never says
     'space'; the error names the checkpoint and the free space, and nothing is lost."""
-    import minibert.checkpoint as checkpoint
+    import minibert.training.checkpoint as checkpoint
 
     save_checkpoint(tmp_path, 1, {"w": torch.ones(3)})
 
@@ -241,7 +241,7 @@ def test_a_failed_first_save_claims_no_earlier_checkpoint(tmp_path, monkeypatch)
     checkpoints are intact" where there was none to resume from."""
     import errno
 
-    import minibert.checkpoint as checkpoint
+    import minibert.training.checkpoint as checkpoint
 
     def full_disk(obj, f):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -267,7 +267,7 @@ def test_a_file_size_limit_is_named_not_taken_for_a_full_disk(tmp_path):
 
     script = """if True:
         import resource, signal, sys, torch
-        from minibert.checkpoint import save_checkpoint
+        from minibert.training.checkpoint import save_checkpoint
         root = sys.argv[1]
         save_checkpoint(root, 1, {"w": torch.ones(3)})
         # Ignored, SIGXFSZ no longer kills the process: the write fails with EFBIG instead.
@@ -297,7 +297,7 @@ def test_a_file_size_limit_is_named_not_taken_for_a_full_disk(tmp_path):
 def test_a_used_up_quota_is_named_not_taken_for_a_full_disk(tmp_path, monkeypatch):
     import errno
 
-    import minibert.checkpoint as checkpoint
+    import minibert.training.checkpoint as checkpoint
 
     def over_quota(obj, f):
         raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))

@@ -3,7 +3,7 @@ same weights, bit for bit, as without it (the recomputed blocks draw the same dr
 
 import pytest
 
-import minibert.model
+import minibert.model.model
 from engine_utils import load_example
 from script_inputs import SCRIPTS, make_inputs_with_teacher, script_argv
 
@@ -23,8 +23,8 @@ def _weights(out):
 def test_gradient_checkpointing_trains_the_same_weights(inputs, tmp_path, script,
                                                         monkeypatch):
     recomputed = []
-    plain = minibert.model.checkpoint
-    monkeypatch.setattr(minibert.model, "checkpoint",
+    plain = minibert.model.model.checkpoint
+    monkeypatch.setattr(minibert.model.model, "checkpoint",
                         lambda *a, **k: recomputed.append(1) or plain(*a, **k))
     outs = []
     for extra in ([], ["--gradient-checkpointing"]):

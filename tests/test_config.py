@@ -8,8 +8,8 @@ import torch
 import minibert
 from facts import raises
 from minibert import BertConfig
-from minibert.config import PRESETS
-from minibert.hf import config_from_hf, config_to_hf
+from minibert.model.config import PRESETS
+from minibert.interop.hf import config_from_hf, config_to_hf
 
 
 def test_defaults_are_bert_base():
@@ -61,7 +61,7 @@ RENAMED = {"num_hidden_layers": "num_layers", "num_attention_heads": "num_heads"
 
 
 def test_the_renamed_fields_are_those_of_the_config_json_map():
-    from minibert.hf import _HF_NAMES
+    from minibert.interop.hf import _HF_NAMES
     assert {theirs: ours for theirs, ours in _HF_NAMES.items() if theirs != ours} == RENAMED
 
 

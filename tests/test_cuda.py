@@ -9,14 +9,14 @@ import minibert
 from conftest import random_batch, tiny_config
 from facts import raises
 
-from minibert.attention import attention
+from minibert.model.attention import attention
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def test_fp16_training_with_grad_scaler(tmp_path):
     from engine_utils import collator, tiny_corpus, tiny_model, train_config
-    from minibert.engine import train
+    from minibert.training.engine import train
 
     tok, ds = tiny_corpus(tmp_path)
     result = train(tiny_model(tok), ds, collator(tok), train_config(precision="fp16"),
@@ -31,8 +31,8 @@ def test_fp16_skips_a_nan_step_through_the_real_grad_scaler(tmp_path):
     run goes on to the end (no "unscale_() has already been called"), and the scale halved once
     for every skipped step, the NaN one and any overflow while the scale calibrated."""
     from engine_utils import collator, tiny_corpus, tiny_model, train_config
-    from minibert.checkpoint import latest_checkpoint, load_checkpoint
-    from minibert.engine import train
+    from minibert.training.checkpoint import latest_checkpoint, load_checkpoint
+    from minibert.training.engine import train
 
     tok, ds = tiny_corpus(tmp_path)
     model = tiny_model(tok).cuda()
@@ -58,7 +58,7 @@ def test_fp16_skips_a_nan_step_through_the_real_grad_scaler(tmp_path):
 
 def test_bf16_is_the_default_on_cuda(tmp_path):
     from engine_utils import collator, tiny_corpus, tiny_model, train_config
-    from minibert.engine import train
+    from minibert.training.engine import train
 
     tok, ds = tiny_corpus(tmp_path)
     result = train(tiny_model(tok), ds, collator(tok),
@@ -67,7 +67,7 @@ def test_bf16_is_the_default_on_cuda(tmp_path):
 
 
 def test_peak_memory_tracks_cuda_allocations():
-    from minibert.memory import current_memory_mb, peak_memory_mb, reset_peak_memory
+    from minibert.machine.memory import current_memory_mb, peak_memory_mb, reset_peak_memory
 
     reset_peak_memory("cuda")
     base = current_memory_mb("cuda")
@@ -138,7 +138,7 @@ def test_model_parity_on_cuda():
 def test_real_out_of_memory_is_reported_with_the_micro_batch(tmp_path):
     """A real allocation failure inside a step becomes one clear TrainingError."""
     from engine_utils import collator, tiny_corpus, tiny_model, train_config
-    from minibert.engine import TrainingError, train
+    from minibert.training.engine import TrainingError, train
 
     tok, ds = tiny_corpus(tmp_path, seq_len=64)
     model = tiny_model(tok).cuda()  # weights in place before the memory is taken away
@@ -165,7 +165,7 @@ def test_a_real_out_of_memory_is_recovered_by_auto_micro_batch(tmp_path, caplog)
     from dataclasses import replace
 
     from engine_utils import collator, tiny_corpus, tiny_model, train_config
-    from minibert.engine import train
+    from minibert.training.engine import train
 
     tok, ds = tiny_corpus(tmp_path, seq_len=64)
     cfg = train_config(batch_size=128, max_steps=2, auto_micro_batch=True)
@@ -205,7 +205,7 @@ def test_a_real_out_of_memory_is_recovered_by_auto_micro_batch(tmp_path, caplog)
 
 
 def _cuda_ctx():
-    from minibert.distributed import DistContext
+    from minibert.training.distributed import DistContext
 
     return DistContext(device=torch.device("cuda", 0))
 

@@ -181,7 +181,7 @@ def test_collator_errors():
 
 
 def test_works_with_real_tokenizer_and_dataloader(tmp_path):
-    from minibert.tokenizer import Tokenizer
+    from minibert.data.tokenizer import Tokenizer
 
     texts = ["the lobster is blue until it is cooked, then it is red."] * 40
     tok = Tokenizer.train_from_iterator(texts, vocab_size=200, min_frequency=1, use_cache=False)

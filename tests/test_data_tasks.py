@@ -25,7 +25,7 @@ from minibert.data.tasks import (
     read_table,
     word_predictions,
 )
-from minibert.tokenizer import SPECIAL_TOKENS, Tokenizer
+from minibert.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 # A hand-made vocabulary, so that the pieces of each word are known: "unbelievable" is
 # un ##believ ##able, "cats" cat ##s, and any other lowercase word is spelled in letters.

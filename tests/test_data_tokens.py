@@ -9,7 +9,7 @@ import pytest
 from facts import raises
 from minibert.data import TokenFile, TokenFileError, tokenize_to_memmap
 from minibert.data.tokens import HEADER_BYTES, MAGIC
-from minibert.tokenizer import Tokenizer
+from minibert.data.tokenizer import Tokenizer
 
 DOCS = [
     "The first document has a few words.\nAnd a second line.",
@@ -266,7 +266,7 @@ def test_a_streamed_split_tokenizes_and_trains_as_its_list(tmp_path, caplog):
     docs = load_corpus(folder).splits["train"]
     listed = list(docs)
     tok = Tokenizer.train_from_iterator(listed, vocab_size=120, cache_dir=tmp_path / "cache")
-    with caplog.at_level(logging.INFO, logger="minibert.tokenizer_train"):
+    with caplog.at_level(logging.INFO, logger="minibert.data.tokenizer_train"):
         again = Tokenizer.train_from_iterator(docs, vocab_size=120, cache_dir=tmp_path / "cache")
     assert "reusing cached tokenizer" in caplog.text and again.fingerprint == tok.fingerprint
     a = tokenize_to_memmap(docs, tok, tmp_path / "streamed.tok")

@@ -237,7 +237,7 @@ SHARED_WIKITEXT = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 def test_integration_on_wikitext2(tmp_path):
     """The three steps on real WikiText-2 text: tokenizer, token file, an MLM batch."""
     from minibert.data import MLMCollator, PackedMLMDataset, tokenize_to_memmap
-    from minibert.tokenizer import Tokenizer
+    from minibert.data.tokenizer import Tokenizer
 
     data = load_wikitext(SHARED_WIKITEXT)
     assert set(data) == {"valid", "test"} and len(data["valid"]) == 60

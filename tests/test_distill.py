@@ -1,4 +1,4 @@
-"""minibert.distill: the loss against a hand computation and the frozen teacher; and
+"""minibert.tasks.distill: the loss against a hand computation and the frozen teacher; and
 examples/distill.py, the CLI, end to end."""
 
 import copy
@@ -11,13 +11,13 @@ import pytest
 import torch
 
 import minibert
-import minibert.meters
-from minibert.checkpoint import latest_checkpoint, load_checkpoint
+import minibert.machine.meters
+from minibert.training.checkpoint import latest_checkpoint, load_checkpoint
 from minibert.data import MLMCollator
-from minibert.distill import Distiller, distillation_loss
-from minibert.engine import TrainConfig, train
-from minibert.hf import model_type
-from minibert.optim import build_optimizer
+from minibert.tasks.distill import Distiller, distillation_loss
+from minibert.training.engine import TrainConfig, train
+from minibert.interop.hf import model_type
+from minibert.training.optim import build_optimizer
 
 from engine_utils import load_example, wikitext_folder
 from facts import assert_carries, raises
@@ -28,7 +28,7 @@ distill = load_example("distill")
 @pytest.fixture(autouse=True)
 def _no_flops_measurement(monkeypatch):
     # The first run on a machine times matmuls for its MFU ceiling; a constant keeps it fast.
-    monkeypatch.setattr(minibert.meters, "measure_peak_flops", lambda *a, **k: 1e11)
+    monkeypatch.setattr(minibert.machine.meters, "measure_peak_flops", lambda *a, **k: 1e11)
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +280,7 @@ def test_the_student_keeps_its_presets_switches_unless_a_flag_sets_one(data_dir,
                                                                       cache, tmp_path):
     """A modernbert-* student was built Post-LN (the old --norm default), a model neither
     ModernBERT nor BERT that transformers could not load."""
-    from minibert.distill import load_teacher
+    from minibert.tasks.distill import load_teacher
 
     teacher, tok = load_teacher(teacher_dir, 32)
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from engine_utils import MODERN_TINY, collator, tiny_corpus, tiny_model, train_config
-from minibert.distributed import unwrap
-from minibert.engine import train
+from minibert.training.distributed import unwrap
+from minibert.training.engine import train
 
 HERE = Path(__file__).parent
 

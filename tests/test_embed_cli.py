@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import minibert
-from minibert.sentence import SentenceEncoder
+from minibert.tasks.sentence import SentenceEncoder
 
 from conftest import tiny_config
 from engine_utils import WORDS, load_example

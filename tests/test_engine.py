@@ -15,8 +15,8 @@ import minibert
 from engine_utils import (FP32_RUNS_APART, MODERN_TINY, collator, same_logged_losses,
                           tiny_corpus, tiny_model, train_config)
 from facts import raises
-from minibert.checkpoint import latest_checkpoint, load_checkpoint
-from minibert.engine import TrainConfig, TrainingError, micro_step_weight, train
+from minibert.training.checkpoint import latest_checkpoint, load_checkpoint
+from minibert.training.engine import TrainConfig, TrainingError, micro_step_weight, train
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +148,7 @@ def test_evaluation_uses_the_micro_batch_an_out_of_memory_backed_off_to(corpus, 
 def test_auto_micro_batch_is_refused_under_ddp_before_any_collective(corpus, tmp_path):
     """A rank that backs off alone retries its forward while the others wait in the
     gradient all-reduce: the job would hang or crash, so the setting is refused by name."""
-    from minibert.distributed import DistContext
+    from minibert.training.distributed import DistContext
 
     tok, ds = corpus
     with raises(ValueError, "auto_micro_batch", "DDP", "--micro-batch-size"):
@@ -194,10 +194,10 @@ def test_out_of_memory_in_the_optimizer_step_is_one_clear_error(corpus, tmp_path
     """AdamW's state is allocated at the first step, after the backward pass, where a smaller
     micro-batch cannot help: the run stops with a TrainingError that says so, not a raw
     OutOfMemoryError, and the checkpoint of the step before is kept."""
-    import minibert.engine
+    import minibert.training.engine
 
     tok, ds = corpus
-    build = minibert.engine.build_optimizer
+    build = minibert.training.engine.build_optimizer
 
     def failing_at_the_third_step(*args, **kwargs):
         optimizer, calls = build(*args, **kwargs), []
@@ -212,7 +212,7 @@ def test_out_of_memory_in_the_optimizer_step_is_one_clear_error(corpus, tmp_path
         optimizer.step = step_or_fail
         return optimizer
 
-    monkeypatch.setattr(minibert.engine, "build_optimizer", failing_at_the_third_step)
+    monkeypatch.setattr(minibert.training.engine, "build_optimizer", failing_at_the_third_step)
     with raises(TrainingError, "out of memory", "step 3", "optimizer step", "MB",
                 "fake: tried to allocate 2.00 GiB"):
         train(tiny_model(tok), ds, collator(tok),
@@ -257,8 +257,8 @@ def test_the_mfu_ceiling_is_measured_once_per_machine_whatever_the_load(corpus, 
     high. It is measured once, recorded, and read back by every later run: two runs of one
     command state the same ceiling however fast a measurement would come out now, and a row
     that beats it is said, not measured again (which would tie the figure to the load)."""
-    import minibert.engine
-    import minibert.meters
+    import minibert.training.engine
+    import minibert.machine.meters
 
     tok, ds = corpus
     monkeypatch.setenv("MINIBERT_CACHE", str(tmp_path / "cache"))
@@ -269,8 +269,8 @@ def test_the_mfu_ceiling_is_measured_once_per_machine_whatever_the_load(corpus, 
         calls.append(args)
         return next(ceilings)
 
-    monkeypatch.setattr(minibert.meters, "measure_peak_flops", fake_peak)
-    monkeypatch.setattr(minibert.engine, "measure_peak_flops", fake_peak, raising=False)
+    monkeypatch.setattr(minibert.machine.meters, "measure_peak_flops", fake_peak)
+    monkeypatch.setattr(minibert.training.engine, "measure_peak_flops", fake_peak, raising=False)
     ratios = []
     with caplog.at_level(logging.INFO, logger="minibert"):
         for run in ("a", "b"):
@@ -296,14 +296,14 @@ def test_the_mfu_ceiling_is_measured_once_per_machine_whatever_the_load(corpus, 
 
 def test_a_given_peak_flops_is_the_ceiling_and_nothing_is_measured(corpus, tmp_path,
                                                                    monkeypatch, caplog):
-    import minibert.engine
-    import minibert.meters
+    import minibert.training.engine
+    import minibert.machine.meters
 
     tok, ds = corpus
     monkeypatch.setenv("MINIBERT_CACHE", str(tmp_path / "cache"))
     fail = lambda *a, **k: pytest.fail("a given ceiling is not measured")  # noqa: E731
-    monkeypatch.setattr(minibert.meters, "measure_peak_flops", fail)
-    monkeypatch.setattr(minibert.engine, "measure_peak_flops", fail, raising=False)
+    monkeypatch.setattr(minibert.machine.meters, "measure_peak_flops", fail)
+    monkeypatch.setattr(minibert.training.engine, "measure_peak_flops", fail, raising=False)
     with caplog.at_level(logging.INFO, logger="minibert"):
         train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2, peak_flops=2e11),
               tmp_path / "run")
@@ -314,7 +314,7 @@ def test_a_given_peak_flops_is_the_ceiling_and_nothing_is_measured(corpus, tmp_p
 
 def test_precision_auto_states_its_decision_and_reason_in_one_line(corpus, tmp_path,
                                                                    monkeypatch, caplog):
-    import minibert.precision as precision
+    import minibert.machine.precision as precision
 
     tok, ds = corpus
     for cache in [f for f in vars(precision).values() if hasattr(f, "cache_clear")]:
@@ -393,7 +393,7 @@ def test_fp16_loss_scaling_skips_overflow_steps(corpus, tmp_path, monkeypatch):
     fp16 is refused on CPU for real runs (it is slow there); here resolve_precision is
     patched so that the scaler logic itself is exercised without a GPU.
     """
-    import minibert.engine as engine
+    import minibert.training.engine as engine
 
     monkeypatch.setattr(engine, "resolve_precision", lambda precision, device: "fp16")
     tok, ds = corpus
@@ -423,7 +423,7 @@ def test_compiled_model_checkpoints_have_plain_names(corpus, tmp_path):
     tok, ds = corpus
     model = tiny_model(tok)
     train(model, ds, collator(tok), train_config(max_steps=2, compile=True), tmp_path)
-    from minibert.checkpoint import load_checkpoint
+    from minibert.training.checkpoint import load_checkpoint
 
     state = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
     assert set(state["model"]) == set(model.state_dict())
@@ -637,19 +637,19 @@ def test_the_final_evaluation_is_logged_once_however_the_run_was_stopped(corpus,
                                                                         monkeypatch):
     """A run killed during its final evaluation (its last checkpoint saved) and resumed, and
     a run stopped by a signal at its last step and finished, never logged that evaluation."""
-    import minibert.engine
+    import minibert.training.engine
 
     tok, ds = corpus
-    evaluate = minibert.engine.evaluate
+    evaluate = minibert.training.engine.evaluate
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt("the second SIGTERM")
 
     cfg = train_config(max_steps=2)
-    monkeypatch.setattr(minibert.engine, "evaluate", killed)
+    monkeypatch.setattr(minibert.training.engine, "evaluate", killed)
     with pytest.raises(KeyboardInterrupt):
         train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "run", eval_set=ds)
-    monkeypatch.setattr(minibert.engine, "evaluate", evaluate)
+    monkeypatch.setattr(minibert.training.engine, "evaluate", evaluate)
     for _ in range(2):  # resumed, then resumed again when already finished
         train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "run", eval_set=ds,
               resume=True)
@@ -686,8 +686,8 @@ def test_a_classifiers_logged_flops_are_the_encoders_alone(corpus, tmp_path, mon
     the FLOPs the engine asks for and the logged mfu (mfu * ceiling / tokens_per_s is the
     FLOPs of a token) are checked."""
     import minibert
-    import minibert.engine
-    from minibert.meters import flops_per_token
+    import minibert.training.engine
+    from minibert.machine.meters import flops_per_token
 
     tok, ds = corpus
     fractions = []
@@ -696,7 +696,7 @@ def test_a_classifiers_logged_flops_are_the_encoders_alone(corpus, tmp_path, mon
         fractions.append(mlm_fraction)
         return flops_per_token(config, seq_len, mlm_fraction=mlm_fraction)
 
-    monkeypatch.setattr(minibert.engine, "flops_per_token", spy)
+    monkeypatch.setattr(minibert.training.engine, "flops_per_token", spy)
     mlm = collator(tok)
 
     def collate(examples, epoch=0):
@@ -766,12 +766,13 @@ def test_handle_signals_off_leaves_the_processs_handlers_alone(corpus, tmp_path,
 def test_release_memory_off_never_trims_the_heap(corpus, tmp_path, monkeypatch, release):
     """release_memory=False: no hand-back of glibc's free memory, neither at a new sequence
     length nor every RELEASE_EVERY steps."""
-    import minibert.engine
+    import minibert.training.engine
 
     tok, ds = corpus
     releases = []
-    monkeypatch.setattr(minibert.engine, "release_freed_memory", lambda: releases.append(1))
-    monkeypatch.setattr(minibert.engine, "RELEASE_EVERY", 2)
+    monkeypatch.setattr(minibert.training.engine, "release_freed_memory",
+                        lambda: releases.append(1))
+    monkeypatch.setattr(minibert.training.engine, "RELEASE_EVERY", 2)
     cfg = train_config(max_steps=4, seq_len_warmup=2, seq_len_start=8, release_memory=release)
     train(tiny_model(tok), ds, collator(tok), cfg, tmp_path)
     assert bool(releases) == release

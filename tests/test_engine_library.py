@@ -21,7 +21,7 @@ from engine_utils import (FP32_RUNS_APART, collator, same_logged_losses, tiny_co
 from engine_utils import quick_runs  # noqa: F401 (a fixture: one thread, for tiny models)
 from facts import raises
 from minibert.data import pad_batch
-from minibert.runlog import read_rows
+from minibert.training.runlog import read_rows
 
 VOCAB = 64
 
@@ -83,10 +83,10 @@ def _max_rel_diff(m1, m2):
 
 
 def test_train_and_its_config_are_at_the_top_level():
-    import minibert.engine
+    import minibert.training.engine
 
-    assert minibert.train is minibert.engine.train
-    assert minibert.TrainConfig is minibert.engine.TrainConfig
+    assert minibert.train is minibert.training.engine.train
+    assert minibert.TrainConfig is minibert.training.engine.TrainConfig
     assert {"train", "TrainConfig"} <= set(minibert.__all__) and "train" in dir(minibert)
 
 
@@ -94,12 +94,12 @@ def test_a_regression_head_of_ones_own_trains_and_accumulates_exactly(tmp_path, 
     """37 examples at batch 8: each epoch ends on a batch of 5, whose micro-batches of 2
     hold 2, 2 and 1 examples. Weighted by their examples (a float label is one target each)
     they give what the whole batch gives."""
-    import minibert.engine
+    import minibert.training.engine
 
     examples = made_up_examples()
     counted = []
-    count = minibert.engine.count_targets
-    monkeypatch.setattr(minibert.engine, "count_targets",
+    count = minibert.training.engine.count_targets
+    monkeypatch.setattr(minibert.training.engine, "count_targets",
                         lambda batch: counted.append((count(batch), len(batch["labels"])))
                         or count(batch))
     full, accum = Reg(), Reg()
@@ -163,7 +163,7 @@ def test_a_micro_batch_with_nothing_to_predict_needs_no_logits(tmp_path, monkeyp
     """A classifier of one's own that returns a loss and no logits, the second micro-batch
     of each step all IGNORE_INDEX (its mean loss NaN): each step is the whole batch's, in
     which those examples weigh nothing, and none is skipped."""
-    import minibert.engine
+    import minibert.training.engine
     from minibert.data.sampler import GlobalBatches
     from minibert.labels import IGNORE_INDEX
 
@@ -185,8 +185,8 @@ def test_a_micro_batch_with_nothing_to_predict_needs_no_logits(tmp_path, monkeyp
 
     full, accum = Cls(), Cls()
     minibert.train(full, examples, classes, reg_config(max_steps=4), tmp_path / "full")
-    counted, count = [], minibert.engine.count_targets
-    monkeypatch.setattr(minibert.engine, "count_targets",
+    counted, count = [], minibert.training.engine.count_targets
+    monkeypatch.setattr(minibert.training.engine, "count_targets",
                         lambda batch: counted.append(count(batch)) or count(batch))
     result = minibert.train(accum, examples, classes, reg_config(max_steps=4, micro_batch_size=4),
                             tmp_path / "accum")
@@ -241,8 +241,8 @@ def test_a_model_of_ones_own_resumes_exactly(tmp_path):
     assert _losses(tmp_path / "run") == _losses(tmp_path / "ref")
     assert all(torch.equal(p, q) for p, q in zip(resumed.parameters(),
                                                  uninterrupted.parameters()))
-    from minibert.checkpoint import latest_checkpoint
-    from minibert.export import export_checkpoint
+    from minibert.training.checkpoint import latest_checkpoint
+    from minibert.interop.export import export_checkpoint
 
     with raises(ValueError, "'Reg'", "load_checkpoint"):  # minibert's classes only
         export_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"), tmp_path / "x")
@@ -349,7 +349,7 @@ def test_only_rank_0_shows_progress(corpus, tmp_path, monkeypatch, capfd):
     one it logs itself (a step past the schedule's horizon, said on every rank), which rank
     0 shows. (Here one process whose context says it is not the main rank: it computes as
     rank 0 would, and writes and shows nothing, as every rank but 0 does.)"""
-    from minibert.distributed import DistContext
+    from minibert.training.distributed import DistContext
 
     class NotMain(DistContext):
         @property

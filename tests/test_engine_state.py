@@ -10,11 +10,11 @@ import torch
 
 from engine_utils import collator, tiny_corpus, tiny_model, train_config
 from facts import raises
-from minibert.checkpoint import latest_checkpoint, load_checkpoint
-from minibert.distributed import DistContext
-from minibert.engine import TrainConfig, TrainState, train
-from minibert.rng import rank_seed
-from minibert.optim import build_optimizer
+from minibert.training.checkpoint import latest_checkpoint, load_checkpoint
+from minibert.training.distributed import DistContext
+from minibert.training.engine import TrainConfig, TrainState, train
+from minibert.training.rng import rank_seed
+from minibert.training.optim import build_optimizer
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_the_horizon_is_fixed_at_the_start_and_steps_past_it_run_at_min_lr(corpu
     train(tiny_model(tok), ds, collator(tok), cfg, tmp_path)
     before = [r["lr"] for r in _rows(tmp_path)]
     assert before[-1] == pytest.approx(1e-4)  # step 4 is the horizon: min_lr
-    with caplog.at_level("INFO", logger="minibert.engine"):
+    with caplog.at_level("INFO", logger="minibert.training.engine"):
         train(tiny_model(tok), ds, collator(tok), train_config(max_steps=7, warmup=1,
                                                                min_lr=1e-4),
               tmp_path, resume=True)
@@ -97,7 +97,7 @@ def test_a_subclass_checkpoint_exports_as_its_minibert_class(corpus, tmp_path):
     """A run of a user's subclass records the minibert class export rebuilds (its own name
     was "not one of" the exportable classes)."""
     import minibert
-    from minibert.export import export_checkpoint
+    from minibert.interop.export import export_checkpoint
 
     class MyMaskedLM(minibert.BertForMaskedLM):
         pass
@@ -107,7 +107,7 @@ def test_a_subclass_checkpoint_exports_as_its_minibert_class(corpus, tmp_path):
     train(model, ds, collator(tok), train_config(max_steps=2), tmp_path / "run")
     train(model, ds, collator(tok), train_config(max_steps=3), tmp_path / "run", resume=True)
     # The checkpoint names the minibert class; a checkpoint of another class is refused.
-    from minibert.state import SettingsMismatch, check_identity, run_identity
+    from minibert.training.state import SettingsMismatch, check_identity, run_identity
 
     now = {**run_identity(model, train_config(max_steps=3)), "data_identity": {}}
     assert now["model_class"] == "BertForMaskedLM"
@@ -139,7 +139,7 @@ def test_kill_after_logging_then_resume_logs_each_step_once(corpus, tmp_path):
 def test_fp16_non_finite_loss_is_skipped_without_crashing(corpus, tmp_path, monkeypatch):
     """A NaN loss under fp16 (scaler path patched onto the CPU): skipped, and the next step
     runs. Before, the scaler was left mid-step and the next unscale_ raised."""
-    import minibert.engine as engine
+    import minibert.training.engine as engine
 
     monkeypatch.setattr(engine, "resolve_precision", lambda precision, device: "fp16")
     tok, ds = corpus
@@ -175,7 +175,7 @@ def test_a_fresh_start_into_a_used_folder_is_refused_unless_overwriting(corpus, 
 
 def test_a_rank_without_saved_rng_state_gets_its_own_stream(corpus, tmp_path, monkeypatch):
     """Resuming on more ranks than the checkpoint had: rank 1 must not replay rank 0."""
-    import minibert.resume as resume
+    import minibert.training.resume as resume
 
     tok, ds = corpus
     train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path)
@@ -223,7 +223,7 @@ def test_a_resumed_auto_run_keeps_the_precision_it_started_in(corpus, tmp_path, 
     """precision="auto" measures the machine; measured again on resume (a busy machine,
     another machine) it may come out otherwise. The run computes in the precision of its
     first start throughout, so the resumed run equals the uninterrupted one."""
-    import minibert.engine as engine
+    import minibert.training.engine as engine
 
     tok, ds = corpus
     today = {"auto": "bf16"}
@@ -260,8 +260,8 @@ def test_a_resume_this_device_cannot_compute_is_refused_before_anything_is_writt
     """A run that computes in fp16 (begun on a GPU) resumed on a CPU: `check_resume`, which
     the scripts call before they write, refuses it naming the precision. The engine found
     out only once the run held its folder, after loading the checkpoint."""
-    from minibert.checkpoint import save_checkpoint
-    from minibert.resume import RunPlan, check_resume
+    from minibert.training.checkpoint import save_checkpoint
+    from minibert.training.resume import RunPlan, check_resume
 
     tok, ds = corpus
     train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2), tmp_path)
@@ -325,7 +325,7 @@ def test_a_resume_past_max_steps_is_refused_and_a_finished_run_is_only_scored(co
 def test_the_log_reader_skips_a_row_cut_short(tmp_path):
     """One reader for metrics.jsonl: a kill mid-write leaves half a row, which crashed the
     final-evaluation check and the divergence check that parsed the file themselves."""
-    from minibert.runlog import read_rows
+    from minibert.training.runlog import read_rows
 
     log = tmp_path / "metrics.jsonl"
     log.write_text('{"step": 1, "loss": null, "lr": 0.1}\n{"step": 2, "eval_loss": 3.0}\n'

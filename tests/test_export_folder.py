@@ -12,8 +12,8 @@ from dataclasses import asdict
 import pytest
 
 import minibert
-from minibert.checkpoint import latest_checkpoint, save_checkpoint
-from minibert.export import export_checkpoint
+from minibert.training.checkpoint import latest_checkpoint, save_checkpoint
+from minibert.interop.export import export_checkpoint
 
 from conftest import tiny_config
 from engine_utils import WORDS, load_example, quick_runs  # noqa: F401 (fixture)
@@ -63,7 +63,7 @@ def _tokenizer(vocab_size=100, texts=(" ".join(WORDS),)):
 
 def test_an_export_without_a_tokenizer_says_so(tmp_path, caplog):
     ckpt = _checkpoint_without_run(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="minibert.export"):
+    with caplog.at_level(logging.WARNING, logger="minibert.interop.export"):
         export_checkpoint(ckpt, tmp_path / "export")
     assert "no tokenizer" in caplog.text and str(tmp_path / "export") in caplog.text
     assert "tokenizer=" in caplog.text  # what to do

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import minibert
-from minibert.metrics import classification_scores
+from minibert.tasks.metrics import classification_scores
 from engine_utils import load_example, quick_runs  # noqa: F401 (fixture)
 from facts import assert_carries, without
 
@@ -104,7 +104,7 @@ def test_reported_scores_match_a_hand_count_of_the_predictions(run, task):
 
 
 def test_macro_f1_by_hand():
-    # The script reports minibert.metrics.classification_scores; these are its numbers.
+    # The script reports minibert.tasks.metrics.classification_scores; these are its numbers.
     # class 0: TP 2, FP 0, FN 1 -> 4/5; class 1: TP 1, FP 1, FN 1 -> 1/2; class 2: TP 1,
     # FP 1, FN 0 -> 2/3; class 3 is neither true nor predicted and does not count.
     s = classification_scores([0, 0, 0, 1, 1, 2], [0, 0, 1, 1, 2, 2], num_labels=4)

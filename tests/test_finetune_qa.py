@@ -8,7 +8,7 @@ import torch
 
 import minibert
 from minibert.data import TaskCollator, best_span, encode_qa, read_squad
-from minibert.metrics import squad_scores
+from minibert.tasks.metrics import squad_scores
 from engine_utils import load_example, quick_runs  # noqa: F401 (fixture)
 from facts import assert_carries, without
 

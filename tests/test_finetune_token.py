@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import minibert
-from minibert.metrics import accuracy, span_f1
+from minibert.tasks.metrics import accuracy, span_f1
 from engine_utils import load_example, quick_runs  # noqa: F401 (fixture)
 from facts import assert_carries, without
 

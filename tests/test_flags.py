@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from minibert import cli, finetune, pretrain
-from minibert.state import TrainConfig
+from minibert import cli
+
+from minibert.cli import finetune, pretrain
+from minibert.training.state import TrainConfig
 from engine_utils import load_example
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +110,7 @@ def _declared(path: Path) -> list[str]:
 
 
 def test_no_flag_is_declared_twice():
-    files = [path for path in sorted((ROOT / "minibert").glob("*.py"))
+    files = [path for path in sorted((ROOT / "minibert").rglob("*.py"))
              + sorted((ROOT / "examples").glob("*.py")) if path.name != EMBED]
     declared = Counter(flag for path in files for flag in _declared(path))
     shared = cli.flag_specs(pretrain.MAIN_JOB).keys()

@@ -10,8 +10,8 @@ import torch
 import minibert
 from conftest import hf_config, random_batch, tiny_config
 from facts import raises
-from minibert.checkpoint import save_checkpoint
-from minibert.export import export_checkpoint
+from minibert.training.checkpoint import save_checkpoint
+from minibert.interop.export import export_checkpoint
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -159,8 +159,8 @@ def test_masked_lm_label_on_padding_is_ignored():
     # Every other count of targets agrees with the head: the evaluation, the distillation
     # loss and the accumulation weights (evaluate and the Distiller failed on a shape).
     from minibert.data.mlm import count_targets
-    from minibert.distill import Distiller
-    from minibert.engine import evaluate
+    from minibert.tasks.distill import Distiller
+    from minibert.training.engine import evaluate
 
     batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
     assert count_targets(batch) == 2
@@ -267,7 +267,7 @@ def test_export_keeps_a_classifier_s_class_names(tmp_path):
     """A training checkpoint records the classifier's id2label: exported without it, the
     folder read every prediction back as LABEL_i, in minibert and in transformers."""
     from minibert.data.tasks import TaskCollator
-    from minibert.engine import TrainConfig, train
+    from minibert.training.engine import TrainConfig, train
 
     model = minibert.BertForSequenceClassification(tiny_config(), 3,
                                                    id2label=["neg", "neu", "pos"])
@@ -350,7 +350,7 @@ def test_labels_outside_the_classes_are_named_not_indexed():
 
 
 def test_mean_pooling_of_a_row_without_real_tokens_is_finite():
-    from minibert.heads import pool
+    from minibert.model.heads import pool
 
     h = torch.randn(2, 4, 8)
     mask = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]])
@@ -399,7 +399,7 @@ def test_tied_word_gradient_is_autograds_without_a_vocabulary_sized_temporary(pr
     ways cast the matrix and its gradient between dtypes, which are copies too.)"""
     from torch.profiler import ProfilerActivity, profile
 
-    import minibert.heads
+    import minibert.model.heads
 
     torch.manual_seed(0)
     model = minibert.BertForMaskedLM(tiny_config(vocab_size=97, hidden_dropout=0.0,
@@ -413,7 +413,7 @@ def test_tied_word_gradient_is_autograds_without_a_vocabulary_sized_temporary(pr
         model.zero_grad(set_to_none=True)
         with monkeypatch.context() as mp:
             if not tied:
-                mp.setattr(minibert.kernels, "TiedWordGradient", lambda: None)
+                mp.setattr(minibert.machine.kernels, "TiedWordGradient", lambda: None)
             with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, \
                     torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
                 for _ in range(2):  # gradient accumulation: the second pass adds to .grad
@@ -446,7 +446,7 @@ def test_the_sparse_head_runs_on_a_round_number_of_rows_with_the_same_loss(monke
     the N rows alone."""
     import torch.nn.functional as F
 
-    from minibert import kernels
+    from minibert.machine import kernels
 
     torch.manual_seed(0)
     model = minibert.BertForMaskedLM(tiny_config()).eval()  # no dropout: two passes compare

@@ -14,12 +14,12 @@ import torch
 
 import minibert
 import minibert.atomic
-import minibert.hf as hf
+import minibert.interop.hf as hf
 from conftest import random_batch, tiny_config
 from facts import raises
-from minibert.checkpoint import save_checkpoint
-from minibert.export import export_checkpoint
-from minibert.hf import config_to_hf
+from minibert.training.checkpoint import save_checkpoint
+from minibert.interop.export import export_checkpoint
+from minibert.interop.hf import config_to_hf
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -182,7 +182,7 @@ def test_damaged_safetensors_is_called_damaged(damage, tmp_path):
 def test_check_weights_finds_damage(damage, tmp_path):
     """What loading would refuse, said by the check a script makes before writing (NaN
     weights: test_nonfinite_weights.py)."""
-    from minibert.hf import check_weights
+    from minibert.interop.hf import check_weights
 
     minibert.BertModel(tiny_config()).save_pretrained(tmp_path / "src")
     whole = (tmp_path / "src" / "model.safetensors").read_bytes()

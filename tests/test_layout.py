@@ -1,5 +1,6 @@
-"""The package's shape: no two modules import each other (directly or round a circle), and
-the model half never reaches into the run half, so each half reads on its own."""
+"""The package's shape: packages by concept, each saying in its docstring what it holds and
+what it may import; no two modules import each other (directly or round a circle); and the
+textbook (`minibert.model`) never reaches into the run, so it reads on its own."""
 
 import ast
 import json
@@ -11,14 +12,20 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "minibert"
 
-# What a BERT is, and what a run does with it (README, "Layout"). The run half may import
-# the model half; the model half must not import the run half. Beside both: the tokenizer,
-# data/, hf.py's file formats, metrics and the atomic file writes that both halves use.
-RUN_HALF = {"engine", "state", "resume", "recovery", "rundir", "checkpoint", "precision",
-            "distributed", "memory", "meters", "environment", "rng", "optim", "export",
-            "runlog", "signals"}
-MODEL_HALF = {"config", "attention", "inputs", "kernels", "model", "pretrained", "heads",
-              "multitask", "sentence"}
+# Each package, and the packages it must never import (its __init__ docstring says why).
+# The modules at the top (the file writers, the label rule, the path checks) sit below every
+# package and import none of them.
+MAY_NOT_IMPORT = {
+    "model": {"training", "data", "tasks", "cli"},
+    "data": {"model", "training", "interop", "machine", "cli"},
+    "machine": {"training", "tasks", "interop", "cli"},
+    "interop": {"tasks", "cli"},
+    "tasks": {"training", "cli"},
+    "training": {"tasks", "cli"},
+    "cli": set(),
+}
+TOP_LEVEL_MODULES = {"__init__", "atomic", "labels", "paths"}
+TEXTBOOK = {"config", "model", "attention", "rope", "heads"}
 
 
 def _module(path: Path) -> str:
@@ -92,25 +99,47 @@ def test_the_circle_finder_finds_circles():
     assert circles({"a": {"b"}, "b": set()}) == []
 
 
-def test_the_model_half_does_not_import_the_run_half():
+def test_ls_minibert_shows_the_packages_and_few_modules():
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert modules == TOP_LEVEL_MODULES and len(modules) <= 6
+    assert packages == set(MAY_NOT_IMPORT) and len(packages) >= 5
+    assert {p.stem for p in (PACKAGE / "model").glob("*.py")} == TEXTBOOK | {"__init__"}
+
+
+@pytest.mark.parametrize("package", sorted(MAY_NOT_IMPORT))
+def test_each_package_says_what_it_holds_and_imports_only_what_it_may(package):
+    doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text())) or ""
+    held = {p.stem for p in (PACKAGE / package).glob("*.py")} - {"__init__"}
+    assert all(name in doc for name in held), f"minibert.{package}'s docstring misses a module"
+    assert "may import" in doc, f"minibert.{package}'s docstring says not what it may import"
     graph = import_graph()
-    for module in MODEL_HALF:
-        reached = {m.split(".")[1] for m in graph[f"minibert.{module}"]}
-        assert not reached & RUN_HALF, f"minibert.{module} imports {sorted(reached & RUN_HALF)}"
-    on_disk = {p.stem for p in PACKAGE.glob("*.py")}
-    assert MODEL_HALF | RUN_HALF <= on_disk  # the lists name modules that exist
+    for module, edges in graph.items():
+        if module.split(".")[1:2] != [package]:
+            continue
+        reached = {m.split(".")[1] for m in edges if m.count(".") >= 1}
+        assert not reached & MAY_NOT_IMPORT[package], \
+            f"{module} imports {sorted(reached & MAY_NOT_IMPORT[package])}"
 
 
-@pytest.mark.parametrize("module", ["minibert.config", "minibert.model", "minibert.heads"])
-def test_importing_the_textbook_loads_nothing_of_the_run_half_or_the_data(module):
-    """Transitively, in a fresh interpreter: what `import minibert.model` really loads, the
-    package's __init__ included, not only what the file names."""
+def test_the_modules_at_the_top_import_no_package():
+    graph = import_graph()
+    for name in TOP_LEVEL_MODULES - {"__init__"}:
+        reached = {m.split(".")[1] for m in graph[f"minibert.{name}"]}
+        assert not reached & set(MAY_NOT_IMPORT), f"minibert.{name} imports {sorted(reached)}"
+
+
+@pytest.mark.parametrize("module", ["minibert.model.config", "minibert.model.model",
+                                    "minibert.model.heads"])
+def test_importing_the_textbook_loads_nothing_of_the_run_or_the_data(module):
+    """Transitively, in a fresh interpreter: what `import minibert.model.heads` really loads,
+    the packages' __init__ included, not only what the file names."""
     code = ("import sys, json; import " + module + "; "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('minibert'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=PACKAGE.parent).stdout
     loaded = set(json.loads(out))
     assert module in loaded
-    run_half = {m for m in loaded if m.partition(".")[2] in RUN_HALF}
-    data = {m for m in loaded if m.startswith("minibert.data")}  # download, corpus, task files
-    assert not run_half and not data, f"import {module} loads {sorted(run_half | data)}"
+    forbidden = {m for m in loaded if m.split(".")[1:2] and m.split(".")[1]
+                 in MAY_NOT_IMPORT["model"]}  # the run, the data, the tasks, the scripts
+    assert not forbidden, f"import {module} loads {sorted(forbidden)}"

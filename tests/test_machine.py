@@ -21,18 +21,18 @@ import pytest
 import torch
 
 import minibert
-from minibert.meters import flops_per_token
+from minibert.machine.meters import flops_per_token
 from conftest import tiny_config
 from facts import assert_carries
 
-import minibert.meters as meters
-import minibert.precision as precision
-from minibert.environment import environment_report, log_environment
-from minibert.memory import peak_memory_mb, reset_peak_memory
-from minibert.memory import limit_kernel_cache  # the real one: conftest stubs the module's
-from minibert.meters import machine_key, measure_peak_flops, mfu, mfu_ceiling
-from minibert.precision import auto_precision, cpu_bf16_native, resolve_precision
-from minibert.rng import rng_state, set_rng_state, set_seed
+import minibert.machine.meters as meters
+import minibert.machine.precision as precision
+from minibert.machine.environment import environment_report, log_environment
+from minibert.machine.memory import peak_memory_mb, reset_peak_memory
+from minibert.machine.memory import limit_kernel_cache  # the real one: conftest stubs the module's
+from minibert.machine.meters import machine_key, measure_peak_flops, mfu, mfu_ceiling
+from minibert.machine.precision import auto_precision, cpu_bf16_native, resolve_precision
+from minibert.training.rng import rng_state, set_rng_state, set_seed
 
 
 def _draws():
@@ -108,8 +108,8 @@ def test_cpu_peak_memory_rises_with_allocation_and_resets():
 # growth of the heap's top, in MiB), and how much of that growth a free leaves in place.
 _HEAP = """
 import ctypes, sys
-from minibert.environment import environment_report
-from minibert.memory import keep_freed_memory
+from minibert.machine.environment import environment_report
+from minibert.machine.memory import keep_freed_memory
 libc = ctypes.CDLL(None)
 libc.sbrk.restype, libc.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
@@ -343,7 +343,7 @@ def test_environment_report_and_warnings(caplog):
     assert report["torch_cuda"] == torch.version.cuda
     assert report["bf16_supported"] is True and report["device_name"]
     assert report["torch_threads"] == torch.get_num_threads() and report["cpu_count"] >= 1
-    with caplog.at_level(logging.INFO, logger="minibert.environment"):
+    with caplog.at_level(logging.INFO, logger="minibert.machine.environment"):
         assert log_environment("cpu", "fp32")["warnings"] == []
     assert "environment:" in caplog.text and "WARNING" not in caplog.text
 
@@ -351,7 +351,7 @@ def test_environment_report_and_warnings(caplog):
     torch.set_num_threads(report["cpu_count"] + 2)
     try:
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="minibert.environment"):
+        with caplog.at_level(logging.WARNING, logger="minibert.machine.environment"):
             log_environment("cpu")
         # the threads, the CPUs, and the call that sets them
         assert_carries(caplog.text, f"{report['cpu_count'] + 2} threads",
@@ -370,7 +370,7 @@ def test_environment_says_whether_bf16_is_native_and_warns_when_emulated(monkeyp
     report = environment_report("cpu")
     assert report["bf16_native"] is False
     assert report["bf16_supported"] is True  # autocast runs; it is slow, not refused
-    with caplog.at_level(logging.WARNING, logger="minibert.environment"):
+    with caplog.at_level(logging.WARNING, logger="minibert.machine.environment"):
         assert log_environment("cpu", "fp32")["warnings"] == []
         report = log_environment("cpu", "bf16")
     warnings = report["warnings"]
@@ -390,7 +390,7 @@ def test_environment_says_whether_bf16_is_native_and_warns_when_emulated(monkeyp
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_environment_warns_when_cuda_is_requested_without_cuda(caplog):
-    with caplog.at_level(logging.WARNING, logger="minibert.environment"):
+    with caplog.at_level(logging.WARNING, logger="minibert.machine.environment"):
         report = log_environment("cuda", "bf16")
     assert report["warnings"] and "cuda" in caplog.text
     assert report["device_available"] is False
@@ -459,7 +459,7 @@ def test_release_freed_memory_hands_kept_blocks_back():
     still in use above it keeps free() from shrinking the heap."""
     import ctypes
 
-    from minibert.memory import current_memory_mb, release_freed_memory
+    from minibert.machine.memory import current_memory_mb, release_freed_memory
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("malloc_trim is glibc's")
@@ -481,9 +481,9 @@ def test_release_freed_memory_hands_kept_blocks_back():
 
 _KERNEL_CACHE_CHILD = """
 import sys
-import minibert.memory
+import minibert.machine.memory
 if sys.argv[1] != "none":
-    print("set", minibert.memory.limit_kernel_cache(int(sys.argv[1])), flush=True)
+    print("set", minibert.machine.memory.limit_kernel_cache(int(sys.argv[1])), flush=True)
 import torch
 x, w = torch.randn(64, 48).bfloat16(), torch.randn(32, 48).bfloat16()
 for _ in range(3):  # the same shape three times: one compile, then two cache hits

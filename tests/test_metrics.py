@@ -8,7 +8,7 @@ import random
 import pytest
 
 from facts import raises
-from minibert.metrics import (accuracy, classification_scores, exact_match, f1_scores,
+from minibert.tasks.metrics import (accuracy, classification_scores, exact_match, f1_scores,
                               normalize_answer, span_f1, spans, squad_f1, squad_scores)
 
 # ---- classification --------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def test_squad_scores(caplog):
     s = squad_scores(predictions, answers)
     assert s == pytest.approx({"exact_match": 100 * 3 / 4, "f1": 100 * (1 + 6 / 7 + 1 + 1) / 4})
     del predictions["q4"]
-    with caplog.at_level(logging.WARNING, logger="minibert.metrics"):
+    with caplog.at_level(logging.WARNING, logger="minibert.tasks.metrics"):
         s = squad_scores(predictions, answers)
     assert "q4" in caplog.text
     assert s == pytest.approx({"exact_match": 100 * 2 / 4, "f1": 100 * (1 + 6 / 7 + 1) / 4})
@@ -263,7 +263,7 @@ def test_squad_scores(caplog):
 # ---- the fine-tuning reports -------------------------------------------------------------------
 
 def test_sequence_scores_name_each_class_and_carry_the_loss():
-    from minibert.metrics import sequence_scores
+    from minibert.tasks.metrics import sequence_scores
 
     # By hand, on Y_TRUE / Y_PRED above: accuracy 3/5, F1 1/2 (a), 4/5 (b), 0 (c) over the
     # three classes that occur; "d" never occurs and is listed with support 0.
@@ -277,7 +277,7 @@ def test_sequence_scores_name_each_class_and_carry_the_loss():
 
 
 def test_token_scores_count_entities_and_words_by_hand():
-    from minibert.metrics import numbers, token_scores
+    from minibert.tasks.metrics import numbers, token_scores
 
     names = ["B-LOC", "B-PER", "I-PER", "O"]
     gold = [[1, 2, 3, 0], [3, 1]]  # PER(0-1) O LOC(3); O PER(1)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import minibert
-from minibert.hf import config_to_hf
+from minibert.interop.hf import config_to_hf
 from conftest import random_batch, tiny_config
 from facts import raises
 
@@ -234,7 +234,7 @@ def test_save_pretrained_leaves_no_temporary_files(tmp_path):
 
 def _spy_sdpa(monkeypatch) -> list:
     """Record the attn_mask of every F.scaled_dot_product_attention call made by minibert."""
-    import minibert.attention
+    import minibert.model.attention
 
     masks, real = [], F.scaled_dot_product_attention
 
@@ -242,7 +242,7 @@ def _spy_sdpa(monkeypatch) -> list:
         masks.append(attn_mask)
         return real(q, k, v, attn_mask=attn_mask, **kwargs)
 
-    monkeypatch.setattr(minibert.attention.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(minibert.model.attention.F, "scaled_dot_product_attention", spy)
     return masks
 
 

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 import minibert
 from facts import raises
-from minibert.attention import attention
-from minibert.hf import config_to_hf
+from minibert.model.attention import attention
+from minibert.interop.hf import config_to_hf
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -293,7 +293,7 @@ def test_sliding_window_attention_is_the_loop_over_queries(backend):
 
 def test_chunked_local_attention_skips_the_tiles_outside_the_window(monkeypatch):
     """A local layer's cost grows as T * window, not T^2: count the score tiles computed."""
-    import minibert.attention as attn
+    import minibert.model.attention as attn
 
     calls = []
     scores = attn._scores
@@ -340,7 +340,7 @@ def test_qa_matches_transformers(tmp_path):
 
 def test_flops_count_geglu_and_the_window():
     """GeGLU's third matrix, and a local layer's 2w + 1 keys instead of T."""
-    from minibert.meters import flops_per_token
+    from minibert.machine.meters import flops_per_token
 
     classic = minibert.BertConfig.preset("tiny", vocab_size=100)
     geglu = classic.replace(mlp="geglu")

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 import minibert
-from minibert import hf
-from minibert.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from minibert.export import export_checkpoint
-from minibert.multitask import BertMultiTask
-from minibert.sentence import SentenceEncoder
+from minibert.interop import hf
+from minibert.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from minibert.interop.export import export_checkpoint
+from minibert.tasks.multitask import BertMultiTask
+from minibert.tasks.sentence import SentenceEncoder
 
 from conftest import tiny_config
 from engine_utils import WORDS, load_example, quick_runs  # noqa: F401 (fixture)

@@ -121,7 +121,7 @@ def test_the_trainer_is_fed_what_the_rust_normalizer_makes(tokenizer):
     """Tokenizer training feeds the WordPiece trainer text normalized in Python, with the
     trainer's own normalizer off meanwhile: the text must be the Rust normalizer's, and
     the trained tokenizer must come back with its normalizer."""
-    from minibert.tokenizer_train import normalized
+    from minibert.data.tokenizer_train import normalized
 
     texts = CASES + _random_texts(2000, seed=4)
     rust = tokenizer.backend.normalizer.normalize_str

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import minibert
-from minibert.optim import build_optimizer, lr_at, param_groups, resolve_warmup, set_lr
+from minibert.training.optim import build_optimizer, lr_at, param_groups, resolve_warmup, set_lr
 from conftest import tiny_config
 from facts import raises
 

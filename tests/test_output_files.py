@@ -173,7 +173,7 @@ def test_every_file_and_folder_of_a_run_has_the_modes_of_the_umask(umask, inputs
     """final/, checkpoints, the cache's entries and the exports were drwx------, readable by
     their owner alone, and model.safetensors -rw-------, whatever the umask said."""
     import minibert
-    from minibert.export import export_checkpoint
+    from minibert.interop.export import export_checkpoint
     from test_atomic import assert_modes
 
     out, cache = tmp_path / "run", tmp_path / "cache"

@@ -14,7 +14,7 @@ import torch
 
 import minibert
 from minibert.data import MLMCollator, QAExample, TaskCollator, encode_classification, encode_qa
-from minibert.export import export_checkpoint
+from minibert.interop.export import export_checkpoint
 from engine_utils import WORDS, load_example, quick_runs  # noqa: F401 (fixture)
 from facts import raises
 

@@ -1,4 +1,5 @@
-"""minibert.predict against the model run on each example alone: outputs, order, loss, mode."""
+"""minibert.tasks.predict against the model run on each example alone: outputs, order, loss,
+mode."""
 
 import random
 
@@ -8,7 +9,7 @@ import torch.nn.functional as F
 
 import minibert
 from minibert.data import IGNORE_INDEX, TaskCollator
-from minibert.predict import predict
+from minibert.tasks.predict import predict
 from conftest import tiny_config
 from facts import raises
 

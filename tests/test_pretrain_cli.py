@@ -251,19 +251,19 @@ def test_existing_run_is_never_overwritten_and_damage_is_detected(data_dir, tmp_
 def test_continued_pretraining_on_a_folder_of_text_files(data_dir, tmp_path, allocator_calls,
                                                          monkeypatch):
     """--init-from a checkpoint, --data-dir any folder of .txt files (domain adaptation)."""
-    import minibert.hf
+    import minibert.interop.hf
 
     cache = tmp_path / "cache"
     assert pretrain.main(_args(data_dir, tmp_path / "base", cache, "--max-steps", "2")) == 0
     reads = []  # the weights' tensors read (a header alone is not a read)
-    load = minibert.hf._load_safetensors
+    load = minibert.interop.hf._load_safetensors
 
     def counted(file, header_only=False):
         if not header_only:
             reads.append(file)
         return load(file, header_only)
 
-    monkeypatch.setattr(minibert.hf, "_load_safetensors", counted)
+    monkeypatch.setattr(minibert.interop.hf, "_load_safetensors", counted)
     domain = tmp_path / "domain"
     domain.mkdir()
     rng = random.Random(1)
@@ -373,11 +373,12 @@ def test_a_warmup_longer_than_the_run_names_its_own_flag_to_shorten(data_dir, tm
 
 
 def test_a_second_run_on_the_same_out_is_refused_naming_the_first(data_dir, tmp_path, capsys):
-    from minibert.rundir import RunLock
+    from minibert.training.rundir import RunLock
 
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, sys.argv[1]); from minibert.rundir import RunLock; "
+        "import sys, time; sys.path.insert(0, sys.argv[1]); "
+        "from minibert.training.rundir import RunLock; "
         "lock = RunLock(sys.argv[2]).acquire(); print('held', flush=True); time.sleep(60)"),
         str(Path(__file__).resolve().parents[1]), str(out)], stdout=subprocess.PIPE, text=True)
     try:
@@ -486,7 +487,7 @@ def test_damaged_weights_checkpoints_and_a_full_disk_are_one_line(data_dir, tmp_
     assert_carries(err, str(out / "final"), "MB are free", "--resume",
                    str(out / "checkpoints" / "step_00000002"))
     monkeypatch.undo()
-    from minibert.export import export_checkpoint
+    from minibert.interop.export import export_checkpoint
 
     export_checkpoint(out / "checkpoints" / "step_00000002", out / "final")
     assert minibert.BertForMaskedLM.from_pretrained(out / "final").config.vocab_size > 0
@@ -530,7 +531,7 @@ def test_a_resumed_auto_run_evaluates_in_the_precision_it_trains_in(data_dir, tm
     """--precision auto decides by the CPU's flags; a resume on a machine whose CPU decides
     otherwise (the run's folder moved, or is shared) keeps training in the run's precision
     (engine), and must evaluate in it too: eval.json then equals the uninterrupted run's."""
-    import minibert.precision as precision
+    import minibert.machine.precision as precision
 
     def run(out, flags, *extra):
         monkeypatch.setattr(precision, "_read_cpuinfo", lambda: f"flags\t\t: fpu avx2 {flags}\n")

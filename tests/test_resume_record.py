@@ -107,9 +107,9 @@ def _stop_at(monkeypatch, call):
     """SIGTERM during the `call`-th optimizer step of this process (a script's second run,
     distillation's without the teacher, counts on), every step SLOW seconds longer until
     then: the stop saves that step's checkpoint and ends the start with status 143."""
-    import minibert.engine
+    import minibert.training.engine
 
-    real, calls = minibert.engine._clip_and_step, []
+    real, calls = minibert.training.engine._clip_and_step, []
 
     def step(*args, **kwargs):
         calls.append(1)
@@ -118,7 +118,7 @@ def _stop_at(monkeypatch, call):
             os.kill(os.getpid(), signal.SIGTERM)  # the run's own handler takes it
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(minibert.engine, "_clip_and_step", step)
+    monkeypatch.setattr(minibert.training.engine, "_clip_and_step", step)
 
 
 def _timeless(record):

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from minibert.rope import _cached_angles, apply_rope, rope_angles
+from minibert.model.rope import _cached_angles, apply_rope, rope_angles
 
 
 def _rope_by_complex_numbers(x: torch.Tensor, theta: float,
@@ -103,7 +103,7 @@ def test_angles_first_made_under_inference_mode_still_train():
 def test_a_float64_model_rotates_in_float64():
     """fp64 is how a reference check is run (gradcheck, a loop in float64); RoPE rounded its
     inputs to fp32 and capped every such check of a RoPE model near 1e-7."""
-    from minibert.rope import rope_dtype
+    from minibert.model.rope import rope_dtype
 
     x = torch.randn(2, 3, 50, 8, dtype=torch.float64, requires_grad=True)
     cos, sin = rope_angles(50, 8, 10000.0, torch.device("cpu"), rope_dtype(x.dtype))
@@ -116,7 +116,7 @@ def test_a_float64_rope_model_runs_its_rotations_in_float64(monkeypatch):
     """Through the model, not apply_rope alone: the attention layer must ask for fp64 angles
     (the layer is what passes `rope_dtype`)."""
     import minibert
-    import minibert.model
+    import minibert.model.model
 
     config = minibert.BertConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
                                  intermediate_size=32, max_position_embeddings=64,
@@ -125,7 +125,7 @@ def test_a_float64_rope_model_runs_its_rotations_in_float64(monkeypatch):
     ids = torch.randint(1, 50, (2, 30))
     with torch.no_grad():
         ours = model(ids).last_hidden_state
-        monkeypatch.setattr(minibert.model, "apply_rope", lambda x, cos, sin:
+        monkeypatch.setattr(minibert.model.model, "apply_rope", lambda x, cos, sin:
                             _rope_by_complex_numbers(x, 10000.0, torch.float64))
         reference = model(ids).last_hidden_state
     assert ours.dtype == torch.float64 and (ours - reference).abs().max() < 1e-12

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-import minibert.rundir
+import minibert.training.rundir
 from facts import assert_carries, raises
-from minibert.rundir import RunLock, RunLockedError, run_exists
+from minibert.training.rundir import RunLock, RunLockedError, run_exists
 
-RUNDIR_PY = Path(minibert.rundir.__file__)
+RUNDIR_PY = Path(minibert.training.rundir.__file__)
 
 # A child process that takes the lock, says so, and holds it until its stdin closes. It loads
 # rundir.py by path: the module needs only the standard library, and importing the minibert
@@ -83,7 +83,7 @@ def test_lock_of_a_killed_run_is_taken_over(tmp_path, caplog):
     proc.send_signal(signal.SIGKILL)  # no chance to clean up; the kernel drops the flock
     proc.wait(timeout=30)
     proc.stdin.close()
-    with caplog.at_level(logging.INFO, logger="minibert.rundir"):
+    with caplog.at_level(logging.INFO, logger="minibert.training.rundir"):
         with RunLock(tmp_path) as lock:
             assert lock.previous["pid"] == proc.pid
             assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
@@ -91,8 +91,8 @@ def test_lock_of_a_killed_run_is_taken_over(tmp_path, caplog):
 
 
 def test_without_fcntl_the_lock_does_nothing_and_says_so(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(minibert.rundir, "fcntl", None)
-    with caplog.at_level(logging.WARNING, logger="minibert.rundir"):
+    monkeypatch.setattr(minibert.training.rundir, "fcntl", None)
+    with caplog.at_level(logging.WARNING, logger="minibert.training.rundir"):
         with RunLock(tmp_path), RunLock(tmp_path):  # not exclusive, but the run goes on
             pass
     assert "cannot lock" in caplog.text
@@ -117,7 +117,7 @@ def test_run_exists_lists_what_a_run_leaves(tmp_path):
 def test_a_run_without_a_checkpoint_is_named_as_such_both_ways(tmp_path):
     """A run stopped before its first checkpoint: a fresh start was told to pass --resume,
     and --resume that there was no checkpoint, with no way out named."""
-    from minibert.rundir import open_run
+    from minibert.training.rundir import open_run
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0, "lr": 0.001}\n')
     (tmp_path / "checkpoints" / ".tmp-step_00000001").mkdir(parents=True)  # a save killed
@@ -146,7 +146,7 @@ def test_a_run_without_a_checkpoint_is_named_as_such_both_ways(tmp_path):
 def test_a_refused_resume_of_a_folder_that_does_not_exist_makes_none(tmp_path):
     """The lock was taken first and made the folder, so a refused --resume left --out
     behind, which a pipeline checking for it would take for a run."""
-    from minibert.rundir import open_run
+    from minibert.training.rundir import open_run
 
     with raises(FileNotFoundError, "--resume", str(tmp_path / "out"), "--out"):
 
@@ -159,7 +159,7 @@ def test_a_start_that_ends_before_training_leaves_the_folder_as_it_found_it(tmp_
     """Refused, failed or stopped (Ctrl-C) before its run trained, a start takes back what
     it made: an --out it made (parents included) and its lock file go; in a folder it did
     not make, only what it added, and it names a file it wrote over."""
-    from minibert.rundir import open_run
+    from minibert.training.rundir import open_run
 
     out = tmp_path / "runs" / "new"
     with pytest.raises(KeyboardInterrupt):
@@ -201,8 +201,9 @@ def test_a_start_that_could_not_write_keeps_only_a_run_that_can_resume(tmp_path)
 
     import torch
 
-    from minibert.checkpoint import save_checkpoint
-    from minibert.rundir import open_run, writing
+    from minibert.training.checkpoint import save_checkpoint
+    from minibert.atomic import writing
+    from minibert.training.rundir import open_run
 
     out = tmp_path / "out"
     full = OSError(errno.ENOSPC, "No space left on device")
@@ -240,7 +241,7 @@ def test_a_lock_file_removed_by_its_holder_is_not_held(tmp_path, monkeypatch):
         calls.append(path)
         return stale if len(calls) == 1 else original_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(minibert.rundir.os, "open", open_stale_first)
+    monkeypatch.setattr(minibert.training.rundir.os, "open", open_stale_first)
     with RunLock(tmp_path):
         assert len(calls) == 2 and (tmp_path / ".lock").is_file()
         with pytest.raises(RunLockedError):  # the lock is on the file others find

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from minibert import cli
-from minibert.distributed import DistContext
-from minibert.engine import TrainingError
-from minibert.signals import Stopped
+from minibert.training.distributed import DistContext
+from minibert.training.engine import TrainingError
+from minibert.training.signals import Stopped
 
 from engine_utils import WORDS, load_example, quick_runs, wikitext_folder  # noqa: F401 (fixture)
 from facts import assert_carries, raises, without
@@ -99,10 +99,10 @@ def test_run_script_exit_statuses(tmp_path, capsys):
 def test_run_script_bounds_the_kernel_cache_before_anything_runs(tmp_path, monkeypatch):
     """oneDNN reads its cache's bound once, at the first bf16 matmul, which `prepare` could
     already make."""
-    import minibert.memory
+    import minibert.machine.memory
 
     order = []
-    monkeypatch.setattr(minibert.memory, "limit_kernel_cache",
+    monkeypatch.setattr(minibert.machine.memory, "limit_kernel_cache",
                         lambda *a: order.append("limit_kernel_cache") or True)
     args = type("Args", (), {"device": "cpu", "out": tmp_path / "out", "resume": False})
     assert cli.run_script(args, lambda a, c: order.append("prepare") or SimpleNamespace(runs=[]),
@@ -359,7 +359,7 @@ def test_a_run_that_fails_at_its_first_step_leaves_out_as_it_found_it(
         resume, inputs, tmp_path, capsys, monkeypatch):
     """A failure no check foresaw, at the first step (a batch the model cannot take): what
     the start wrote (the lock, labels.json, tokenizer/) goes with it."""
-    import minibert.engine
+    import minibert.training.engine
 
     out, script = tmp_path / "out", "finetune_classification"
     flags = ["--resume", "--max-steps", "2"] if resume else []
@@ -370,7 +370,7 @@ def test_a_run_that_fails_at_its_first_step_leaves_out_as_it_found_it(
     def cannot(*args, **kwargs):
         raise ValueError("this batch cannot be computed")
 
-    monkeypatch.setattr(minibert.engine, "_accumulate", cannot)
+    monkeypatch.setattr(minibert.training.engine, "_accumulate", cannot)
     assert "cannot be computed" in _one_line(capsys, script,
                                              script_argv(script, inputs, out, *flags))
     if resume:
@@ -405,7 +405,7 @@ def test_negative_values_reach_every_number_flag_and_nothing_else():
 
 
 def test_settings_errors_are_said_in_flag_names():
-    from minibert.state import TrainConfig
+    from minibert.training.state import TrainConfig
 
     flags = {"lr": "--lr", "min_lr": "--min-lr", "batch_size": "--batch-size",
              "warmup": "--warmup-steps"}

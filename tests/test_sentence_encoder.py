@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import minibert
-from minibert.sentence import SentenceEncoder, cosine_similarity, nearest
+from minibert.tasks.sentence import SentenceEncoder, cosine_similarity, nearest
 
 from conftest import hf_config, tiny_config
 from facts import raises

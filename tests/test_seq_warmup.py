@@ -10,10 +10,10 @@ import torch
 import minibert
 from engine_utils import collator, tiny_corpus, tiny_model, train_config
 from facts import raises
-from minibert.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from minibert.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from minibert.data.sampler import GlobalBatches
 from minibert.data.seq_warmup import cut_for_step, seq_len_at, truncate
-from minibert.engine import TrainConfig, train
+from minibert.training.engine import TrainConfig, train
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +98,14 @@ class Recording(minibert.BertForMaskedLM):
 
 def test_training_follows_the_schedule_and_its_first_step_is_the_cut_batch(corpus, tmp_path,
                                                                            monkeypatch):
-    import minibert.engine
+    import minibert.training.engine
 
     # The allocator's kept memory is handed back at each change of length, and every
     # RELEASE_EVERY steps; recorded as the number of steps taken when it happens.
     releases = []
-    monkeypatch.setattr(minibert.engine, "release_freed_memory",
+    monkeypatch.setattr(minibert.training.engine, "release_freed_memory",
                         lambda: releases.append(len(model.widths)))
-    monkeypatch.setattr(minibert.engine, "RELEASE_EVERY", 5)
+    monkeypatch.setattr(minibert.training.engine, "RELEASE_EVERY", 5)
     tok, ds = corpus
     model = Recording(tiny_model(tok).config)
     reference = Recording(model.config)
@@ -146,7 +146,7 @@ def test_resume_inside_the_warmup_is_exact(corpus, tmp_path):
 def test_a_checkpoint_without_a_setting_is_refused_naming_it(corpus, tmp_path):
     """No released minibert wrote checkpoints without these settings: one that lacks them is
     not read as if they held their defaults, but refused, naming each."""
-    from minibert.state import SettingsMismatch
+    from minibert.training.state import SettingsMismatch
 
     tok, ds = corpus
     train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2, decay_steps=4),

@@ -1,4 +1,4 @@
-"""minibert.tokenizer.Tokenizer: training, caching, loading, and parity with transformers
+"""minibert.data.tokenizer.Tokenizer: training, caching, loading, and parity with transformers
 (ids, pairs and their truncation, offsets, word ids)."""
 import json
 import os
@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from facts import assert_carries, raises, without
-from minibert.tokenizer import SPECIAL_TOKENS, Tokenizer, truncated_lengths
+from minibert.data.tokenizer import SPECIAL_TOKENS, Tokenizer, truncated_lengths
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -324,7 +324,7 @@ def test_words_over_the_wordpiece_limit_never_reach_the_trainer(monkeypatch):
 def test_training_on_an_overlong_word_logs_what_it_skipped(tmp_path, caplog):
     f = tmp_path / "with.txt"
     f.write_text("\n".join(CORPUS + WITH_LONG), encoding="utf-8")
-    with caplog.at_level("INFO", logger="minibert.tokenizer_train"):
+    with caplog.at_level("INFO", logger="minibert.data.tokenizer_train"):
         tok = Tokenizer.train([f], vocab_size=400, min_frequency=1, use_cache=False)
     assert caplog.text.count("skipped 2 words longer than 100 characters "
                              "(the longest had 300000)") == 1
@@ -472,7 +472,7 @@ def _words(tok, texts):
 def test_pure_python_wordpiece_equals_the_rust_backend_on_every_word():
     import random
 
-    from minibert.tokenizer import wordpiece
+    from minibert.data.tokenizer import wordpiece
 
     rng = random.Random(0)
     stems = ["walk", "talk", "believ", "understand", "nation", "photo", "graph", "run"]
@@ -494,7 +494,7 @@ def test_wordpiece_on_every_word_of_wikitext_valid():
     """The whole WikiText-2 validation split, with a vocabulary trained on it."""
     from pathlib import Path
 
-    from minibert.tokenizer import wordpiece
+    from minibert.data.tokenizer import wordpiece
 
     valid = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2" / "valid.txt"
     if not valid.is_file():
@@ -554,7 +554,7 @@ def test_tokenizer_without_post_processor_gets_berts_template(tmp_path, caplog):
     reference = Tokenizer.from_pretrained(_vocab_folder(tmp_path / "vocab"))
     (tmp_path / "bare").mkdir()
     _without_post_processor().save(str(tmp_path / "bare" / "tokenizer.json"))
-    with caplog.at_level("WARNING", logger="minibert.tokenizer"):
+    with caplog.at_level("WARNING", logger="minibert.data.tokenizer"):
         wrapped = Tokenizer(_without_post_processor())
         loaded = Tokenizer.from_pretrained(tmp_path / "bare")
     assert caplog.text.count("attached BERT's template") == 2
@@ -573,7 +573,7 @@ def test_tokenizer_without_post_processor_gets_berts_template(tmp_path, caplog):
     # Saved, the template is part of tokenizer.json: it reloads without a warning.
     loaded.save(tmp_path / "saved")
     caplog.clear()
-    with caplog.at_level("WARNING", logger="minibert.tokenizer"):
+    with caplog.at_level("WARNING", logger="minibert.data.tokenizer"):
         again = Tokenizer.from_pretrained(tmp_path / "saved")
     assert "attached" not in caplog.text
     assert again.fingerprint == loaded.fingerprint
@@ -633,7 +633,7 @@ def test_malformed_tokenizer_config_is_named(tmp_path, content, problem):
 
 _TRAIN_AND_HASH = """
 import hashlib, sys
-from minibert.tokenizer import Tokenizer
+from minibert.data.tokenizer import Tokenizer
 tok = Tokenizer.train([sys.argv[1]], vocab_size=int(sys.argv[2]), min_frequency=1,
                       limit_alphabet=int(sys.argv[3]), use_cache=False)
 tok.save(sys.argv[4])

@@ -9,7 +9,7 @@ import torch
 import minibert
 from conftest import tiny_config
 from facts import raises
-from minibert.tokenizer import Tokenizer
+from minibert.data.tokenizer import Tokenizer
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -163,7 +163,7 @@ def test_a_bad_argument_is_refused_by_name(ours_and_theirs, args, kwargs, error,
 
 def test_a_max_length_that_does_nothing_is_said(ours_and_theirs, caplog):
     ours, _ = ours_and_theirs
-    with caplog.at_level("WARNING", logger="minibert.tokenizer_call"):
+    with caplog.at_level("WARNING", logger="minibert.data.tokenizer_call"):
         ours(TEXTS, padding=True, max_length=5)
         ours(TEXTS, truncation=True, max_length=5)
     assert len(caplog.records) == 1

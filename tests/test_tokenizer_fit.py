@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import minibert
-from minibert.pretrained import VOCAB_KEY, check_tokenizer_fits, vocab_sha256
+from minibert.interop.pretrained import VOCAB_KEY, check_tokenizer_fits, vocab_sha256
 
 from engine_utils import WORDS, load_example, quick_runs  # noqa: F401 (fixture)
 from facts import assert_carries, raises, without

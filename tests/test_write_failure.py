@@ -47,10 +47,10 @@ def full_disk_at(monkeypatch, target: str, out: Path) -> None:
 
     import minibert.atomic
     import minibert.data.prepare
-    import minibert.finetune
-    import minibert.pretrain
-    import minibert.runlog
-    import minibert.tokenizer
+    import minibert.cli.finetune
+    import minibert.cli.pretrain
+    import minibert.training.runlog
+    import minibert.data.tokenizer
 
     folder = out / target.rsplit("/", 1)[0] if "/" in target else out
     name = target.rsplit("/", 1)[-1]
@@ -65,7 +65,7 @@ def full_disk_at(monkeypatch, target: str, out: Path) -> None:
             _full()
         return texts(directory, contents)
 
-    for module in (minibert.finetune, minibert.pretrain, minibert.tokenizer,
+    for module in (minibert.cli.finetune, minibert.cli.pretrain, minibert.data.tokenizer,
                    minibert.data.prepare):
         monkeypatch.setattr(module, "write_files_atomically", write_texts)
 
@@ -87,7 +87,7 @@ def full_disk_at(monkeypatch, target: str, out: Path) -> None:
         hit = name == "metrics.jsonl" and Path(path) == folder / name and "a" in mode
         return FullFile(f) if hit else f
 
-    monkeypatch.setattr(minibert.runlog, "open", open_log, raising=False)
+    monkeypatch.setattr(minibert.training.runlog, "open", open_log, raising=False)
     save = torch.save
 
     def torch_save(obj, f, *args, **kwargs):
@@ -278,8 +278,9 @@ def test_a_file_size_limit_at_the_first_checkpoint(inputs, tmp_path):
 
 @pytest.mark.skipif(os.name != "posix", reason="a file-size limit is POSIX's setrlimit")
 @pytest.mark.parametrize("script,target,named", [
-    ("finetune_classification", "minibert.pretrained.PretrainedMixin.save_pretrained", "final"),
-    ("pretrain_wikitext", "minibert.pretrain.write_json", "eval.json")])
+    ("finetune_classification", "minibert.interop.pretrained.PretrainedMixin.save_pretrained",
+     "final"),
+    ("pretrain_wikitext", "minibert.cli.pretrain.write_json", "eval.json")])
 def test_a_file_size_limit_after_training_leaves_a_run_to_resume(script, target, named,
                                                                  inputs, tmp_path):
     """The limit meets final/ (safetensors says "os error 27") or eval.json (a plain

@@ -1,5 +1,9 @@
 """The data pipeline: text -> Tokenizer -> TokenFile (memmap) -> packed examples -> batches.
 
+* `tokenizer` WordPiece through `tokenizers`: `Tokenizer`, trained (`tokenizer_train`),
+                    called as transformers' (`tokenizer_call`), saved in transformers'
+                    layout (`tokenizer_files`), BERT's five special tokens
+                    (`special_tokens`)
 * `wikitext`  download WikiText and read it as articles
 * `tokens`    tokenize a corpus once into a memory-mapped token file
 * `normalize` BERT's text normalizer in Python, ahead of the Rust pipeline: the
@@ -16,6 +20,10 @@
                     `TaskCollator`, and whole tasks read from two files (`TaskData`)
 * `prepare`   a pretraining corpus made ready once: read, the run's tokenizer, the
                     token cache (import `minibert.data.prepare`)
+
+What it may import: the file writers and readers beside it (`minibert.atomic`,
+`minibert.paths`), the label rule (`minibert.labels`) and the tasks' span metric. Never the
+model, the engine or the scripts: text becomes batches without either.
 """
 
 from __future__ import annotations

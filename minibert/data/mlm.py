@@ -33,7 +33,7 @@ from ..labels import IGNORE_INDEX, predicted
 from .tokens import TokenFile
 
 if TYPE_CHECKING:
-    from ..tokenizer import Tokenizer
+    from .tokenizer import Tokenizer
 
 
 # ------------------------------------------------------------------ packing

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
 from ..atomic import PathLike, write_files_atomically
-from ..rundir import writing
-from ..tokenizer import Tokenizer, default_cache_dir
+from ..atomic import writing
+from .tokenizer import Tokenizer, default_cache_dir
 from .corpus import Corpus, Documents, load_corpus
 from .mlm import PackedMLMDataset
 from .tokens import TokenFile, TokenFileError, tokenize_to_memmap

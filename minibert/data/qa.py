@@ -29,7 +29,7 @@ import numpy as np
 from .task_files import QAExample
 
 if TYPE_CHECKING:
-    from ..tokenizer import Tokenizer
+    from .tokenizer import Tokenizer
 
 
 class SpanPrediction(NamedTuple):

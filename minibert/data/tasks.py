@@ -35,13 +35,13 @@ import numpy as np
 import torch
 
 from ..atomic import PathLike
-from ..metrics import spans
+from ..tasks.metrics import spans
 from .mlm import IGNORE_INDEX, check_pad_multiple, pad_batch
 from .qa import SpanPrediction, best_span, encode_qa
 from .task_files import LabelMap, QAExample, Sentence, read_conll, read_squad, read_table
 
 if TYPE_CHECKING:
-    from ..tokenizer import Tokenizer
+    from .tokenizer import Tokenizer
 
 __all__ = [
     "LabelMap", "QAExample", "Sentence", "SequenceSplit", "SpanPrediction", "TaskCollator",
@@ -69,7 +69,7 @@ def encode_classification(tok: "Tokenizer", texts: Sequence[str],
 
     Inputs over `max_len` tokens are cut at the end; a pair loses tokens from its
     longer text first, as BERT did and transformers does (`longest_first`, see
-    `minibert.tokenizer.truncated_lengths`). Each feature holds `input_ids`
+    `minibert.data.tokenizer.truncated_lengths`). Each feature holds `input_ids`
     and `token_type_ids` ((T,) int64, types 0 for the text and 1 for the pair; for a model
     without segment embeddings, `TaskCollator(..., segments=False)` leaves them out) and,
     with `labels`, its `label` (a class id, or a float for regression).

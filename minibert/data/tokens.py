@@ -35,8 +35,8 @@ from .corpus import Documents
 from .normalize import FastEncoder
 from .text import iter_documents, text_file_named
 
-if TYPE_CHECKING:  # imported lazily: minibert.tokenizer itself imports minibert.data
-    from ..tokenizer import Tokenizer
+if TYPE_CHECKING:  # imported lazily: minibert.data.tokenizer itself imports minibert.data
+    from .tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,619 @@
+"""What every command-line script of examples/ shares: its parser, its start, how it ends.
+
+    __init__.py  the parser, the shared flags, a script's start and its exit status (here)
+    pretrain.py  the masked-LM jobs' flags, checks and data (pretrain_wikitext.py, distill.py)
+    finetune.py  the fine-tuning scripts' flags, model, settings and evaluation
+
+The scripts' layer sits on top: it may import every other package, and none imports it.
+
+A script's life is `run_script(args, prepare, run)`, and it checks, then writes.
+`prepare(args, ctx)` checks the flags and reads every input it can, writing nothing, and
+returns a namespace whose `runs` lists the training runs it will start (`resume.RunPlan`).
+`run_script` then checks --out: whether it can take a fresh start or holds a run to resume
+(`rundir.RunFolder.check`), and with --resume, whether each run's checkpoint continues
+that very run (`resume.check_resume`: the model's class and config, the settings, the
+data). A --resume of a run that is finished (`rundir.run_finished`) ends there, with one
+line and exit status 0, writing nothing. Only then does `run(args, ctx, prepared)` write,
+inside the run folder held by its lock (`rundir.open_run`); a start that ends before it
+has trained leaves the folder as it found it. How it ends is said by the exit status, so
+that `cmd && next` never goes on after a run that did not finish well:
+
+    0          the run finished; its outputs are written
+    1          the run started and could not finish well: it diverged (steps kept being
+               skipped, or the final evaluation is not finite) or ran out of memory; no
+               final/ is written, the checkpoints are kept
+    2          bad input (a flag, a file, a checkpoint, a missing package), refused with
+               one line on stderr, before --out is touched
+    3          could not write: a full disk, a quota or a file-size limit stopped a write
+               after the run had written to --out; the line names what is left and how to
+               go on (--resume from the newest intact checkpoint; without one, the start
+               takes back what it wrote, and the same command works once the write can)
+    128 + N    stopped by signal N (130 for SIGINT, 143 for SIGTERM), said in one line on
+               stderr: during training, after saving a checkpoint (the same command with
+               --resume continues it); before the first step, with --out as the start
+               found it (the line says what is left otherwise)
+
+Signals are this module's from the script's first line: each script holds SIGINT and
+SIGTERM back (`signal.pthread_sigmask`) while Python imports torch, and `run_script` takes
+them over. Outside the training loop (whose `StopFlag` ends the step in progress and saves
+it) a signal stops the script where it is, as Ctrl-C does any Python program, but with one
+line rather than a traceback.
+
+This module is the scripts' layer: it logs their one-line errors to stderr (the library
+below it only logs), and translates the settings' field names into flag names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import logging
+import math
+import re
+import signal
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
+
+import torch.nn as nn
+
+from ..machine import memory
+from ..atomic import WriteError, could_not_write, write_failure
+from ..training.checkpoint import CheckpointError
+from ..model.config import ALL_PRESETS, BertConfig
+from ..data.tokens import TokenFileError
+from ..data.wikitext import DownloadError
+from ..training.distributed import DistContext, all_gather_objects, cleanup, init_distributed
+from ..training.recovery import TrainingError
+from ..training.resume import check_resume
+from ..training.rundir import RunFolder, open_run
+from ..training.runlog import last_training_loss
+from ..training.signals import Interrupted, StopOnSignals, Stopped
+from ..training.state import SettingsMismatch, TrainConfig
+from ..data.tokenizer_train import default_cache_dir
+
+log = logging.getLogger(__name__)
+
+# Bad input: exit status 2. TokenFileError and CheckpointError are ValueErrors, named for
+# the reader; DownloadError (a RuntimeError) is bad input too: no corpus, no run.
+BAD_INPUT = (ValueError, OSError, ImportError, DownloadError, TokenFileError, CheckpointError)
+
+T = TypeVar("T")
+
+
+# ---- the parser ------------------------------------------------------------------------------
+
+class _DefaultsHelp(argparse.HelpFormatter):
+    """--help with every flag's default: argparse's ArgumentDefaultsHelpFormatter shows it
+    only for flags that have help text, and shows "(default: None)" where a script computes
+    the default (its help says how). Switches (store_true) default to off and say nothing."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and self._default(action) is not None:
+            action = copy.copy(action)  # argparse writes no help line without help text
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = (action.help or "").strip()
+        if self._default(action) is None or "%(default)" in text:
+            return text
+        return f"{text} (default: %(default)s)".strip()
+
+    @staticmethod
+    def _default(action: argparse.Action) -> Any:
+        if (not action.option_strings or action.nargs == 0
+                or action.default is argparse.SUPPRESS):
+            return None
+        return action.default
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with the defaults shown in --help, and one fix: a negative number
+    after a flag is that flag's value.
+
+    argparse reads `--lr -1e-4` as two flags (`-1e-4` does not look like a number to it,
+    while `-0.5` does) and says only "expected one argument". Joined into `--lr=-1e-4`, the
+    value reaches the flag's own check, which says what the flag allows.
+    """
+
+    def __init__(self, description: str) -> None:
+        super().__init__(description=description,
+                         formatter_class=_DefaultsHelp)
+
+    def parse_args(self, args: Optional[Sequence[str]] = None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(self._join_negative_values(argv), namespace)
+
+    def _join_negative_values(self, argv: list[str]) -> list[str]:
+        takes_number = {s for a in self._actions if a.type in (int, float) and a.nargs is None
+                        for s in a.option_strings}
+        out: list[str] = []
+        i = 0
+        while i < len(argv):
+            if argv[i] in takes_number and i + 1 < len(argv) and _negative_number(argv[i + 1]):
+                out.append(f"{argv[i]}={argv[i + 1]}")
+                i += 2
+            else:
+                out.append(argv[i])
+                i += 1
+        return out
+
+
+def _negative_number(text: str) -> bool:
+    if not text.startswith("-"):
+        return False
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+# ---- the shared flags ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Job:
+    """A kind of run's defaults, which its flags take: the training settings (`train`) and
+    the model and data defaults beside them. `pretrain.MAIN_JOB` and `finetune.FINETUNE` are
+    the library's; a script starts from one, and `flag_specs` reads every default from it.
+
+    The kinds differ where their runs do. A fine-tuning run is measured in `epochs`: its
+    step count is known only once the data is read, so its warmup is a share of the schedule
+    (--warmup-ratio) and --max-steps is optional; a pretraining run (`epochs` None) is
+    measured in steps (--warmup-steps, --max-steps). `lr_init_from`, when set, is --lr's
+    default with --init-from (`train.lr` stays the one from random weights)."""
+
+    train: TrainConfig
+    preset: str = "mini"
+    vocab_size: int = 8192
+    seq_len: int = 128
+    # hidden and attention dropout from random weights; None: the preset's own
+    dropout: Optional[float] = None
+    epochs: Optional[int] = None
+    lr_init_from: Optional[float] = None
+    # --keep-freed-memory unset: None keeps freed memory on a CPU (apply_keep_freed_memory),
+    # False leaves the allocator alone
+    keep_freed_memory: Optional[bool] = None
+
+    def learning_rate(self, lr: Optional[float], init_from: Any) -> float:
+        """--lr, or this job's default for a start from a checkpoint or from random weights."""
+        if lr is not None:
+            return lr
+        return self.lr_init_from if init_from and self.lr_init_from is not None else self.train.lr
+
+    def flags(self) -> dict[str, str]:
+        """TrainConfig's fields as the flags that set them, for its messages."""
+        return {f: "--" + f.replace("_", "-") for f in asdict(self.train)} | {
+            "warmup": "--warmup-steps" if self.epochs is None else "--warmup-ratio"}
+
+
+_KEEP_FREED_MEMORY = (
+    "reuse freed memory instead of returning it to the kernel (glibc), from the first "
+    "training step; {when}. The trade: faster steps where the host's page faults are dear "
+    "(no gain where they are cheap), and a resident set that stays at its peak instead of "
+    "shrinking after one; it does not make the set grow over a long run "
+    "(benchmarks/RESULTS.md, 'Memory over a long run' and 'Process settings')")
+
+
+_DETERMINISTIC = (
+    "deterministic kernels: on a GPU, the same command then gives the same bits (slower); on "
+    "a CPU it already does at a fixed thread count, and this adds nothing (docs/runs.md, "
+    "'The same result')")
+
+
+# The flags whose meaning and default are the same in every script, training or not.
+PLAIN_FLAGS: dict[str, dict] = {
+    "--device": dict(choices=["auto", "cpu", "cuda"], default="auto",
+                     help="auto: cuda when available"),
+    "--cache-dir": dict(type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert"),
+    "--allow-vocab-mismatch": dict(action="store_true", help="with a checkpoint: accept a "
+                                   "tokenizer whose ids or special tokens are not the "
+                                   "model's (deliberate vocabulary surgery); refused by "
+                                   "default"),
+}
+
+
+def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
+               epoch: str = "passes over the training data") -> dict[str, dict]:
+    """Every shared flag, declared here once: its option string and its `add_argument`
+    arguments, the default taken from `job` (the field the flag fills). The script's own
+    words: `unit`, what a batch holds (sequences, examples, windows); `out`, the default
+    --out; `epoch`, what --epochs counts."""
+    t, by_epochs = job.train, job.epochs is not None
+    scratch_dropout = ("the preset's" if job.dropout is None else
+                       f"{job.dropout:g} (as in Cramming and ModernBERT: in a short "
+                       "pretraining run there is no overfitting to prevent, and dropout "
+                       "slows learning)")
+    return {
+        **PLAIN_FLAGS,
+        # model
+        "--init-from": dict(type=Path, help="start from a minibert or transformers checkpoint "
+                            "(a folder with config.json, weights and tokenizer); default: "
+                            "random weights and a new tokenizer"),
+        "--preset": dict(default=job.preset,
+                         help=f"without --init-from: one of {', '.join(ALL_PRESETS)}"),
+        "--vocab-size": dict(type=int, default=job.vocab_size, help="without --init-from"),
+        "--dropout": dict(type=float, help="hidden and attention dropout; default from "
+                          f"random weights {scratch_dropout}, from a checkpoint its own"),
+        "--attention": dict(choices=["sdpa", "math", "chunked"]),
+        "--compile": dict(action="store_true", help="torch.compile the model (distillation: "
+                          "the student and the teacher); on the CPUs measured it did not pay: "
+                          "no faster on packed batches, slower on padded ones, after a compile "
+                          "of tens of seconds (benchmarks/RESULTS.md, 'torch.compile on this "
+                          "CPU')"),
+        "--gradient-checkpointing": dict(action="store_true", help="recompute each encoder "
+                                         "block's activations in the backward pass instead of "
+                                         "keeping them: the same gradients in less memory, "
+                                         "for one more forward of the blocks"),
+        # training: the run's length and its schedule
+        "--epochs": dict(type=int, default=job.epochs, help=epoch),
+        "--max-steps": dict(type=int, default=None if by_epochs else t.max_steps,
+                            help=("stop after this many steps (overrides --epochs)"
+                                  if by_epochs else "where this run stops")
+                            + "; may change on --resume to stop earlier or go further"),
+        "--decay-steps": dict(type=int, help="the learning-rate schedule's horizon, fixed for "
+                              "the whole run; steps past it run at --min-lr (default: the "
+                              "steps of the run's first start)"),
+        "--batch-size": dict(type=int, default=t.batch_size, help=f"global: {unit} per step"),
+        "--micro-batch-size": dict(type=int, help="per rank; default batch / world size"),
+        "--lr": (dict(type=float, help=f"default {_number(job.lr_init_from)} with --init-from, "
+                      f"{_number(t.lr)} without") if job.lr_init_from is not None
+                 else dict(type=float, default=t.lr)),
+        "--min-lr": dict(type=float, default=t.min_lr, help="the rate at the horizon and after"),
+        # A share of a schedule whose length is not known yet, or a step count.
+        "--warmup-ratio": dict(type=float, default=t.warmup, help="fraction of --decay-steps"),
+        "--warmup-steps": dict(type=int, help=f"default {t.warmup * 100:.0f}%% of --decay-steps"),
+        "--schedule": dict(choices=["linear", "cosine"], default=t.schedule),
+        "--weight-decay": dict(type=float, default=t.weight_decay),
+        "--adam-eps": dict(type=float, default=t.adam_eps),
+        "--max-grad-norm": dict(type=float, default=t.max_grad_norm),
+        "--precision": dict(choices=["auto", "fp32", "bf16", "fp16"], default=t.precision,
+                            help="auto: bf16 on a CUDA GPU that has it and on a CPU whose "
+                            "flags name bf16 matrix instructions (AMX, AVX512-BF16, Arm "
+                            "BF16); fp32 elsewhere"),
+        "--seed": dict(type=int, default=t.seed),
+        "--deterministic": dict(action="store_true", help=_DETERMINISTIC),
+        "--keep-freed-memory": (
+            dict(action=argparse.BooleanOptionalAction,
+                 help=_KEEP_FREED_MEMORY.format(when="on by default on a CPU"))
+            if job.keep_freed_memory is None else
+            dict(action="store_true", default=job.keep_freed_memory,
+                 help=_KEEP_FREED_MEMORY.format(
+                     when="off by default here: fine-tuning heads refill smaller buffers than "
+                     "pretraining's vocabulary-wide logits"))),
+        # logging and checkpoints
+        "--out": dict(type=Path, default=Path(out)),
+        "--log-every": dict(type=int, default=t.log_every),
+        "--eval-every": dict(type=int, default=t.eval_every, help="0 = only at the end"),
+        "--eval-batches": dict(type=int, default=t.eval_batches, help="global batches of the "
+                               "evaluation split scored at each evaluation; fixed for the run, "
+                               "as the split is (a resume with another value is refused), so "
+                               "that every eval_loss is on the same text"),
+        "--save-every": dict(type=int, default=t.save_every),
+        "--resume": dict(action="store_true", help="continue from the last checkpoint"),
+        "--no-progress": dict(action="store_true", help="no tqdm progress bar"),
+    }
+
+
+def _number(x: float) -> str:
+    """A rate as people write it: 5e-5, not Python's 5e-05 or 0.0005."""
+    mantissa, exponent = f"{x:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def add_flags(group: Any, job: Optional[Job], names: Sequence[str], **wording: str) -> None:
+    """Add the shared flags `names` (of `flag_specs`) to `group`, in that order, with their
+    defaults from `job`; `wording`: `flag_specs`'s unit, out and epoch. Without a job (a
+    script that does not train), only the `PLAIN_FLAGS`."""
+    specs = flag_specs(job, **wording) if job is not None else PLAIN_FLAGS
+    for name in names:
+        group.add_argument(name, **specs[name])
+
+
+# ---- settings in flag names ------------------------------------------------------------------
+
+SEQ_LEN_FLAG = {"seq_len": "--seq-len"}  # for BertConfig.check_fits, in_flag_names' second argument
+
+
+def in_flag_names(make: Callable[[], T], flags: Mapping[str, str]) -> T:
+    """`make()` (e.g. a TrainConfig), with a ValueError's field names said as the flags that
+    set them: "TrainConfig.batch_size=0 must be ..." becomes "--batch-size 0 must be ...".
+
+    The settings validate themselves (config.py, state.py); a script does not check the
+    same rules again, it only says them in its own words. `flags` maps field -> flag."""
+    try:
+        return make()
+    except ValueError as e:
+        message = str(e).replace("TrainConfig.", "").replace("BertConfig.", "")
+        for field, flag in flags.items():
+            # `field=value` -> `flag value`, and a bare `field` -> `flag`; never inside a
+            # longer name (`lr` in `min_lr`) or a flag already written (`--lr`).
+            message = re.sub(rf"(?<![\w-]){re.escape(field)}(=|\b)",
+                             lambda m: flag + (" " if m.group(1) == "=" else ""), message)
+        raise ValueError(message) from None
+
+
+def model_source(args: Any) -> str:
+    """The flag that chose the model, as the user gave it: `--init-from DIR`, or
+    `--preset NAME` (for `BertConfig.check_fits`'s `what`, which names the model)."""
+    return f"--init-from {args.init_from}" if args.init_from else f"--preset {args.preset}"
+
+
+def model_flag_names(model: str, flags: Mapping[str, str] = {}) -> dict[str, str]:
+    """What a refused resume calls the model's config fields (`model FIELD`, in
+    `state.SettingsMismatch`): the flag that sets the field (`flags`, field -> flag), else
+    the field as one of those the flag `model` chose (`num_layers of --preset`)."""
+    return {f"model {f.name}": flags.get(f.name, f"{f.name} of {model}")
+            for f in dataclasses.fields(BertConfig)}
+
+
+def check_numbers(args: Any, rules: Sequence[tuple[str, Callable[[float], bool], str]]) -> None:
+    """Refuse the first numeric flag outside its range, in the flag's own name. `rules`:
+    (attribute, test, what is allowed); a flag left unset (None) is not checked. Infinity
+    and NaN are refused for every flag named."""
+    for name, ok, allowed in rules:
+        value = getattr(args, name, None)
+        if value is not None and not (math.isfinite(value) and ok(value)):
+            raise ValueError(f"--{name.replace('_', '-')} {value} must be {allowed}")
+
+
+def finite_flags(args: Any, names: Sequence[str]) -> None:
+    """Refuse an infinite or NaN value of the float flags `names` (the settings' own checks
+    let `inf` through where it is a valid number but never a meant one, e.g. a rate)."""
+    check_numbers(args, [(name, lambda v: True, "a finite number") for name in names])
+
+
+# ---- start, end, exit status -----------------------------------------------------------------
+
+def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
+               run: Callable[[Any, DistContext, Any], None],
+               flags: Mapping[str, str] = {}) -> int:
+    """A script's life and its exit status (see the module docstring). `args.device`,
+    `args.out` and `args.resume` are read here; `prepare` returns a namespace with `runs`,
+    the `resume.RunPlan` of each training run. `flags` (TrainConfig field -> flag) names
+    the settings a refused resume differs in as the script's flags."""
+    ctx, ok, folder = None, False, None
+    with StopOnSignals() as signals:
+        try:
+            signals.let_through()  # one held back while torch loaded stops the script here
+            # Before anything multiplies a bf16 matrix: oneDNN reads its bound once, at its
+            # first.
+            memory.limit_kernel_cache()
+            ctx = init_distributed(args.device)
+            logging.basicConfig(level=logging.INFO if ctx.is_main else logging.WARNING,
+                                format="%(message)s", stream=sys.stdout)
+            if Path(args.out).exists() and not Path(args.out).is_dir():
+                raise ValueError(f"--out {args.out} is a file; give a folder for the run (its "
+                                 f"checkpoints, logs and final model)")
+            prepared = prepare(args, ctx)  # reads and checks; writes nothing
+            folder = open_run(args.out, args.resume, main=ctx.is_main)
+            folder.check()  # what --out holds (the rank that writes it)
+            # every rank loads the checkpoint on --resume
+            steps = [(check_resume(plan, ctx.device), plan.cfg.max_steps)
+                     for plan in prepared.runs]
+            if args.resume and _finished(args.out, folder, steps, ctx):
+                ok = True
+                return 0
+            with folder:
+                run(args, ctx, prepared)  # the first write to --out
+            ok = True
+        except BaseException as e:
+            signals.settle()  # the outcome is decided: a signal now would only cut it short
+            ok = isinstance(e, Stopped)  # every rank stopped at the same step, saved
+            raised = e  # the write's own error, which the line of a run that could not write reads
+            return exit_status(name_outputs(e, script_outputs(args)), signals.received, flags,
+                               lambda: _left(args.out, folder),
+                               lambda error: _could_not_write(raised, args.out, folder))
+        finally:
+            signals.settle()
+            if ctx is not None:
+                cleanup(ctx, wait=ok)
+    return 0
+
+
+def script_outputs(args: Any) -> dict[str, Path]:
+    """Where a script's run writes, by the flag that chose it: --out, and the cache (the
+    token files, a trained tokenizer, a download), by --cache-dir or its default."""
+    cache = getattr(args, "cache_dir", None)
+    if cache:
+        return {"--out": Path(args.out), "--cache-dir": Path(cache).expanduser()}
+    return {"--out": Path(args.out), "the default --cache-dir": default_cache_dir()}
+
+
+def name_outputs(error: BaseException, outputs: Mapping[str, Path]) -> BaseException:
+    """`error` in the script's terms: a write that failed (`atomic.WriteError`) in one of
+    `outputs` (flag -> the path given) starts with that flag and path, as the user typed
+    them ("--out runs/a: cannot write runs/a/final: ..."); any other error is as it was."""
+    if isinstance(error, WriteError):
+        for flag, path in outputs.items():
+            if (named := error.as_output(flag, path)) is not None:
+                return named
+    return error
+
+
+def _finished(out: Path, folder: RunFolder, steps: list[tuple[Optional[int], int]],
+              ctx: DistContext) -> bool:
+    """Whether --resume found the run finished (`RunFolder.finished`, rank 0's word for
+    every rank): said in one line, and nothing is written. Rewriting its outputs would only
+    put a second evaluation's times over the run's."""
+    finished = all_gather_objects(folder.finished(steps), ctx)[0]
+    if finished and ctx.is_main:
+        _said.info("--resume: the run in %s is complete, at step %d, where it stops, with its "
+                   "outputs written; nothing is done and nothing is written (a larger "
+                   "--max-steps trains it further)", out, steps[0][1])
+    return finished
+
+
+def exit_status(error: BaseException, received: Optional[int], flags: Mapping[str, str] = {},
+                left: Callable[[], str] = lambda: "",
+                unwritten: Callable[[BaseException], Optional[str]] = lambda e: None) -> int:
+    """How a script that raised `error` ends: its one line on stderr and its exit status
+    (the module docstring's table). A signal (`received`, or a KeyboardInterrupt) stops it
+    whatever the exception it surfaced as; `left()` says what the stop left behind.
+    `unwritten(error)` is the line of a run that could not write, None for any other. An
+    exception that is neither a stop nor bad input nor a failed run is raised again: a
+    bug, whose traceback is wanted."""
+    if isinstance(error, Stopped):
+        _errors.warning("stopped by %s at step %d, its checkpoint saved: continue with the "
+                        "same command plus --resume", signal.Signals(error.signal).name,
+                        error.step)
+        return 128 + error.signal
+    if received is not None or isinstance(error, (Interrupted, KeyboardInterrupt)):
+        signum = received or getattr(error, "signal", signal.SIGINT)
+        _errors.warning("stopped by %s%s", signal.Signals(signum).name, left())
+        return 128 + signum
+    line = unwritten(error)
+    if line is not None:
+        _errors.error("error: %s", line)
+        return 3
+    if isinstance(error, SettingsMismatch):
+        return failed(ValueError(error.said(flags)))
+    if isinstance(error, (TrainingError, *BAD_INPUT)):
+        return failed(error)
+    raise error
+
+
+def _could_not_write(error: BaseException, out: Path, folder: Optional[RunFolder]
+                     ) -> Optional[str]:
+    """The line of a run that could not write into --out once it held it (None for any
+    other error, or another rank's): what stopped which write, what to do about it (the
+    cause's own fix: a file-size limit is not a full disk), what the start left in --out
+    and the way on from there. A file-size limit reaches this as EFBIG, not as a kill:
+    Python ignores SIGXFSZ from its start (its default action would end the process
+    mid-write, with no line at all)."""
+    if folder is None or folder.trained is None or not (
+            could_not_write(error) or isinstance(error, WriteError)):
+        return None
+    target = error.target if isinstance(error, WriteError) else None
+    what = getattr(error, "writing", None) or (str(target) if target else f"into {out}")
+    on_disk = next(p for p in (out, *out.parents) if p.exists())  # whose free space it says
+    return f"--out {out}: " + write_failure(_what_stopped(error), what, on_disk,
+                                            _way_on(out, folder))
+
+
+def _what_stopped(error: BaseException) -> BaseException:
+    """The error behind a failed write: the OSError with an errno in `error`'s chain (under
+    the line a writer made of it, or torch.save's "unexpected pos"), else the deepest one
+    (safetensors' error, which names the os error in its message)."""
+    for _ in range(8):  # the chain is short; the bound guards against a cycle
+        if isinstance(error, OSError) and error.errno is not None:
+            break
+        deeper = error.__cause__ or error.__context__
+        if deeper is None:
+            break
+        error = deeper
+    return error
+
+
+def _way_on(out: Path, folder: RunFolder) -> str:
+    """What a run that could not write left in --out, and the way on that works from it."""
+    if folder.resume_from is not None:
+        return (f"run the same command with --resume: it goes on from {folder.resume_from}, "
+                f"the newest intact checkpoint in {out}")
+    nothing = f"there is no intact checkpoint in {out} to resume from"
+    if folder.left:
+        return (f"delete {', '.join(folder.left)} in {out}, then run the same command again: "
+                f"{nothing}, and this start took back the rest of what it wrote")
+    if folder.made:
+        return (f"run the same command again: {nothing}, so this start removed the folder, "
+                f"which it had made")
+    return (f"run the same command again: {nothing}, so this start took back what it had "
+            f"written there")
+
+
+def _left(out: Path, folder: Optional[RunFolder]) -> str:
+    """What a start stopped by a signal leaves in --out, said after "stopped by SIGINT"."""
+    if folder is not None and not folder.main:  # rank 0 writes --out, and says what it left
+        return ""
+    if folder is None or folder.trained is None:  # stopped before --out was touched
+        return f" before anything was written to {out}"
+    if folder.trained:
+        return (f"; the run's checkpoints in {out} are kept: continue with the same command "
+                f"plus --resume")
+    if folder.left:
+        return f" before the first step; this start left {', '.join(folder.left)} in {out}"
+    if folder.made:
+        return f" before the first step; {out}, which this start made, is removed"
+    return f" before the first step; {out} is as this start found it"
+
+
+class _LiveHandler(logging.StreamHandler):
+    """Writes to `sys.stderr` (or `sys.stdout`) as it is at each record (a redirected or
+    captured stream)."""
+
+    def __init__(self, name: str = "stderr") -> None:
+        self._which = name
+        super().__init__()
+
+    @property
+    def stream(self):
+        return getattr(sys, self._which)
+
+    @stream.setter
+    def stream(self, value) -> None:  # logging sets it once; the property reads it live
+        pass
+
+
+# The scripts' one-line errors: on stderr whatever the logging setup, never on stdout.
+_errors = logging.getLogger(__name__ + ".errors")
+_errors.addHandler(_LiveHandler())
+_errors.propagate = False
+# A script's one line where its run has nothing to do: on stdout, whatever the logging setup.
+_said = logging.getLogger(__name__ + ".said")
+_said.addHandler(_LiveHandler("stdout"))
+_said.setLevel(logging.INFO)
+_said.propagate = False
+
+
+def failed(error: Exception) -> int:
+    """Say `error` as one line on stderr ("error: ..."); its exit status: 1 for a run that
+    could not go on (TrainingError), 2 for bad input."""
+    _errors.error("error: %s", " ".join(str(error).split()))
+    return 1 if isinstance(error, TrainingError) else 2
+
+
+def finished(result: Mapping[str, Any], ctx: DistContext, lr: float,
+             model: Optional[nn.Module] = None, out: Optional[Path] = None,
+             what: str = "the run") -> bool:
+    """After `engine.train`: True on rank 0 of a run whose outputs may be written.
+
+    A run stopped by a signal raises `Stopped` (its checkpoint is saved; the script exits
+    128 + the signal). A run that diverged raises `TrainingError`, since its outputs would
+    look like a model and compute garbage or NaN: its final evaluation loss (`eval_loss`,
+    or a task's `NAME/eval_loss`) is not finite, or its weights are not, or its last
+    training step's loss was not (read from `out`/metrics.jsonl: in eval mode, without
+    dropout, a diverged model may still give a finite, if huge, loss). `lr` is named in the
+    message, since a rate too high is the usual cause; `what` names the run."""
+    if result["interrupted"]:  # run_script says so, in one line on stderr
+        raise Stopped(result["stop_signal"], result["steps"])
+    bad = [f"the final {k} is {v}" for k, v in result.items()
+           if (k == "eval_loss" or k.endswith("/eval_loss")) and isinstance(v, float)
+           and not math.isfinite(v)]
+    if model is not None and not all(bool(p.isfinite().all()) for p in model.parameters()):
+        bad.append("the weights are not finite")
+    if ctx.is_main and out is not None:
+        loss = last_training_loss(Path(out) / "metrics.jsonl")
+        if loss is not None and not math.isfinite(loss):
+            bad.append(f"the last training step's loss is {loss}")
+    bad = list(dict.fromkeys(b for rank in all_gather_objects(bad, ctx) for b in rank))
+    if bad:
+        raise TrainingError(
+            f"{what} diverged after {result['steps']} steps ({result['skipped_steps']} skipped "
+            f"as non-finite): {'; '.join(bad)}. No model is saved in final/ (the checkpoints "
+            f"are kept). The usual cause is a learning rate too high for the model: lower "
+            f"--lr (it was {lr:g}), or warm up longer")
+    return ctx.is_main
+
+
+def apply_keep_freed_memory(asked: Optional[bool], ctx: DistContext) -> None:
+    """--keep-freed-memory: True asks for it, False leaves the allocator alone, None (the
+    main job's default) keeps freed memory when training on a CPU. Called just before
+    training, so that preparing the data, which frees large blocks once rather than every
+    step, still hands its memory back (memory.keep_freed_memory says why it pays)."""
+    if asked is False or (asked is None and ctx.device.type != "cpu"):
+        return
+    if not memory.keep_freed_memory() and asked:
+        log.warning("--keep-freed-memory has no effect here: it needs glibc's malloc")

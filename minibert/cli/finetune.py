@@ -1,0 +1,281 @@
+"""The fine-tuning scripts' shared wiring: flags and their checks, the tokenizer, the model,
+the training settings, the labels file and the evaluation of a labelled task.
+
+examples/finetune_classification.py, finetune_token_classification.py, finetune_qa.py and
+finetune_multitask.py are built from these pieces and `cli.run_script`; each keeps what is
+its own: its data flags, what --resume compares, and its outputs. Everything a script can
+check is checked before --out is touched: the flags (`check_args`), the files, the
+tokenizer against the model (`build_model`), the encoded data (`train_config`), a resumed
+run's labels (`check_labels`) and its checkpoint (`cli.run_script`, from the script's
+`RunPlan`). The errors are the scripts' one-line messages (a ValueError ends a run with
+exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import tokenizers
+import torch.nn as nn
+
+from ..atomic import write_files_atomically
+from . import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names,
+                  model_flag_names, model_source)
+from ..model.config import ALL_PRESETS, BertConfig
+from ..data.sampler import batches_per_epoch
+from ..data.tasks import TaskData, word_predictions
+from ..training.distributed import DistContext, all_gather_objects
+from ..interop.hf import MODEL_FOLDER, config_from_hf, read_config, require_safetensors
+from ..tasks.metrics import sequence_scores, token_scores
+from ..paths import check_readable
+from ..machine.precision import resolve_precision
+from ..tasks.predict import Predictions
+from ..interop.pretrained import PretrainedMixin, check_tokenizer_fits
+from ..atomic import writing
+from ..training.state import TrainConfig
+from ..data.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# Fine-tuning's defaults, those of the four fine-tuning scripts' flags: BERT's recipe (a few
+# epochs, a short linear warmup, 5e-5 from a checkpoint); from random weights the model
+# learns faster with a higher rate. Each evaluation and checkpoint falls at an epoch's end
+# (`train_config`).
+FINETUNE = Job(train=TrainConfig(batch_size=32, lr=5e-4, min_lr=0.0, warmup=0.1,
+                                 weight_decay=0.01),
+               preset="mini", vocab_size=8192, seq_len=128, dropout=None, epochs=3,
+               lr_init_from=5e-5, keep_freed_memory=False)
+
+# TrainConfig's fields as the flags that set them, for its messages.
+FLAGS = FINETUNE.flags()
+
+
+def flag_names(args: Any) -> dict[str, str]:
+    """What a refused resume calls the settings: FLAGS, and the model's fields as --dropout
+    or as those of --init-from or --preset, whichever chose the model."""
+    return {**FLAGS, **model_flag_names("--init-from" if args.init_from else "--preset", {
+        "hidden_dropout": "--dropout", "attention_dropout": "--dropout"})}
+
+
+# ---- flags -----------------------------------------------------------------------------------
+
+def add_args(p: argparse.ArgumentParser, *, out: str, unit: str = "examples",
+             job: Job = FINETUNE, epoch: str = "passes over the training data") -> None:
+    """The model, training and output flags of every fine-tuning script, with `job`'s
+    defaults. `unit` is what a batch holds (examples, windows); `out` the default --out;
+    `epoch` what --epochs counts."""
+    m = p.add_argument_group("model")
+    add_flags(m, job, ["--init-from", "--preset", "--vocab-size", "--cache-dir", "--dropout",
+                       "--allow-vocab-mismatch", "--gradient-checkpointing"])
+    t = p.add_argument_group("training")
+    add_flags(t, job, ["--epochs", "--max-steps", "--decay-steps", "--batch-size",
+                       "--micro-batch-size", "--lr", "--min-lr", "--warmup-ratio",
+                       "--weight-decay", "--precision", "--seed", "--device",
+                       "--keep-freed-memory"], unit=unit, epoch=epoch)
+    r = p.add_argument_group("logging and checkpoints")
+    add_flags(r, job, ["--out", "--log-every", "--resume", "--no-progress"], out=out)
+
+
+def learning_rate(args: Any, job: Job = FINETUNE) -> float:
+    """--lr, or its default: `job`'s from a checkpoint (--init-from) or from random weights."""
+    return job.learning_rate(args.lr, args.init_from)
+
+
+def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> TrainConfig:
+    """The mistakes in the shared flags worth one clear line, before any work is done, and
+    the training settings as far as the flags fix them (`train_config` adds the epochs).
+    `positive` names the script's own flags that must be at least 1 too."""
+    for flag in ("train", "eval"):  # each path there to read, or said why not
+        if getattr(args, flag, None) is not None:
+            check_readable(getattr(args, flag), f"--{flag}")
+    if args.init_from:
+        check_readable(args.init_from, "--init-from", MODEL_FOLDER)
+    if not args.init_from and args.preset not in ALL_PRESETS:
+        raise ValueError(f"unknown --preset {args.preset!r}; choose one of "
+                         f"{', '.join(ALL_PRESETS)}")
+    require_safetensors()  # the model is saved at the end: said now, not after training
+    for flag in ("epochs", *positive):  # the rest of the integers are TrainConfig's
+        if (value := getattr(args, flag)) is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
+    finite_flags(args, ["lr", "min_lr", "weight_decay"])
+    check_columns(args)
+    # Said here rather than by TrainConfig, whose message offers a step count instead.
+    check_numbers(args, [("warmup_ratio", lambda v: 0 <= v < 1,
+                          "a fraction of the schedule in [0, 1), e.g. 0.1")])
+    cfg = train_config(args, steps_per_epoch=1)
+    if args.dropout is not None and not 0 <= args.dropout < 1:
+        raise ValueError(f"--dropout {args.dropout} must lie in [0, 1)")
+    in_flag_names(lambda: cfg.split_batch(ctx.world_size), FLAGS)
+    resolve_precision(args.precision, ctx.device)  # e.g. fp16 on a CPU
+    if args.init_from:
+        read_config(args.init_from)  # a missing folder, or a training checkpoint, said at once
+    return cfg
+
+
+def train_config(args: Any, steps_per_epoch: int) -> TrainConfig:
+    """The flags as the engine's settings: an evaluation and a checkpoint every epoch of
+    `steps_per_epoch` steps; TrainConfig's own checks, said in flag names."""
+    return in_flag_names(lambda: replace(
+        FINETUNE.train, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
+        max_steps=args.max_steps if args.max_steps is not None else
+        args.epochs * steps_per_epoch,
+        decay_steps=args.decay_steps, lr=learning_rate(args), min_lr=args.min_lr,
+        warmup=args.warmup_ratio, weight_decay=args.weight_decay, precision=args.precision,
+        seed=args.seed, log_every=args.log_every, eval_every=steps_per_epoch,
+        save_every=steps_per_epoch, progress=not args.no_progress), FLAGS)
+
+
+def check_columns(args: Any) -> None:
+    """--text-column, --text-pair-column and --label-column name three different columns:
+    a label column also read as text would hand the model its answer."""
+    seen: dict[str, str] = {}  # column -> the flag that named it
+    for name in ("text_column", "text_pair_column", "label_column"):
+        column, flag = getattr(args, name, None), f"--{name.replace('_', '-')}"
+        if column in seen:
+            raise ValueError(f"{seen[column]} and {flag} both name the column {column!r}; "
+                             f"name each of the file's columns once")
+        if column:
+            seen[column] = flag
+
+
+def epoch_config(args: Any, ctx: DistContext, n_train: int, what: str) -> TrainConfig:
+    """The training settings once the training set is encoded: an epoch is
+    `batches_per_epoch` steps. `what` names the training data in the message that refuses
+    fewer examples than one batch (e.g. "train.tsv gives 12 training examples")."""
+    if n_train < args.batch_size:
+        raise ValueError(f"{what}, fewer than one batch; lower --batch-size to {n_train} or "
+                         f"less")
+    return train_config(args, batches_per_epoch(n_train, args.batch_size, ctx.world_size))
+
+
+def eval_batch_size(args: Any, ctx: DistContext) -> int:
+    """Evaluation batches: a training micro-batch, whose memory the run is known to fit."""
+    return args.micro_batch_size or args.batch_size // ctx.world_size
+
+
+# ---- tokenizer and model ---------------------------------------------------------------------
+
+def prepare_tokenizer(args: Any, ctx: DistContext, texts: Iterable[str]) -> Tokenizer:
+    """The run's tokenizer, in memory: a resumed run's own (--out/tokenizer), else
+    --init-from's, else a new one of --vocab-size trained on `texts`. Rank 0 makes it and
+    every rank gets rank 0's (and its error, if it fails), so all ranks encode alike.
+    `save_tokenizer` writes it into --out once the run holds the folder."""
+    made, error = None, None
+    if ctx.is_main:
+        kept = args.out / "tokenizer"
+        try:
+            if args.resume and (kept / "tokenizer.json").is_file():
+                tok = Tokenizer.from_pretrained(kept)
+            elif args.init_from:
+                tok = Tokenizer.from_pretrained(args.init_from)
+            else:
+                tok = Tokenizer.train_from_iterator(texts, vocab_size=args.vocab_size,
+                                                    cache_dir=args.cache_dir)
+            made = tok.backend.to_str()
+        except (ValueError, OSError) as e:
+            if not ctx.distributed:
+                raise
+            error = e
+    made, message = all_gather_objects((made, error and str(error)), ctx)[0]
+    if error is not None:
+        raise error
+    if message is not None:
+        raise ValueError(message)
+    # Every rank, rank 0 too, uses the serialized pipeline: what --out/tokenizer will hold.
+    return Tokenizer(tokenizers.Tokenizer.from_str(made))
+
+
+def save_tokenizer(args: Any, ctx: DistContext, tok: Tokenizer) -> None:
+    """Rank 0 writes the run's tokenizer to --out/tokenizer; a resumed run's is kept as it
+    is (compared with the checkpoint's by the engine), never written again."""
+    if ctx.is_main and not (args.resume and (args.out / "tokenizer" / "tokenizer.json").is_file()):
+        with writing(args.out / "tokenizer"):
+            tok.save(args.out / "tokenizer")
+
+
+def build_model(cls: Any, args: Any, tok: Tokenizer, **head: Any) -> nn.Module:
+    """`cls(config, **head)` from --init-from (its encoder, and its head when it fits) or
+    from --preset with the tokenizer's vocabulary; checked against --seq-len and `tok`
+    (`check_tokenizer_fits`) before the weights are read. --gradient-checkpointing on.
+
+    A checkpoint of `cls` itself trained for other labels than `head["id2label"]` keeps its
+    encoder and gets a new head (`from_pretrained(..., on_other_labels="new_head")`): its
+    classifier would score the wrong classes."""
+    dropout = {} if args.dropout is None else {"hidden_dropout": args.dropout,
+                                               "attention_dropout": args.dropout}
+    model = _read_or_build(cls, args, tok, dropout, head)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def _read_or_build(cls: Any, args: Any, tok: Tokenizer, dropout: dict[str, float],
+                   head: dict[str, Any]) -> nn.Module:
+    if not args.init_from:
+        model = cls(BertConfig.preset(args.preset, vocab_size=tok.vocab_size,
+                                      pad_token_id=tok.pad_id, **dropout), **head)
+        in_flag_names(lambda: model.config.check_fits(args.seq_len, tok.vocab_size,
+                                                      what=model_source(args)), SEQ_LEN_FLAG)
+        return model
+    config = config_from_hf(read_config(args.init_from))
+    in_flag_names(lambda: config.check_fits(args.seq_len, tok.vocab_size,
+                                            what=model_source(args)), SEQ_LEN_FLAG)
+    check_tokenizer_fits(config, tok, source=args.init_from,
+                         allow_vocab_mismatch=args.allow_vocab_mismatch)
+    options: dict[str, Any] = {"allow_vocab_mismatch": args.allow_vocab_mismatch}
+    if issubclass(cls, PretrainedMixin) and "id2label" in head:  # BertMultiTask: no head read
+        options["on_other_labels"] = "new_head"
+    return cls.from_pretrained(args.init_from, **options, **head, **dropout)
+
+
+def check_labels(args: Any, names: list[str], what: str = "labels") -> None:
+    """A resumed run's labels.json against the labels `names` read now, before anything is
+    written (`save_labels` writes it once the run holds the folder)."""
+    path = args.out / "labels.json"
+    if args.resume and path.is_file():
+        if (before := json.loads(path.read_text())["id2label"]) != names:
+            raise ValueError(f"cannot resume: the run was trained on the {what} {before} but "
+                             f"{args.train} now has {names}")
+
+
+def save_labels(args: Any, names: list[str]) -> None:
+    """labels.json: written by a new run; a resumed one keeps its own (`check_labels` has
+    compared it). Rank 0."""
+    if not (args.resume and (args.out / "labels.json").is_file()):
+        with writing(args.out / "labels.json"):
+            write_files_atomically(args.out, {"labels.json": json.dumps({"id2label": names},
+                                                                        indent=2) + "\n"})
+
+
+# ---- evaluation ------------------------------------------------------------------------------
+
+def task_scores(task: TaskData, pred: Predictions, features: Sequence[Mapping],
+                scheme: str = "IOB2") -> dict[str, Any]:
+    """The report of `pred`, the model's predictions on `task`'s evaluation `features`:
+    `metrics.sequence_scores` or `metrics.token_scores`, plus `predictions`, per row its
+    class id (sequence) or per sentence its tags, one per word (token)."""
+    if task.kind == "sequence":
+        preds = [int(p) for p in pred.argmax()]
+        return {**sequence_scores(task.eval.labels, preds, task.names, pred.loss),
+                "predictions": preds}
+    ids = word_predictions(features, pred.argmax())  # per sentence, per word: a tag id
+    return {**token_scores(task.eval.labels, ids, task.names, scheme, pred.loss),
+            "predictions": [[task.names[i] for i in s] for s in ids]}
+
+
+def summary(result: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    """eval.json's content: `fields`, then the run totals of `engine.train`'s result."""
+    return {**fields, **{k: result[k] for k in ("steps", "tokens_seen", "wall_seconds",
+                                                "precision")}}
+
+
+def write_eval(out: Path, files: Optional[Mapping[str, str]] = None, **content: Any) -> None:
+    """`files` (name -> text), then eval.json, written last: it marks the results complete."""
+    contents = {**(files or {}), "eval.json": json.dumps(content, indent=2) + "\n"}
+    with writing(f"{', '.join(contents)} in {out}"):
+        write_files_atomically(out, contents)

@@ -1,0 +1,321 @@
+"""The masked-language-model jobs' command line: the flags, checks, settings and data that
+examples/pretrain_wikitext.py (the main job) and examples/distill.py share.
+
+Both read a corpus the same way (`data.prepare`), train with the same engine settings and
+write the same kind of run folder; each script adds its own model flags and its outputs.
+The numeric rules here are the ones no setting checks itself (a masking rate, a sequence
+length); `TrainConfig` validates its own fields, and its errors are said in flag names
+(`cli.in_flag_names`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+import tokenizers
+
+from ..atomic import write_files_atomically
+from . import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names,
+                  model_flag_names, model_source)
+from ..model.config import ALL_PRESETS, BertConfig
+from ..data.corpus import CORPUS_FOLDER, Corpus, load_corpus
+from ..data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_corpus
+from ..data.wikitext import SPLITS as WIKITEXT_SPLITS, WIKITEXT_VARIANTS
+from ..training.distributed import DistContext, all_gather_objects
+from ..interop.hf import (MODEL_FOLDER, check_tied_decoder, check_weights, config_from_hf,
+                          read_config,
+                 require_safetensors)
+from ..paths import check_readable
+from ..machine.precision import resolve_precision
+from ..interop.pretrained import check_tokenizer_fits
+from ..atomic import writing
+from ..training.state import TrainConfig
+from ..data.tokenizer import Tokenizer
+
+
+
+@dataclass(frozen=True)
+class PretrainJob(Job):
+    """A masked-LM run's defaults: `cli.Job`'s, and its corpus and masking."""
+
+    dataset: str = "wikitext-2-raw-v1"
+    train_split: str = "train"
+    eval_split: str = "valid"
+    mask_prob: float = 0.15  # share of tokens masked for training
+    eval_mask_prob: float = 0.15  # share masked for evaluation, apart from the training rate
+
+
+# The main job, examples/pretrain_wikitext.py: every default of its flags.
+# - 30% masking reaches a given loss in fewer steps than BERT's 15% (Wettig et al. 2023);
+#   evaluation masks 15%, so eval losses compare across training rates.
+# - The sequence-length warmup cuts batches to 16 positions at the first step, growing to
+#   --seq-len over half the schedule (Li et al. 2022). Against 32 -> 128 over 30% it reached
+#   transformers' final loss in fewer steps, each of them cheaper (benchmarks/RESULTS.md, "On
+#   a CPU with native bf16, against transformers at its best precision").
+# - No dropout from random weights, as in Cramming and ModernBERT: a short pretraining run
+#   has no overfitting to prevent, and dropout slows learning.
+MAIN_JOB = PretrainJob(
+    train=TrainConfig(batch_size=32, max_steps=1000, lr=1e-3, min_lr=1e-5, warmup=0.1,
+                      schedule="linear", weight_decay=0.01, adam_eps=1e-6, max_grad_norm=1.0,
+                      eval_batches=20, save_every=100, seq_len_warmup=0.5, seq_len_start=16),
+    preset="mini", vocab_size=8192, seq_len=128, dropout=0.0, mask_prob=0.3)
+
+# Distillation (examples/distill.py) trains as the main job does; its student is `tiny` by
+# default, with its preset's dropout.
+DISTILL = replace(MAIN_JOB, preset="tiny", dropout=None)
+
+# The BertConfig fields the architecture flags set (architecture_overrides), as those flags.
+ARCHITECTURE_FLAGS = {"norm_position": "--norm", "position": "--position", "mlp": "--mlp",
+                      "bias": "--bias", "global_every": "--global-every",
+                      "local_window": "--local-window"}
+
+# TrainConfig's fields as the flags that set them, for its messages.
+FLAGS = MAIN_JOB.flags()
+# The BertConfig fields flags set, as those flags (the others come with --preset or
+# --init-from).
+MODEL_FLAGS = {**ARCHITECTURE_FLAGS, "attention": "--attention", "hidden_dropout": "--dropout",
+               "attention_dropout": "--dropout"}
+
+# The numeric flags no setting checks itself, in the flag's name.
+NUMBER_RULES = [
+    ("seq_len", lambda v: v >= 3, "at least 3 ([CLS], one token, [SEP])"),
+    ("vocab_size", lambda v: v >= 16, "at least 16 (the special tokens and some words)"),
+    ("seq_len_start", lambda v: v >= 8, "at least 8"),
+    ("mask_prob", lambda v: 0 < v < 1, "between 0 and 1, e.g. 0.15"),
+    ("eval_mask_prob", lambda v: 0 < v < 1, "between 0 and 1, e.g. 0.15"),
+    ("dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("seed", lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
+]
+
+
+def flag_names(args: Any, model: Optional[str] = None) -> dict[str, str]:
+    """What a refused resume calls the settings: TrainConfig's fields as FLAGS, the model's
+    fields as the flags that set them (`MODEL_FLAGS`) or the one that chose the model
+    (`model`, default --init-from or --preset), and each split's text (the identity's
+    `corpus SPLIT`) as the flag that chose the split."""
+    chose: dict[str, list[str]] = {}
+    for flag, split in (("--train-split", args.train_split), ("--eval-split", args.eval_split)):
+        chose.setdefault(split, []).append(flag)
+    model = model or ("--init-from" if args.init_from else "--preset")
+    return {**FLAGS, **model_flag_names(model, MODEL_FLAGS),
+            **{f"corpus {split}": f"the text of {' and '.join(flags)} {split}"
+               for split, flags in chose.items()}}
+
+
+def add_data_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB
+                  ) -> argparse._ArgumentGroup:
+    warmup, start = job.train.seq_len_warmup, job.train.seq_len_start
+    d = p.add_argument_group("data")
+    d.add_argument("--data-dir", type=Path, help="WikiText folder (raw or tokenized layout), "
+                   "or any folder of .txt files (documents separated by blank lines; every "
+                   "20th held out as the valid split); default: download --dataset")
+    d.add_argument("--dataset", default=job.dataset, choices=sorted(WIKITEXT_VARIANTS),
+                   help="downloaded once into --cache-dir; $MINIBERT_WIKITEXT_URL names a mirror")
+    add_flags(d, job, ["--cache-dir"])
+    d.add_argument("--train-split", default=job.train_split)
+    d.add_argument("--eval-split", default=job.eval_split)
+    d.add_argument("--seq-len", type=int, default=job.seq_len)
+    d.add_argument("--mask-prob", type=float, default=job.mask_prob, help="share of tokens "
+                   "masked for training; 30%% reaches a given loss in fewer steps than BERT's "
+                   "15%% (Wettig et al. 2023; measured in benchmarks/RESULTS.md)")
+    d.add_argument("--eval-mask-prob", type=float, default=job.eval_mask_prob, help="share "
+                   "masked for evaluation; fixed apart from --mask-prob so that eval losses "
+                   "compare across training rates")
+    d.add_argument("--whole-word-mask", action="store_true", help="mask whole words (a piece "
+                   "and the ## pieces after it) instead of single tokens")
+    d.add_argument("--seq-len-warmup", type=int, help="sequence-length warmup: training "
+                   "batches grow from --seq-len-start positions to --seq-len over this many "
+                   f"steps (Li et al. 2022); default {warmup * 100:.0f}%% of the "
+                   "schedule (--decay-steps, else --max-steps), 0 = off. It is the largest "
+                   "lever on the time to a given loss (benchmarks/RESULTS.md)")
+    d.add_argument("--seq-len-start", type=int, help="positions per sequence at the first "
+                   f"step of the sequence-length warmup; default {start} (no warmup "
+                   f"for a --seq-len of {start} or less)")
+    return d
+
+
+def add_training_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB
+                      ) -> argparse._ArgumentGroup:
+    t = p.add_argument_group("training")
+    add_flags(t, job, ["--batch-size", "--micro-batch-size", "--max-steps", "--decay-steps",
+                       "--lr", "--min-lr", "--warmup-steps", "--schedule", "--weight-decay",
+                       "--adam-eps", "--max-grad-norm", "--precision", "--seed",
+                       "--deterministic", "--device", "--keep-freed-memory",
+                       "--allow-vocab-mismatch"])
+    return t
+
+
+def add_run_args(p: argparse.ArgumentParser, default_out: Path, job: PretrainJob = MAIN_JOB
+                 ) -> argparse._ArgumentGroup:
+    r = p.add_argument_group("logging and checkpoints")
+    add_flags(r, job, ["--out", "--log-every", "--eval-every", "--eval-batches", "--save-every",
+                       "--resume", "--no-progress"], out=str(default_out))
+    return r
+
+
+def add_architecture_args(group: argparse._ArgumentGroup) -> None:
+    """The model's switches as flags (BertConfig's docstring): unset, the preset's own."""
+    group.add_argument("--norm", choices=["pre", "post"], help="LayerNorm placement; default "
+                       "the preset's (post for BERT's, pre for modernbert-*)")
+    group.add_argument("--position", choices=["learned", "rope"], help="position embeddings")
+    group.add_argument("--mlp", choices=["gelu", "geglu"], help="the feed-forward")
+    group.add_argument("--bias", action=argparse.BooleanOptionalAction, help="biases in the "
+                       "linear layers and LayerNorms")
+    group.add_argument("--global-every", type=int, help="every n-th layer attends globally, "
+                       "the others within --local-window (1: all global)")
+    group.add_argument("--local-window", type=int, help="a local layer's window, in tokens")
+
+
+def architecture_overrides(args: Any) -> dict[str, Any]:
+    """BertConfig fields for the switches given on the command line."""
+    names = {"norm": "norm_position", "position": "position", "mlp": "mlp", "bias": "bias",
+             "global_every": "global_every", "local_window": "local_window"}
+    return {field: getattr(args, flag) for flag, field in names.items()
+            if getattr(args, flag, None) is not None}
+
+
+def check_args(args: Any, ctx: DistContext) -> TrainConfig:
+    """The mistakes worth one clear line, before any work is done; the run's settings.
+    `args.preset` is the preset to build (the student's, in distillation)."""
+    if args.data_dir is not None:
+        check_readable(args.data_dir, "--data-dir", CORPUS_FOLDER)  # or said why not
+    if args.preset not in ALL_PRESETS:
+        raise ValueError(f"unknown --preset {args.preset!r}; choose one of "
+                         f"{', '.join(ALL_PRESETS)}")
+    check_numbers(args, NUMBER_RULES)
+    finite_flags(args, ["lr", "min_lr", "weight_decay", "adam_eps", "max_grad_norm"])
+    cfg = train_config(args)
+    require_safetensors()  # the model is saved at the end: said now, not after training
+    in_flag_names(lambda: cfg.split_batch(ctx.world_size), FLAGS)
+    if args.seq_len_warmup != 0 and (args.seq_len_start or 0) > args.seq_len:
+        raise ValueError(f"--seq-len-start {args.seq_len_start} is longer than --seq-len "
+                         f"{args.seq_len}: the warmup would never shorten a batch; lower it, "
+                         f"or turn the warmup off with --seq-len-warmup 0")
+    resolve_precision(args.precision, ctx.device)  # e.g. fp16 on a CPU
+    return cfg
+
+
+def check_model_fits(args: Any) -> None:
+    """The model this run will build against --seq-len and its tokenizer, before anything
+    is written: --init-from's config and tokenizer (`check_tokenizer_fits`), or --preset's
+    positions (its vocabulary is the tokenizer the run trains)."""
+    if args.init_from:
+        check_readable(args.init_from, "--init-from", MODEL_FOLDER)
+        stored = read_config(args.init_from)
+        check_tied_decoder(stored)  # pretraining decodes: a masked LM
+        config = config_from_hf(stored)
+        for field, value in architecture_overrides(args).items():
+            if getattr(config, field) != value:
+                raise ValueError(f"{architecture_flag(field, value)} contradicts --init-from "
+                                 f"{args.init_from}, built with "
+                                 f"{architecture_flag(field, getattr(config, field))}; leave "
+                                 f"the flag out to keep the checkpoint's")
+        tok = Tokenizer.from_pretrained(args.init_from)
+        in_flag_names(lambda: config.check_fits(args.seq_len, tok.vocab_size,
+                                                what=model_source(args)), SEQ_LEN_FLAG)
+        check_tokenizer_fits(config, tok, source=args.init_from,
+                             allow_vocab_mismatch=args.allow_vocab_mismatch)
+        check_weights(args.init_from)  # missing or damaged: said now, not after the tokenizer
+    else:
+        config = in_flag_names(lambda: BertConfig.preset(
+            args.preset, vocab_size=args.vocab_size, **architecture_overrides(args)),
+            ARCHITECTURE_FLAGS)
+        in_flag_names(lambda: config.check_fits(args.seq_len, args.vocab_size,
+                                                what=model_source(args)), SEQ_LEN_FLAG)
+
+
+def architecture_flag(field: str, value: Any) -> str:
+    """An architecture field's value as the flag that sets it: `--norm post`, `--no-bias`."""
+    flag = ARCHITECTURE_FLAGS[field]
+    if isinstance(value, bool):
+        return flag if value else f"--no-{flag[2:]}"
+    return f"{flag} {value}"
+
+
+def train_config(args: Any) -> TrainConfig:
+    """The flags as the engine's settings; TrainConfig's own checks, said in flag names.
+
+    A fresh start's horizon is --decay-steps or --max-steps, given here so that a warmup
+    longer than it is refused before any work; a resume leaves it to the checkpoint (the
+    engine keeps the run's), so --max-steps may shrink to stop earlier."""
+    # --decay-steps 0 is given, not unset: TrainConfig refuses it.
+    horizon = args.decay_steps if args.decay_steps is not None else (
+        None if args.resume else args.max_steps)
+    # The horizon a warmup is measured against, as the flag that set it.
+    flags = {**FLAGS, "total_steps": "--max-steps" if args.decay_steps is None else
+             "--decay-steps"}
+    job = MAIN_JOB.train  # what an unset flag leaves; distillation trains as the main job
+    return in_flag_names(lambda: replace(
+        job, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
+        max_steps=args.max_steps, decay_steps=horizon, lr=args.lr, min_lr=args.min_lr,
+        warmup=args.warmup_steps if args.warmup_steps is not None else job.warmup,
+        schedule=args.schedule, weight_decay=args.weight_decay, adam_eps=args.adam_eps,
+        max_grad_norm=args.max_grad_norm, precision=args.precision, seed=args.seed,
+        log_every=args.log_every, eval_every=args.eval_every, eval_batches=args.eval_batches,
+        save_every=args.save_every, compile=args.compile, progress=not args.no_progress,
+        seq_len_warmup=(args.seq_len_warmup if args.seq_len_warmup is not None
+                        else job.seq_len_warmup),
+        seq_len_start=args.seq_len_start or job.seq_len_start), flags)
+
+
+def read_corpus(args: Any, ctx: DistContext) -> Optional[Corpus]:
+    """--data-dir's corpus with --train-split and --eval-split in it, read before --out is
+    touched (rank 0, which prepares it; None elsewhere, and where WikiText is downloaded)."""
+    if args.data_dir is None:  # WikiText, to download: its splits are known beforehand
+        for flag, split in (("--train-split", args.train_split),
+                            ("--eval-split", args.eval_split)):
+            if split not in WIKITEXT_SPLITS:
+                raise ValueError(f"{flag} {split!r}: WikiText's splits are "
+                                 f"{', '.join(WIKITEXT_SPLITS)}")
+    if not ctx.is_main or args.data_dir is None:
+        return None
+    corpus = load_corpus(args.data_dir)  # refuses a folder whose text files it would not read
+    # A copy of WikiText without its train split (one found offline holds valid and test):
+    # the message names the flags that train on another split.
+    check_splits(corpus, (args.train_split, args.eval_split), args.data_dir,
+                 flags=("--train-split", "--eval-split"))
+    return corpus
+
+
+def prepare_data(args: Any, ctx: DistContext, corpus: Optional[Corpus] = None
+                 ) -> tuple[PreparedCorpus, dict[str, Any]]:
+    """The corpus (rank 0 prepares it, every rank opens it) and the data's identity, what the
+    engine compares on --resume; nothing is written into --out (`save_prepared` writes the
+    run's part once the run holds it). The tokenizer comes from --init-from when set.
+    `corpus`: `read_corpus`'s, if read already."""
+    splits = (args.train_split, args.eval_split)
+    # A split too short for one block, said as the flags that chose the split and the length.
+    flags = {**SEQ_LEN_FLAG, **{f"the {split} split": f"{flag} {split}" for flag, split in
+                                (("--eval-split", args.eval_split),
+                                 ("--train-split", args.train_split))}}
+    made = None
+    if ctx.is_main:
+        data = in_flag_names(lambda: prepare_corpus(
+            args.out, splits, args.seq_len, data_dir=args.data_dir, dataset=args.dataset,
+            cache_dir=args.cache_dir, init_from=args.init_from, vocab_size=args.vocab_size,
+            resume=args.resume, corpus=corpus), flags)
+        made = (data.tokenizer.backend.to_str(), data.keys)
+    if ctx.distributed:  # every rank encodes with the one pipeline --out/tokenizer will hold
+        tok_json, keys = all_gather_objects(made, ctx)[0]
+        data = in_flag_names(lambda: open_prepared(Tokenizer(tokenizers.Tokenizer.from_str(
+            tok_json)), keys, args.seq_len, args.cache_dir), flags)
+    identity = {"corpus": data.keys,
+                "--train-split": args.train_split, "--eval-split": args.eval_split,
+                "--seq-len": args.seq_len, "--mask-prob": args.mask_prob,
+                "--whole-word-mask": args.whole_word_mask,
+                "tokenizer": data.tokenizer.fingerprint}
+    # Checkpoints from before --eval-mask-prob existed evaluated at --mask-prob; leaving the
+    # key out when the two agree keeps those resumable.
+    if args.eval_mask_prob != args.mask_prob:
+        identity["--eval-mask-prob"] = args.eval_mask_prob
+    return data, identity
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Through a temporary file and a rename: a crash keeps the previous file whole."""
+    with writing(path):
+        write_files_atomically(path.parent, {path.name: json.dumps(obj, indent=2) + "\n"})

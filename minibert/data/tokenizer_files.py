@@ -1,0 +1,102 @@
+"""A tokenizer's files in transformers' layout, beside minibert's `tokenizer.json`.
+
+A BERT checkpoint from the hub may carry its vocabulary as `vocab.txt` (a token per line,
+its id the line number) with the casing in `tokenizer_config.json`; transformers'
+AutoTokenizer reads the same `tokenizer_config.json` to rebuild a tokenizer minibert
+saved. `read_vocab_txt` and `read_tokenizer_config` read them, refusing by name what would
+give other ids (a token listed twice, a casing flag that is not a boolean);
+`tokenizer_config_for` writes the config for a BERT normaliser.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from .text import iter_lines
+from ..paths import file_present
+from .special_tokens import CLS, MASK, PAD, SEP, UNK
+
+
+# The tokenizer_config.json keys that decide the normalizer; each is true, false or null
+# (null: the default).
+CONFIG_FLAGS = ("do_lower_case", "strip_accents", "tokenize_chinese_chars")
+
+
+def read_tokenizer_config(path: Path) -> dict:
+    """The keys of `CONFIG_FLAGS` in a transformers `tokenizer_config.json` ({} if there is
+    no such file), each checked: a string "false" would otherwise reach the Rust normalizer
+    as a TypeError far from the file that holds it."""
+    if not file_present(path):  # a link to nothing raises: passed over, it gives the default casing
+        return {}
+    fix = "repair it or re-save the tokenizer (Tokenizer.save writes this file)"
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 ({e}); {fix}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); {fix}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object, not a {_json_type(config)}; {fix}")
+    for key in CONFIG_FLAGS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(
+                f"{path}: \"{key}\" is {value!r} (a {_json_type(value)}); booleans must be "
+                f"JSON true or false (or null for the default); {fix}")
+    return {key: config.get(key) for key in CONFIG_FLAGS}
+
+
+def _json_type(value: object) -> str:
+    """The JSON name of a parsed value's type, for error messages."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "list", dict: "object"}.get(type(value), "null")
+
+
+def read_vocab_txt(path: Path) -> dict[str, int]:
+    """A BERT `vocab.txt`: one token per line, the id is the line number (from 0).
+
+    A token listed twice has no single id: transformers keeps its last line, and
+    whichever line is kept, the vocabulary size no longer matches the highest id, so
+    a re-saved `vocab.txt` would shift every id after it. Such a file is refused
+    rather than guessed at. A UTF-8 byte order mark (added by some
+    Windows editors) is not part of the first token.
+    """
+    lines: dict[str, list[int]] = {}
+    for i, line in enumerate(iter_lines(path)):
+        token = (line.removeprefix("\ufeff") if i == 0 else line).strip()
+        lines.setdefault(token, []).append(i)
+    repeated = [(t, ids) for t, ids in lines.items() if len(ids) > 1]
+    if repeated:
+        shown = "; ".join(
+            f"{t!r} on lines {', '.join(str(i + 1) for i in ids[:-1])} and {ids[-1] + 1}"
+            for t, ids in repeated[:5])
+        more = f" (and {len(repeated) - 5} more)" if len(repeated) > 5 else ""
+        raise ValueError(
+            f"{path} lists a token more than once: {shown}{more}. A token's id is its line "
+            f"number, so a repeated token has no single id. If the file belongs to a trained "
+            f"model, replace the earlier line(s) with an unused placeholder such as "
+            f"[unused99] so that no other id moves (transformers maps the token to its last "
+            f"line); otherwise delete the extra line(s)."
+        )
+    return {t: ids[0] for t, ids in lines.items()}
+
+
+def tokenizer_config_for(normalizer: Optional[dict], model_max_length: Optional[int]
+                         ) -> Optional[dict]:
+    """transformers' `tokenizer_config.json` for a BertTokenizer with this normaliser (its
+    entry in tokenizer.json), or None when the normaliser is not BERT's."""
+    if not normalizer or normalizer.get("type") != "BertNormalizer":
+        return None
+    config = {"tokenizer_class": "BertTokenizer",
+              "do_lower_case": normalizer["lowercase"],
+              "strip_accents": normalizer.get("strip_accents"),  # None: as do_lower_case
+              "tokenize_chinese_chars": normalizer.get("handle_chinese_chars", True),
+              "unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS,
+              "mask_token": MASK}
+    if model_max_length is not None:
+        config["model_max_length"] = model_max_length
+    return config

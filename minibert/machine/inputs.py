@@ -1,0 +1,108 @@
+"""The models' input checks: the usual mistakes in what a forward is given (a wrong shape or
+dtype, an id outside the vocabulary or the classes, a batch padded on the left) turned into
+errors that name the tensor and the fix, instead of an IndexError deep inside torch (or, on
+CUDA, a device-side assert that poisons the process).
+
+The checks of shapes and dtypes are free; those of values read the tensors, so a graph
+traced by torch.compile or torch.export, which has no values, leaves them out: an eager
+call is checked, a traced program is not.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..model.config import BertConfig
+from ..labels import IGNORE_INDEX
+
+
+def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional[Tensor],
+                 token_type_ids: Optional[Tensor]) -> None:
+    """Turn the usual input mistakes into clear errors, once per forward (not per layer).
+
+    The only costly check is the token-id range, one fused min/max reduction over (B, T);
+    without it a bad id surfaces as an IndexError inside nn.Embedding (or, on CUDA, as a
+    device-side assert that poisons the whole process).
+    """
+    if not isinstance(input_ids, Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids)}")
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids (torch.long), got "
+                        f"{input_ids.dtype}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be 2-D (batch, tokens), got shape "
+                         f"{tuple(input_ids.shape)}; for one sequence use input_ids[None]")
+    B, T = input_ids.shape
+    if B == 0 or T == 0:  # would otherwise fail deep inside attention, in a reshape
+        raise ValueError(f"input_ids is empty, shape {(B, T)}; the model needs at least one "
+                         f"sequence of at least one token")
+    if T > config.max_position_embeddings:
+        raise ValueError(f"sequence length {T} exceeds max_position_embeddings="
+                         f"{config.max_position_embeddings}; truncate the input or build the "
+                         f"model with a larger max_position_embeddings")
+    for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+        if t is not None and (not isinstance(t, Tensor) or t.shape != input_ids.shape):
+            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name} has shape {shape} but input_ids has {(B, T)}; they must "
+                             f"match")
+    if torch.compiler.is_compiling():
+        return  # the checks of values below would stop a traced graph: it has no values
+    lo, hi = torch.aminmax(input_ids)
+    if lo < 0 or hi >= config.vocab_size:
+        raise ValueError(f"input_ids must lie in [0, vocab_size={config.vocab_size}), found "
+                         f"values from {int(lo)} to {int(hi)}; does the tokenizer match the "
+                         f"model?")
+    if token_type_ids is not None and token_type_ids.numel() > 0:
+        lo, hi = torch.aminmax(token_type_ids)
+        if config.type_vocab_size == 0 and (lo != 0 or hi != 0):
+            # All zeros is one segment, which changes nothing. A second segment would be
+            # ignored without a word, and the caller believes the model sees it.
+            raise ValueError("token_type_ids mark a second segment, but this model has no "
+                             "segment embeddings (type_vocab_size=0, as ModernBERT): it "
+                             "tells the texts of a pair apart by [SEP] alone; leave "
+                             "token_type_ids out (the collators do, with segments=False: "
+                             "segments=model.config.has_segments)")
+        if config.type_vocab_size and (lo < 0 or hi >= config.type_vocab_size):
+            raise ValueError(f"token_type_ids must lie in [0, type_vocab_size="
+                             f"{config.type_vocab_size}), found values from {int(lo)} to "
+                             f"{int(hi)}")
+
+
+def check_cls_first(attention_mask: Optional[Tensor]) -> None:
+    """Refuse a batch whose position 0, where a classifier reads [CLS], is padding in some
+    row (padded on the left): the encoder leaves padding at zero, so that row's class would
+    come from a zero vector. minibert's collators pad on the right."""
+    if attention_mask is None or torch.compiler.is_compiling():  # a traced graph has no values
+        return
+    if not bool(attention_mask[:, 0].all()):
+        rows = (attention_mask[:, 0] == 0).nonzero().flatten().tolist()
+        raise ValueError(f"attention_mask is 0 at position 0 in row(s) {rows[:8]}: the "
+                         f"[CLS] token the classifier reads is padding there (padded on the "
+                         f"left?); pad on the right, [CLS] first")
+
+
+def check_shape(name: str, t: Tensor, shape: tuple, what: str) -> None:
+    if not isinstance(t, Tensor) or tuple(t.shape) != shape:
+        got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+        raise ValueError(f"{name} has shape {got}; expected {shape}, {what}")
+
+
+def check_ids(name: str, t: Tensor, what: str) -> None:
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must be {what}; got {t.dtype}")
+
+
+def check_range(name: str, t: Tensor, n: int, what: str) -> None:
+    """Every id of `t` but IGNORE_INDEX lies in [0, n): one outside is an IndexError deep in
+    cross_entropy on a CPU and a device-side assert on a GPU, naming neither the tensor nor
+    the classes."""
+    if torch.compiler.is_compiling():  # a traced graph has no values to check
+        return
+    outside = t[(t != IGNORE_INDEX) & ((t < 0) | (t >= n))]
+    if outside.numel():
+        raise ValueError(f"{name} hold {int(outside[0])}, outside the {what} [0, {n}) (and "
+                         f"not {IGNORE_INDEX}, which is ignored); do the labels come from "
+                         f"another label map or vocabulary than the model's?")

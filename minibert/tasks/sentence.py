@@ -1,0 +1,217 @@
+"""Sentence embeddings: one vector per text from a BERT encoder's last hidden states.
+
+    enc = SentenceEncoder.from_pretrained("runs/mini/final", pooling="mean", normalize=True)
+    vectors = enc.encode(["a cat sat on the mat", "dogs ran far away"])   # (2, H), unit rows
+    raw = enc.encode(["a cat sat on the mat"], normalize=False)          # (1, H), this call only
+    scores = cosine_similarity(vectors[:1], vectors)                     # (1, 2)
+
+The pooling follows sentence-transformers (Reimers & Gurevych 2019, "Sentence-BERT"), so a
+folder gives the vectors that library computes from the same encoder:
+
+* `mean`: the average of the last hidden states over the real tokens ([CLS] and [SEP]
+  included), each weighted by its attention-mask entry, so padding never counts;
+* `cls`: the last hidden state of [CLS]. This is *not* BERT's pooler output (tanh of a
+  dense layer), which was trained for next-sentence prediction, is absent from MLM exports,
+  and which sentence-transformers does not use either;
+* `max`: the element-wise maximum over the real tokens; padding is set to -inf first.
+
+Shape legend: N texts, B texts in a batch, T tokens (after padding), H hidden size.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..data.mlm import pad_batch
+from ..model import heads
+from ..machine.inputs import check_cls_first
+from ..interop.hf import PathLike, config_from_hf, load_hf_state_dict, read_weights
+from ..interop.pretrained import load_dtype, read_folder_config
+from ..model.model import BertModel
+from ..data.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+POOLINGS = ("mean", "cls", "max")
+
+
+def check_pooling(pooling: str) -> str:
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling={pooling!r}; choose one of {', '.join(POOLINGS)}")
+    return pooling
+
+
+def pool(hidden: Tensor, attention_mask: Tensor, pooling: str) -> Tensor:
+    """hidden: (B, T, H), attention_mask: (B, T) with 1 for real tokens -> (B, H)."""
+    check_pooling(pooling)
+    if pooling != "max":  # [CLS] (SentenceEncoder has refused a padded position 0) or mean:
+        return heads.pool(hidden, attention_mask, pooling)  # the classifiers' own pooling
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+    # sentence-transformers fills padding with -1e9; -inf gives the same maximum whenever a row
+    # has a real token (always: [CLS] and [SEP]) and cannot be beaten by a huge activation.
+    return hidden.masked_fill(mask == 0, float("-inf")).amax(dim=1)
+
+
+def check_normalize(normalize: Optional[bool], default: bool) -> bool:
+    """The normalisation one call uses: `default` for None, else `normalize` (a bool)."""
+    if normalize is None:
+        return default
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize={normalize!r} must be True, False or None (None: the "
+                        f"encoder's default, normalize={default})")
+    return normalize
+
+
+def cosine_similarity(a: Tensor, b: Tensor) -> Tensor:
+    """Cosine similarity of every row of a (N, H) with every row of b (M, H): (N, M).
+
+    A 1-D vector counts as one row.
+    """
+    a, b = torch.atleast_2d(a).float(), torch.atleast_2d(b).float()
+    return F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
+
+
+def nearest(query: Tensor, corpus: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k rows of corpus (N, H) most similar to each query (Q, H) by cosine.
+
+    Returns (scores, indices), each (Q, min(k, N)), best first.
+    """
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k={k!r} must be an integer >= 1")
+    scores = cosine_similarity(query, corpus)  # (Q, N)
+    return scores.topk(min(k, scores.size(1)), dim=1)
+
+
+class SentenceEncoder(nn.Module):
+    """A BERT encoder (no pooler, no head), its tokenizer, and a pooling of its hidden states.
+
+    `forward` maps a padded batch to (B, H) embeddings with gradients, for research code
+    that trains them; `encode` maps a list of texts to (N, H) for inference.
+
+    `normalize` is the default for both: whether each embedding is scaled to unit L2 norm.
+    Either method takes `normalize=True` or `False` to override it for that call only, as
+    sentence-transformers' `encode(..., normalize_embeddings=...)` does; the attribute
+    `self.normalize` is never changed by a call.
+    """
+
+    def __init__(self, model: BertModel, tokenizer: Tokenizer, pooling: str = "mean",
+                 normalize: bool = False):
+        super().__init__()
+        if tokenizer.vocab_size > model.config.vocab_size:
+            raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's "
+                             f"vocab_size is {model.config.vocab_size}; they do not belong "
+                             f"together")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pooling = check_pooling(pooling)
+        self.normalize = check_normalize(normalize, False)
+        self.train(model.training)  # the wrapped model's mode, which `encode` restores
+
+    @classmethod
+    def from_pretrained(cls, path: PathLike, pooling: str = "mean", normalize: bool = False,
+                        *, allow_vocab_mismatch: bool = False, dtype: Optional[torch.dtype] = None,
+                        torch_dtype: Optional[torch.dtype] = None,
+                        **config_overrides: Any) -> "SentenceEncoder":
+        """Load the encoder and tokenizer of a model folder.
+
+        Any folder minibert reads works: a minibert export (e.g. a pretraining run's final/,
+        a BertForMaskedLM) or a transformers BERT folder, holding tokenizer.json or
+        vocab.txt. Heads and the pooler in the checkpoint are ignored, and none is built,
+        so nothing is newly initialised. `config_overrides` as in `BertModel`'s, e.g.
+        `attention="math"`. The encoder comes in eval mode (dropout off), ready to embed, as
+        transformers' `from_pretrained` gives it; call `.train()` to fine-tune it.
+
+        A folder whose config.json records another vocabulary than its tokenizer's (the
+        tokenizer was replaced after saving) is refused unless `allow_vocab_mismatch`, as
+        in the model classes' `from_pretrained`, and `dtype` (or `torch_dtype`) casts the
+        encoder as theirs does; `encode` still returns float32.
+        """
+        check_pooling(pooling)  # before reading any file
+        dtype = load_dtype(dtype, torch_dtype)
+        config = config_from_hf(read_folder_config(path, allow_vocab_mismatch),
+                                         **config_overrides)
+        tokenizer = Tokenizer.from_pretrained(path)
+        model = BertModel(config, add_pooler=False)
+        load_hf_state_dict(model, read_weights(path))  # extra tensors (heads) are skipped
+        if dtype is not None:
+            model.to(dtype)
+        return cls(model.eval(), tokenizer, pooling, normalize)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor,
+                token_type_ids: Optional[Tensor] = None,
+                normalize: Optional[bool] = None) -> Tensor:
+        """input_ids, attention_mask (1 = real token), token_type_ids: (B, T) -> (B, H).
+
+        normalize: scale each row to unit L2 norm; None (the default) uses `self.normalize`.
+        """
+        normalize = check_normalize(normalize, self.normalize)
+        if self.pooling == "cls":  # before the encoder: a GPU host then waits for nothing
+            check_cls_first(attention_mask)
+        hidden = self.model(input_ids, attention_mask, token_type_ids).last_hidden_state
+        emb = pool(hidden, attention_mask, self.pooling)  # (B, H)
+        return F.normalize(emb, dim=-1) if normalize else emb
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32,
+               max_length: Optional[int] = None, normalize: Optional[bool] = None) -> Tensor:
+        """Embed `texts`: a float32 (N, H) tensor on the CPU, row i for texts[i].
+
+        texts: N strings (a list, not one bare string); N = 0 gives a (0, H) tensor.
+        batch_size: texts per forward pass; it does not change the result.
+        max_length: tokens per text, [CLS] and [SEP] included; default the model's
+            max_position_embeddings. A longer text keeps its first tokens and its [SEP], as
+            transformers truncates.
+        normalize: True scales every row to unit L2 norm (then a dot product is the cosine
+            similarity), False returns the pooled vectors as they are, None (the default)
+            uses the encoder's default, `self.normalize` (the constructor's `normalize`).
+            The choice holds for this call only; `self.normalize` is left unchanged.
+
+        Runs in eval mode (the module's mode is restored afterwards) without gradients, on
+        the model's device. Texts are batched longest first, so each batch pads to similar
+        lengths; the padding does not change the result.
+        """
+        if isinstance(texts, str):
+            raise TypeError("encode expects a list of strings; for one text use encode([text])")
+        normalize = check_normalize(normalize, self.normalize)
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
+        limit = self.model.config.max_position_embeddings
+        max_length = limit if max_length is None else max_length
+        if not isinstance(max_length, int) or not 2 <= max_length <= limit:
+            raise ValueError(f"max_length={max_length!r} must be an integer from 2 ([CLS] and "
+                             f"[SEP]) to the model's max_position_embeddings={limit}")
+        ids = self.tokenizer.encode_batch(list(texts))  # N lists [CLS] ... [SEP]
+        long = [i for i, s in enumerate(ids) if len(s) > max_length]
+        for i in long:
+            ids[i] = ids[i][:max_length - 1] + ids[i][-1:]
+        if long:
+            logger.info("%d of %d texts truncated to max_length=%d tokens", len(long),
+                        len(ids), max_length)
+        out = torch.empty(len(ids), self.hidden_size)  # (N, H)
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        device = next(self.model.parameters()).device
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.no_grad():
+                for start in range(0, len(order), batch_size):
+                    rows = order[start:start + batch_size]
+                    batch, lengths = pad_batch([ids[i] for i in rows], self.tokenizer.pad_id)
+                    input_ids = torch.from_numpy(batch).to(device)  # (B, T)
+                    mask = (torch.arange(batch.shape[1]) < torch.from_numpy(lengths)[:, None])
+                    emb = self(input_ids, mask.long().to(device), normalize=normalize)
+                    out[rows] = emb.float().cpu()  # (B, H)
+        finally:
+            self.train(was_training)
+        return out
+
+    similarity = staticmethod(cosine_similarity)

@@ -1,0 +1,19 @@
+"""The training engine and the run around it.
+
+    engine.py       `train`: the loop, read top to bottom, and `evaluate`
+    state.py        TrainConfig (the settings) and TrainState (everything that moves),
+                    saved and restored whole; the run identity a resume must match
+    optim.py        AdamW with its parameter groups, and the warmup-then-decay schedule
+    rng.py          seeds, and every random generator's state for an exact resume
+    checkpoint.py   checkpoints written whole or not at all, verified on load
+    resume.py       where a run's checkpoints are found, and whether they continue this run
+    recovery.py     what the loop does when a step goes wrong: skip it, or back off on OOM
+    distributed.py  DDP through torchrun: the process group, and the collectives the loop uses
+    signals.py      SIGTERM and Ctrl-C end the step in progress, save, and return
+    runlog.py       metrics.jsonl, each step in it once, and the progress shown
+    rundir.py       one run per folder: the lock, and what a refused start leaves
+
+What it may import: the model, the data pipeline (batches, target counts), the machine room
+(precision, meters, memory) and interop (a class's name in a checkpoint). Never `cli` or
+`tasks`: the engine trains any module, and knows no script.
+"""

@@ -1,0 +1,93 @@
+"""What the training loop does when a step goes wrong, kept apart so the loop reads as its
+normal path (engine.py).
+
+Two failures have a way back:
+
+* **a non-finite loss or gradient** (`skip_step`): the update is skipped, the weights stay
+  as they were, and the step is counted; `max_bad_steps` such steps in a row mean the run
+  has diverged, and it stops with `TrainingError` while the last good checkpoint is still
+  on disk. Under fp16 the `GradScaler` is closed for the step, which also halves its scale.
+* **out of memory in the forward or backward pass** (`back_off`): the micro-batch is halved
+  (to a divisor of the per-rank batch, so the global batch and hence the exact gradient are
+  unchanged) and the same global batch is tried again; without `auto_micro_batch`, or at a
+  micro-batch of one, the run stops with a message that names the shape and what to change.
+
+Out of memory in the optimizer step (`optimizer_out_of_memory`) has no way back: AdamW's state
+is as large as the weights, whatever the micro-batch, so the run stops with a TrainingError.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from .checkpoint import latest_checkpoint
+from ..machine.memory import peak_memory_mb
+
+if TYPE_CHECKING:  # only for the annotations
+    from .state import TrainConfig, TrainState
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (diverged, or out of memory with nothing left to shrink)."""
+
+
+def skip_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+              state: TrainState, cfg: TrainConfig, loss: float, grad_norm: float,
+              ckpt_root: Path) -> None:
+    """A non-finite loss or gradient: no update, counted; too many in a row stop the run."""
+    if scaler.is_enabled():
+        # unscale_ has run this step; update() closes it (and halves the scale), without
+        # which the next unscale_ raises "unscale_() has already been called".
+        scaler.update()
+    state.bad_steps += 1
+    state.skipped += 1
+    logger.warning("step %d: non-finite loss %.4g or gradient norm %.4g, step skipped (%d in "
+                   "a row)", state.step + 1, loss, grad_norm, state.bad_steps)
+    if state.bad_steps >= cfg.max_bad_steps:
+        optimizer.zero_grad(set_to_none=True)
+        kept = (f"The last good checkpoint is kept under {ckpt_root}. "
+                if latest_checkpoint(ckpt_root) is not None else "No checkpoint was saved. ")
+        raise TrainingError(f"{state.bad_steps} consecutive steps had a non-finite loss or "
+                            f"gradient; stopping. {kept}The learning rate ({cfg.lr:g}) is the "
+                            f"likely cause: lower it, lengthen the warmup, or train Pre-LN "
+                            f"blocks (norm_position='pre')")
+
+
+def back_off(batch: dict, micro: int, per_rank: int, cfg: TrainConfig, state: TrainState,
+             optimizer: torch.optim.Optimizer, device: torch.device) -> int:
+    """Out of memory: the micro-batch to retry the step with, or a TrainingError."""
+    optimizer.zero_grad(set_to_none=True)
+    shape = tuple(batch["input_ids"].shape)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if not cfg.auto_micro_batch or micro == 1:
+        raise TrainingError(f"out of memory at step {state.step + 1} with micro-batch {shape} "
+                            f"(peak {peak_memory_mb(device):.0f} MB); lower --micro-batch-size "
+                            f"(the global batch stays the same) or pass auto_micro_batch"
+                            ) from None
+    micro //= 2
+    while per_rank % micro:  # whole micro-batches only, so the global batch is unchanged
+        micro -= 1
+    # The same global batch and gradients; with dropout on, other masks than a run that fit.
+    logger.warning("out of memory with micro-batch %s: retrying the step with micro-batch %d "
+                   "(accumulation %d; with dropout on, the masks drawn differ from a run "
+                   "that fitted)", shape, micro, per_rank // micro)
+    return micro
+
+
+def optimizer_out_of_memory(error: torch.OutOfMemoryError, state: TrainState,
+                            device: torch.device) -> TrainingError:
+    """Out of memory in the optimizer step: the error to stop the run with, keeping the
+    first line of torch's (what it tried to allocate)."""
+    first = (str(error).strip().splitlines() or ["out of memory"])[0]
+    return TrainingError(
+        f"out of memory at step {state.step + 1} in the optimizer step (peak "
+        f"{peak_memory_mb(device):.0f} MB; {first}): AdamW keeps two fp32 tensors the size of "
+        f"the weights, made at the first step, and a smaller micro-batch does not shrink them; "
+        f"train a smaller model or use a device with more memory")

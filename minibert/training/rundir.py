@@ -1,0 +1,459 @@
+"""Run directories: one training run at a time in each, and whether a run already lives there.
+
+Two runs started with the same --out would otherwise both proceed, overwrite each other's
+checkpoints and interleave their lines in metrics.jsonl. A script holds `RunLock(out)` for
+the whole run, and the second run stops at once with `RunLockedError`, which names the first:
+
+    with RunLock(args.out):
+        if run_exists(args.out) and not args.resume: refuse to overwrite
+        train(...)
+
+Check, then write: `check_run_folder` says whether the folder can take the start, reading
+only, so that a refused start leaves it as it found it. `open_run` then takes the lock and
+looks again under it, so that the check and the writes after it belong to the same run; and
+a start that ends before it has trained (refused after all, failed, or stopped by Ctrl-C)
+takes back what it made there: the folder is as that start found it. So does a start that
+could not write (a full disk, a quota, a file-size limit: `could_not_write`) before it had
+saved a checkpoint to resume from. Whether a folder holds a finished run, which a resume
+leaves untouched, is `run_finished`'s to say. Under torchrun only
+the main rank takes the lock (every rank of one run shares the directory, and a second
+rank's lock would refuse its own run).
+
+How it works: an exclusive, non-blocking `fcntl.flock` on `out/.lock`, a file that also
+records the holder's process id, host and start time for the error message. The kernel owns
+the lock, not the file: when the process ends, however it ends (kill -9 included), the lock
+goes with it, so there is never a stale lock to delete by hand. A clean release empties the
+file; a file that still names a holder while nobody holds the lock is what a killed run
+leaves behind, and the next run takes it over and logs that the old holder is gone.
+
+Limits, all of them the kernel's rules for flock:
+* The lock belongs to the open file, so processes forked from the holder (DataLoader workers
+  under the "fork" start method) share it and the lock ends when the last of them exits.
+* On NFS, Linux emulates flock with POSIX byte-range locks, which needs a working lock daemon.
+* Without fcntl (Windows) or on a filesystem that refuses locks, `RunLock` logs a warning and
+  does nothing: runs go ahead as they did before this module existed.
+
+The module needs only the standard library.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:  # only for the annotations: the module runs on the standard library alone
+    from ..atomic import PathLike
+
+try:
+    import fcntl
+except ImportError:  # Windows: see the module docstring
+    fcntl = None
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+# What a run leaves in its directory; a folder counts only when something is in it.
+RUN_OUTPUTS = ("final/", "eval.json", "metrics.jsonl", "checkpoints/")
+
+
+class RunLockedError(OSError):
+    """Another live run holds the directory.
+
+    An OSError, so that a script's existing `except OSError` prints it as one line. `holder`
+    is what that run recorded: {"pid", "host", "started"}, or {} if it had not written yet.
+    """
+
+    def __init__(self, message: str, holder: Optional[dict] = None):
+        super().__init__(message)
+        self.holder = holder or {}
+
+
+class RunLock:
+    """An exclusive lock on a run directory for as long as a run uses it.
+
+    `with RunLock(out_dir): ...` creates out_dir if needed, takes the lock or raises
+    `RunLockedError`, and releases it on exit. `previous` is what a killed run had recorded
+    in the lock file when this one took it over, else None.
+    """
+
+    def __init__(self, out_dir: PathLike):
+        self.out_dir = Path(out_dir)
+        self.path = self.out_dir / LOCK_FILE
+        self.previous: Optional[dict] = None
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> RunLock:
+        if self._fd is not None:
+            raise RuntimeError(f"this RunLock on {self.out_dir} is already held")
+        if fcntl is None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            log.warning("cannot lock %s on this platform (no fcntl): nothing stops another run "
+                        "from using the same directory", self.out_dir)
+            return self
+        for attempt in range(10):
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides its mode
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd, wait=True)
+                os.close(fd)
+                raise RunLockedError(_locked_message(self.out_dir, holder), holder) from None
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
+                log.warning("cannot lock %s (%s): nothing stops another run from using the "
+                            "same directory", self.out_dir, e.strerror)
+                return self
+            # A start that made the lock file removes it as it leaves (`release(remove=True)`);
+            # a file opened just before that removal and locked just after is one nobody
+            # else will find. The lock counts only on the file the path still names (a file
+            # system whose inode numbers say otherwise ten times running is taken at its word).
+            if _same_file(fd, self.path) or attempt == 9:
+                break
+            os.close(fd)
+        self._fd = fd
+        # We hold the lock, so whoever wrote a non-empty file is no longer running.
+        self.previous = _read_holder(fd) or None
+        if self.previous:
+            log.info("%s: the previous run (process %s on host %s) is gone; taking its lock "
+                     "over", self.out_dir, self.previous.get("pid"), self.previous.get("host"))
+        me = {"pid": os.getpid(), "host": socket.gethostname(),
+              "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+        return self
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self, remove: bool = False) -> None:
+        """Let the lock go; `remove`: delete the lock file too, while still holding it (a
+        start that leaves its folder as it found it, and found no lock file there)."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            if remove:
+                self.path.unlink(missing_ok=True)
+            else:
+                os.ftruncate(fd, 0)  # empty = released cleanly; only a killed run leaves one
+        finally:
+            os.close(fd)  # closing the file is what drops the flock
+
+    def check_free(self) -> None:
+        """Refuse, as `acquire` would, a folder whose lock another run holds, writing nothing:
+        for a start that will not write (the resume of a finished run), which `acquire`'s
+        record of the holder would write to."""
+        if fcntl is None:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:  # no lock file: no run holds the folder
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd, wait=True)
+            raise RunLockedError(_locked_message(self.out_dir, holder), holder) from None
+        except OSError:  # a file system that refuses locks: as `acquire`, go ahead
+            pass
+        finally:
+            os.close(fd)  # which drops the flock, if it was taken
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def run_exists(out_dir: PathLike) -> list[str]:
+    """Which of RUN_OUTPUTS are in out_dir (folders only when not empty), in that order.
+
+    Non-empty means a run lives there; the scripts use it to refuse to overwrite one.
+    """
+    out = Path(out_dir)
+    found = []
+    for name in RUN_OUTPUTS:
+        path = out / name.rstrip("/")
+        if name.endswith("/"):
+            present = path.is_dir() and any(path.iterdir())
+        else:
+            present = path.exists()
+        if present:
+            found.append(name)
+    return found
+
+
+def check_run_folder(out_dir: PathLike, resume: bool) -> None:
+    """Refuse a start that `out_dir` cannot take, reading only (nothing is made or written).
+
+    Without `resume`, the folder must hold no run (`run_exists`); with it, an intact
+    checkpoint under `checkpoints/`.
+    """
+    # here, so the module alone stays stdlib-only
+    from .checkpoint import checkpoint_written, latest_checkpoint
+
+    out_dir = Path(out_dir)
+    if resume and not out_dir.is_dir():
+        raise FileNotFoundError(f"--resume: no intact checkpoint: {out_dir} does not exist, "
+                                f"so it holds no run to continue; check --out, or start "
+                                f"without --resume")
+    ckpts = out_dir / "checkpoints"
+    found = run_exists(out_dir)
+    # A run stopped before its first checkpoint left a log but nothing to resume from:
+    # say so, rather than send a fresh start to --resume and --resume back again.
+    # (Checkpoints that are there but damaged are another matter: never advise deleting.)
+    stuck = (f"; it saved no checkpoint, so it cannot be resumed: delete "
+             f"{', '.join(found)} in it to start again, or choose another --out"
+             if found and not checkpoint_written(ckpts) else "")
+    if resume and latest_checkpoint(ckpts) is None:
+        raise FileNotFoundError(f"--resume: no intact checkpoint in {ckpts}"
+                                + (f" ({out_dir} holds {', '.join(found)}{stuck})"
+                                   if stuck else ""))
+    if not resume and found:
+        raise FileExistsError(f"{out_dir} already holds a run ({', '.join(found)})"
+                              + (stuck or "; pass --resume to continue it, or choose "
+                                 "another --out"))
+
+
+def run_finished(out_dir: PathLike, steps: list[tuple[Optional[int], int]]) -> bool:
+    """Whether `out_dir` holds a finished run, which a resume has nothing to add to: each of
+    its trainings' newest intact checkpoint is at the step it stops at (`steps`: per
+    training, the checkpoint's step, None for none, and max_steps), and eval.json, which a
+    script writes last, records those steps. A run whose outputs were cut short (eval.json
+    missing or unreadable) is not finished, nor one resumed to go further (a larger
+    max_steps), nor one resumed further and stopped at its last checkpoint (eval.json holds
+    the steps of an earlier finish)."""
+    if not steps or any(step is None or step != last for step, last in steps):
+        return False
+    try:
+        record = json.loads((Path(out_dir) / "eval.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    # eval.json's `steps`, or its rows' (distillation: one row per student trained)
+    rows = [record, *record.values()] if isinstance(record, dict) else []
+    recorded = {row["steps"] for row in rows if isinstance(row, dict) and "steps" in row}
+    return bool(recorded) and recorded == {last for _, last in steps}
+
+
+class RunFolder:
+    """A run folder held by one start (`open_run`), left as that start found it if the start
+    ends, by an exception, before its run has trained.
+
+    `check()` looks at what the folder holds and checks it (`check_run_folder`), reading
+    only; entering (main rank) checks if that was not done, takes the lock, and checks
+    again if the folder changed meanwhile. Leaving by an exception puts the folder back,
+    under the lock: what this start made there goes (and the lock file and the folder
+    itself, if it made them), unless the run saved a checkpoint or logged a row. A start
+    that could not write (`could_not_write`: a full disk, a quota, a file-size limit) puts
+    it back all the same where no intact checkpoint is there to resume from: its log rows
+    are of steps no resume can go on from, and with them taken back the same command works
+    again once the write can go through. Then `trained` says whether the run had trained
+    (None: this start never held the folder), `kept` whether what it wrote stays,
+    `resume_from` the newest intact checkpoint (after a failed write), `made` whether the
+    folder is gone, made by this start, and `left` names what this start made or wrote
+    over and did not take back.
+    """
+
+    def __init__(self, path: Path, resume: bool, main: bool = True) -> None:
+        self.path, self.resume, self.main = path, resume, main
+        self.made = False
+        self.trained: Optional[bool] = None
+        self.kept = False
+        self.resume_from: Optional[Path] = None
+        self.left: list[str] = []
+        self._lock = RunLock(path)
+        self._had_lock = False
+        self._first_made: Optional[Path] = None  # the outermost folder this start makes
+        self._before: Optional[dict[str, tuple]] = None
+
+    def check(self) -> None:
+        """Refuse a start the folder cannot take, before anything is made (main rank)."""
+        if not self.main:
+            return
+        missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        self._first_made = missing[-1] if missing else None
+        self._before = _listing(self.path)
+        self._had_lock = LOCK_FILE in self._before
+        check_run_folder(self.path, self.resume)
+
+    def finished(self, steps: list[tuple[Optional[int], int]]) -> bool:
+        """Whether the folder holds a finished run (`run_finished`) that no other run holds
+        (main rank; False elsewhere). A resume of it leaves the folder untouched: it is not
+        entered, so not even the lock's record is written."""
+        if not self.main or not run_finished(self.path, steps):
+            return False
+        self._lock.check_free()
+        return True
+
+    def __enter__(self) -> RunFolder:
+        if not self.main:
+            return self
+        # here, not above: the module loads alone too, by its path, outside its package
+        from ..atomic import reported
+
+        if self._before is None:
+            self.check()
+        try:
+            with reported(self.path):  # the first write to the folder: why it fails, said
+                self._lock.acquire()
+            # Another start may have come and gone since the check: look again (what it
+            # left is not this start's to take back), and check again.
+            now = _listing(self.path)
+            if _without_lock(now) != _without_lock(self._before):
+                self._before = now
+                check_run_folder(self.path, self.resume)
+        except BaseException:
+            self._leave()
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, error: Optional[BaseException], *exc: Any) -> None:
+        if not self.main:
+            return
+        if exc_type is None:
+            self._lock.release()
+        else:
+            from ..atomic import could_not_write  # here: the module loads on its own (above)
+
+            self._leave(error is not None and could_not_write(error))
+
+    def _leave(self, write_failed: bool = False) -> None:
+        if self._lock.held:  # only the holder may look at what changed, and take it back
+            self._put_back(write_failed)
+            self._lock.release(remove=not self._had_lock and not self.kept)
+        if not self.kept:
+            self._remove_made_folders()
+
+    def _put_back(self, write_failed: bool) -> None:
+        before, now = self._before or {}, _listing(self.path)
+        changed = [rel for rel, entry in now.items() if before.get(rel) != entry
+                   and rel != LOCK_FILE]
+        self.trained = any(_training_output(rel) for rel in changed)
+        if write_failed:
+            from .checkpoint import latest_checkpoint  # here: the module stays stdlib-only
+
+            self.resume_from = latest_checkpoint(self.path / "checkpoints")
+        self.kept = self.trained and not (write_failed and self.resume_from is None)
+        if self.kept:
+            return
+        for rel in changed:
+            if rel in before:  # a file that was there, written over
+                self.left.append(rel)
+            elif "/" not in rel or rel.rsplit("/", 1)[0] in before:  # new, its parent not
+                try:
+                    _remove(self.path / rel)
+                except OSError:
+                    self.left.append(rel)
+
+    def _remove_made_folders(self) -> None:
+        """Innermost first, each only if empty: another start may have come in since."""
+        if self._first_made is None:
+            return
+        for folder in (self.path, *self.path.parents):
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+            if folder == self._first_made:
+                break
+        self.made = not self.path.exists()
+        if not self.made and self.trained is not None and not self.left:
+            self.left = sorted(p.name for p in self.path.iterdir())
+
+
+def open_run(out_dir: PathLike, resume: bool, main: bool = True) -> RunFolder:
+    """`with open_run(out_dir, resume) as folder:` hold `out_dir` for one run (the main rank
+    locks it) and refuse to mix runs there.
+
+    `check_run_folder` before anything is made (`RunFolder.check`, or on entering), and
+    again under the lock if the folder changed meanwhile, so the check and every write
+    after it belong to this run alone. A start that ends by an exception before its run
+    has trained leaves the folder as it found it (`RunFolder`). Other ranks (`main=False`)
+    check nothing.
+    """
+    return RunFolder(Path(out_dir), resume, main)
+
+
+def _listing(folder: Path) -> dict[str, tuple]:
+    """Every path under `folder`, relative: ("dir",) for a folder, else (size, mtime)."""
+    found: dict[str, tuple] = {}
+    for root, dirs, files in os.walk(folder):
+        base = Path(root).relative_to(folder)
+        for name in dirs:
+            found[(base / name).as_posix()] = ("dir",)
+        for name in files:
+            try:
+                st = os.stat(Path(root) / name, follow_symlinks=False)
+            except OSError:
+                continue
+            found[(base / name).as_posix()] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def _without_lock(listing: dict[str, tuple]) -> dict[str, tuple]:
+    return {rel: entry for rel, entry in listing.items() if rel != LOCK_FILE}
+
+
+_STEP_DIR = re.compile(r"(^|/)checkpoints/step_\d+(/|$)")
+
+
+def _training_output(rel: str) -> bool:
+    """Whether the path (relative to a run folder) is what training writes: a log row or a
+    completed checkpoint, of the run or of a run in a subfolder (distillation's baseline)."""
+    return rel.rsplit("/", 1)[-1] == "metrics.jsonl" or bool(_STEP_DIR.search(rel))
+
+
+def _remove(path: Path) -> None:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _read_holder(fd: int, wait: bool = False) -> dict:
+    """The record in the lock file, or {} if it is empty or unreadable.
+
+    With `wait`, allow the holder a moment: between its flock and its write the file is
+    empty or half-written.
+    """
+    for _ in range(10 if wait else 1):
+        try:
+            holder = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            holder = {}
+        if holder or not wait:
+            return holder if isinstance(holder, dict) else {}
+        time.sleep(0.05)
+    return {}
+
+
+def _locked_message(out_dir: Path, holder: dict) -> str:
+    who = "another run"
+    if holder.get("pid"):
+        who += (f" (process {holder['pid']} on host {holder.get('host', '?')}, started "
+                f"{holder.get('started', '?')})")
+    return f"{who} is using {out_dir}; wait for it to finish or choose another --out"
