@@ -24,6 +24,7 @@ if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 import contextlib
+import io
 import logging
 import os
 import sys
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from minibert import cli
-from minibert.atomic import atomic_file
+from minibert.atomic import WriteError, atomic_file
 from minibert.training.signals import StopOnSignals
 from minibert.data.text import iter_lines
 from minibert.interop.hf import MODEL_FOLDER
@@ -83,8 +84,12 @@ def save_npy(path: Path, array: np.ndarray) -> None:
     folders made for it go again if it is not written."""
     made = [p for p in (path.parent, *path.parent.parents) if not os.path.lexists(p)]
     try:
+        # Made in memory, then written in one call: numpy's own short write says only
+        # "N requested and M written", where the file's write names what stopped it.
+        buffer = io.BytesIO()
+        np.save(buffer, array)
         with atomic_file(path) as f:
-            np.save(f, array)
+            f.write(buffer.getbuffer())
     except BaseException:
         for folder in made:  # innermost first
             with contextlib.suppress(OSError):
@@ -145,7 +150,9 @@ def main(argv=None) -> int:
             signals.settle()
             said = cli.name_outputs(e, {"--out": args.out})  # a write error, in the flag's terms
             return cli.exit_status(said, signals.received, left=lambda: (
-                f"; {args.out} is written" if written else f" before {args.out} was written"))
+                f"; {args.out} is written" if written else f" before {args.out} was written"),
+                unwritten=lambda error: (f"{said}; {args.out} is as it was"
+                                         if isinstance(said, WriteError) else None))
     return 0
 
 

@@ -150,6 +150,9 @@ def _line(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --out ") and "\n" not in err, err
     assert ": cannot write " in err and ".tmp" not in err, err
+    # One cause and one way on: a writer's own line ("save again; what final held before is
+    # intact", where there was none) is not nested in the run's.
+    assert err.count("cannot write") == 1 and "save again" not in err, err
     return err
 
 
@@ -274,6 +277,19 @@ def test_a_file_size_limit_at_the_first_checkpoint(inputs, tmp_path):
     assert "--resume" not in line and "earlier checkpoints" not in line, line
     assert not out.exists(), sorted(out.rglob("*"))
     assert load_example(script).main(args) == 0  # the way on the line names, once raised
+
+
+@pytest.mark.skipif(os.name != "posix", reason="a file-size limit is POSIX's setrlimit")
+def test_embed_under_a_file_size_limit_names_out_and_the_limit(inputs, tmp_path):
+    """numpy's short write said only "960000 requested and 786400 written", with exit 2:
+    no flag, no path, no cause. The vectors are written as any output is: the line names
+    --out, the cause and its fix; nothing of --out is left, and the status is 3."""
+    out = tmp_path / "made" / "v.npy"
+    code, line = _limited("embed", script_argv("embed", inputs, tmp_path / "made"), None, 256)
+    assert code == 3, line
+    assert_carries(line, f"--out {out}", "EFBIG", "ulimit -f")
+    assert "requested" not in line and ".tmp" not in line, line
+    assert not (tmp_path / "made").exists()
 
 
 @pytest.mark.skipif(os.name != "posix", reason="a file-size limit is POSIX's setrlimit")

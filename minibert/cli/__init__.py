@@ -489,6 +489,8 @@ def _could_not_write(error: BaseException, out: Path, folder: Optional[RunFolder
         return None
     target = error.target if isinstance(error, WriteError) else None
     what = getattr(error, "writing", None) or (str(target) if target else f"into {out}")
+    if isinstance(error, WriteError) and error.error is not None:
+        error = error.error  # its cause, said once here, with this line's way on alone
     on_disk = next(p for p in (out, *out.parents) if p.exists())  # whose free space it says
     return f"--out {out}: " + write_failure(_what_stopped(error), what, on_disk,
                                             _way_on(out, folder))
