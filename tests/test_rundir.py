@@ -60,6 +60,25 @@ def test_second_lock_in_the_same_process_is_refused(tmp_path):
         pass
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_live_runs_folder_is_refused_by_its_lock_before_what_it_holds(tmp_path, resume):
+    """A second start into the folder of a run still training, which had logged a row and
+    saved no checkpoint yet, was told to delete that run's metrics.jsonl to start again."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.0}\n')
+    proc = _holder(tmp_path)
+    try:
+        with pytest.raises(RunLockedError) as e:
+            minibert.training.rundir.open_run(tmp_path, resume).check()
+        assert_carries(str(e.value), str(proc.pid), "--out")
+        assert "delete" not in str(e.value)
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+    with pytest.raises(FileExistsError if not resume else FileNotFoundError) as gone:
+        minibert.training.rundir.open_run(tmp_path, resume).check()  # its holder is gone
+    assert "delete metrics.jsonl" in str(gone.value)
+
+
 def test_lock_held_by_another_process_is_refused_with_its_pid(tmp_path):
     proc = _holder(tmp_path)
     try:

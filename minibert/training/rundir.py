@@ -288,6 +288,9 @@ class RunFolder:
         self._first_made = missing[-1] if missing else None
         self._before = _listing(self.path)
         self._had_lock = LOCK_FILE in self._before
+        # A live run's folder is that run's: refused by its lock, before what it holds is
+        # judged (a run with no checkpoint yet would be called one to delete).
+        self._lock.check_free()
         check_run_folder(self.path, self.resume)
 
     def finished(self, steps: list[tuple[Optional[int], int]]) -> bool:
