@@ -71,7 +71,8 @@ def prepare(data_dir: Path, cache: Path):
     `--train-split valid --eval-split test`, the same tokenizer cache and seed 0."""
     import minibert
     from minibert.data import MLMCollator, PackedMLMDataset, load_corpus, tokenize_to_memmap
-    from minibert.training.engine import TrainConfig, eval_batches
+    from minibert.training.engine import TrainConfig
+    from minibert.training.evaluation import eval_batches
 
     splits = load_corpus(data_dir).splits
     tok = minibert.Tokenizer.train_from_iterator(splits["valid"], vocab_size=VOCAB,

@@ -49,7 +49,8 @@ from minibert.model.config import ALL_PRESETS
 from minibert.data import MLMCollator
 from minibert.tasks.distill import Distiller, check_alpha_temperature, load_teacher, teacher_digest
 from minibert.data.prepare import save_prepared
-from minibert.training.engine import eval_batches, evaluate, train
+from minibert.training.engine import train
+from minibert.training.evaluation import eval_batches, evaluate
 from minibert.interop.hf import MODEL_FOLDER
 from minibert.paths import check_readable
 from minibert.training.resume import RunPlan

@@ -40,7 +40,8 @@ from minibert.cli import pretrain
 from minibert.atomic import atomic_file
 from minibert.data import MLMCollator
 from minibert.data.prepare import save_prepared
-from minibert.training.engine import eval_batches, evaluate, train
+from minibert.training.engine import train
+from minibert.training.evaluation import eval_batches, evaluate
 from minibert.training.resume import RunPlan
 from minibert.atomic import writing
 from minibert.training.runlog import read_rows

@@ -197,7 +197,7 @@ def test_out_of_memory_in_the_optimizer_step_is_one_clear_error(corpus, tmp_path
     import minibert.training.engine
 
     tok, ds = corpus
-    build = minibert.training.engine.build_optimizer
+    build = minibert.training.run.build_optimizer
 
     def failing_at_the_third_step(*args, **kwargs):
         optimizer, calls = build(*args, **kwargs), []
@@ -212,7 +212,7 @@ def test_out_of_memory_in_the_optimizer_step_is_one_clear_error(corpus, tmp_path
         optimizer.step = step_or_fail
         return optimizer
 
-    monkeypatch.setattr(minibert.training.engine, "build_optimizer", failing_at_the_third_step)
+    monkeypatch.setattr(minibert.training.run, "build_optimizer", failing_at_the_third_step)
     with raises(TrainingError, "out of memory", "step 3", "optimizer step", "MB",
                 "fake: tried to allocate 2.00 GiB"):
         train(tiny_model(tok), ds, collator(tok),
@@ -270,7 +270,6 @@ def test_the_mfu_ceiling_is_measured_once_per_machine_whatever_the_load(corpus, 
         return next(ceilings)
 
     monkeypatch.setattr(minibert.machine.meters, "measure_peak_flops", fake_peak)
-    monkeypatch.setattr(minibert.training.engine, "measure_peak_flops", fake_peak, raising=False)
     ratios = []
     with caplog.at_level(logging.INFO, logger="minibert"):
         for run in ("a", "b"):
@@ -303,7 +302,6 @@ def test_a_given_peak_flops_is_the_ceiling_and_nothing_is_measured(corpus, tmp_p
     monkeypatch.setenv("MINIBERT_CACHE", str(tmp_path / "cache"))
     fail = lambda *a, **k: pytest.fail("a given ceiling is not measured")  # noqa: E731
     monkeypatch.setattr(minibert.machine.meters, "measure_peak_flops", fail)
-    monkeypatch.setattr(minibert.training.engine, "measure_peak_flops", fail, raising=False)
     with caplog.at_level(logging.INFO, logger="minibert"):
         train(tiny_model(tok), ds, collator(tok), train_config(max_steps=2, peak_flops=2e11),
               tmp_path / "run")
@@ -393,9 +391,10 @@ def test_fp16_loss_scaling_skips_overflow_steps(corpus, tmp_path, monkeypatch):
     fp16 is refused on CPU for real runs (it is slow there); here resolve_precision is
     patched so that the scaler logic itself is exercised without a GPU.
     """
-    import minibert.training.engine as engine
+    import minibert.training.run
 
-    monkeypatch.setattr(engine, "resolve_precision", lambda precision, device: "fp16")
+    monkeypatch.setattr(minibert.training.run, "resolve_precision",
+                        lambda precision, device: "fp16")
     tok, ds = corpus
     model = tiny_model(tok)
     snapshots, calls = [], {"n": 0}
@@ -640,16 +639,16 @@ def test_the_final_evaluation_is_logged_once_however_the_run_was_stopped(corpus,
     import minibert.training.engine
 
     tok, ds = corpus
-    evaluate = minibert.training.engine.evaluate
+    evaluate = minibert.training.run.evaluate
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt("the second SIGTERM")
 
     cfg = train_config(max_steps=2)
-    monkeypatch.setattr(minibert.training.engine, "evaluate", killed)
+    monkeypatch.setattr(minibert.training.run, "evaluate", killed)
     with pytest.raises(KeyboardInterrupt):
         train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "run", eval_set=ds)
-    monkeypatch.setattr(minibert.training.engine, "evaluate", evaluate)
+    monkeypatch.setattr(minibert.training.run, "evaluate", evaluate)
     for _ in range(2):  # resumed, then resumed again when already finished
         train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "run", eval_set=ds,
               resume=True)
@@ -696,7 +695,7 @@ def test_a_classifiers_logged_flops_are_the_encoders_alone(corpus, tmp_path, mon
         fractions.append(mlm_fraction)
         return flops_per_token(config, seq_len, mlm_fraction=mlm_fraction)
 
-    monkeypatch.setattr(minibert.training.engine, "flops_per_token", spy)
+    monkeypatch.setattr(minibert.training.run, "flops_per_token", spy)
     mlm = collator(tok)
 
     def collate(examples, epoch=0):

@@ -48,7 +48,7 @@ def test_the_horizon_is_fixed_at_the_start_and_steps_past_it_run_at_min_lr(corpu
     train(tiny_model(tok), ds, collator(tok), cfg, tmp_path)
     before = [r["lr"] for r in _rows(tmp_path)]
     assert before[-1] == pytest.approx(1e-4)  # step 4 is the horizon: min_lr
-    with caplog.at_level("INFO", logger="minibert.training.engine"):
+    with caplog.at_level("INFO", logger="minibert.training.run"):
         train(tiny_model(tok), ds, collator(tok), train_config(max_steps=7, warmup=1,
                                                                min_lr=1e-4),
               tmp_path, resume=True)
@@ -139,9 +139,10 @@ def test_kill_after_logging_then_resume_logs_each_step_once(corpus, tmp_path):
 def test_fp16_non_finite_loss_is_skipped_without_crashing(corpus, tmp_path, monkeypatch):
     """A NaN loss under fp16 (scaler path patched onto the CPU): skipped, and the next step
     runs. Before, the scaler was left mid-step and the next unscale_ raised."""
-    import minibert.training.engine as engine
+    import minibert.training.run
 
-    monkeypatch.setattr(engine, "resolve_precision", lambda precision, device: "fp16")
+    monkeypatch.setattr(minibert.training.run, "resolve_precision",
+                        lambda precision, device: "fp16")
     tok, ds = corpus
     model = tiny_model(tok)
     forward, calls = model.forward, {"n": 0}
@@ -223,11 +224,12 @@ def test_a_resumed_auto_run_keeps_the_precision_it_started_in(corpus, tmp_path, 
     """precision="auto" measures the machine; measured again on resume (a busy machine,
     another machine) it may come out otherwise. The run computes in the precision of its
     first start throughout, so the resumed run equals the uninterrupted one."""
-    import minibert.training.engine as engine
+    import minibert.training.run
 
     tok, ds = corpus
     today = {"auto": "bf16"}
-    monkeypatch.setattr(engine, "resolve_precision", lambda p, device: today.get(p, p))
+    monkeypatch.setattr(minibert.training.run, "resolve_precision",
+                        lambda p, device: today.get(p, p))
     cfg = train_config(precision="auto", max_steps=4)
     reference = train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "ref")
     train(tiny_model(tok), ds, collator(tok), train_config(precision="auto", max_steps=2,

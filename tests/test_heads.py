@@ -160,7 +160,7 @@ def test_masked_lm_label_on_padding_is_ignored():
     # loss and the accumulation weights (evaluate and the Distiller failed on a shape).
     from minibert.data.mlm import count_targets
     from minibert.tasks.distill import Distiller
-    from minibert.training.engine import evaluate
+    from minibert.training.evaluation import evaluate
 
     batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
     assert count_targets(batch) == 2

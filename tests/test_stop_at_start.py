@@ -84,7 +84,7 @@ def test_ctrl_c_while_training_starts_leaves_no_run_behind(script, inputs, tmp_p
     labels.json and tokenizer/ (which a later start then had to step around)."""
     out = tmp_path / "runs" / "out"
     code, _, err = _run(script, script_argv(script, inputs, out, "--max-steps", "50"),
-                        "minibert.training.engine.build_optimizer")
+                        "minibert.training.run.build_optimizer")
     line = _one_line(err)
     assert code == 130 and "SIGINT" in line, (code, err[-3000:])
     assert not out.exists() and not (tmp_path / "runs").exists(), _files(tmp_path)
@@ -94,7 +94,7 @@ def test_sigterm_while_training_starts_exits_143(inputs, tmp_path):
     out = tmp_path / "out"
     script = "finetune_classification"
     code, _, err = _run(script, script_argv(script, inputs, out, "--max-steps", "50"),
-                        "minibert.training.engine.build_optimizer", "SIGTERM")
+                        "minibert.training.run.build_optimizer", "SIGTERM")
     assert code == 143 and "SIGTERM" in _one_line(err), (code, err[-3000:])
     assert not out.exists()
 
@@ -113,8 +113,8 @@ def test_ctrl_c_before_or_while_writing_the_run_folder(at, inputs, tmp_path):
 
 # After the optimizer is built, then after the checkpoint is loaded (the last phase of start-up)
 @pytest.mark.parametrize("script,at", [
-    ("finetune_classification", "minibert.training.engine.build_optimizer"),
-    ("pretrain_wikitext", "minibert.training.engine.resolve_warmup")])
+    ("finetune_classification", "minibert.training.run.build_optimizer"),
+    ("pretrain_wikitext", "minibert.training.run.resolve_warmup")])
 def test_ctrl_c_while_a_resume_starts_keeps_everything_the_run_held(script, at, inputs,
                                                                      tmp_path):
     """A resumed run stopped before its first new step: the folder is as it was, byte for
@@ -138,7 +138,7 @@ def test_a_signal_during_the_last_save_stops_the_run(inputs, tmp_path):
     out = tmp_path / "out"
     script = "finetune_classification"
     code, _, err = _run(script, script_argv(script, inputs, out),
-                        "minibert.training.engine.save_run")
+                        "minibert.training.run.save_run")
     line = _one_line(err)
     assert code == 130 and "SIGINT" in line and "--resume" in line, (code, err[-3000:])
     assert (out / "checkpoints" / "step_00000001").is_dir() and not (out / "final").exists()

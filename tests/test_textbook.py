@@ -50,7 +50,25 @@ def test_no_function_in_the_package_is_over_80_lines():
     assert not long, long
 
 
+LOOP = PACKAGE / "training" / "engine.py"
+
+
 def test_train_reads_on_one_screen():
-    tree = ast.parse((PACKAGE / "training" / "engine.py").read_text())
+    tree = ast.parse(LOOP.read_text())
     train = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
     assert train.end_lineno - train.lineno + 1 <= 80
+
+
+def test_the_loop_is_one_short_file_that_names_what_a_step_does():
+    """The loop a student reads is one file of at most 300 lines, and in it are the words of
+    each thing a step does; everything around the run lives in files of its own."""
+    text = LOOP.read_text()
+    assert len(text.splitlines()) <= 300, len(text.splitlines())
+    for word in ("micro_step_weight", "autocast", "scaler", "warmup", "clip_grad_norm_",
+                 "AdamW", "seed", "peak memory", "log"):
+        assert word in text, word
+
+
+def test_the_textbook_and_the_loop_come_to_at_most_1750_lines():
+    total = sum(len((PACKAGE / name).read_text().splitlines()) for name in TEXTBOOK)
+    assert total + len(LOOP.read_text().splitlines()) <= 1750

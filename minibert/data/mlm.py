@@ -147,6 +147,12 @@ def count_targets(batch: Mapping[str, torch.Tensor]) -> int:
     return int(predicted(batch["labels"], batch.get("attention_mask")).sum())
 
 
+def count_tokens(batch: Mapping[str, torch.Tensor]) -> int:
+    """Real tokens in a batch: its attention_mask's ones, or every position without one."""
+    mask = batch.get("attention_mask")
+    return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+
+
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser (Steele et al. 2014): a bijective scrambling of uint64."""
     x = x + _GOLDEN

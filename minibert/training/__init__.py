@@ -1,10 +1,19 @@
 """The training engine and the run around it.
 
-    engine.py       `train`: the loop, read top to bottom, and `evaluate`
+The engine a student reads, in this order:
+
+    engine.py       `train`: the loop, read top to bottom (batch, micro-batches and their
+                    exact weights, autocast and the scaler, clipping, AdamW with warmup, log)
     state.py        TrainConfig (the settings) and TrainState (everything that moves),
                     saved and restored whole; the run identity a resume must match
     optim.py        AdamW with its parameter groups, and the warmup-then-decay schedule
     rng.py          seeds, and every random generator's state for an exact resume
+
+What attaches to the loop at named points, each skippable on a first reading:
+
+    run.py          the start (precision, resume or a claimed folder, seeds per rank, the
+                    meter) and the result; the run's `evaluate`, `save` and `back_off`
+    evaluation.py   the held-out batches and the MLM metrics over them
     checkpoint.py   checkpoints written whole or not at all, verified on load
     resume.py       where a run's checkpoints are found, and whether they continue this run
     recovery.py     what the loop does when a step goes wrong: skip it, or back off on OOM

@@ -1,6 +1,6 @@
 """A training run on disk: how a checkpoint is written, found and checked before a resume.
 
-`train` (engine.py) calls these to start, save and resume a run:
+`train` calls these, through its run (run.py), to start, save and resume a run:
 
 * `claim_out_dir`: a fresh start never mixes with an older run in the same folder.
 * `save_run`: the checkpoint of a step, the dict `TrainState.state_dict` builds (state.py

@@ -1,0 +1,300 @@
+"""The run around the loop: what `train` (engine.py) sets up before its first step, reads
+while it steps, and returns after its last.
+
+* `start_run`: check the settings, build AdamW and the grad scaler, settle the precision,
+  then resume from the newest checkpoint (resume.py) or claim the folder (rundir.py), seed
+  each rank, and wire the log, the progress bar and the meter.
+* `Run`: that wiring, fixed for the run; its `evaluate` and `save` are the loop's calls.
+* `finish_run`: the run's totals and its final evaluation.
+
+A student reading the loop can take these as named steps; nothing here changes what a step
+computes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from ..data.sampler import GlobalBatches
+from ..interop.hf import decodes
+from ..machine.environment import log_environment
+from ..machine.memory import reset_peak_memory
+from ..machine.meters import (StepMeter, flops_per_token, matmul_weights,
+                              parameter_flops_per_token, stated_ceiling)
+from ..machine.precision import keep_precision, resolve_precision
+from .distributed import DistContext, max_over_ranks, unwrap
+from .evaluation import checked_scores, eval_batches, evaluate, numbers
+from .optim import build_optimizer, lr_at, resolve_warmup
+from .recovery import TrainingError, back_off
+from .resume import claim_out_dir, resume_run, save_run
+from .rng import rank_seed, set_seed
+from .runlog import RunLog, progress_bar
+from .signals import StopFlag
+from .state import TrainConfig, TrainState, bert_config
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    """A run's wiring, fixed at its start: what the phases of `train` read. What moves is in
+    `TrainState`; the optimizer, scaler, meter and log are objects of the run, held here."""
+
+    model: nn.Module  # as the steps call it: DDP- and compile-wrapped where asked
+    raw: nn.Module  # the model itself, whose weights are saved (distributed.unwrap)
+    cfg: TrainConfig  # with the run's horizon
+    ctx: DistContext
+    precision: str  # the run's, kept by every resume
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    batches: GlobalBatches
+    train_set: Dataset
+    collate: Callable
+    eval_set: Optional[Dataset]
+    eval_fn: Optional[Callable[[nn.Module, str], Mapping[str, Any]]]
+    data_identity: dict
+    ckpt_root: Path
+    per_rank: int  # examples per rank of a global batch
+    micro: int  # examples per micro-batch, as configured (TrainState's when backed off)
+    warmup: int  # learning-rate warmup, in steps
+    seq_warmup: int  # sequence-length warmup, in steps (0: off)
+    decodes: bool  # a masked LM: its sparse head's FLOPs count on predicted tokens
+    own_flops: Optional[float]  # per token, of a model without a BertConfig
+    peak: float  # the MFU ceiling of one rank (0 on ranks that do not log)
+    env: dict
+    log: RunLog
+    bar: Any  # tqdm's bar, or None
+    meter: StepMeter
+    start_step: int
+    started: float  # perf_counter() at this start, for wall_seconds
+    wall_before: float  # the run's wall time over its earlier starts (TrainState's)
+
+    @property
+    def evaluates(self) -> bool:
+        return self.eval_set is not None or self.eval_fn is not None
+
+    def micro_batch(self, state: TrainState) -> int:
+        """The micro-batch in use: one an out-of-memory error backed off to, else `micro`."""
+        return state.micro_batch_size or self.micro
+
+    def back_off(self, state: TrainState, batch: dict, position: dict[str, int]) -> None:
+        """Out of memory: halve the micro-batch (recovery.back_off, which raises where it
+        cannot) and put the data back where the failed step took its batch."""
+        state.micro_batch_size = back_off(batch, self.micro_batch(state), self.per_rank,
+                                          self.cfg, state, self.optimizer, self.ctx.device)
+        self.batches.seek(**position)  # the same global batch again, in smaller pieces
+
+    def lr(self, step: int) -> float:
+        """The rate of `step`: linear warmup over `warmup` steps, then the schedule's decay
+        to min_lr at the horizon fixed at the run's start (optim.lr_at), min_lr past it."""
+        cfg = self.cfg
+        if step > cfg.decay_steps and step in (self.start_step + 1, cfg.decay_steps + 1):
+            logger.info("step %d is past the schedule's horizon (decay_steps=%d): the "
+                        "learning rate stays at min_lr=%g from here on", step,
+                        cfg.decay_steps, cfg.min_lr)  # said once a run
+        return lr_at(step, max_lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=self.warmup,
+                     total_steps=cfg.decay_steps, schedule=cfg.schedule)
+
+    def flops(self, length: int, tokens: int, n_global: int) -> float:
+        """Model FLOPs of a step of `tokens` tokens of `length` (the sparse MLM head is
+        counted for its `n_global` predicted tokens only), for the meter's MFU."""
+        per_token = self.own_flops if self.own_flops is not None else flops_per_token(
+            self.raw.config, length, mlm_fraction=n_global / tokens if self.decodes else 0.0)
+        return tokens * per_token
+
+    def wall_seconds(self) -> float:
+        """The run's wall time until now: this start's, after what its earlier starts took up
+        to the checkpoint it resumed from (the time a killed start ran past it is lost, as
+        its steps are)."""
+        return self.wall_before + time.perf_counter() - self.started
+
+    def save(self, state: TrainState) -> None:
+        """The checkpoint of this step, with the run's wall time until now in it."""
+        state.wall_seconds = self.wall_seconds()
+        save_run(self.ckpt_root, self.raw, state, self.cfg, self.data_identity, self.ctx)
+
+    def evaluate(self, state: TrainState) -> Mapping[str, Any]:
+        """One evaluation: `evaluate`'s MLM metrics (in micro-batches of the training
+        micro-batch in use), or whatever `eval_fn` scores: a mapping whose numbers are
+        logged; the rest (per-class tables, predictions) is kept for the caller in `train`'s
+        result["scores"]."""
+        ctx = self.ctx
+        try:
+            if self.eval_fn is None:
+                batches = eval_batches(self.eval_set, self.collate, self.cfg, ctx,
+                                       self.micro_batch(state))
+                return evaluate(self.model, batches, self.precision, ctx.device, ctx)
+            self.raw.eval()  # eval_fn is called in eval mode, without gradients, then back
+            try:
+                with torch.no_grad():
+                    scores = self.eval_fn(self.raw, self.precision)  # the run's precision
+            finally:
+                self.raw.train()
+        except torch.OutOfMemoryError as error:
+            first = (str(error).strip().splitlines() or ["out of memory"])[0]
+            raise TrainingError(
+                f"out of memory in the evaluation at step {state.step} ({first}); the "
+                f"checkpoints saved before it are kept. Evaluate in smaller batches "
+                f"(eval_fn's own; the scripts evaluate in training micro-batches: lower "
+                f"--micro-batch-size) and resume") from None
+        return checked_scores(scores)
+
+    def log_eval(self, state: TrainState, scores: Mapping[str, Any]) -> None:
+        """An evaluation's numbers in a log row of their own (rank 0)."""
+        if self.ctx.is_main:
+            self.log.write({"step": state.step, "train_seconds": round(state.train_seconds, 3),
+                            **numbers(scores)}, self.bar)
+
+
+def start_run(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainConfig,
+              out_dir: Path, ctx: DistContext, eval_set: Optional[Dataset],
+              eval_fn: Optional[Callable], resume: bool, overwrite: bool, data_identity: dict,
+              lengths: Optional[Sequence[int]], batches: Optional[GlobalBatches]
+              ) -> tuple[Run, TrainState]:
+    """Start or resume: check the settings, build the optimizer, scaler and batch order,
+    then resume from the newest checkpoint or claim the folder and seed the ranks, and
+    settle the precision, the MFU ceiling and the data position."""
+    device = ctx.device
+    if cfg.auto_micro_batch and ctx.world_size > 1:
+        # A rank that ran out of memory would retry its forward alone while the others wait
+        # in the gradient all-reduce: the collectives stop matching and the job hangs.
+        raise ValueError("auto_micro_batch backs off within one process only; under DDP set "
+                         "micro_batch_size (--micro-batch-size) to one that fits instead")
+    precision = resolve_precision(cfg.precision, device)
+    per_rank, micro = cfg.split_batch(ctx.world_size)
+    if eval_fn is not None and eval_set is not None:
+        raise ValueError("pass eval_set (MLM metrics) or eval_fn (your own), not both")
+    model.to(device).train()
+    raw = unwrap(model)
+    optimizer = build_optimizer(raw, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    batches = batches or GlobalBatches(len(train_set), cfg.batch_size, seed=cfg.seed,
+                                       rank=ctx.rank, world_size=ctx.world_size, lengths=lengths)
+    env = log_environment(device, precision) if ctx.is_main else {}
+    ckpt_root = out_dir / "checkpoints"
+    state = TrainState(optimizer=optimizer, scaler=scaler)
+    if resume:  # the model, the optimizer, the scaler, the data position and every generator
+        cfg = resume_run(raw, state, cfg, data_identity, ckpt_root, ctx)
+    else:  # the horizon first: a warmup longer than it is refused before the folder is cleared
+        cfg = replace(cfg, decay_steps=cfg.decay_steps or cfg.max_steps)
+        claim_out_dir(out_dir, overwrite, ctx)
+        if ctx.rank > 0:  # DDP puts rank 0's weights everywhere; dropout must differ by rank
+            set_seed(rank_seed(cfg.seed, ctx.rank))
+    state.precision = state.precision or precision  # a resume keeps the run's precision
+    precision = keep_precision(state.precision, cfg.precision, precision, device, ctx.is_main)
+    peak = (stated_ceiling(cfg.peak_flops, device, precision, ctx.world_size)
+            if ctx.is_main else 0.0)  # only rank 0 logs MFU
+    batches.seek(state.epoch, state.consumed)
+    run = Run(
+        model=_wrap(model, cfg, ctx, device), raw=raw, cfg=cfg, ctx=ctx, precision=precision,
+        optimizer=optimizer, scaler=scaler, batches=batches, train_set=train_set,
+        collate=collate, eval_set=eval_set, eval_fn=eval_fn, data_identity=data_identity,
+        ckpt_root=ckpt_root, per_rank=per_rank, micro=micro,
+        warmup=resolve_warmup(cfg.warmup, cfg.decay_steps),
+        seq_warmup=resolve_warmup(cfg.seq_len_warmup, cfg.decay_steps),
+        # Only a masked LM decodes over the vocabulary; a classifier's FLOPs are the encoder's.
+        decodes=decodes(type(raw)), own_flops=_own_flops(raw, ctx.is_main), peak=peak, env=env,
+        log=RunLog(out_dir / "metrics.jsonl", stale_after=state.step if resume else None),
+        bar=progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step),
+        meter=StepMeter(), start_step=state.step, started=time.perf_counter(),
+        wall_before=state.wall_seconds)
+    reset_peak_memory(device)  # the log's peak_mem_mb is this start's
+    return run, state
+
+
+def signalled_during_save(stop: StopFlag, ctx: DistContext) -> Optional[int]:
+    """A signal that reached a rank during the last step's save, after the step had looked
+    for one: the run stops all the same, its checkpoint saved, rather than go on to its
+    outputs (evaluated and written on a resume)."""
+    return max_over_ranks(stop.signal or 0, ctx) or None
+
+
+def finish_run(run: Run, state: TrainState, scores: Optional[Mapping[str, Any]],
+               stop_signal: Optional[int]) -> dict[str, Any]:
+    """The run's result: its totals and, unless it was stopped, its final evaluation."""
+    if run.bar is not None:
+        run.bar.close()
+        run.bar = None  # the final evaluation's row is logged without it
+    result: dict[str, Any] = {"steps": state.step, "tokens_seen": state.tokens_seen,
+                              "skipped_steps": state.skipped,
+                              "wall_seconds": round(run.wall_seconds(), 2),
+                              "train_seconds": round(state.train_seconds, 3),
+                              # A signal during the last step stops the run all the same:
+                              # the script exits 128 + N, and a resume evaluates it.
+                              "interrupted": state.step < run.cfg.max_steps or
+                              stop_signal is not None,
+                              "precision": run.precision,
+                              "environment": run.env, "steps_this_run": state.step - run.start_step,
+                              "stop_signal": stop_signal}
+    if run.ctx.is_main and not result["interrupted"]:
+        run.log.settle()
+    if run.evaluates and not result["interrupted"]:
+        scores = run.evaluate(state)
+        # A resumed run that was already finished (a script's later stage resumed with it)
+        # evaluates again for its result; its log may hold that row already, or not (a run
+        # stopped at its last step, or during this evaluation).
+        if not run.log.has_eval(state.step):
+            run.log_eval(state, scores)
+    result.update(numbers(scores or {}))
+    result["scores"] = scores
+    return result
+
+
+def checked_batch(batch: Any) -> dict:
+    """A micro-batch as `collate` made it, refused by name unless it is a dict holding
+    `input_ids` (B, T), from which the engine counts tokens and reads the length; its
+    `labels` are `count_targets`' to check."""
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    if not (torch.is_tensor(ids) and ids.dim() == 2):
+        held = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
+        raise ValueError(f"collate must return a dict of tensors with `input_ids` (B, T), from "
+                         f"which train counts the tokens; it returned {held}")
+    return batch
+
+
+def loss_of(out: Any, model: nn.Module) -> Tensor:
+    """The scalar `.loss` of what `model(**batch)` returned (a NamedTuple's field, or any
+    attribute), refused by name where there is none."""
+    loss = getattr(out, "loss", None)  # checked here, not defaulted
+    if not (torch.is_tensor(loss) and loss.dim() == 0):
+        raise TypeError(f"{type(unwrap(model)).__name__}(**batch) returned "
+                        f"{type(out).__name__}, without a scalar tensor `.loss`; train needs "
+                        f"one: return e.g. a NamedTuple whose `loss` is the mean over the "
+                        f"batch's targets")
+    return loss
+
+
+def _own_flops(raw: nn.Module, say: bool) -> Optional[float]:
+    """FLOPs per token of a model without a BertConfig, from its weight matrices
+    (meters.parameter_flops_per_token), and the log says once what they leave out; None
+    for a model whose config gives them (flops_per_token, each step's length)."""
+    if bert_config(raw) is not None:
+        return None
+    # Counted rather than left out: every row keeps its `mfu` column (which plots and the
+    # ceiling's check read), and a count that errs low by a stated share still says how
+    # the run uses the machine, and compares across runs of one model.
+    if say:
+        logger.info("MFU of %s, a model without a BertConfig: 6 FLOPs per token for each of "
+                    "its %s matmul weights; attention's 12 * layers * hidden * length per "
+                    "token is left out, so it reads low by that share "
+                    "(meters.parameter_flops_per_token)", type(raw).__name__,
+                    f"{matmul_weights(raw):,}")
+    return parameter_flops_per_token(raw)
+
+
+def _wrap(model: nn.Module, cfg: TrainConfig, ctx: DistContext, device: torch.device):
+    """The model as the steps call it: in DDP across processes, compiled where asked."""
+    if ctx.world_size > 1:  # a model whose steps leave some parameters unused says so
+        model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=getattr(model, "unused_parameters_per_step", False))
+    return torch.compile(model) if cfg.compile else model
