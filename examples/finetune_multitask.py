@@ -124,7 +124,13 @@ def check_bert_heads(args) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    return cli.run_script(args, prepare, run, finetune.flag_names(args))
+    # the signals, --out's lock and the exit status (minibert/cli/__init__.py)
+    with cli.Script(args, finetune.flag_names(args)) as script:
+        ctx = script.start()
+        prepared = prepare(args, ctx)  # checks and reads; writes nothing
+        if script.claim(prepared.runs):  # --out held: a fresh start, or the run to resume
+            run(args, ctx, prepared)
+    return script.status
 
 
 def prepare(args, ctx) -> SimpleNamespace:

@@ -32,7 +32,6 @@ if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
 import logging
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import minibert
 from minibert import cli
@@ -66,22 +65,67 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    return cli.run_script(args, prepare, run, pretrain.flag_names(args))
+    # One block, read top to bottom: Ctrl-C and SIGTERM stop it in one line, --out is held
+    # by its lock while the run writes, and how the block ends is the exit status
+    # (minibert/cli/__init__.py has the table).
+    with cli.Script(args, pretrain.flag_names(args)) as script:
+        ctx = script.start()  # the device, the process group of a torchrun, logging
 
+        # The flags and the model's fit (positions, --init-from's tokenizer and weights);
+        # nothing before script.claim writes to --out.
+        cfg = pretrain.check_args(args, ctx)
+        pretrain.check_model_fits(args)
 
-def prepare(args, ctx) -> SimpleNamespace:
-    """Everything that can be checked, before --out is touched: the flags, the model's fit
-    (positions, --init-from's tokenizer and weights), the corpus (read, its tokenizer fixed
-    and its splits tokenized into the cache), the model, and what --resume compares (the
-    run's `RunPlan`)."""
-    cfg = pretrain.check_args(args, ctx)
-    pretrain.check_model_fits(args)
-    corpus = pretrain.read_corpus(args, ctx)
-    minibert.set_seed(args.seed, deterministic=args.deterministic)
-    data, identity = pretrain.prepare_data(args, ctx, corpus)
-    model = build_model(args, data.tokenizer)
-    return SimpleNamespace(cfg=cfg, data=data, identity=identity, model=model,
-                           runs=[RunPlan(model, cfg, identity, args.out, args.resume)])
+        # The data: the corpus, its tokenizer (trained once, cached) and its splits as
+        # memory-mapped token blocks (tokenized once, cached).
+        corpus = pretrain.read_corpus(args, ctx)
+        minibert.set_seed(args.seed, deterministic=args.deterministic)
+        data, identity = pretrain.prepare_data(args, ctx, corpus)
+        tok = data.tokenizer
+        train_set, eval_set = data.splits[args.train_split], data.splits[args.eval_split]
+
+        model = build_model(args, tok)
+        log.info("model: %s, %.1fM parameters; %d training blocks of %d tokens",
+                 args.init_from or args.preset, sum(p.numel() for p in model.parameters()) / 1e6,
+                 len(train_set), args.seq_len)
+
+        # --out: a fresh start, or a --resume of this very run (its data, tokenizer and
+        # settings compared with the checkpoint's).
+        if not script.claim([RunPlan(model, cfg, identity, args.out, args.resume)]):
+            return 0  # the run was finished: nothing is done and nothing is written
+        if ctx.is_main:
+            save_prepared(args.out, data)  # the run's tokenizer and its corpus keys
+
+        # Training: dynamic masking of each batch as it is drawn.
+        collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed,
+                              whole_word_mask=args.whole_word_mask)
+        # Evaluation always masks single tokens at --eval-mask-prob, so that eval losses
+        # compare across runs with and without --whole-word-mask (predicting a whole word is
+        # the harder task) and across training masking rates (a 40% rate leaves less context
+        # per prediction, so its own loss is higher at equal quality; Wettig et al. 2023).
+        eval_collate = MLMCollator(tok, mlm_probability=args.eval_mask_prob, seed=args.seed)
+
+        def mlm_metrics(m, precision: str) -> dict:  # in the run's precision, kept on resume
+            return evaluate(m, eval_batches(eval_set, eval_collate, cfg, ctx), precision,
+                            ctx.device, ctx)
+
+        cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)  # on by default on a CPU
+        result = train(model, train_set, collate, cfg, args.out, ctx=ctx, eval_fn=mlm_metrics,
+                       resume=args.resume, data_identity=identity)
+
+        # The outputs, on rank 0 of a run that finished well (a diverged run raises).
+        if cli.finished(result, ctx, cfg.lr, model, args.out):
+            with writing(args.out / "final"):
+                model.save_pretrained(args.out / "final", tokenizer=tok)
+            plot_loss(args.out)
+            # Last: eval.json marks the run complete, which a --resume of it leaves alone.
+            pretrain.write_json(args.out / "eval.json", {k: result[k] for k in (
+                "eval_loss", "eval_accuracy", "perplexity", "steps", "tokens_seen",
+                "wall_seconds", "train_seconds", "precision")})
+            log.info("eval loss %.4f, accuracy %.4f, perplexity %.1f; model in %s",
+                     result["eval_loss"], result["eval_accuracy"], result["perplexity"],
+                     args.out / "final")
+    return script.status
 
 
 def build_model(args, tok) -> minibert.BertForMaskedLM:
@@ -130,44 +174,6 @@ def plot_loss(out: Path) -> None:
     with writing(out / "loss.png"), atomic_file(out / "loss.png") as f:  # whole, or not at all
         plt.savefig(f, format="png", dpi=110)
     plt.close()
-
-
-def run(args, ctx, p: SimpleNamespace) -> None:
-    cfg, data, model = p.cfg, p.data, p.model
-    if ctx.is_main:
-        save_prepared(args.out, data)  # the run's tokenizer and its corpus keys
-    tok, train_set, eval_set = (data.tokenizer, data.splits[args.train_split],
-                                data.splits[args.eval_split])
-    n_params = sum(p.numel() for p in model.parameters())
-    log.info("model: %s, %.1fM parameters; %d training blocks of %d tokens", args.preset
-             if not args.init_from else args.init_from, n_params / 1e6, len(train_set),
-             args.seq_len)
-    collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed,
-                          whole_word_mask=args.whole_word_mask)
-    # Evaluation always masks single tokens at --eval-mask-prob, so that eval losses compare
-    # across runs with and without --whole-word-mask (predicting a whole word is the harder
-    # task) and across training masking rates (a 40% rate leaves less context per
-    # prediction, so its own loss is higher at equal quality; Wettig et al. 2023).
-    eval_collate = MLMCollator(tok, mlm_probability=args.eval_mask_prob, seed=args.seed)
-
-    def mlm_metrics(m, precision: str) -> dict:  # in the run's precision, which a resume keeps
-        return evaluate(m, eval_batches(eval_set, eval_collate, cfg, ctx), precision,
-                        ctx.device, ctx)
-
-    cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)  # on by default on a CPU
-    result = train(model, train_set, collate, cfg, args.out, ctx=ctx, eval_fn=mlm_metrics,
-                   resume=args.resume, data_identity=p.identity)
-    if not cli.finished(result, ctx, cfg.lr, model, args.out):
-        return
-    with writing(args.out / "final"):
-        model.save_pretrained(args.out / "final", tokenizer=tok)
-    plot_loss(args.out)
-    # Last: eval.json marks the run complete, which a --resume of it then leaves as it is.
-    pretrain.write_json(args.out / "eval.json", {k: result[k] for k in (
-        "eval_loss", "eval_accuracy", "perplexity", "steps", "tokens_seen", "wall_seconds",
-        "train_seconds", "precision")})
-    log.info("eval loss %.4f, accuracy %.4f, perplexity %.1f; model in %s", result["eval_loss"],
-             result["eval_accuracy"], result["perplexity"], args.out / "final")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ import math
 import shutil
 import signal
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -67,19 +66,26 @@ def test_finished_tells_a_stop_and_a_divergence_from_a_finished_run(tmp_path):
         cli.finished(_result(eval_loss=1e7), ctx, 1e-3, out=tmp_path)
 
 
-def test_run_script_exit_statuses(tmp_path, capsys):
+def _script(args, order, prepare_error=None, error=None, finished=False) -> int:
+    """A script's `main`, as the examples write it, with its steps recorded in `order`."""
+    with cli.Script(args) as script:
+        script.start()
+        order.append("prepare")
+        if prepare_error:
+            raise prepare_error
+        if not script.claim([]):
+            order.append("finished")
+            return 0
+        order.append("run")
+        if error:
+            raise error
+    return script.status
+
+
+def test_script_exit_statuses(tmp_path, capsys):
     def status(error=None, prepare_error=None, out=tmp_path / "out"):
-        def prepare(args, ctx):
-            if prepare_error:
-                raise prepare_error
-            return SimpleNamespace(runs=[])
-
-        def run(args, ctx, prepared):
-            if error:
-                raise error
-
         args = type("Args", (), {"device": "cpu", "out": out, "resume": False})
-        return cli.run_script(args, prepare, run)
+        return _script(args, [], prepare_error, error)
 
     assert status() == 0
     assert status(Stopped(signal.SIGTERM, 4)) == 143
@@ -93,20 +99,31 @@ def test_run_script_exit_statuses(tmp_path, capsys):
         "plus --resume",
         "error: diverged", "error: bad input"]
     assert status(prepare_error=ValueError("refused"), out=tmp_path / "new") == 2
-    assert not (tmp_path / "new").exists()  # prepare runs before the run folder is made
+    assert not (tmp_path / "new").exists()  # the checks run before the run folder is made
+    with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
+        status(ZeroDivisionError("a bug"))
 
 
-def test_run_script_bounds_the_kernel_cache_before_anything_runs(tmp_path, monkeypatch):
-    """oneDNN reads its cache's bound once, at the first bf16 matmul, which `prepare` could
-    already make."""
+def test_a_script_that_fails_before_it_writes_leaves_out_as_it_was(tmp_path):
+    """A refusal inside the block, after --out is claimed but before the first write, takes
+    the run folder back: the same command, fixed, is a fresh start."""
+    out = tmp_path / "out"
+    args = type("Args", (), {"device": "cpu", "out": out, "resume": False})
+    assert _script(args, [], error=ValueError("refused after the claim")) == 2
+    assert not out.exists()
+    assert _script(args, []) == 0
+
+
+def test_script_bounds_the_kernel_cache_before_anything_runs(tmp_path, monkeypatch):
+    """oneDNN reads its cache's bound once, at the first bf16 matmul, which the checks
+    could already make."""
     import minibert.machine.memory
 
     order = []
     monkeypatch.setattr(minibert.machine.memory, "limit_kernel_cache",
                         lambda *a: order.append("limit_kernel_cache") or True)
     args = type("Args", (), {"device": "cpu", "out": tmp_path / "out", "resume": False})
-    assert cli.run_script(args, lambda a, c: order.append("prepare") or SimpleNamespace(runs=[]),
-                          lambda a, c, p: order.append("run")) == 0
+    assert _script(args, order) == 0
     assert order == ["limit_kernel_cache", "prepare", "run"]
 
 

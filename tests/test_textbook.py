@@ -72,3 +72,25 @@ def test_the_loop_is_one_short_file_that_names_what_a_step_does():
 def test_the_textbook_and_the_loop_come_to_at_most_1750_lines():
     total = sum(len((PACKAGE / name).read_text().splitlines()) for name in TEXTBOOK)
     assert total + len(LOOP.read_text().splitlines()) <= 1750
+
+
+def test_the_main_job_reads_top_to_bottom():
+    """examples/pretrain_wikitext.py's `main` is one `with cli.Script(...)` block that goes
+    flags -> data -> model -> --out -> train -> outputs in that order, and hands no function
+    of its own to the library to call (no inverted control)."""
+    script = PACKAGE.parent / "examples" / "pretrain_wikitext.py"
+    tree = ast.parse(script.read_text())
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    block = next(n for n in main.body if isinstance(n, ast.With))
+    assert ast.unparse(block.items[0].context_expr).startswith("cli.Script(")
+    calls = [ast.unparse(n.func) for n in sorted(
+        (n for n in ast.walk(block) if isinstance(n, ast.Call)),
+        key=lambda n: (n.lineno, n.col_offset))]
+    order = ["script.start", "pretrain.check_args", "pretrain.read_corpus",
+             "pretrain.prepare_data", "build_model", "script.claim", "train",
+             "model.save_pretrained", "pretrain.write_json"]
+    assert [calls.index(c) for c in order] == sorted(calls.index(c) for c in order), calls
+    own = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    handed = [ast.unparse(a) for n in ast.walk(main) if isinstance(n, ast.Call)
+              for a in n.args if isinstance(a, ast.Name) and a.id in own]
+    assert not handed, handed

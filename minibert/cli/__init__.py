@@ -6,17 +6,18 @@
 
 The scripts' layer sits on top: it may import every other package, and none imports it.
 
-A script's life is `run_script(args, prepare, run)`, and it checks, then writes.
-`prepare(args, ctx)` checks the flags and reads every input it can, writing nothing, and
-returns a namespace whose `runs` lists the training runs it will start (`resume.RunPlan`).
-`run_script` then checks --out: whether it can take a fresh start or holds a run to resume
-(`rundir.RunFolder.check`), and with --resume, whether each run's checkpoint continues
-that very run (`resume.check_resume`: the model's class and config, the settings, the
-data). A --resume of a run that is finished (`rundir.run_finished`) ends there, with one
-line and exit status 0, writing nothing. Only then does `run(args, ctx, prepared)` write,
-inside the run folder held by its lock (`rundir.open_run`); a start that ends before it
-has trained leaves the folder as it found it. How it ends is said by the exit status, so
-that `cmd && next` never goes on after a run that did not finish well:
+A script's life is one `with cli.Script(args) as script:` block, and it checks, then
+writes. `script.start()` sets up the devices and logging; the script then checks its flags
+and reads every input it can, writing nothing. `script.claim(runs)` checks --out, given
+the training runs the script will start (`resume.RunPlan`): whether it can take a fresh
+start or holds a run to resume (`rundir.RunFolder.check`), and with --resume, whether each
+run's checkpoint continues that very run (`resume.check_resume`: the model's class and
+config, the settings, the data). A --resume of a run that is finished
+(`rundir.run_finished`) ends there, with one line and exit status 0, writing nothing. Only
+then does the script write, inside the run folder held by its lock (`rundir.open_run`); a
+start that ends before it has trained leaves the folder as it found it. How it ends is
+said by the exit status (`script.status`), so that `cmd && next` never goes on after a run
+that did not finish well:
 
     0          the run finished; its outputs are written
     1          the run started and could not finish well: it diverged (steps kept being
@@ -34,8 +35,8 @@ that `cmd && next` never goes on after a run that did not finish well:
                found it (the line says what is left otherwise)
 
 Signals are this module's from the script's first line: each script holds SIGINT and
-SIGTERM back (`signal.pthread_sigmask`) while Python imports torch, and `run_script` takes
-them over. Outside the training loop (whose `StopFlag` ends the step in progress and saves
+SIGTERM back (`signal.pthread_sigmask`) while Python imports torch, and `Script` takes them
+over. Outside the training loop (whose `StopFlag` ends the step in progress and saves
 it) a signal stops the script where it is, as Ctrl-C does any Python program, but with one
 line rather than a traceback.
 
@@ -368,50 +369,89 @@ def finite_flags(args: Any, names: Sequence[str]) -> None:
 
 # ---- start, end, exit status -----------------------------------------------------------------
 
-def run_script(args: Any, prepare: Callable[[Any, DistContext], Any],
-               run: Callable[[Any, DistContext, Any], None],
-               flags: Mapping[str, str] = {}) -> int:
-    """A script's life and its exit status (see the module docstring). `args.device`,
-    `args.out` and `args.resume` are read here; `prepare` returns a namespace with `runs`,
-    the `resume.RunPlan` of each training run. `flags` (TrainConfig field -> flag) names
-    the settings a refused resume differs in as the script's flags."""
-    ctx, ok, folder = None, False, None
-    with StopOnSignals() as signals:
+class Script:
+    """A script's life as one `with` block: signals stop it in one line, --out is held by
+    its lock while the run writes, and the block's outcome becomes the exit status (the
+    module docstring's table), kept in `status` for `main` to return.
+
+        with cli.Script(args, flags) as script:
+            ctx = script.start()           # devices, logging; --out not a file
+            ...                            # check and read every input, writing nothing
+            if not script.claim(runs):     # --out: a fresh start, or the run to resume
+                return 0                   # a --resume of a finished run: nothing to do
+            ...                            # train and write the outputs
+        return script.status
+
+    `args.device`, `args.out` and `args.resume` are read here. `flags` (TrainConfig field
+    -> flag) names the settings a refused resume differs in as the script's flags."""
+
+    def __init__(self, args: Any, flags: Mapping[str, str] = {}) -> None:
+        self.args, self.flags = args, flags
+        self.ctx: Optional[DistContext] = None
+        self.status = 0
+        self._signals = StopOnSignals()
+        self._folder: Optional[RunFolder] = None  # --out, once claimed
+        self._holding = False  # whether the block runs inside the folder's lock
+
+    def __enter__(self) -> "Script":
+        self._signals.__enter__()
+        return self
+
+    def start(self) -> DistContext:
+        """The process's devices and logging, before anything is read: a signal held back
+        while torch loaded stops the script here."""
+        self._signals.let_through()
+        # Before anything multiplies a bf16 matrix: oneDNN reads its bound once, at its first.
+        memory.limit_kernel_cache()
+        self.ctx = init_distributed(self.args.device)
+        logging.basicConfig(level=logging.INFO if self.ctx.is_main else logging.WARNING,
+                            format="%(message)s", stream=sys.stdout)
+        out = Path(self.args.out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} is a file; give a folder for the run (its "
+                             f"checkpoints, logs and final model)")
+        return self.ctx
+
+    def claim(self, runs: Sequence[Any]) -> bool:
+        """Check --out and take it for the run: whether it can take a fresh start or holds
+        a run to resume (`rundir.RunFolder.check`), and with --resume whether each run's
+        checkpoint continues that very run (`resume.check_resume`, every rank). `runs`:
+        the `resume.RunPlan` of each training run the script will start. False for a
+        --resume of a finished run, said in one line, nothing written; True once the folder
+        is held by its lock, for the first write to --out."""
+        args, ctx = self.args, self.ctx
+        self._folder = open_run(args.out, args.resume, main=ctx.is_main)
+        self._folder.check()  # what --out holds (the rank that writes it)
+        steps = [(check_resume(plan, ctx.device), plan.cfg.max_steps) for plan in runs]
+        if args.resume and _finished(args.out, self._folder, steps, ctx):
+            return False
+        self._folder.__enter__()
+        self._holding = True
+        return True
+
+    def __exit__(self, exc_type: Any, error: Optional[BaseException], tb: Any) -> bool:
+        ok = error is None
         try:
-            signals.let_through()  # one held back while torch loaded stops the script here
-            # Before anything multiplies a bf16 matrix: oneDNN reads its bound once, at its
-            # first.
-            memory.limit_kernel_cache()
-            ctx = init_distributed(args.device)
-            logging.basicConfig(level=logging.INFO if ctx.is_main else logging.WARNING,
-                                format="%(message)s", stream=sys.stdout)
-            if Path(args.out).exists() and not Path(args.out).is_dir():
-                raise ValueError(f"--out {args.out} is a file; give a folder for the run (its "
-                                 f"checkpoints, logs and final model)")
-            prepared = prepare(args, ctx)  # reads and checks; writes nothing
-            folder = open_run(args.out, args.resume, main=ctx.is_main)
-            folder.check()  # what --out holds (the rank that writes it)
-            # every rank loads the checkpoint on --resume
-            steps = [(check_resume(plan, ctx.device), plan.cfg.max_steps)
-                     for plan in prepared.runs]
-            if args.resume and _finished(args.out, folder, steps, ctx):
-                ok = True
-                return 0
-            with folder:
-                run(args, ctx, prepared)  # the first write to --out
-            ok = True
-        except BaseException as e:
-            signals.settle()  # the outcome is decided: a signal now would only cut it short
-            ok = isinstance(e, Stopped)  # every rank stopped at the same step, saved
-            raised = e  # the write's own error, which the line of a run that could not write reads
-            return exit_status(name_outputs(e, script_outputs(args)), signals.received, flags,
-                               lambda: _left(args.out, folder),
-                               lambda error: _could_not_write(raised, args.out, folder))
+            if self._holding:  # a start that ends before it trained leaves --out as it was
+                self._holding = False
+                try:
+                    self._folder.__exit__(exc_type, error, tb)
+                except BaseException as e:
+                    error, ok = e, False  # as a `with` would: the folder's own error
+            if error is not None:
+                self._signals.settle()  # the outcome is decided: a signal would cut it short
+                ok = isinstance(error, Stopped)  # every rank stopped at the same step, saved
+                raised = error  # the write's own error, which a could-not-write line reads
+                self.status = exit_status(
+                    name_outputs(error, script_outputs(self.args)), self._signals.received,
+                    self.flags, lambda: _left(self.args.out, self._folder),
+                    lambda e: _could_not_write(raised, self.args.out, self._folder))
         finally:
-            signals.settle()
-            if ctx is not None:
-                cleanup(ctx, wait=ok)
-    return 0
+            self._signals.settle()
+            if self.ctx is not None:
+                cleanup(self.ctx, wait=ok)
+            self._signals.__exit__(None, None, None)
+        return True  # the exit status says it; exit_status raises a bug again
 
 
 def script_outputs(args: Any) -> dict[str, Path]:
@@ -589,7 +629,7 @@ def finished(result: Mapping[str, Any], ctx: DistContext, lr: float,
     training step's loss was not (read from `out`/metrics.jsonl: in eval mode, without
     dropout, a diverged model may still give a finite, if huge, loss). `lr` is named in the
     message, since a rate too high is the usual cause; `what` names the run."""
-    if result["interrupted"]:  # run_script says so, in one line on stderr
+    if result["interrupted"]:  # Script says so, in one line on stderr
         raise Stopped(result["stop_signal"], result["steps"])
     bad = [f"the final {k} is {v}" for k, v in result.items()
            if (k == "eval_loss" or k.endswith("/eval_loss")) and isinstance(v, float)

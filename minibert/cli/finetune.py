@@ -2,11 +2,11 @@
 the training settings, the labels file and the evaluation of a labelled task.
 
 examples/finetune_classification.py, finetune_token_classification.py, finetune_qa.py and
-finetune_multitask.py are built from these pieces and `cli.run_script`; each keeps what is
+finetune_multitask.py are built from these pieces and `cli.Script`; each keeps what is
 its own: its data flags, what --resume compares, and its outputs. Everything a script can
 check is checked before --out is touched: the flags (`check_args`), the files, the
 tokenizer against the model (`build_model`), the encoded data (`train_config`), a resumed
-run's labels (`check_labels`) and its checkpoint (`cli.run_script`, from the script's
+run's labels (`check_labels`) and its checkpoint (`cli.Script.claim`, from the script's
 `RunPlan`). The errors are the scripts' one-line messages (a ValueError ends a run with
 exit status 2).
 """

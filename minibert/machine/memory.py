@@ -218,7 +218,7 @@ def limit_kernel_cache(capacity: int = KERNEL_CACHE_CAPACITY) -> bool:
     oneDNN reads the bound from the environment (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`) once,
     when it builds the cache at its first matmul, so this sets that variable: a call after
     that first matmul changes nothing. A value already in the environment is the user's and
-    is left alone. The example scripts call this as they start (`cli.run_script`).
+    is left alone. The example scripts call this as they start (`cli.Script.start`).
     Returns True when this call set the bound.
     """
     if capacity < 0:
