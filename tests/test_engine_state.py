@@ -93,6 +93,38 @@ def test_the_state_is_one_object_in_the_checkpoint(corpus, tmp_path):
     assert saved["model_class"] == "BertForMaskedLM"
 
 
+def test_one_module_writes_and_reads_a_checkpoints_keys(corpus, tmp_path):
+    """state.py writes a checkpoint's content (`TrainState.state_dict`) and is the only module
+    that reads it by key: resume, export and the checks ask `state.Saved`. Every key the
+    engine writes is looked for in the package's code, as a subscript or a `.get`."""
+    import ast
+    from pathlib import Path
+
+    import minibert
+
+    tok, ds = corpus
+    train(tiny_model(tok), ds, collator(tok), train_config(max_steps=3, batch_size=16), tmp_path)
+    keys = set(load_checkpoint(latest_checkpoint(tmp_path / "checkpoints")))
+    keys -= {"id2label"}  # also a key of transformers' config.json, which hf.py reads
+    assert {"model", "train_state", "model_config", "data_identity", "rng"} <= keys
+    package = Path(minibert.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path == package / "training" / "state.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            key = None
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+                key = node.slice.value
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr == "get" and node.args
+                  and isinstance(node.args[0], ast.Constant)):
+                key = node.args[0].value
+            if key in keys:
+                found.append(f"{path.relative_to(package)}:{node.lineno} {key!r}")
+    assert not found, found
+
+
 def test_a_subclass_checkpoint_exports_as_its_minibert_class(corpus, tmp_path):
     """A run of a user's subclass records the minibert class export rebuilds (its own name
     was "not one of" the exportable classes)."""

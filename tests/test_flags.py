@@ -2,6 +2,7 @@
 preset of its kind of script (`pretrain.MAIN_JOB`, `finetune.FINETUNE`)."""
 
 import ast
+import re
 from collections import Counter
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -64,6 +65,16 @@ def test_main_job_numbers():
             job.train.max_steps, job.seq_len, job.mask_prob, job.eval_mask_prob,
             job.train.seq_len_warmup, job.train.seq_len_start, job.dropout) == (
         "mini", 1e-3, 1e-5, 32, 1000, 128, 0.3, 0.15, 0.5, 16, 0.0)
+
+
+def test_each_learning_rate_default_is_set_once():
+    """The main job's rate is TrainConfig's own default (state.py says why), which its
+    preset takes rather than repeats; fine-tuning sets its own, one from random weights and
+    one from a checkpoint (finetune.py says why)."""
+    assert pretrain.MAIN_JOB.train.lr == TrainConfig().lr == 1e-3
+    source = (ROOT / "minibert" / "cli" / "pretrain.py").read_text()
+    assert not re.search(r"\blr=", source.split("MAIN_JOB = ")[1].split("\n\n")[0])
+    assert (finetune.FINETUNE.train.lr, finetune.FINETUNE.lr_init_from) == (5e-4, 5e-5)
 
 
 @pytest.mark.parametrize("script", sorted(FINETUNE_REQUIRED))

@@ -238,6 +238,38 @@ def test_outputs_carry_transformers_field_names():
 
 # ---- training checkpoints -> model folders ----------------------------------------------------
 
+def test_a_head_added_to_heads_py_exports_with_nothing_added_elsewhere(tmp_path, monkeypatch):
+    """docs/walkthrough.md's recipe, "Adding a head": a class in heads.py (with its name in
+    minibert/__init__.py, and a row in hf.py for a layer of a new name) is all it takes. Here
+    one whose layer is named as the classifiers' is: export rebuilds it from a checkpoint by
+    the name the checkpoint records, and the folder loads back the same weights."""
+    from torch import nn
+
+    from minibert.interop.pretrained import PretrainedMixin
+    from minibert.model import heads
+
+    class BertForPairScore(PretrainedMixin, nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.bert = minibert.BertModel(config)
+            self.classifier = nn.Linear(config.hidden_size, 1)
+
+        def forward(self, input_ids, attention_mask=None):
+            return self.classifier(self.bert(input_ids, attention_mask).pooler_output)
+
+    BertForPairScore.__module__ = heads.__name__
+    monkeypatch.setattr(heads, "BertForPairScore", BertForPairScore, raising=False)
+    model = _randomise(BertForPairScore(tiny_config()), seed=6)
+    state = {"model": model.state_dict(), "model_config": asdict(model.config),
+             "model_class": "BertForPairScore", "step": 3}
+    ckpt = save_checkpoint(tmp_path / "checkpoints", 3, state)
+    export_checkpoint(ckpt, tmp_path / "export")
+    back = BertForPairScore.from_pretrained(tmp_path / "export")
+    for (name, a), b in zip(model.state_dict().items(), back.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("cls_name, kwargs", [
     ("BertForTokenClassification", {"num_labels": 4}),
     ("BertForQuestionAnswering", {}),

@@ -58,8 +58,9 @@ class PretrainJob(Job):
 #   a CPU with native bf16, against transformers at its best precision").
 # - No dropout from random weights, as in Cramming and ModernBERT: a short pretraining run
 #   has no overfitting to prevent, and dropout slows learning.
+# - The peak learning rate is TrainConfig's own default, which says why (training/state.py).
 MAIN_JOB = PretrainJob(
-    train=TrainConfig(batch_size=32, max_steps=1000, lr=1e-3, min_lr=1e-5, warmup=0.1,
+    train=TrainConfig(batch_size=32, max_steps=1000, min_lr=1e-5, warmup=0.1,
                       schedule="linear", weight_decay=0.01, adam_eps=1e-6, max_grad_norm=1.0,
                       eval_batches=20, save_every=100, seq_len_warmup=0.5, seq_len_start=16),
     preset="mini", vocab_size=8192, seq_len=128, dropout=0.0, mask_prob=0.3)

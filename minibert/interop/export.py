@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 
 from ..model import heads
 from ..training.checkpoint import STATE_FILE, load_checkpoint
+from ..training.state import Saved
 from ..model.config import BertConfig
 from .hf import (PathLike, check_finite, check_mappable, error_gist, is_adapter_name,
                  is_modernbert)
@@ -51,15 +52,15 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
     Weights that hold NaN or infinity are refused (`hf.NonFiniteWeightsError`).
     """
     checkpoint_dir = Path(checkpoint_dir)
-    state = load_checkpoint(checkpoint_dir)  # verified against meta.json, read weights-only
-    weights, config = state.get("model"), state.get("model_config")
+    state = Saved.of(load_checkpoint(checkpoint_dir))  # verified by meta.json, weights-only
+    weights, config = state.weights, state.model_config
     if not isinstance(weights, dict) or not isinstance(config, dict):
         raise ValueError(f"checkpoint {checkpoint_dir} has no 'model' and 'model_config' "
                          f"entries; export handles checkpoints of minibert's training loop")
     # A model folder of NaN weights would only be refused where it is loaded.
     check_finite(weights, checkpoint_dir / STATE_FILE,
                  fix="export an earlier checkpoint of the run, from before it diverged")
-    name = model_class or state.get("model_class")
+    name = model_class or state.model_class
     if name is None:
         raise ValueError(f"checkpoint {checkpoint_dir} records no model class (it was not "
                          f"saved by minibert's training loop); pass model_class= one of "
@@ -77,7 +78,7 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
     if name in ("BertForSequenceClassification", "BertForTokenClassification") and \
             "classifier.weight" in weights:
         kwargs["num_labels"] = weights["classifier.weight"].shape[0]  # (C, H)
-        names = state.get("id2label")
+        names = state.id2label
         if names and len(names) == kwargs["num_labels"]:
             kwargs["id2label"] = names
     model = (BertModel if name == "BertModel" else getattr(heads, name))(bert_config, **kwargs)
@@ -111,7 +112,7 @@ def _run_folder(checkpoint_dir: Path) -> Path:
     return checkpoint_dir.parent.parent
 
 
-def _run_tokenizer(checkpoint_dir: Path, state: dict[str, Any],
+def _run_tokenizer(checkpoint_dir: Path, state: Saved,
                    given: Union[Tokenizer, PathLike, None],
                    config: BertConfig) -> Optional[Tokenizer]:
     """The tokenizer to export with the checkpoint's model: `given`, else the run's, checked
@@ -119,7 +120,7 @@ def _run_tokenizer(checkpoint_dir: Path, state: dict[str, Any],
 
     The run's is RUN/tokenizer, or, for a run inside another (distill.py's baseline/), the
     outer run's, when its fingerprint is the one recorded."""
-    identity = state.get("data_identity")
+    identity = state.data_identity
     recorded = identity.get("tokenizer") if isinstance(identity, dict) else None
     if isinstance(given, Tokenizer):
         candidates = [(given, "the tokenizer given")]

@@ -39,7 +39,9 @@ from ..machine.environment import rounding_context
 from ..interop.hf import check_finite
 from ..machine.precision import resolve_precision
 from ..atomic import writing
-from .state import TrainConfig, TrainState, bert_config, check_identity, run_identity
+from .rng import rng_state
+from .state import (Saved, TrainConfig, TrainState, bert_config, check_identity,
+                    run_identity)
 
 
 logger = logging.getLogger(__name__)
@@ -65,7 +67,7 @@ def claim_out_dir(out_dir: Path, overwrite: bool, ctx: DistContext) -> None:
 class RunPlan:
     """A training run as a script will start it: `train(model, ..., cfg, out_dir,
     resume=resume, data_identity=data_identity)`. A script's `prepare` lists its runs, and
-    `cli.run_script` checks the resume of each (`check_resume`) before anything is written.
+    `cli.Script.claim` checks the resume of each (`check_resume`) before anything is written.
     `model` is only read for its class and config: a model on the meta device will do."""
 
     model: nn.Module
@@ -85,7 +87,7 @@ def check_resume(plan: RunPlan, device: torch.device) -> Optional[int]:
         return None
     _, saved, _ = _resumable(unwrap(plan.model), plan.cfg, plan.data_identity,
                              Path(plan.out_dir) / "checkpoints", device, mmap=True)
-    return int(saved["train_state"]["step"])
+    return Saved.of(saved).step
 
 
 def _resumable(raw: nn.Module, cfg: TrainConfig, data_identity: dict, ckpt_root: Path,
@@ -97,17 +99,18 @@ def _resumable(raw: nn.Module, cfg: TrainConfig, data_identity: dict, ckpt_root:
     if last is None:
         raise FileNotFoundError(f"--resume: no intact checkpoint under {ckpt_root}")
     saved = load_checkpoint(last, mmap=mmap, verify=False)
+    run = Saved.of(saved)
     if cfg.decay_steps is None:  # the horizon is the run's, whatever max_steps is now
-        cfg = replace(cfg, decay_steps=saved["train_config"]["decay_steps"])
+        cfg = replace(cfg, decay_steps=run.train_config["decay_steps"])
     now = {**run_identity(raw, cfg), "data_identity": data_identity}
     check_identity(saved, now, last)
-    step = saved["train_state"]["step"]
+    step = run.step
     if step > cfg.max_steps:  # said before anything is evaluated or written
         raise ValueError(f"--resume: the run in {ckpt_root.parent} is at step {step}, past "
                          f"max_steps={cfg.max_steps} ({last.name}); a run cannot go back: "
                          f"pass max_steps (--max-steps) >= {step}")
     check_saved_weights(saved, last)  # a diverged run's weights are no start
-    precision = saved["train_state"]["precision"]  # a resume keeps the run's precision
+    precision = run.precision  # a resume keeps the run's precision
     try:
         resolve_precision(precision, device)
     except ValueError as e:
@@ -123,7 +126,7 @@ def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identit
     (`decay_steps`), which a resumed run keeps whatever `max_steps` is now."""
     last, saved, cfg = _resumable(raw, cfg, data_identity, ckpt_root, ctx.device)
     state.load_state_dict(saved, raw, rank=ctx.rank, seed=cfg.seed)
-    before = saved["train_config"]["micro_batch_size"]
+    before = Saved.of(saved).train_config["micro_batch_size"]
     if cfg.micro_batch_size != before:
         state.micro_batch_size = None  # the resume chose another micro-batch: it wins
         if _draws_dropout(raw):
@@ -132,7 +135,7 @@ def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identit
                            "than it would have drawn (the same gradients otherwise); keep "
                            "the micro-batch for a bit-identical resume",
                            cfg.micro_batch_size, before)
-    _say_rounding(saved.get("rounding"), ctx.device)
+    _say_rounding(Saved.of(saved).rounding, ctx.device)
     logger.info("resumed from %s (step %d)", last, state.step)
     return cfg
 
@@ -175,7 +178,7 @@ def check_saved_weights(saved: dict, checkpoint: Path) -> None:
     the run stopped, blaming its learning rate; refused, the message says which checkpoint
     to set aside. Damage on disk is found before this, by the checksum in meta.json.
     """
-    check_finite(saved["model"], checkpoint / STATE_FILE, fix=(
+    check_finite(Saved.of(saved).weights, checkpoint / STATE_FILE, fix=(
         f"move {checkpoint.name} out of {checkpoint.parent} to resume from the checkpoint "
         f"before it, or start the run again (a lower learning rate is the usual cure)"))
 
@@ -184,8 +187,8 @@ def save_run(ckpt_root: Path, raw: nn.Module, state: TrainState, cfg: TrainConfi
              data_identity: dict, ctx: DistContext) -> None:
     """Write the checkpoint of `state.step`, as `TrainState.state_dict` builds it, with the
     random generators of every rank in it."""
-    saved = state.state_dict(raw, cfg, data_identity)
-    saved["rng"] = all_gather_objects(saved["rng"], ctx)  # every rank takes part
+    rngs = all_gather_objects(rng_state(), ctx)  # every rank takes part
+    saved = state.state_dict(raw, cfg, data_identity, rngs)
     if ctx.is_main:
         with writing(f"checkpoint {step_dir(ckpt_root, state.step)}"):
             save_checkpoint(ckpt_root, state.step, saved, keep=cfg.keep_checkpoints)

@@ -50,7 +50,12 @@ class TrainConfig:
     micro_batch_size: Optional[int] = None  # per rank and forward pass; None = batch / world
     max_steps: int = 1000  # where this run stops; may change on resume
     decay_steps: Optional[int] = None  # the schedule's horizon; None = max_steps of the start
-    lr: float = 5e-4
+    # The peak rate: the main job's (examples/pretrain_wikitext.py takes it as it is), at
+    # which its Post-LN mini model reaches transformers' quality in its time-to-quality runs;
+    # twice it did not pay, sitting on the unigram plateau as Post-LN does at high rates (Liu
+    # et al. 2020; benchmarks/RESULTS.md, "Time to quality against transformers"). Fine-tuning
+    # sets its own (cli/finetune.py, FINETUNE).
+    lr: float = 1e-3
     min_lr: float = 0.0  # the rate at the horizon, and after it
     warmup: Union[int, float] = 0.1  # optimizer steps, or a fraction of decay_steps
     schedule: str = "linear"
@@ -161,21 +166,23 @@ class TrainState:
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name not in ("optimizer", "scaler")}
 
-    def state_dict(self, model: nn.Module, cfg: "TrainConfig",
-                   data_identity: dict) -> dict[str, Any]:
+    def state_dict(self, model: nn.Module, cfg: "TrainConfig", data_identity: dict,
+                   rngs: Optional[list] = None) -> dict[str, Any]:
         """The whole checkpoint of the run at `step`, under the keys every reader of a
         checkpoint uses: the weights (`model`, with `model_class`, and a classifier's
         `id2label`, which export writes into its config), the run in motion (`train_state`:
-        the counters; `optimizer`, `scaler`, and `rng`: this process's generators, which
-        `resume.save_run` replaces with one per rank) and the run identity (`model_config`,
-        `train_config`, `data_identity`), and what decides its rounding (`rounding`: the torch
-        version, the device, the thread count), which a resume compares."""
+        the counters; `optimizer`, `scaler`, and `rng`: `rngs`, every rank's generators,
+        which `resume.save_run` gathers, else this process's alone) and the run identity
+        (`model_config`, `train_config`, `data_identity`), and what decides its rounding
+        (`rounding`: the torch version, the device, the thread count), which a resume
+        compares. They are read by name through `Saved`."""
         raw = unwrap(model)
         names = getattr(raw, "id2label", None)
         # The class export rebuilds: minibert's own, for a user's subclass of it.
         return {"model": raw.state_dict(), "model_class": minibert_class(type(raw)).__name__,
                 "train_state": self.counters(), "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict(), "rng": rng_state(),
+                "scaler": self.scaler.state_dict(),
+                "rng": rngs if rngs is not None else [rng_state()],
                 "id2label": list(names) if names else None,
                 "model_config": model_config(raw), "train_config": asdict(cfg),
                 "data_identity": data_identity,
@@ -201,6 +208,40 @@ class TrainState:
             logger.warning("rank %d has no saved RNG state (the run had %d ranks); seeding it "
                            "from (seed, rank)", rank, len(rngs))
             set_seed(rank_seed(seed, rank))
+
+
+# ---- reading a checkpoint --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Saved:
+    """A checkpoint's content (`TrainState.state_dict`) by name, for the modules that resume,
+    export or check it: its keys are written and read in this module alone. What the
+    checkpoint lacks (one not saved by minibert's loop) is None."""
+
+    weights: Optional[dict]  # the model's state_dict
+    model_class: Optional[str]  # minibert's class, which export rebuilds
+    model_config: Optional[dict]
+    id2label: Optional[list]  # a classifier's class names
+    train_config: Optional[dict]
+    data_identity: Optional[dict]
+    train_state: Optional[dict]  # TrainState's counters
+    rounding: Optional[dict]  # environment.rounding_context at the save
+
+    @classmethod
+    def of(cls, saved: Mapping[str, Any]) -> "Saved":
+        return cls(weights=saved.get("model"), model_class=saved.get("model_class"),
+                   model_config=saved.get("model_config"), id2label=saved.get("id2label"),
+                   train_config=saved.get("train_config"),
+                   data_identity=saved.get("data_identity"),
+                   train_state=saved.get("train_state"), rounding=saved.get("rounding"))
+
+    @property
+    def step(self) -> int:
+        return int(self.train_state["step"])
+
+    @property
+    def precision(self) -> str:  # decided at the run's first start, kept by every resume
+        return self.train_state["precision"]
 
 
 # ---- the run identity -------------------------------------------------------------------------
