@@ -390,7 +390,7 @@ def replace_folder(path: Path, write: Callable[[Path], None],
             os.rename(old, path)  # put the previous export back
         if new is not None:
             shutil.rmtree(new, ignore_errors=True)
-        if isinstance(e, (OSError, RuntimeError)) or type(e).__name__ == "SafetensorError":
+        if isinstance(e, (OSError, RuntimeError, *_safetensors_error())):
             # A full disk reaches us as "os error 28" inside a SafetensorError, or as torch's
             # "unexpected pos": say what was being written, why it stopped, and what is safe.
             raise WriteError(failed(e) if failed else
@@ -406,6 +406,15 @@ def replace_folder(path: Path, write: Callable[[Path], None],
     for p in path.parent.iterdir():
         if p.name.startswith((f".{path.name}.old-", f".{path.name}.tmp-")) or p == new:
             shutil.rmtree(p, ignore_errors=True)
+
+
+def _safetensors_error() -> tuple[type, ...]:
+    """safetensors' error class where it is installed (an optional extra), else none."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return ()
+    return (SafetensorError,)
 
 
 def publish_folder(path: Path, write: Callable[[Path], None]) -> bool:

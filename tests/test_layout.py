@@ -4,6 +4,7 @@ textbook (`minibert.model`) never reaches into the run, so it reads on its own."
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +144,25 @@ def test_importing_the_textbook_loads_nothing_of_the_run_or_the_data(module):
     forbidden = {m for m in loaded if m.split(".")[1:2] and m.split(".")[1]
                  in MAY_NOT_IMPORT["model"]}  # the run, the data, the tasks, the scripts
     assert not forbidden, f"import {module} loads {sorted(forbidden)}"
+
+
+MODEL_CLASS = re.compile(r"(Modern)?Bert(Model|For\w+)")  # minibert's and transformers'
+
+
+def test_no_class_is_identified_by_its_name():
+    """Behaviour follows what a class is or declares (`isinstance`, `decodes_vocabulary`, its
+    `bert` encoder), never its name compared with a string: a class's name is only written
+    (config.json's `architectures`, a checkpoint's `model_class`) and read back through one
+    table (`interop.export.exportable`, `hf.architecture`)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            names = [s for s in sides if isinstance(s, ast.Attribute) and s.attr == "__name__"]
+            classes = [c for s in sides for c in ast.walk(s) if isinstance(c, ast.Constant)
+                       and isinstance(c.value, str) and MODEL_CLASS.fullmatch(c.value)]
+            if names and any(isinstance(s, ast.Constant) for s in sides) or classes:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert not found, found

@@ -103,8 +103,7 @@ def full_disk_at(monkeypatch, target: str, out: Path) -> None:
     monkeypatch.setattr(torch, "save", torch_save)
     save_file = safetensors.torch.save_file
 
-    class SafetensorError(Exception):  # what safetensors raises, os error 28 inside
-        pass
+    SafetensorError = safetensors.SafetensorError  # what it raises, os error 28 inside
 
     def weights(tensors, filename, *args, **kwargs):
         if name == "final" and folder in Path(filename).parents:

@@ -20,15 +20,23 @@ from ..training.checkpoint import STATE_FILE, load_checkpoint
 from ..training.state import Saved
 from ..model.config import BertConfig
 from .hf import (PathLike, check_finite, check_mappable, error_gist, is_adapter_name,
-                 is_modernbert)
+                 is_modernbert, model_prefix)
 from ..model.model import BertModel
-from .pretrained import check_tokenizer_fits
+from .pretrained import PretrainedMixin, check_tokenizer_fits
 from ..data.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
-EXPORTABLE = ("BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",
-              "BertForQuestionAnswering", "BertModel")
+
+
+def exportable() -> dict[str, type]:
+    """The classes a checkpoint can name, under the name it records (`hf.minibert_class`):
+    BertModel and every public model class of heads.py, so that a head added there exports
+    with nothing added here (docs/walkthrough.md, "Adding a head")."""
+    found = [c for c in vars(heads).values() if isinstance(c, type) and
+             issubclass(c, PretrainedMixin) and c.__module__ == heads.__name__ and
+             not c.__name__.startswith("_")]
+    return {c.__name__: c for c in [BertModel, *found]}
 
 
 def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
@@ -60,13 +68,13 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
     # A model folder of NaN weights would only be refused where it is loaded.
     check_finite(weights, checkpoint_dir / STATE_FILE,
                  fix="export an earlier checkpoint of the run, from before it diverged")
-    name = model_class or state.model_class
+    name, classes = model_class or state.model_class, exportable()
     if name is None:
         raise ValueError(f"checkpoint {checkpoint_dir} records no model class (it was not "
                          f"saved by minibert's training loop); pass model_class= one of "
-                         f"{EXPORTABLE}")
-    if name not in EXPORTABLE:
-        raise ValueError(f"model_class={name!r} is not one of {EXPORTABLE}; a model of your "
+                         f"{sorted(classes)}")
+    if name not in classes:
+        raise ValueError(f"model_class={name!r} is not one of {sorted(classes)}; a model of your "
                          f"own is not rebuilt here: its weights are minibert.training.checkpoint."
                          f"load_checkpoint({str(checkpoint_dir)!r})['model']")
     try:
@@ -74,23 +82,22 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
     except TypeError as e:
         raise ValueError(f"checkpoint {checkpoint_dir}: its model_config does not fit this "
                          f"minibert's BertConfig ({e})") from None
-    kwargs = {}
-    if name in ("BertForSequenceClassification", "BertForTokenClassification") and \
-            "classifier.weight" in weights:
+    cls, kwargs = classes[name], {}
+    if issubclass(cls, heads.Labelled) and "classifier.weight" in weights:
         kwargs["num_labels"] = weights["classifier.weight"].shape[0]  # (C, H)
         names = state.id2label
         if names and len(names) == kwargs["num_labels"]:
             kwargs["id2label"] = names
-    model = (BertModel if name == "BertModel" else getattr(heads, name))(bert_config, **kwargs)
+    model = cls(bert_config, **kwargs)
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
     if any(is_adapter_name(n) for n in unexpected):
-        check_mappable((("bert." if name == "BertModel" else "") + n for n in weights),
+        check_mappable((model_prefix(model) + n for n in weights),
                        is_modernbert(model), f"checkpoint {checkpoint_dir}")
     if missing or unexpected:
         raise ValueError(f"checkpoint {checkpoint_dir} does not hold a {name} (missing "
                          f"{missing[:2]}, unexpected {unexpected[:2]}); pass model_class= "
-                         f"one of {EXPORTABLE}")
+                         f"one of {sorted(classes)}")
     try:
         model.load_state_dict(weights)
     except RuntimeError as e:

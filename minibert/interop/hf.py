@@ -146,11 +146,12 @@ def minibert_class(cls: type) -> type:
 
 
 def _is_bare(model: torch.nn.Module) -> bool:
-    """A bare encoder (BertModel): transformers' bare models name weights without a prefix."""
-    return minibert_class(type(model)).__name__ == "BertModel"
+    """A bare encoder (BertModel), which holds no `bert` encoder of its own: transformers'
+    bare models name weights without a prefix, its heads under `bert.`."""
+    return not isinstance(getattr(model, "bert", None), torch.nn.Module)
 
 
-def _model_prefix(model: torch.nn.Module) -> str:
+def model_prefix(model: torch.nn.Module) -> str:
     # A bare BertModel's parameters are named `embeddings...`; wrapped ones `bert.embeddings...`.
     return "bert." if _is_bare(model) else ""
 
@@ -196,7 +197,7 @@ def to_hf_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
 
     A tensor the tables do not map is refused (`check_mappable`), never dropped or saved
     under a name no loader reads."""
-    prefix, modern = _model_prefix(model), is_modernbert(model)
+    prefix, modern = model_prefix(model), is_modernbert(model)
     check_mappable((prefix + name for name in model.state_dict()), modern,
                    f"saving a {type(model).__name__}")
     out: dict[str, Tensor] = {}
@@ -209,10 +210,17 @@ def to_hf_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     return out
 
 
+def architecture(cls: type, modern: bool) -> str:
+    """transformers' class for a minibert model class, as config.json's `architectures`
+    names it: the same task's, BERT's or ModernBERT's (BertForMaskedLM,
+    ModernBertForMaskedLM); a user's subclass is named as its minibert base."""
+    return ("Modern" if modern else "") + minibert_class(cls).__name__
+
+
 def decodes(cls: type) -> bool:
     """Whether a model class decodes over the vocabulary (a masked LM), the one head whose
-    checkpoint must have its decoder tied to the word embeddings."""
-    return minibert_class(cls).__name__ == "BertForMaskedLM"
+    checkpoint must have its decoder tied to the word embeddings (the class says so)."""
+    return bool(getattr(cls, "decodes_vocabulary", False))
 
 
 def _check_tied_decoder(model: torch.nn.Module, sd: dict[str, Tensor], modern: bool) -> None:
@@ -241,7 +249,7 @@ def load_hf_state_dict(model: torch.nn.Module, sd: dict[str, Tensor]) -> None:
     if "cls.predictions.bias" not in sd and "cls.predictions.decoder.bias" in sd:
         sd["cls.predictions.bias"] = sd["cls.predictions.decoder.bias"]
     _check_tied_decoder(model, sd, modern)
-    prefix = _model_prefix(model)
+    prefix = model_prefix(model)
     own = model.state_dict()
     new, missing = {}, []
     for name, param in own.items():

@@ -25,7 +25,8 @@ from ..atomic import replace_folder, usual_mode
 from ..model.config import BertConfig
 from ..paths import file_present
 from .hf import (CONFIG_FILE, MODEL_FILES, MODERNBERT_MODEL_TYPE, PRE_LN_WEIGHTS_FILE, SHARD_FILE,
-                 WEIGHTS_FILE, PathLike, check_tied_decoder, config_from_hf, config_to_hf,
+                 WEIGHTS_FILE, PathLike, architecture, check_tied_decoder, config_from_hf,
+                 config_to_hf,
                  decodes, load_hf_state_dict, minibert_class, model_type, read_config,
                  read_weights, to_hf_state_dict)
 
@@ -73,6 +74,9 @@ class PretrainedMixin(GradientCheckpointing):
     """`from_pretrained` / `save_pretrained` for the public model classes."""
 
     config: BertConfig
+    # Whether the class's logits are over the vocabulary, decoded by the word embeddings
+    # (tied, as BERT's and ModernBERT's masked LMs are): its folders must keep them tied.
+    decodes_vocabulary: bool = False
 
     @classmethod
     def _init_kwargs(cls, hf_config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -130,7 +134,8 @@ class PretrainedMixin(GradientCheckpointing):
         # for the other (and with another number of labels would not even fit).
         stored = hf_config.get("architectures") or []
         name = minibert_class(cls).__name__  # a user's subclass reads its base's folders
-        own_head = not stored or name in stored or f"Modern{name}" in stored
+        own_head = not stored or bool({architecture(cls, False), architecture(cls, True)}
+                                      & set(stored))
         own_head = own_head and any(k.startswith("classifier.") for k in sd)
         names: list[str] = []  # the checkpoint's classes, when its head would be kept
         now: list[str] = []
@@ -172,8 +177,7 @@ class PretrainedMixin(GradientCheckpointing):
         config = config_to_hf(self.config)
         # transformers' classes of the same task: BertForMaskedLM, ModernBertForMaskedLM, ...
         modern = model_type(self.config) == MODERNBERT_MODEL_TYPE
-        config.update(architectures=[("Modern" if modern else "") +
-                                     minibert_class(type(self)).__name__],
+        config.update(architectures=[architecture(type(self), modern)],
                       tie_word_embeddings=True,
                       **self._hf_config_extras())
         if tokenizer is not None:

@@ -110,6 +110,8 @@ class MLMHead(Transform):
 class BertForMaskedLM(PretrainedMixin, nn.Module):
     """BERT with the masked-language-modelling head (no pooler, as in transformers)."""
 
+    decodes_vocabulary = True  # the head's decoder is the word-embedding matrix
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
@@ -172,7 +174,7 @@ def pool(h: Tensor, attention_mask: Optional[Tensor], how: str) -> Tensor:
     m = attention_mask.to(h.dtype)[..., None]  # (B, T, 1)
     return (h * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)  # a row of padding alone: zeros
 
-class _Labelled(PretrainedMixin):
+class Labelled(PretrainedMixin):
     """The class names of a classifier, saved as id2label / label2id in config.json so that
     predictions read back as names, in minibert and in transformers."""
 
@@ -201,7 +203,7 @@ class _Labelled(PretrainedMixin):
                 "label2id": {name: i for i, name in enumerate(self.id2label)}}
 
 
-class BertForSequenceClassification(_Labelled, nn.Module):
+class BertForSequenceClassification(Labelled, nn.Module):
     """BERT with a classifier on the pooled [CLS] vector.
 
     `num_labels == 1` is regression (MSE on float labels); otherwise cross-entropy on class ids.
@@ -246,7 +248,7 @@ class BertForSequenceClassification(_Labelled, nn.Module):
                                         *extras)
 
 
-class BertForTokenClassification(_Labelled, nn.Module):
+class BertForTokenClassification(Labelled, nn.Module):
     """BERT with a classifier on every position (NER, POS tagging); no pooler, as in
     transformers.
 
