@@ -36,7 +36,6 @@ Checkpoints (`checkpoint.py`) are folders published by `replace_folder`, one per
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import os
@@ -44,7 +43,6 @@ import re
 import secrets
 import shutil
 import stat
-import sys
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -342,9 +340,10 @@ def replace_folder(path: Path, write: Callable[[Path], None],
 
     `write` fills a fresh hidden sibling; the entries of the old `path` that the writer does
     not own (`owns(name)` is False: a tokenizer, notes) are carried over; everything is
-    flushed to disk; then the two folders swap names. A crash at any moment leaves `path`
-    holding the complete old export or the complete new one, never new weights beside an
-    old config. A write that fails is a `WriteError` naming `path` and saying what stopped
+    flushed to disk; then the old folder steps aside and the new one takes its name, two
+    renames, as most checkpointing does. A crash at any moment leaves the complete old export
+    or the complete new one, never new weights beside an old config: between the two renames
+    the old one waits under a hidden name, and the next save puts it back first. A write that fails is a `WriteError` naming `path` and saying what stopped
     it: `failed(error)`'s words where given, else `write_failure`'s and that the old folder
     is intact.
     """
@@ -374,11 +373,10 @@ def replace_folder(path: Path, write: Callable[[Path], None],
         if path.is_dir():
             _carry_over(path, new, owns)
         _fsync_tree(new)
-        if _exchange(new, path):
-            old = new  # `new` now holds the previous export
-        elif path.exists():
-            # Without an atomic exchange the old folder steps aside first: for a moment
-            # `path` is absent (never a mix), and the old export is complete under `old`.
+        if path.exists():
+            # The old folder steps aside first (os.rename cannot replace a folder that
+            # holds files): for a moment `path` is absent, never a mix, and the old export
+            # is complete under `old`, which the next save puts back if this one dies here.
             old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
             os.rename(path, old)
             os.rename(new, path)
@@ -468,29 +466,6 @@ def _link_or_copy(src: PathLike, dst: PathLike) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two existing paths in one atomic step; False where the system cannot.
-
-    Linux's renameat2(RENAME_EXCHANGE) (kernel 3.15, glibc 2.28) does it; os.rename cannot
-    replace a non-empty folder, so elsewhere the caller falls back to two renames.
-    """
-    if sys.platform != "linux" or not b.exists():
-        return False
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                          ctypes.c_uint]
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # a file system without it
-        return False
-    raise OSError(err, os.strerror(err), str(b))
 
 
 def _fsync_tree(folder: Path) -> None:
