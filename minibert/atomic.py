@@ -343,9 +343,9 @@ def replace_folder(path: Path, write: Callable[[Path], None],
     flushed to disk; then the old folder steps aside and the new one takes its name, two
     renames, as most checkpointing does. A crash at any moment leaves the complete old export
     or the complete new one, never new weights beside an old config: between the two renames
-    the old one waits under a hidden name, and the next save puts it back first. A write that fails is a `WriteError` naming `path` and saying what stopped
-    it: `failed(error)`'s words where given, else `write_failure`'s and that the old folder
-    is intact.
+    the old one waits under a hidden name, and the next save puts it back first. A write
+    that fails is a `WriteError` naming `path` and saying what stopped it: `failed(error)`'s
+    words where given, else `write_failure`'s and that the old folder is intact.
     """
     given = Path(path).expanduser()
     # Through a link: replace the folder it points to. (Path.resolve would raise a

@@ -9,11 +9,9 @@ transformers' names (`loss`, `logits`, `start_logits`, ...):
     BertForQuestionAnswering        two scores per position: answer start and answer end
 
 The multi-task model (one encoder, a classifier per task) is `multitask.BertMultiTask`; it
-shares the classifiers' loss functions below.
-
-Their parameter names map onto transformers' classes of the same names (`minibert/interop/hf.py`),
-so each head loads from and saves to transformers' checkpoints. Shapes follow the legend of
-`model.py` (B, T, H, V, N, C).
+shares the classifiers' loss functions below. Their parameter names map onto transformers'
+classes of the same names (`minibert/interop/hf.py`), so each head loads from and saves to
+transformers' checkpoints. Shapes follow the legend of `model.py` (B, T, H, V, N, C).
 
 Padding never enters a loss: the encoder leaves padding positions at zero, so their logits
 are only the bias. Masked LM and token classification ignore labels placed there; question answering

@@ -35,7 +35,7 @@ from ..model.config import BertConfig, check_int
 from .distributed import unwrap
 from ..machine.environment import rounding_context
 from ..interop.hf import minibert_class
-from .optim import resolve_warmup
+from .optim import SCHEDULES, resolve_warmup
 from ..machine.precision import PRECISIONS
 from .rng import rank_seed, rng_state, set_rng_state, set_seed
 
@@ -95,6 +95,9 @@ class TrainConfig:
         if self.precision not in ("auto",) + PRECISIONS:
             raise ValueError(f"TrainConfig.precision={self.precision!r} is not one of "
                              f"{('auto',) + PRECISIONS}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"TrainConfig.schedule={self.schedule!r} is not one of "
+                             f"{SCHEDULES}")
         if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, "
                              f"min_lr={self.min_lr}")
