@@ -13,6 +13,9 @@ trains the same model on the same batches twice, in one process, alternating:
     python benchmarks/bench_engine_overhead.py --device cuda --preset base --precision bf16 \
         --batch-size 128 --peak-flops 989e12     # MFU against a datasheet peak (H200, dense)
 
+`--compile` compiles both, the bare model with `torch.compile` and the engine through
+`TrainConfig.compile` (the scripts' `--compile`); the compiling steps fall in the warm-up.
+
 bf16 on a CPU that emulates bf16 matmuls (no AMX or AVX512-BF16) runs, as asked, but far
 slower than fp32; the table's header then says "bf16 (emulated)".
 
@@ -60,18 +63,20 @@ def model_for(tok, preset: str) -> minibert.BertForMaskedLM:
         preset, vocab_size=tok.vocab_size, hidden_dropout=0.0, attention_dropout=0.0))
 
 
-def bare_tokens_per_s(model, batches, precision: str, steps: int,
-                      device: torch.device) -> float:
+def bare_tokens_per_s(model, batches, precision: str, steps: int, device: torch.device,
+                      compile: bool) -> float:
     model.to(device)
+    step_model = torch.compile(model) if compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
                             fused=True)
     batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
     times = []
-    for i in range(steps + 2):
+    warm = 4 if compile else 2  # the first compiled steps compile
+    for i in range(steps + warm):
         batch = batches[i % len(batches)]
         t0 = time.perf_counter()
         with autocast_context(precision, device):
-            loss = model(**batch).loss
+            loss = step_model(**batch).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -79,7 +84,7 @@ def bare_tokens_per_s(model, batches, precision: str, steps: int,
             torch.cuda.synchronize()  # the kernels are queued; time their running
         times.append(time.perf_counter() - t0)
     tokens = batches[0]["input_ids"].numel()
-    return tokens / statistics.median(times[2:])
+    return tokens / statistics.median(times[warm:])
 
 
 def engine_tokens_per_s(model, tok, ds, args, out: Path, peak: float,
@@ -87,7 +92,8 @@ def engine_tokens_per_s(model, tok, ds, args, out: Path, peak: float,
     """(tokens/s, MFU), each the median of what the engine logs, the first row dropped."""
     cfg = TrainConfig(batch_size=args.batch_size, max_steps=args.steps, lr=1e-4, warmup=0,
                       precision=args.precision, log_every=args.log_every, progress=False,
-                      peak_flops=peak, save_every=0, keep_checkpoints=1)
+                      peak_flops=peak, save_every=0, keep_checkpoints=1,
+                      compile=args.compile)
     train(model, ds, MLMCollator(tok, seed=0), cfg, out, ctx=DistContext(device=device))
     rows = [json.loads(line) for line in open(out / "metrics.jsonl") if '"loss"' in line]
     return (statistics.median(r["tokens_per_s"] for r in rows[1:]),
@@ -106,6 +112,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--peak-flops", type=float, default=None,
                    help="the MFU ceiling in FLOP/s (a datasheet number); default: measured")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model, both ways")
     args = p.parse_args()
     device = torch.device(args.device)
     # One ceiling for both, measured here and handed to the engine (its peak_flops).
@@ -123,7 +130,7 @@ def main() -> None:
                                          mlm_fraction=0.15)
         for r in range(args.rounds):
             bare.append(bare_tokens_per_s(model_for(tok, args.preset), batches,
-                                          args.precision, args.steps, device))
+                                          args.precision, args.steps, device, args.compile))
             tps, m = engine_tokens_per_s(model_for(tok, args.preset), tok, ds, args,
                                          tmp / f"run{r}", peak, device)
             engine.append(tps)
@@ -137,7 +144,7 @@ def main() -> None:
         not cpu_bf16_native() else ""
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"\n{args.preset}, batch {args.batch_size} x {args.seq_len}, {args.precision}"
-          f"{emulated}, {where}\n")
+          f"{emulated}{', compiled' if args.compile else ''}, {where}\n")
     print(f"matmul ceiling measured: {measured / 1e9:,.0f} GFLOP/s" +
           (f"; MFU below is against --peak-flops {peak / 1e9:,.0f} GFLOP/s"
            if args.peak_flops else "") + "\n")

@@ -1,6 +1,8 @@
 """A tiny corpus, tokenizer and model for training-loop tests (seconds on a CPU)."""
 
+import os
 import random
+import signal
 from pathlib import Path
 
 import pytest
@@ -57,6 +59,21 @@ def train_config(**overrides) -> TrainConfig:
                   peak_flops=1e11, progress=False, precision="fp32")
     fields.update(overrides)
     return TrainConfig(**fields)
+
+
+def sigterm_in_forward(model: torch.nn.Module, call: int) -> torch.nn.Module:
+    """`model`, sending this process SIGTERM from inside its `call`-th forward: during that
+    step (one micro-batch a step), whichever batches the engine has prepared ahead of it."""
+    forward, calls = model.forward, []
+
+    def forward_then_preempt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            os.kill(os.getpid(), signal.SIGTERM)  # the run's own handler takes it
+        return forward(*args, **kwargs)
+
+    model.forward = forward_then_preempt
+    return model
 
 
 def collator(tok):

@@ -3,7 +3,6 @@ micro-batches, an interrupted run against an uninterrupted one, and injected fai
 
 import json
 import logging
-import os
 import signal
 import time
 from dataclasses import replace
@@ -13,7 +12,7 @@ import torch
 
 import minibert
 from engine_utils import (FP32_RUNS_APART, MODERN_TINY, collator, same_logged_losses,
-                          tiny_corpus, tiny_model, train_config)
+                          sigterm_in_forward, tiny_corpus, tiny_model, train_config)
 from facts import raises
 from minibert.training.checkpoint import latest_checkpoint, load_checkpoint
 from minibert.training.engine import TrainConfig, TrainingError, micro_step_weight, train
@@ -62,16 +61,9 @@ def test_resume_after_sigterm_is_exact(corpus, tmp_path, arch):
     train(uninterrupted, ds, collator(tok), train_config(), tmp_path / "ref")
 
     collate = collator(tok)
-    calls = {"n": 0}
-
-    def collate_and_preempt(examples, epoch=None):
-        calls["n"] += 1
-        if calls["n"] == 3:  # during step 3: the step finishes, is saved, and the run stops
-            os.kill(os.getpid(), signal.SIGTERM)
-        return collate(examples, epoch=epoch)
-
-    first = tiny_model(tok, dropout=0.1, **arch)
-    result = train(first, ds, collate_and_preempt, train_config(), tmp_path / "run")
+    # during step 3: the step finishes, is saved, and the run stops
+    first = sigterm_in_forward(tiny_model(tok, dropout=0.1, **arch), 3)
+    result = train(first, ds, collate, train_config(), tmp_path / "run")
     assert result["interrupted"] and result["steps"] == 3
     assert latest_checkpoint(tmp_path / "run" / "checkpoints").name == "step_00000003"
     resumed = tiny_model(tok, seed=123, dropout=0.1, **arch)  # all of it is restored
@@ -96,12 +88,14 @@ def test_resume_refuses_other_settings_and_missing_checkpoints(corpus, tmp_path)
               tmp_path, resume=True)
 
 
-def _fits_only_small_batches(model):
-    """`model`, whose forward runs out of memory on more than 4 sequences at once."""
-    forward = model.forward
+def _fits_only_small_batches(model, from_call: int = 1):
+    """`model`, whose forward runs out of memory on more than 4 sequences at once, from its
+    `from_call`-th call on."""
+    forward, calls = model.forward, []
 
     def small_batches_only(input_ids, *args, **kwargs):
-        if input_ids.shape[0] > 4:
+        calls.append(1)
+        if input_ids.shape[0] > 4 and len(calls) >= from_call:
             raise torch.OutOfMemoryError("fake: tried to allocate 2.00 GiB")
         return forward(input_ids, *args, **kwargs)
 
@@ -123,6 +117,21 @@ def test_out_of_memory_halves_the_micro_batch_and_stays_exact(corpus, tmp_path):
     failing = _fits_only_small_batches(tiny_model(tok))
     with raises(TrainingError, "out of memory", "(16, 32)", "--micro-batch-size"):
         train(failing, ds, collator(tok), train_config(max_steps=3), tmp_path / "no-auto")
+
+
+def test_out_of_memory_after_steps_that_fitted_cuts_that_batch_again(corpus, tmp_path):
+    """Step 3 runs out of memory after two steps fitted (a longer batch, a fuller heap): its
+    global batch, prepared while step 2 ran, is cut again into the smaller micro-batches,
+    and the run is the one that fitted throughout."""
+    tok, ds = corpus
+    reference = tiny_model(tok)
+    train(reference, ds, collator(tok), train_config(max_steps=4), tmp_path / "ref")
+    model = _fits_only_small_batches(tiny_model(tok), from_call=3)
+    result = train(model, ds, collator(tok), train_config(max_steps=4, auto_micro_batch=True),
+                   tmp_path / "oom")
+    assert result["steps"] == 4
+    assert same_logged_losses(_losses(tmp_path / "oom"), _losses(tmp_path / "ref"))
+    assert _max_rel_diff(model, reference) <= FP32_RUNS_APART
 
 
 def test_evaluation_uses_the_micro_batch_an_out_of_memory_backed_off_to(corpus, tmp_path):
@@ -660,16 +669,9 @@ def test_a_signal_during_the_last_step_stops_the_run_before_its_evaluation(corpu
     """It was answered with the final evaluation and a normal finish, so a script exited 0
     (and exported) instead of 128 + N, and a long evaluation could outlast the grace time."""
     tok, ds = corpus
-    collate, calls = collator(tok), {"n": 0}
-
-    def collate_and_preempt(examples, epoch=None):
-        calls["n"] += 1
-        if calls["n"] == 2:  # during step 2 of 2
-            os.kill(os.getpid(), signal.SIGTERM)
-        return collate(examples, epoch=epoch)
-
-    cfg = train_config(max_steps=2)
-    result = train(tiny_model(tok), ds, collate_and_preempt, cfg, tmp_path, eval_set=ds)
+    collate, cfg = collator(tok), train_config(max_steps=2)
+    result = train(sigterm_in_forward(tiny_model(tok), 2), ds, collate, cfg, tmp_path,
+                   eval_set=ds)  # during step 2 of 2
     assert result["interrupted"] and result["stop_signal"] == signal.SIGTERM
     assert "eval_loss" not in result
     done = train(tiny_model(tok), ds, collate, cfg, tmp_path, eval_set=ds, resume=True)

@@ -5,8 +5,6 @@ call shows its progress as a notebook user expects."""
 
 import contextlib
 import logging
-import os
-import signal
 import sys
 from typing import NamedTuple
 
@@ -17,7 +15,7 @@ import torch.nn.functional as F
 
 import minibert
 from engine_utils import (FP32_RUNS_APART, collator, same_logged_losses, tiny_corpus,
-                          tiny_model, train_config)
+                          sigterm_in_forward, tiny_model, train_config)
 from engine_utils import quick_runs  # noqa: F401 (a fixture: one thread, for tiny models)
 from facts import raises
 from minibert.data import pad_batch
@@ -223,16 +221,9 @@ def test_a_model_of_ones_own_resumes_exactly(tmp_path):
     examples = made_up_examples()
     uninterrupted = Reg(dropout=0.1)
     minibert.train(uninterrupted, examples, collate, reg_config(), tmp_path / "ref")
-    calls = {"n": 0}
-
-    def collate_and_preempt(batch, epoch=0):
-        calls["n"] += 1
-        if calls["n"] == 3:  # during step 3: it finishes, is saved, and the run stops
-            os.kill(os.getpid(), signal.SIGTERM)
-        return collate(batch, epoch)
-
-    result = minibert.train(Reg(dropout=0.1), examples, collate_and_preempt, reg_config(),
-                            tmp_path / "run")
+    # during step 3: it finishes, is saved, and the run stops
+    result = minibert.train(sigterm_in_forward(Reg(dropout=0.1), 3), examples, collate,
+                            reg_config(), tmp_path / "run")
     assert result["interrupted"] and result["steps"] == 3
     resumed = Reg(seed=123, dropout=0.1)
     result = minibert.train(resumed, examples, collate, reg_config(), tmp_path / "run",

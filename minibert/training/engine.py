@@ -7,7 +7,8 @@ One optimizer step of `train`:
     2. count the predicted tokens of the *whole* global batch (all micro-batches, all ranks);
     3. forward + backward each micro-batch under autocast (`torch.autocast`, bf16 or fp16),
        scaling its loss so that the accumulated gradient is exactly that of the global batch
-       (`micro_step_weight`), and through the grad scaler under fp16;
+       (`micro_step_weight`), and through the grad scaler under fp16; while a GPU runs
+       them, the CPU does 1-2 for the next step;
     4. unscale (fp16), clip the gradient norm, and step AdamW at the rate of the warmup and
        decay schedule (`lr_at`), unless something is non-finite (recovery.py);
     5. log (loss, rate, gradient norm, tokens/s, MFU and peak memory), evaluate and
@@ -92,35 +93,30 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     """Train `model` on `train_set` (examples that `collate` turns into batches).
 
     `model`: minibert's, or any nn.Module of yours (docs/runs.md, "A model of your own"):
-    `model(**batch)` returns an object with a scalar `.loss` (as the heads' NamedTuples),
-    the mean over the batch's targets. `collate(examples, epoch=e)` returns a dict of
-    tensors: `input_ids` (B, T), `labels`, any other argument of the forward (without an
-    `attention_mask` every position is a token), and is a pure function of its inputs, as
-    `MLMCollator` is: that makes accumulation, DDP and resume exact. A micro-batch's loss
-    weighs by its targets (`count_targets`): its labels, but IGNORE_INDEX in integer ones
-    and padding in per-token ones; each float label (a regression's) is one.
-    Writes `metrics.jsonl` and `checkpoints/` under `out_dir` (rank 0); a fresh start into a
-    folder holding a run is refused unless `overwrite`. `data_identity`: what the data is,
-    compared on `resume` (state.py). Evaluation: `eval_set` for `evaluate`'s MLM metrics, or
-    `eval_fn(model, precision) -> scores`, whose numbers are logged and added to the result
-    (the last scores whole in result["scores"]); `precision` (result["precision"]) is the
-    run's since its first start: evaluate in it. `lengths` (tokens per example) groups
-    similar lengths into a batch; `batches` is an order of your own (`next`, `position`,
-    `seek`, as `GlobalBatches`, e.g. `TaskMixtureBatches`). Returns the final evaluation and
-    the run's totals; a run stopped by a signal saves a checkpoint and returns
-    result["interrupted"] and result["stop_signal"].
+    `model(**batch)` returns an object with a scalar `.loss`, the mean over the batch's
+    targets. `collate(examples, epoch=e)` returns a dict of tensors (`input_ids` (B, T),
+    `labels`, any other argument of the forward; without an `attention_mask` every position
+    is a token) and is a pure function of its inputs, as `MLMCollator` is: that makes
+    accumulation, DDP and resume exact. A micro-batch's loss weighs by its targets
+    (`count_targets`). Writes `metrics.jsonl` and `checkpoints/` under `out_dir` (rank 0);
+    a fresh start into a folder holding a run is refused unless `overwrite`.
+    `data_identity`: what the data is, compared on `resume` (state.py). Evaluation:
+    `eval_set` for `evaluate`'s MLM metrics, or `eval_fn(model, precision) -> scores`, whose
+    numbers are logged and returned (whole in result["scores"]); evaluate in `precision`,
+    the run's since its first start. `lengths` (tokens per example) groups similar lengths
+    into a batch; `batches` is an order of your own (`next`, `position`, `seek`, as
+    `GlobalBatches` and `TaskMixtureBatches`). Returns the final evaluation and the run's
+    totals; a run stopped by a signal saves a checkpoint and returns result["interrupted"]
+    and result["stop_signal"].
 
     What `train` does to the process beyond its model, each a TrainConfig setting:
-    - `handle_signals` (default on): SIGTERM / SIGINT end the step in progress, save and
-      return (a notebook's interrupt included); the previous handlers are back on return.
-    - `peak_flops` (default None): the MFU ceiling is this machine's, measured by its first
-      run and recorded in the cache folder (`meters.mfu_ceiling`); a number skips both.
-    - `release_memory` (default on): glibc's free memory goes back to the kernel at each new
+    - `handle_signals` (on): SIGTERM / SIGINT end the step, save, return; handlers restored.
+    - `peak_flops` (None): MFU's ceiling, else measured once per machine (`meters.mfu_ceiling`).
+    - `release_memory` (on): glibc's free memory goes back to the kernel at each new
       sequence length and every RELEASE_EVERY steps (`memory.release_freed_memory`).
-    - `progress` (default on): rank 0 draws a tqdm bar, or without tqdm logs a line every
-      `log_every` steps, shown on stderr for the call where logging is not set up (`shown`).
-    The process's random generators are the run's: seeded per rank, or put back on resume.
-    `train` writes no environment variable and no global torch flag.
+    - `progress` (on): rank 0 draws a tqdm bar, or logs a line every `log_every` steps.
+    Random generators are seeded per rank, or put back on resume. No environment variable
+    or global torch flag is written.
     """
     with shown(cfg.progress and ctx.is_main):  # runlog.shown: log lines a notebook sees
         run, state = start_run(model, train_set, collate, cfg, Path(out_dir), ctx, eval_set,
@@ -130,10 +126,12 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
         scores: Optional[Mapping[str, Any]] = None  # the last evaluation's, returned whole
         stop_signal: Optional[int] = None
         with StopFlag(enabled=cfg.handle_signals) as stop:
+            upcoming = None  # the next step's batch, cut while this one computes
             while state.step < cfg.max_steps:
-                step_start, position = time.perf_counter(), run.batches.position()
+                step_start = time.perf_counter()
                 # ---- 1-2: the global batch, its micro-batches and its number of targets
-                micros, counts, n_global = _global_batch(run, state)
+                (position, micros, counts, n_global), upcoming = \
+                    upcoming or _global_batch(run, state, state.step + 1), None
                 set_lr(run.optimizer, run.lr(state.step + 1))  # warmup, then decay: lr_at
                 # ---- 3: forward + backward, gradients accumulate over micro-batches
                 try:
@@ -142,21 +140,24 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                 except torch.OutOfMemoryError:  # the same global batch, in smaller pieces
                     run.back_off(state, micros[0], position)
                     continue
+                # cut the next batch while a GPU runs the queued kernels (nanoGPT's loop)
+                if state.step + 1 < cfg.max_steps:
+                    upcoming = _global_batch(run, state, state.step + 2)
                 # ---- 4: clip and step, unless something is not finite; then the counters
                 step = _clip_and_step(run, state, micros, loss_sum, n_global, stop)
-                _count_step(run, state, step, micros, n_global, step_start)
+                _count_step(run, state, step, micros, n_global, step_start,
+                            upcoming[0] if upcoming else run.batches.position())
                 # ---- 5: log, evaluate, save
                 _log_step(run, state, step)
-                if run.evaluates and _due(cfg.eval_every, state) and state.step < cfg.max_steps:
+                if run.evaluates and state.due(cfg.eval_every) and state.step < cfg.max_steps:
                     scores = run.evaluate(state)
                     run.log_eval(state, scores)
-                if (_due(cfg.save_every, state) and state.bad_steps == 0) or step.stopping \
+                if (state.due(cfg.save_every) and state.bad_steps == 0) or step.stopping \
                         or state.step == cfg.max_steps:
                     run.save(state)
                 if cfg.release_memory and state.step % RELEASE_EVERY == 0:
                     release_freed_memory()
-                # ---- 6: stop on this rank's signal, or another rank's (told by the all-reduce)
-                if step.stopping:
+                if step.stopping:  # ---- 6: this rank's signal, or another's (by the all-reduce)
                     stop_signal = stop.signal or signal.SIGTERM
                     logger.warning("stopped by signal at step %d; checkpoint saved, resume "
                                    "with --resume", state.step)
@@ -176,9 +177,10 @@ class _Step(NamedTuple):
     stopping: bool  # a signal reached some rank: save and return
 
 
-def _global_batch(run: Run, state: TrainState) -> tuple[list[dict], list[int], int]:
-    """The next global batch: this rank's micro-batches (cut short during a sequence-length
-    warmup), the targets of each, and the targets of the whole batch over all ranks."""
+def _global_batch(run: Run, state: TrainState, step: int) -> tuple[dict, list, list, int]:
+    """Global batch `step`: the data's position before it, this rank's micro-batches (cut
+    short during a sequence-length warmup), the targets of each, and of the whole batch."""
+    position = run.batches.position()
     epoch, indices = run.batches.next()
     examples = [run.train_set[i] for i in indices]
     micro = run.micro_batch(state)
@@ -186,17 +188,17 @@ def _global_batch(run: Run, state: TrainState) -> tuple[list[dict], list[int], i
     # fewer or smaller, and the weights of `_accumulate` still make its gradient exact.
     micros = [checked_batch(run.collate(examples[i:i + micro], epoch=epoch))
               for i in range(0, len(examples), micro)]
-    if run.seq_warmup and state.step <= run.seq_warmup:  # data/seq_warmup.py
+    if run.seq_warmup and step <= run.seq_warmup + 1:  # data/seq_warmup.py
         # L(step) from the global batch's width, the same however it is split
         full = max_over_ranks(max(b["input_ids"].shape[1] for b in micros), run.ctx)
-        micros, new_length = cut_for_step(micros, state.step + 1, run.cfg.seq_len_start,
+        micros, new_length = cut_for_step(micros, step, run.cfg.seq_len_start,
                                           run.seq_warmup, full)
         if new_length and run.cfg.release_memory:  # the blocks kept for the old shape are stale
             release_freed_memory()
     counts = [count_targets(b) for b in micros]
     n_global = int(all_reduce_sum(torch.tensor(float(sum(counts)), device=run.ctx.device),
                                   run.ctx))
-    return micros, counts, n_global
+    return position, micros, counts, n_global
 
 
 def _clip_and_step(run: Run, state: TrainState, micros: list[dict], loss_sum: Tensor,
@@ -222,12 +224,11 @@ def _clip_and_step(run: Run, state: TrainState, micros: list[dict], loss_sum: Te
 
 
 def _count_step(run: Run, state: TrainState, step: _Step, micros: list[dict], n_global: int,
-                step_start: float) -> None:
-    """The counters of a step taken (or skipped): step, tokens, data position, time, and
-    the step's model FLOPs for the meter."""
+                step_start: float, position: dict[str, int]) -> None:
+    """The counters of a step taken (or skipped): step, tokens, data position (where the
+    next batch comes from), time, and the step's model FLOPs for the meter."""
     state.step += 1
     state.tokens_seen += step.tokens
-    position = run.batches.position()  # where the next batch comes from
     state.epoch, state.consumed = position["epoch"], position["consumed"]
     seconds = time.perf_counter() - step_start
     state.train_seconds += seconds
@@ -273,11 +274,6 @@ def _accumulate(model: nn.Module, micros: list[dict], counts: list[int], n_globa
                 loss_sum += mean.detach().double() * n
             scaler.scale(loss).backward()
     return loss_sum
-
-
-def _due(every: int, state: TrainState) -> bool:
-    """Whether a thing done every `every` steps (0: never here) is due at this step."""
-    return bool(every) and state.step % every == 0
 
 
 def _optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,

@@ -164,6 +164,10 @@ class TrainState:
     optimizer: Optional[torch.optim.Optimizer] = field(default=None, repr=False, compare=False)
     scaler: Optional[torch.amp.GradScaler] = field(default=None, repr=False, compare=False)
 
+    def due(self, every: int) -> bool:
+        """Whether a thing done every `every` steps (0: never) is due at this step."""
+        return bool(every) and self.step % every == 0
+
     def counters(self) -> dict[str, Any]:
         """The plain fields: what `TrainState(**counters)` rebuilds."""
         return {f.name: getattr(self, f.name) for f in fields(self)
