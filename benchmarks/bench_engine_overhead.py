@@ -122,8 +122,10 @@ def main() -> None:
         tmp = Path(tmp)
         tok, ds = corpus(tmp, args.seq_len)
         collate = MLMCollator(tok, seed=0)
-        batches = [collate([ds[i * args.batch_size + j] for j in range(args.batch_size)],
-                           epoch=0) for i in range(8)]
+        # Eight batches, wrapping round a corpus too small for eight (WikiText's valid
+        # split holds 1,273 blocks of 128).
+        batches = [collate([ds[(i * args.batch_size + j) % len(ds)]
+                            for j in range(args.batch_size)], epoch=0) for i in range(8)]
         bare, engine, engine_mfu = [], [], []
         # The engine's own count: the sparse head on the 15% of tokens it predicts.
         flops_per_token = minibert_flops(model_for(tok, args.preset).config, args.seq_len,
