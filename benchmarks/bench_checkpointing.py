@@ -31,7 +31,7 @@ def measure(preset: str, batch: int, seq_len: int, steps: int, checkpointing: bo
 
     torch.manual_seed(0)
     config = minibert.BertConfig.preset(preset, vocab_size=30522, max_position_embeddings=512)
-    model = minibert.BertForMaskedLM(config).train()
+    model = minibert.fast(minibert.BertForMaskedLM(config)).train()
     if checkpointing:
         model.gradient_checkpointing_enable()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -59,7 +59,7 @@ def measure(preset: str, batch: int, seq_len: int, steps: int, padded: bool,
 
     torch.manual_seed(0)
     config = minibert.BertConfig.preset(preset, vocab_size=30522)
-    model = minibert.BertForMaskedLM(config).train()
+    model = minibert.fast(minibert.BertForMaskedLM(config)).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     cold = 2 if padded else 1  # the steps that compile
     data = make_batches(cold + steps, batch, seq_len, config.vocab_size, padded)

@@ -42,7 +42,7 @@ def child(kind: str, steps: int) -> None:
 
     import torch
 
-    from minibert import BertConfig, BertForMaskedLM, BertForSequenceClassification
+    from minibert import BertConfig, BertForMaskedLM, BertForSequenceClassification, fast
     from minibert.data.seq_warmup import seq_len_at, truncate
     from minibert.cli.pretrain import MAIN_JOB
 
@@ -50,8 +50,8 @@ def child(kind: str, steps: int) -> None:
     rng = random.Random(0)
     config = BertConfig.preset("mini", vocab_size=8192)
     batch, full = 32, 128
-    model = (BertForSequenceClassification(config, 2) if kind == "every"
-             else BertForMaskedLM(config))
+    model = fast(BertForSequenceClassification(config, 2) if kind == "every"
+                 else BertForMaskedLM(config))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for step in range(1, steps + 1):
         if kind == "warmup":

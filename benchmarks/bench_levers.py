@@ -27,10 +27,11 @@ on an AVX2 CPU: there the bf16 step, its profile and the bf16 matmul rows (atten
 skipped with a note, unless `--emulated-bf16` is passed; the fp32 rows and the dropout and
 statistics rows, which do no bf16 matmul, still run.
 
-The "before" of the dropout lever swaps minibert's CPU mask for `F.dropout` by patching the
-module attribute the model calls; nothing else differs between the variants. The "before" of
-the attention lever is torch's own `F.scaled_dot_product_attention`: minibert's `sdpa`
-backend now trains on a CPU with dropout through the `math` formula (the lever measured here).
+Every variant is a `minibert.fast` model, as `train()` trains. The "before" of the dropout
+lever puts torch's `nn.Dropout` and the textbook's attention layer back into it (the layer
+whose dropout, in the `math` form, is `F.dropout`, and whose `sdpa` is torch's kernel as it
+is); nothing else differs between the variants. The "after" keeps the fast model's dropout,
+which also trains `sdpa` with dropout through the `math` formula (machine/swap.py).
 """
 
 import argparse
@@ -43,23 +44,19 @@ import torch.nn.functional as F
 
 import minibert
 import minibert.model.attention as A
-import minibert.model.model as M
 import minibert.machine.precision
-from minibert.machine import environment
+from minibert.machine import environment, kernels, swap
+from minibert.model.model import SelfAttention
 from minibert.training.engine import autocast_context
 from minibert.machine.memory import keep_freed_memory
 
-OURS = A.dropout
+OURS = kernels.dropout
 CPU = torch.device("cpu")
 
 
 def runs_bf16(emulated_bf16: bool) -> bool:
     """Whether to time bf16 matmuls: where they are native, or where asked for anyway."""
     return minibert.machine.precision.cpu_bf16_native() or emulated_bf16
-
-
-def plain(x, p, training=True):
-    return F.dropout(x, p, True) if training and p > 0 else x
 
 
 def torch_sdpa(q, k, v, bias, p=0.0):
@@ -76,18 +73,28 @@ def batch():
     return ids, labels
 
 
-def build(attention: str, fused: bool, dropout: float = 0.1):
+def ours_math(q, k, v, bias, p=0.0):
+    """The fast layer's attention with dropout: the formula, with minibert's CPU mask."""
+    return OURS(A.attention_probs(q, k, bias), p) @ v
+
+
+def build(attention: str, fused: bool, dropout: float = 0.1, ours: bool = True):
     torch.manual_seed(0)
-    model = minibert.BertForMaskedLM(minibert.BertConfig.preset(
-        "base", attention=attention, hidden_dropout=dropout, attention_dropout=dropout))
+    model = minibert.fast(minibert.BertForMaskedLM(minibert.BertConfig.preset(
+        "base", attention=attention, hidden_dropout=dropout, attention_dropout=dropout)))
     model.train()
+    if not ours:  # torch's dropout, and its own sdpa, put back
+        for m in model.modules():
+            if type(m) is swap.Dropout:
+                m.__class__ = torch.nn.Dropout
+            elif type(m) is swap.FastSelfAttention:
+                m.__class__ = SelfAttention
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused,
                             foreach=None if fused else True)
     return model, opt
 
 
-def step(model, opt, drop, ids, labels) -> None:
-    A.dropout = M.dropout = drop
+def step(model, opt, ids, labels) -> None:
     with autocast_context("bf16", CPU):
         loss = model(ids, labels=labels).loss
     loss.backward()
@@ -96,28 +103,25 @@ def step(model, opt, drop, ids, labels) -> None:
 
 
 def step_table() -> None:
-    variants = [  # label, attention, fused AdamW, dropout function, dropout probability
-        ("foreach AdamW, F.dropout, sdpa", "sdpa", False, plain, 0.1),
-        ("+ fused AdamW", "sdpa", True, plain, 0.1),
-        ("+ math attention instead of sdpa", "math", True, plain, 0.1),
-        ("+ cheaper CPU dropout mask", "math", True, OURS, 0.1),
-        ("+ no dropout (the pretraining default)", "math", True, OURS, 0.0),
+    variants = [  # label, attention, fused AdamW, minibert's dropout, dropout probability
+        ("foreach AdamW, F.dropout, sdpa", "sdpa", False, False, 0.1),
+        ("+ fused AdamW", "sdpa", True, False, 0.1),
+        ("+ math attention instead of sdpa", "math", True, False, 0.1),
+        ("+ cheaper CPU dropout mask", "math", True, True, 0.1),
+        ("+ no dropout (the pretraining default)", "math", True, True, 0.0),
     ]
     ids, labels = batch()
-    ours_sdpa, A.sdpa_attention = A.sdpa_attention, torch_sdpa  # the "sdpa" rows: torch's
-    runs = [(label, *build(attention, fused, p), drop, []) for label, attention, fused, drop, p
+    runs = [(label, *build(attention, fused, p, ours), []) for label, attention, fused, ours, p
             in variants]
     for _ in range(8):  # the first round is warm-up
-        for _, model, opt, drop, times in runs:
+        for _, model, opt, times in runs:
             t0 = time.perf_counter()
-            step(model, opt, drop, ids, labels)
+            step(model, opt, ids, labels)
             times.append(time.perf_counter() - t0)
-    A.dropout = M.dropout = OURS
-    A.sdpa_attention = ours_sdpa
     print("| variant (base, 8x128, bf16 autocast, dropout 0.1) | s/step (median of 7) | "
           "tokens/s |")
     print("|---|---|---|")
-    for label, _, _, _, times in runs:
+    for label, _, _, times in runs:
         m = statistics.median(times[1:])
         print(f"| {label} | {m:.3f} | {1024 / m:,.0f} |")
 
@@ -146,7 +150,7 @@ def call_table(bf16_matmuls: bool = True) -> None:
                    for _ in range(3))
         for p in (0.0, 0.1):
             before = best_ms(lambda: torch_sdpa(q, k, v, None, p).sum().backward())
-            after = best_ms(lambda: A.math_attention(q, k, v, None, p).sum().backward())
+            after = best_ms(lambda: ours_math(q, k, v, None, p).sum().backward())
             print(f"| attention, dropout {p}: sdpa → math | (8, 12, 128, 64), {dtype} | "
                   f"{before:.2f} | {after:.2f} |")
     x = torch.randn(8, 128, 768, requires_grad=True)
@@ -171,9 +175,9 @@ def profile_table() -> None:
 
     model, opt = build("math", fused=True)
     ids, labels = batch()
-    step(model, opt, OURS, ids, labels)
+    step(model, opt, ids, labels)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step(model, opt, OURS, ids, labels)
+        step(model, opt, ids, labels)
     self_ms = {e.key: e.self_cpu_time_total / 1000 for e in prof.key_averages()}
     total = sum(self_ms.values())
     groups = {

@@ -124,7 +124,7 @@ def build(workload: str):
             intermediate_size=config.intermediate_size, hidden_dropout_prob=dropout,
             attention_probs_dropout_prob=dropout, attn_implementation="sdpa"))
     else:
-        model = minibert.BertForMaskedLM(config)
+        model = minibert.fast(minibert.BertForMaskedLM(config))
     model.train()
     return model, make_batch(batch, 128, config.vocab_size, "cpu", mask_share)
 

@@ -7,8 +7,9 @@ step gives it two gradients that must be summed:
   added to the decoder's;
 * sparse: the lookup's gradient is sparse (`F.embedding(..., sparse=True)`), and autograd
   adds it to the decoder's out of place, into a fresh vocabulary-sized tensor;
-* hand-off: `minibert.machine.kernels.TiedWordGradient`, what `BertForMaskedLM` does on a CPU; the
-  decoder's backward hands its gradient to the lookup's, which adds its rows in place.
+* hand-off: `minibert.machine.kernels.TiedWordGradient`, what a `minibert.fast` model does on
+  a CPU; the decoder's backward hands its gradient to the lookup's, which adds its rows in
+  place.
 
 Base training steps (fp32, 8 x 128, vocabulary 30,522, 15% labelled, fused AdamW), the ways
 alternated step by step in one process, the first round dropped as warm-up. The C
@@ -60,7 +61,8 @@ def main() -> None:
     if args.keep_freed_memory:
         keep_freed_memory()
     torch.manual_seed(0)
-    model = minibert.BertForMaskedLM(minibert.BertConfig.preset(args.preset, attention="math"))
+    model = minibert.fast(minibert.BertForMaskedLM(minibert.BertConfig.preset(
+        args.preset, attention="math")))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     g = torch.Generator().manual_seed(0)
     V = model.config.vocab_size

@@ -127,7 +127,7 @@ def build_step(settings: dict, args):
     device = torch.device(args.device)
     torch.manual_seed(0)
     config = minibert.BertConfig.preset(args.preset, attention=settings["attention"])
-    model = minibert.BertForMaskedLM(config).to(device).train()
+    model = minibert.fast(minibert.BertForMaskedLM(config)).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     runner = torch.compile(model) if settings["compile"] else model
     lengths = sentence_lengths(Path(args.data_dir), args.seq_len, args.batch_size)

@@ -82,8 +82,8 @@ def main() -> None:
         runs = []
         for forward in (padded_forward, unpadded_forward):
             torch.manual_seed(0)
-            model = minibert.BertForSequenceClassification(
-                minibert.BertConfig.preset(args.preset, attention="math"), 3).train()
+            model = minibert.fast(minibert.BertForSequenceClassification(
+                minibert.BertConfig.preset(args.preset, attention="math"), 3)).train()
             runs.append((forward, model, torch.optim.AdamW(model.parameters(), fused=True), []))
         for _ in range(args.steps + 1):
             for forward, model, opt, times in runs:

@@ -87,7 +87,7 @@ def build(variant: str, ckpt: Path, device: str):
     if variant == "transformers":
         model = transformers.BertForMaskedLM.from_pretrained(ckpt, attn_implementation="sdpa")
     else:
-        model = minibert.BertForMaskedLM.from_pretrained(ckpt, **VARIANTS[variant])
+        model = minibert.fast(minibert.BertForMaskedLM.from_pretrained(ckpt, **VARIANTS[variant]))
     model.to(device).train()
     # The same optimizer for both: torch's AdamW with its fused kernel, as minibert's engine
     # uses (the update is a fixed cost shared by both libraries).

@@ -164,7 +164,7 @@ def step1_grad_norms(norm: str, args, data) -> dict[str, list[float]]:
 
     tok, train_set, _ = data
     minibert.set_seed(args.seed)  # the same initial weights as the run
-    model = minibert.BertForMaskedLM(model_config(args, tok, norm)).train()
+    model = minibert.fast(minibert.BertForMaskedLM(model_config(args, tok, norm))).train()
     _, indices = GlobalBatches(len(train_set), args.batch_size, seed=args.seed).next()
     batch = MLMCollator(tok, mlm_probability=0.15, seed=args.seed)(
         [train_set[i] for i in indices], epoch=0)  # the engine's first batch

@@ -141,7 +141,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint(args.config, Path(tmp))
         models = {
-            "minibert": minibert.BertForMaskedLM.from_pretrained(tmp, attention=attention),
+            "minibert": minibert.fast(minibert.BertForMaskedLM.from_pretrained(
+                tmp, attention=attention)),
             "transformers": transformers.BertForMaskedLM.from_pretrained(
                 tmp, attn_implementation="sdpa"),
         }

@@ -35,6 +35,7 @@ _WHERE = {
     "set_seed": "training.rng",
     "train": "training.engine",
     "TrainConfig": "training.state",
+    "fast": "machine.swap",
 }
 
 __all__ = list(_WHERE)

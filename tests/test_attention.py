@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 
-import minibert.model.attention as attention_module
 from minibert.model.attention import (
     _ChunkedAttention,
     _tile_keep_mask,
@@ -178,21 +177,3 @@ def test_dropout_statistics_gradient_and_reproducibility():
     assert yb.dtype == torch.bfloat16 and abs((yb == 0).float().mean().item() - 0.5) < 0.005
 
 
-def test_sdpa_with_dropout_on_a_cpu_is_the_formula_with_minibert_dropout(monkeypatch):
-    """torch's fused CPU kernels have no dropout, and its fallback draws the mask with
-    bernoulli_; `sdpa` trains on a CPU through `math_attention` instead, with the cheaper
-    `kernels.dropout`: the same numbers for the same seed. Without dropout it stays fused."""
-    q, k, v = _qkv(T=40)
-    keep = _keep(2, 40, [40, 31])
-    torch.manual_seed(5)
-    ref = attention(q, k, v, keep, "math", dropout_p=0.1)
-    calls = []
-    real = attention_module.F.scaled_dot_product_attention
-    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention",
-                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    torch.manual_seed(5)
-    out = attention(q, k, v, keep, "sdpa", dropout_p=0.1)
-    assert torch.equal(out, ref) and not calls
-    attention(q, k, v, keep, "sdpa")  # evaluation: the fused kernel
-    attention(*(t.detach().bfloat16() for t in (q, k, v)), keep, "sdpa", dropout_p=0.1)
-    assert calls == [1, 1]  # bf16: torch's fallback keeps its scores and softmax in fp32

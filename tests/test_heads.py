@@ -391,16 +391,19 @@ def test_mean_pooling_of_a_row_without_real_tokens_is_finite():
     assert torch.allclose(out[0], h[0, :2].mean(0))
 
 
+@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("n_predicted", [20, 0])
-def test_mlm_word_embedding_gradient_matches_transformers(n_predicted, tmp_path):
-    """BertForMaskedLM's lookup adds its rows into the gradient the tied decoder handed over
-    (kernels.TiedWordGradient): the weight's .grad must be dense and equal transformers' on
-    the same weights, [PAD] row included (the lookup gives it none), and fused AdamW must
-    take it."""
+def test_mlm_word_embedding_gradient_matches_transformers(n_predicted, fast, tmp_path):
+    """The tied word embedding's .grad, plain and with the fast model's hand-off (the lookup
+    adds its rows into the gradient the decoder handed over, kernels.TiedWordGradient), is
+    dense and equals transformers' on the same weights, [PAD] row included (the lookup gives
+    it none), and fused AdamW takes it."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = minibert.BertForMaskedLM(tiny_config(hidden_dropout=0.0, attention_dropout=0.0))
     model.save_pretrained(tmp_path)
+    if fast:
+        minibert.fast(model)
     ref = transformers.BertForMaskedLM.from_pretrained(tmp_path, attn_implementation="eager")
     ids, mask = random_batch(pad_from=20)
     ids[0, 3] = 0  # [PAD] at an attended position: the lookup gives its row no gradient
@@ -421,88 +424,11 @@ def test_mlm_word_embedding_gradient_matches_transformers(n_predicted, tmp_path)
     torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True).step()
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_tied_word_gradient_is_autograds_without_a_vocabulary_sized_temporary(precision,
-                                                                             monkeypatch):
-    """The hand-off gives every parameter the gradient plain autograd gives (fp32: to
-    rounding; bf16 autocast: to bf16's precision), with a padded batch, over accumulated
-    backward passes; and in fp32 it zero-fills, copies or adds out of place no V x H
-    tensor, which is what autograd's sum of the two gradients costs. (Under bf16 both
-    ways cast the matrix and its gradient between dtypes, which are copies too.)"""
-    from torch.profiler import ProfilerActivity, profile
-
-    import minibert.model.heads
-
-    torch.manual_seed(0)
-    model = minibert.BertForMaskedLM(tiny_config(vocab_size=97, hidden_dropout=0.0,
-                                                 attention_dropout=0.0))
-    ids, mask = random_batch(vocab=97, pad_from=20)
-    ids[0, 5] = 0  # a [PAD] id at an attended position
-    labels = torch.where(torch.rand(ids.shape) < 0.3, ids, -100)
-    shape = [97, 32]
-
-    def grads(tied: bool):
-        model.zero_grad(set_to_none=True)
-        with monkeypatch.context() as mp:
-            if not tied:
-                mp.setattr(minibert.machine.kernels, "TiedWordGradient", lambda: None)
-            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, \
-                    torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
-                for _ in range(2):  # gradient accumulation: the second pass adds to .grad
-                    model(ids, mask, labels=labels).loss.backward()
-        temporaries = [e.name for e in prof.events() if e.input_shapes and
-                       e.input_shapes[0] == shape and e.name in
-                       ("aten::add", "aten::copy_", "aten::fill_", "aten::zero_")]
-        return {n: p.grad.clone() for n, p in model.named_parameters()}, temporaries
-
-    plain, plain_temporaries = grads(tied=False)
-    handed, temporaries = grads(tied=True)
-    if precision == "fp32":
-        assert plain_temporaries and not temporaries, (plain_temporaries, temporaries)
-    tol = dict(rtol=1e-5, atol=1e-6) if precision == "fp32" else dict(rtol=2e-2, atol=2e-3)
-    for name in plain:
-        torch.testing.assert_close(handed[name], plain[name], **tol, msg=name)
-
-
 def test_bert_model_alone_keeps_a_dense_lookup_gradient():
     model = minibert.BertModel(tiny_config())
     ids, mask = random_batch()
     model(ids, mask).last_hidden_state.sum().backward()
     assert not model.embeddings.word.weight.grad.is_sparse
-
-
-def test_the_sparse_head_runs_on_a_round_number_of_rows_with_the_same_loss(monkeypatch):
-    """On a CPU the MLM head's rows are rounded up to a multiple of PREDICTION_ROWS (a few
-    block sizes repeat, so a long run's heap does not fragment). The padding rows change
-    nothing: the loss, the logits of the real rows and every gradient are those computed on
-    the N rows alone."""
-    import torch.nn.functional as F
-
-    from minibert.machine import kernels
-
-    torch.manual_seed(0)
-    model = minibert.BertForMaskedLM(tiny_config()).eval()  # no dropout: two passes compare
-    ids = torch.randint(5, 99, (3, 20))
-    labels = torch.full_like(ids, -100)
-    labels[0, 2], labels[1, 5], labels[2, 7] = ids[0, 2], ids[1, 5], ids[2, 7]  # N = 3
-    rows = []
-    head_forward = model.head.forward
-    monkeypatch.setattr(model.head, "forward",
-                        lambda h, *a: rows.append(h.shape[0]) or head_forward(h, *a))
-    out = model(ids, labels=labels)
-    out.loss.backward()
-    assert rows == [kernels.PREDICTION_ROWS] and out.logits.shape == (3, 99)
-    grads = [p.grad.clone() for p in model.parameters()]
-
-    model.zero_grad()
-    h = model.bert(ids).last_hidden_state[labels != -100]  # the N rows alone, no padding
-    logits = head_forward(h, model.bert.embeddings.word.weight)
-    loss = F.cross_entropy(logits, labels[labels != -100])
-    loss.backward()
-    assert torch.allclose(out.loss, loss, atol=1e-6)
-    assert torch.allclose(out.logits, logits, atol=1e-6)
-    for a, (name, p) in zip(grads, model.named_parameters()):
-        assert torch.allclose(a, p.grad, atol=1e-6), name
 
 
 def test_a_classifier_refuses_a_batch_padded_on_the_left():

@@ -209,19 +209,24 @@ def test_gradient_checkpointing_switches_every_encoder_and_keeps_nothing_between
     assert saved[1] < saved[0] / 2, saved
 
 
+@pytest.mark.parametrize("head", ["BertForSequenceClassification", "BertForMaskedLM"])
 @pytest.mark.parametrize("preset", ["tiny", "modernbert-tiny"])
-def test_compile_traces_a_training_step_with_dropout_whole(preset):
-    """Dropout on, as the presets train: the traced graph takes torch's dropout (minibert's
+def test_compile_traces_a_fast_training_step_with_dropout_whole(preset, head):
+    """Dropout on, as the presets train, and the CPU kernels swapped in, as `train()` does
+    before compiling: the traced graph takes torch's dropout and plain autograd (minibert's
     CPU mask draws random bits in a way dynamo cannot trace), and breaks nowhere."""
     torch._dynamo.reset()
-    model = _model("BertForSequenceClassification", {"num_labels": 3}, preset,
-                   hidden_dropout=0.1, attention_dropout=0.1).train()
+    classify = head == "BertForSequenceClassification"
+    model = minibert.fast(_model(head, {"num_labels": 3} if classify else {}, preset,
+                                 hidden_dropout=0.1, attention_dropout=0.1).train())
     model.gradient_checkpointing_enable()
     ids, mask = _batch(3, 12)
+    labels = torch.tensor([0, 2, 1]) if classify else torch.where(mask.bool(), ids, -100)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=True)
-    out = compiled(ids, mask, labels=torch.tensor([0, 2, 1]))
+    out = compiled(ids, mask, labels=labels)
     out.loss.backward()
-    assert torch.isfinite(out.loss) and model.classifier.weight.grad.abs().sum() > 0
+    weight = model.classifier.weight if classify else model.bert.embeddings.word.weight
+    assert torch.isfinite(out.loss) and weight.grad.abs().sum() > 0
 
 
 def test_from_pretrained_gives_the_model_in_eval_mode(tmp_path):

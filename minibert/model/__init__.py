@@ -7,7 +7,8 @@
     heads.py      the masked-LM head and the downstream heads
 
 What it may import: torch, the label rule (`minibert.labels`), the machine room by named
-calls (`minibert.machine`: a CPU kernel, the input checks) and the door to a folder on
+calls (`minibert.machine`: the input checks, and the chunked attention's tile buffers;
+the CPU kernels come in from outside, `minibert.fast`) and the door to a folder on
 disk that the model classes inherit (`minibert.interop.pretrained`). Nothing of the run
 (`training`, `cli`), the data pipeline or the tasks: importing the textbook loads none of
 them (tests/test_layout.py).

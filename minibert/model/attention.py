@@ -13,8 +13,6 @@ they need and how readable they are:
   Read this one first.
 * `sdpa_attention` calls `torch.nn.functional.scaled_dot_product_attention`, which picks a
   fused kernel (FlashAttention, memory-efficient, or C++ math) for the device. The default.
-  (Training in fp32 on a CPU with attention dropout, where torch has no fused kernel, it
-  runs the formula of `math_attention` with minibert's faster dropout.)
 * `chunked_attention` is exact attention in O(T · chunk) training memory, written in plain
   PyTorch so that a reader can see how the FlashAttention idea works: the derivation, then
   the forward pass, then the backward pass.
@@ -32,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..machine.kernels import TileBuffers, dropout
+from ..machine.kernels import TileBuffers
 
 
 def window_bias(keep: Optional[Tensor], T: int, window: int, dtype: torch.dtype,
@@ -81,21 +79,13 @@ def math_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
                    dropout_p: float = 0.0) -> Tensor:
     """The textbook formula. (B, nh, T, hs) x3 -> (B, nh, T, hs)."""
     # BERT drops whole attention links: a query randomly ignores some keys during training.
-    probs = dropout(attention_probs(q, k, bias), dropout_p)
+    probs = F.dropout(attention_probs(q, k, bias), dropout_p)
     return probs @ v  # (B, nh, T, hs)
 
 
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
                    dropout_p: float = 0.0) -> Tensor:
-    """PyTorch's fused kernel. With no padding mask it may use FlashAttention on CUDA.
-
-    torch's fused CPU kernels have no dropout: with attention dropout, torch falls back to
-    its own unfused formula. `math_attention` is that formula with minibert's CPU dropout
-    (`kernels.dropout`), so an fp32 CPU step with dropout trains through it instead; in bf16
-    torch's fallback keeps the scores and softmax in fp32, and is kept.
-    """
-    if dropout_p > 0 and q.device.type == "cpu" and q.dtype == torch.float32:
-        return math_attention(q, k, v, bias, dropout_p)
+    """PyTorch's fused kernel. With no padding mask it may use FlashAttention on CUDA."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
 
 

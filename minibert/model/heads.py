@@ -34,8 +34,7 @@ from .config import BertConfig
 from ..machine.inputs import check_cls_first, check_ids, check_range, check_shape
 from ..labels import IGNORE_INDEX, predicted
 from ..interop.pretrained import PretrainedMixin, default_labels, stored_labels
-from ..machine.kernels import TiedWordGradient, round_up_rows, tied_word_gradient
-from .model import BertModel, Dropout, init_weights
+from .model import BertModel, init_weights
 
 
 class MaskedLMOutput(NamedTuple):
@@ -93,16 +92,19 @@ class MLMHead(Transform):
         super().__init__(config)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
-    def forward(self, h: Tensor, word_embeddings: Tensor,
-                tied: Optional[TiedWordGradient] = None) -> Tensor:
+    def forward(self, h: Tensor, word_embeddings: Tensor) -> Tensor:
         """h: (..., H), word_embeddings: (V, H) -> logits (..., V)."""
-        h = super().forward(h)
         # The decoder *is* the input embedding matrix (weight tying, Press & Wolf 2017): it
         # saves V x H parameters, and since there is only one tensor there is nothing to
         # re-tie after loading, moving or compiling the model.
-        if tied is not None:  # the same product, its weight gradient handed to the lookup
-            return tied.decoder(h, word_embeddings, self.bias)
-        return F.linear(h, word_embeddings, self.bias)
+        return F.linear(super().forward(h), word_embeddings, self.bias)
+
+    def predict(self, h: Tensor, word_embeddings: Tensor,
+                targets: Tensor) -> tuple[Tensor, Tensor]:
+        """The predicted rows h (N, H) and their token ids (N,) -> logits (N, V) and their
+        mean cross-entropy, computed in fp32 as every loss here."""
+        logits = self(h, word_embeddings)
+        return logits, F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX)
 
 
 class BertForMaskedLM(PretrainedMixin, nn.Module):
@@ -132,25 +134,19 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
         tokens (NaN when N == 0, as in torch).
         """
         decoder = self.bert.embeddings.word.weight  # (V, H), tied
-        # The lookup's gradient and the decoder's meet in one (V, H) gradient; on a CPU,
-        # `kernels.tied_word_gradient` builds that sum in place (None: plain autograd).
-        tied = tied_word_gradient(decoder)
-        out = self.bert(input_ids, attention_mask, token_type_ids, tied_word_grad=tied,
+        out = self.bert(input_ids, attention_mask, token_type_ids,
                         output_hidden_states=output_hidden_states,
                         output_attentions=output_attentions)
         h, extras = out.last_hidden_state, (out.hidden_states, out.attentions)  # h: (B, T, H)
         if labels is None:
-            return MaskedLMOutput(None, self.head(h, decoder, tied), *extras)
+            return MaskedLMOutput(None, self.head(h, decoder), *extras)
         check_shape("labels", labels, tuple(input_ids.shape), "the shape of input_ids")
         check_ids("labels", labels, "token ids to predict (IGNORE_INDEX elsewhere)")
         keep = predicted(labels, attention_mask)  # (B, T) bool: labelled real tokens
         h, targets = h[keep], labels[keep]  # (N, H), (N,)
         check_range("labels", targets, decoder.size(0), "vocabulary")  # N ids, not B x T
-        n = targets.numel()
-        h, targets = round_up_rows(h, targets)  # kernels.py: on a CPU, a few row counts repeat
-        logits = self.head(h, decoder, tied)  # (N', H) -> (N', V), N' >= N rows
-        loss = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX)
-        return MaskedLMOutput(loss, logits[:n], *extras)
+        logits, loss = self.head.predict(h, decoder, targets)  # (N, V), scalar
+        return MaskedLMOutput(loss, logits, *extras)
 
 
 # ---- classification: one label per sequence or per token -------------------------------------
@@ -215,7 +211,7 @@ class BertForSequenceClassification(Labelled, nn.Module):
         self.config = config
         self.head = _transform(config)  # None: BERT's pooler reads [CLS] instead
         self.bert = BertModel(config, add_pooler=self.head is None)
-        self.drop = Dropout(config.hidden_dropout)
+        self.drop = nn.Dropout(config.hidden_dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         init_weights(self.classifier, config)
 
@@ -262,7 +258,7 @@ class BertForTokenClassification(Labelled, nn.Module):
         self.config = config
         self.bert = BertModel(config, add_pooler=False)
         self.head = _transform(config)
-        self.drop = Dropout(config.hidden_dropout)
+        self.drop = nn.Dropout(config.hidden_dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         init_weights(self.classifier, config)
 

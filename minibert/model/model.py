@@ -31,7 +31,6 @@ from torch.utils.checkpoint import checkpoint
 from .attention import attention, attention_bias, attention_probs
 from .config import BertConfig
 from ..machine.inputs import check_inputs
-from ..machine.kernels import TiedWordGradient, dropout
 from ..interop.pretrained import PretrainedMixin
 from .rope import apply_rope, rope_angles, rope_dtype
 
@@ -42,16 +41,6 @@ class BertOutput(NamedTuple):
     # Asked for by name (`output_hidden_states`, `output_attentions`), else None:
     hidden_states: Optional[tuple[Tensor, ...]] = None  # L + 1 x (B, T, H), embeddings first
     attentions: Optional[tuple[Tensor, ...]] = None  # L x (B, nh, T, T), probabilities
-
-
-class Dropout(nn.Dropout):
-    """nn.Dropout with the cheaper CPU mask of `kernels.dropout`."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        """x: any shape; the same shape, each element zeroed with probability p in
-        training and the rest scaled by 1 / (1 - p) (`kernels.dropout`: on the CPU, p as
-        its random bits can draw it)."""
-        return dropout(x, self.p, self.training)
 
 
 class Embeddings(nn.Module):
@@ -72,19 +61,12 @@ class Embeddings(nn.Module):
         self.token_type = (nn.Embedding(config.type_vocab_size, config.hidden_size)
                            if config.type_vocab_size else None)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
-        self.drop = Dropout(config.hidden_dropout)
+        self.drop = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor],
-                tied: Optional[TiedWordGradient] = None) -> Tensor:
-        """input_ids, token_type_ids (or None: all segment 0): (B, T) -> (B, T, H).
-
-        `tied`: see `BertModel.forward`'s `tied_word_grad`."""
+    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor]) -> Tensor:
+        """input_ids, token_type_ids (or None: all segment 0): (B, T) -> (B, T, H)."""
         T = input_ids.size(1)
-        if tied is None:
-            word = F.embedding(input_ids, self.word.weight, self.word.padding_idx)
-        else:  # the MLM decoder shares this matrix: one gradient for both (kernels.py)
-            word = tied.lookup(input_ids, self.word.weight, self.word.padding_idx)
-        x = word
+        x = self.word(input_ids)  # (B, T, H)
         if self.position is not None:
             x = x + self.position.weight[:T]  # (B, T, H) + (T, H) broadcast
         if self.token_type is not None:  # no table: a model without segments (ModernBERT)
@@ -141,16 +123,21 @@ class SelfAttention(nn.Module):
         if output_attentions:  # the formula itself, which has the probabilities to hand out
             probs = attention_probs(q, k, attention_bias(keep, T, self.window, q.dtype,
                                                          q.device))  # (B, nh, T, T)
-            y = dropout(probs, p) @ v
+            y = F.dropout(probs, p, self.training) @ v
             if keep is not None:  # a padding query's row is not computed by the encoder
                 probs = probs.masked_fill(~keep[:, None, :, None], 0.0)
         else:
-            y = attention(q, k, v, keep, self.backend, dropout_p=p, chunk_size=self.chunk_size,
-                          window=self.window)  # (B, nh, T, hs)
+            y = self.attend(q, k, v, keep, p)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, H)  # heads side by side again: (B, T, H)
         if unpadded:
             y = unpad(y, keep)  # (N, H)
         return self.out(y), probs
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor],
+               dropout_p: float) -> Tensor:
+        """(B, nh, T, hs) x3 -> (B, nh, T, hs): this layer's backend, window and tile."""
+        return attention(q, k, v, keep, self.backend, dropout_p=dropout_p,
+                         chunk_size=self.chunk_size, window=self.window)
 
 
 def unpad(x: Tensor, keep: Tensor) -> Tensor:
@@ -225,7 +212,7 @@ class Block(nn.Module):
         self.attn_norm = None if skip else _layer_norm(config)
         self.ffn = FeedForward(config)
         self.ffn_norm = _layer_norm(config)
-        self.drop = Dropout(config.hidden_dropout)
+        self.drop = nn.Dropout(config.hidden_dropout)
 
     def forward(self, x: Tensor, keep: Optional[Tensor],
                 output_attentions: bool = False) -> tuple[Tensor, Optional[Tensor]]:
@@ -274,8 +261,7 @@ class BertModel(PretrainedMixin, nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None, *, output_hidden_states: bool = False,
-                output_attentions: bool = False,
-                tied_word_grad: Optional[TiedWordGradient] = None) -> BertOutput:
+                output_attentions: bool = False) -> BertOutput:
         """input_ids, attention_mask (1 = real token, 0 = padding), token_type_ids: (B, T).
 
         Returns `last_hidden_state` (B, T, H), zero at padding positions, and
@@ -285,11 +271,6 @@ class BertModel(PretrainedMixin, nn.Module):
         adds each block's attention probabilities (B, nh, T, T), computed by the plain
         formula (`attention.attention_probs`) whatever `config.attention` says. Both are zero
         at padding positions, like the output: padding is not computed.
-
-        `tied_word_grad`: for a caller that also decodes with the word-embedding matrix, as
-        `BertForMaskedLM` does: the lookup adds its rows into the gradient that the same
-        object's `decoder` handed over, instead of autograd adding two vocabulary-sized
-        gradients (`kernels.TiedWordGradient`).
         """
         check_inputs(self.config, input_ids, attention_mask, token_type_ids)
         keep = None if attention_mask is None else attention_mask.bool()  # (B, T)
@@ -303,7 +284,7 @@ class BertModel(PretrainedMixin, nn.Module):
         unpadding = keep is not None and not torch.compiler.is_compiling()
         if unpadding and bool(keep.all()):
             keep, unpadding = None, False
-        x = self.embeddings(input_ids, token_type_ids, tied_word_grad)  # (B, T, H)
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         hidden = (padded(x, keep),) if output_hidden_states else None
         attentions = () if output_attentions else None
         if unpadding:

@@ -37,7 +37,7 @@ from ..interop.hf import (PathLike, check_mappable, config_from_hf, is_modernber
                           load_hf_state_dict,
                  read_weights)
 from ..interop.pretrained import GradientCheckpointing, load_dtype, read_folder_config
-from ..model.model import BertModel, Dropout, init_weights
+from ..model.model import BertModel, init_weights
 
 if TYPE_CHECKING:
     from ..data.tokenizer import Tokenizer
@@ -74,7 +74,7 @@ class TaskHead(nn.Module):
         # The single-task classes' rules: regression (1 label) only for sequences.
         self.id2label = label_names(num_labels, id2label, 1 if kind == "sequence" else 2)
         self.kind, self.num_labels = kind, num_labels
-        self.drop = Dropout(config.hidden_dropout)
+        self.drop = nn.Dropout(config.hidden_dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         init_weights(self.classifier, config)
 

@@ -27,6 +27,7 @@ from torch.utils.data import Dataset
 from ..data.sampler import GlobalBatches
 from ..interop.hf import decodes
 from ..machine.environment import log_environment
+from ..machine.swap import fast
 from ..machine.memory import reset_peak_memory
 from ..machine.meters import (StepMeter, flops_per_token, matmul_weights,
                               parameter_flops_per_token, stated_ceiling)
@@ -173,7 +174,7 @@ def start_run(model: nn.Module, train_set: Dataset, collate: Callable, cfg: Trai
     per_rank, micro = cfg.split_batch(ctx.world_size)
     if eval_fn is not None and eval_set is not None:
         raise ValueError("pass eval_set (MLM metrics) or eval_fn (your own), not both")
-    model.to(device).train()
+    fast(model.to(device).train())  # the CPU kernels, swapped in (machine/swap.py)
     raw = unwrap(model)
     optimizer = build_optimizer(raw, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")

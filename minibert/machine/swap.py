@@ -1,0 +1,123 @@
+"""`fast(model)`: minibert's CPU kernels, swapped into a model from outside.
+
+The model's files are plain PyTorch. Training on a CPU, four of their calls have faster
+equivalents in kernels.py, each computing what the plain call computes:
+
+    the textbook's call                              the kernel, on a CPU
+    nn.Dropout in a minibert model                   `kernels.dropout`: 15 bits a draw
+    attention's dropout, in the math form and in     the math form with `kernels.dropout`
+      SDPA in fp32 (whose CPU fallback is that         (torch's fused CPU kernels have no
+      formula with torch's dropout)                    dropout)
+    the word lookup and the tied MLM decoder,        `kernels.TiedWordGradient`: the one
+      whose two (V, H) gradients autograd adds         gradient, built in place
+    the sparse MLM head on its N predicted rows      N rounded up (`kernels.round_up_rows`)
+
+`fast` gives each module that makes one of those calls a subclass of its own class that
+makes the kernel's call instead, in place, as `torch.nn.utils.parametrize` swaps a class:
+parameters, buffers, hooks, devices and the state_dict stay as they are. Elsewhere (a GPU,
+a graph that torch.compile or torch.export traces) each subclass makes the plain call.
+`train()` calls `fast` on the model it trains (training/run.py); a loop of your own calls
+it once, before `torch.compile` and DDP. tests/test_fast.py checks that a fast model and a
+plain one compute the same losses and gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from ..model.attention import attention_bias, attention_probs
+from ..model.config import BertConfig
+from ..model.heads import BertForMaskedLM, MLMHead, Transform
+from ..model.model import SelfAttention
+from .kernels import TiedWordGradient, dropout, round_up_rows, tied_word_gradient
+
+
+def fast(model: nn.Module) -> nn.Module:
+    """Swap minibert's CPU kernels into `model` (any module holding minibert models), in
+    place; returns it. Modules of your own are left alone, and a second call changes
+    nothing."""
+    for m in model.modules():
+        if isinstance(getattr(m, "config", None), BertConfig):  # a minibert model
+            for d in m.modules():
+                if type(d) is nn.Dropout:
+                    d.__class__ = Dropout
+        if type(m) is SelfAttention:
+            m.__class__ = FastSelfAttention
+        if isinstance(m, BertForMaskedLM) and type(m.head) is MLMHead \
+                and type(m.bert.embeddings.word) is nn.Embedding:
+            tie = _Tie()  # the decoder and the lookup of one model share it
+            m.head.__class__, m.head.tie = FastMLMHead, tie
+            m.bert.embeddings.word.__class__, m.bert.embeddings.word.tie = TiedLookup, tie
+    return model
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout through `kernels.dropout` (on a CPU, p as its random bits can draw it)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout(x, self.p, self.training)
+
+
+class FastSelfAttention(SelfAttention):
+    """Attention's dropout drawn by `kernels.dropout` where torch would run the formula
+    anyway: the math form, and SDPA in fp32 on a CPU. bf16 keeps torch's fallback, which
+    holds the scores and the softmax in fp32."""
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor],
+               dropout_p: float) -> Tensor:
+        formula = self.backend == "math" or (self.backend == "sdpa" and
+                                             q.dtype == torch.float32)
+        if not (dropout_p > 0 and q.device.type == "cpu" and formula):
+            return super().attend(q, k, v, keep, dropout_p)
+        bias = attention_bias(keep, q.size(2), self.window, q.dtype, q.device)
+        return dropout(attention_probs(q, k, bias), dropout_p) @ v  # (B, nh, T, hs)
+
+
+class _Tie:
+    """The `TiedWordGradient` of the forward pass in flight, from the lookup to the decoder."""
+
+    def __init__(self) -> None:
+        self.current: Optional[TiedWordGradient] = None
+
+    def take(self) -> Optional[TiedWordGradient]:
+        current, self.current = self.current, None
+        return current
+
+
+class TiedLookup(nn.Embedding):
+    """The word lookup, which makes the forward's `TiedWordGradient` and adds its rows into
+    the decoder's gradient (None, off a CPU or without gradients: `F.embedding`)."""
+
+    tie: _Tie
+
+    def forward(self, ids: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():
+            return super().forward(ids)
+        tied = self.tie.current = tied_word_gradient(self.weight)
+        if tied is None:
+            return super().forward(ids)
+        return tied.lookup(ids, self.weight, self.padding_idx)  # (B, T, H)
+
+
+class FastMLMHead(MLMHead):
+    """The MLM head whose decoder hands its weight gradient to the lookup, and whose N
+    predicted rows are rounded up so that a few block sizes repeat (`round_up_rows`)."""
+
+    tie: _Tie
+
+    def forward(self, h: Tensor, word_embeddings: Tensor) -> Tensor:
+        tied = None if torch.compiler.is_compiling() else self.tie.take()
+        if tied is None:
+            return super().forward(h, word_embeddings)
+        return tied.decoder(Transform.forward(self, h), word_embeddings, self.bias)
+
+    def predict(self, h: Tensor, word_embeddings: Tensor,
+                targets: Tensor) -> tuple[Tensor, Tensor]:
+        n = targets.numel()
+        h, targets = round_up_rows(h, targets)  # (N', H), (N',): zero rows, ignored targets
+        logits, loss = super().predict(h, word_embeddings, targets)
+        return logits[:n], loss
