@@ -16,27 +16,19 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> the module that defines it
-_WHERE = {
-    "BertConfig": "model.config",
-    "BertModel": "model.model",
-    "BertOutput": "model.model",
-    "BertForMaskedLM": "model.heads",
-    "BertForSequenceClassification": "model.heads",
-    "BertForTokenClassification": "model.heads",
-    "BertForQuestionAnswering": "model.heads",
-    "MaskedLMOutput": "model.heads",
-    "SequenceClassifierOutput": "model.heads",
-    "TokenClassifierOutput": "model.heads",
-    "QuestionAnsweringModelOutput": "model.heads",
-    "BertMultiTask": "tasks.multitask",
-    "SentenceEncoder": "tasks.sentence",
-    "Tokenizer": "data.tokenizer",
-    "set_seed": "training.rng",
-    "train": "training.engine",
-    "TrainConfig": "training.state",
-    "fast": "machine.swap",
+# the module that defines them -> the public names
+_MODULES = {
+    "model.config": ["BertConfig"],
+    "model.model": ["BertModel", "BertOutput"],
+    "model.heads": ["BertForMaskedLM", "BertForSequenceClassification",
+                    "BertForTokenClassification", "BertForQuestionAnswering", "MaskedLMOutput",
+                    "SequenceClassifierOutput", "TokenClassifierOutput",
+                    "QuestionAnsweringModelOutput"],
+    "tasks.multitask": ["BertMultiTask"], "tasks.sentence": ["SentenceEncoder"],
+    "data.tokenizer": ["Tokenizer"], "machine.swap": ["fast"], "training.rng": ["set_seed"],
+    "training.engine": ["train"], "training.state": ["TrainConfig"],
 }
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = list(_WHERE)
 

@@ -1,10 +1,9 @@
 """Kernels: faster hand-written versions of what plain PyTorch already computes.
 
-Each kernel here was kept because a benchmark measured it (`benchmarks/bench_levers.py`
-and `bench_tied_lookup.py`; the numbers, with the machine, are in `benchmarks/RESULTS.md`,
-"Speed levers kept, each measured" and "Against transformers"). Reading BERT, you can skip
-this file: every function says which plain call it replaces, and the tests check that both
-compute the same thing.
+Each says which plain call it replaces; the tests check that both compute the same thing,
+and `benchmarks/bench_levers.py` and `bench_tied_lookup.py` measure what each buys
+(benchmarks/RESULTS.md). The model makes the plain calls; `swap.fast` puts these in.
+docs/machine-room.md, §2, §6 and §7, explains each.
 """
 
 from __future__ import annotations
@@ -19,19 +18,14 @@ from ..labels import IGNORE_INDEX
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
-    """Inverted dropout (Srivastava et al. 2014): zero each element with probability p and
-    scale the survivors by 1 / (1 - p), so the expected value is unchanged (on the CPU, p
-    as drawn: rounded to a multiple of 1/32768, nothing dropped below 1/65536).
+    """Inverted dropout (Srivastava et al. 2014), replacing `F.dropout(x, p)`: zero each
+    element with probability p and scale the survivors so the expectation is unchanged.
 
-    On the CPU, `F.dropout` draws one 32-bit random number per element through torch's
-    generator. Here one 64-bit draw serves four elements, each keeping 15 random bits (p is
-    rounded to a multiple of 1/32768, and the survivors scaled for that rate), and only the
-    boolean mask is saved for the backward pass: faster per call, forward and backward
-    (measured by benchmarks/bench_levers.py; the numbers are in benchmarks/RESULTS.md,
-    "Speed levers kept, each measured"). The numbers still come from torch's generator, so
-    `set_seed` and checkpointed RNG states reproduce them.
-    On other devices `F.dropout` is already a fused kernel and is used as it is, and so is
-    it in a graph that torch.compile traces, where it fuses too.
+    On a CPU one 64-bit draw of torch's generator serves four elements, 15 random bits each
+    (p rounded to a multiple of 1/32768, the survivors scaled for that rate; nothing dropped
+    below 1/65536), and only the boolean mask is saved for the backward pass (machine room,
+    §2.1). `set_seed` and checkpointed RNG states reproduce it. On other devices, and in a
+    traced graph, `F.dropout` is used as it is: there it is already fused.
     """
     if not training or p == 0.0:
         return x
@@ -55,22 +49,15 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
 
 
 class TiedWordGradient:
-    """One training step's gradient of the word embedding that the MLM decoder shares, built
-    on a CPU without a vocabulary-sized temporary.
+    """One forward pass's gradient of the word embedding that the MLM decoder shares, built
+    without a vocabulary-sized temporary; replaces `F.embedding(ids, weight, padding_idx)`
+    and `F.linear(h, weight, bias)` on the same weight, whose two (V, H) gradients plain
+    autograd adds, each fresh memory mapped page by page on a CPU (machine room, §2.2).
 
-    Plain autograd gives the tied matrix two gradients, the decoder's (dense, V x H) and the
-    lookup's, and adds them. Dense, the lookup's is a zero-filled V x H buffer for a few
-    hundred rows; sparse, autograd still adds it out of place, into a fresh V x H tensor
-    (94 MB for BERT-base). On a CPU each such buffer is new memory the kernel maps page by
-    page: a sizeable share of a BERT-base step where page faults are dear, little where they
-    are cheap (benchmarks/RESULTS.md, "Against transformers"). Here the decoder's backward
-    hands its dense gradient over, and the lookup's backward, which autograd always runs
-    later (the decoder's input depends on the lookup's output), adds its rows into it in
-    place with `index_add_`: the one V x H
-    tensor the step needs, and the weight's only gradient, so `.grad`, DDP's hooks and
-    accumulation see one ordinary dense gradient. Replaces `F.embedding(ids, weight,
-    padding_idx)` and `F.linear(h, weight, bias)`; the gradients are the same (tested
-    against transformers). Make one per forward pass.
+    The decoder's backward hands its dense gradient over, and the lookup's backward, which
+    autograd always runs later (the decoder's input depends on the lookup's output), adds
+    its rows into it in place with `index_add_`: `.grad`, DDP's hooks and accumulation see
+    one ordinary dense gradient. Make one per forward pass.
     """
 
     def __init__(self) -> None:
@@ -87,11 +74,8 @@ class TiedWordGradient:
 
 def tied_word_gradient(weight: Tensor) -> Optional[TiedWordGradient]:
     """The `TiedWordGradient` for one training forward of a model whose decoder is `weight`
-    (V, H), or None, which means plain autograd (`F.embedding` and `F.linear`).
-
-    Used on a CPU with gradients on: there each vocabulary-sized temporary is fresh memory
-    mapped page by page. On a GPU that traffic is cheap, and compiled graphs keep to plain
-    autograd."""
+    (V, H) on a CPU with gradients on; else None, plain autograd (on a GPU that memory
+    traffic is cheap, and compiled graphs keep to plain autograd)."""
     if weight.device.type == "cpu" and torch.is_grad_enabled() and \
             not torch.compiler.is_compiling():
         return TiedWordGradient()
@@ -104,16 +88,12 @@ PREDICTION_ROWS = 64
 
 def round_up_rows(h: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     """The sparse MLM head's N predicted rows, h (N, H) and targets (N,), padded on a CPU to
-    a multiple of `PREDICTION_ROWS` with zero rows whose targets are IGNORE_INDEX. Replaces
-    running the head on (h, targets) as they are: the loss (a mean over the real targets),
-    the real rows' logits and every gradient are the same (tests/test_heads.py).
+    a multiple of `PREDICTION_ROWS` with zero rows whose targets are IGNORE_INDEX; replaces
+    running the head on them as they are, with the same loss, real logits and gradients.
 
-    N changes from batch to batch, and with it the size of the head's largest blocks (N x V
-    logits, their fp32 copy and their gradients). On a CPU, blocks of a new size every step
-    fragment the C allocator's heap, and in bf16 each new shape adds a kernel to oneDNN's
-    cache, so a long run's resident set climbs (docs/machine-room.md); with the rows rounded
-    up a few block sizes repeat instead. Elsewhere the rows are returned as they are, and
-    in a traced graph, where N is a symbol rather than a number.
+    With N fixed to a few sizes, the head's largest blocks (N x V logits, their fp32 copy,
+    their gradients) stop fragmenting the C allocator's heap and adding oneDNN kernels
+    (machine room, §6). Elsewhere, and in a traced graph (N a symbol), they stay as they are.
     """
     eager_cpu = h.device.type == "cpu" and not torch.compiler.is_compiling()
     pad = (-targets.numel()) % PREDICTION_ROWS if eager_cpu else 0
@@ -172,14 +152,10 @@ class _TiedLookup(torch.autograd.Function):
 class TileBuffers:
     """The tile-sized buffers of one chunked-attention pass, made once and written again by
     every tile; replaces a fresh `a @ b` (and its fp32 copy) per tile in
-    `attention.chunked_attention`, with the same values (tests/test_attention.py).
-
-    A tile's scores, probabilities and their gradients are the pass's largest temporaries,
-    and a fresh (B, nh, cq, ck) tensor per tile means thousands of allocations of a few MB
-    each at long lengths. Where the C allocator hands such blocks back to the kernel (glibc,
-    by default), every one of them is mapped and zeroed again page by page, which cost more
-    than the matmuls (docs/machine-room.md); one buffer per tile shape is written in place
-    instead. At most four shapes: full tiles, and the shorter last row and column blocks.
+    `attention.chunked_attention`, with the same values (tests/test_attention.py). A fresh
+    (B, nh, cq, ck) tensor per tile is thousands of allocations at long lengths, each mapped
+    and zeroed page by page where glibc hands it back (machine room, §7). At most four
+    shapes: full tiles, and the shorter last row and column blocks.
     """
 
     def __init__(self, like: Tensor) -> None:
