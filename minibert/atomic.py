@@ -1,37 +1,14 @@
 """Files and folders written whole or not at all, as the user's own files would be.
 
-A training run writes results a user keeps (an exported model, a tokenizer, eval.json)
-and may be killed, or run out of disk, at any moment. Each writer here first puts the new
-content under a temporary name beside the target and flushes it to disk (fsync), then
-publishes it with a rename, which the file system performs in one step. After a crash the
-target holds the old content or the new, never a mix of the two and never half a file.
+Each writer puts the new content under a temporary name beside the target, flushes it to
+disk (fsync) and publishes it with a rename, which the file system performs in one step:
+after a crash the target holds the old content or the new, never a mix or half a file.
 
-* `write_files_atomically(dir, {name: text})`: small text files (a tokenizer, eval.json).
-* `atomic_file(path)`: one file written as a stream (a token file), published whole when
-  the `with` block ends.
-* `publish_file(written, path)`: a file finished elsewhere (a download resumed across
-  runs, then verified), published under its name.
-* `replace_folder(path, write)`: a whole folder (a model export), swapped in one step.
-* `publish_folder(path, write)`: a folder written once (a cache entry); the first writer wins.
-* `fsync(path)`: make a file's data or a folder's entries durable.
-
-What they write is the user's, as a file they made themselves would be:
-* Modes: the umask's. A new folder is 0o777 less the umask, a new file 0o666 less it (the
-  `tempfile` module's would be readable by their owner alone); `usual_mode` gives that mode
-  to a file another library made for its owner alone (safetensors does).
-* Temporary names: `.{name}.{pid}-{hex}.tmp`, a dot name beside the target that no reader
-  of the folder takes for data. Its writer holds an `flock` on it while it writes, and the
-  kernel drops that lock with the process, however it ends (kill -9 included): each writer
-  first removes from its folder the temporaries whose lock can be taken, those of writers
-  that are gone (`sweep`), and never a live writer's.
-* Failures: a `WriteError` (an OSError) that names what was being written, by the path the
-  caller gave, and what stopped it, never a temporary name: `write_failure` says a full
-  disk, a quota, a file-size limit, a read-only disk, a folder without write permission, a
-  symbolic link loop or a link to nothing, each with its own fix. `reported(path)` turns
-  the OSErrors of any other write (a log appended to, a lock file) into one, and
-  `WriteError.as_output` says one in a script's terms: the flag and the path the user gave.
-
-Checkpoints (`checkpoint.py`) are folders published by `replace_folder`, one per step.
+`write_files_atomically` writes small text files, `atomic_file` one file as a stream,
+`publish_file` one finished elsewhere, `replace_folder` a whole folder (an export, a
+checkpoint) and `publish_folder` a folder written once (a cache entry). The modes, the locked
+temporaries that `sweep` removes, and the `WriteError` that says what stopped a write
+(`write_failure`): docs/runs.md, "Files that are yours".
 """
 
 from __future__ import annotations
@@ -57,9 +34,7 @@ PathLike = Union[str, os.PathLike]
 
 logger = logging.getLogger(__name__)
 
-# Every temporary file and folder a writer makes beside its target. (Folders were named
-# `.{name}.tmp-{random}` by tempfile.mkdtemp before they were locked: `replace_folder`
-# removes those of its own target, as it always did.)
+# Every temporary file and folder a writer makes beside its target: `.{name}.{pid}-{hex}.tmp`.
 _TEMPORARY = re.compile(r"^\..+\.\d+-[0-9a-f]{8}\.tmp$")
 # This process's temporaries, which `sweep` leaves alone even where the lock is the
 # process's rather than the open file's (NFS emulates flock with POSIX locks).
@@ -67,9 +42,7 @@ _writing: set[str] = set()
 
 
 class WriteError(OSError):
-    """A write that failed, said in the user's terms: `target` is what was being written,
-    by the path the caller gave (never a temporary name), and the message says what stopped
-    it and the way on. `errno` is the cause's, `error` the cause itself."""
+    """A failed write of `target`, the path the caller gave; `error` is its cause."""
 
     def __init__(self, message: str, target: Optional[PathLike] = None,
                  code: Optional[int] = None, error: Optional[BaseException] = None) -> None:
@@ -82,9 +55,7 @@ class WriteError(OSError):
         return type(self), (str(self), self.target, self.errno)
 
     def as_output(self, flag: str, given: PathLike) -> Optional[WriteError]:
-        """This error as a script says it, where `target` is `given` or lies under it: the
-        flag and the path the user gave first ("--out runs/a: cannot write runs/a/final:
-        ..."); None where `target` is elsewhere."""
+        """This error led by `flag` and `given` ("--out runs/a: ..."), if `target` lies there."""
         if self.target is None or not _within(self.target, Path(given)):
             return None
         message = str(self)
@@ -103,9 +74,7 @@ def _within(path: Path, folder: Path) -> bool:
 
 @contextmanager
 def reported(target: PathLike) -> Iterator[None]:
-    """An OSError of the system inside (a folder made, a log appended to) raised as the
-    `WriteError` of writing `target`, saying what stopped it (`write_failure`); one that
-    is already words (a WriteError, an OSError of a message and no errno) passes."""
+    """An OSError inside raised as the `WriteError` of writing `target` (words pass as they are)."""
     try:
         yield
     except OSError as e:
@@ -115,8 +84,7 @@ def reported(target: PathLike) -> Iterator[None]:
 
 
 def make_folders(path: PathLike) -> None:
-    """`path` and the folders above it, made where missing (the umask decides their modes,
-    as for any folder), or a `WriteError` that says why they cannot be."""
+    """`path` and the folders above it, made where missing, or a `WriteError` saying why not."""
     with reported(path):
         Path(path).mkdir(parents=True, exist_ok=True)
 
@@ -125,20 +93,12 @@ def _failure(error: BaseException, target: PathLike, what: str,
              folder: Optional[PathLike] = None) -> WriteError:
     """The WriteError of writing `target` (`what`, in words) into `folder` (its own)."""
     folder = Path(target).parent if folder is None else folder
-    return WriteError(write_failure(error, what, folder, ""), target, _os_error(error)[0],
-                      error)
+    return WriteError(write_failure(error, what, folder, ""), target, _os_error(error)[0], error)
 
 
 def write_files_atomically(directory: PathLike, contents: Mapping[str, str]) -> None:
-    """Write `{file name: text}` into `directory` so that no file is ever half written.
-
-    Every file is first written in full under a unique temporary name in the same
-    directory and flushed to disk; only then are they renamed over the old files, in
-    the order given, and the directory itself is flushed so the renames survive a
-    power cut. A crash or a full disk before the renames leaves every old file whole;
-    put last the file whose arrival should mark the new version complete. A new file
-    has the umask's mode, as any other new file.
-    """
+    """Write `{file name: text}` into `directory`: all flushed, then renamed in the order
+    given (put last the file whose arrival marks the new version complete)."""
     directory = Path(directory)
     names = list(contents)
     target = directory / names[0] if len(names) == 1 else directory
@@ -166,13 +126,8 @@ def write_files_atomically(directory: PathLike, contents: Mapping[str, str]) -> 
 
 @contextmanager
 def atomic_file(path: PathLike, mode: str = "wb") -> Iterator[IO]:
-    """`with atomic_file(path) as f:` write `f` in as many pieces as you like; when the block
-    ends the file is flushed to disk and renamed over `path`, and if it raises, the
-    temporary file goes and `path` keeps what it held. The temporary name is unique to this
-    process, beside `path`, and a dot name, so no reader of the folder takes it for data.
-
-    A write that fails (a full disk, a read-only one, ...) is a `WriteError` naming `path`;
-    what the block raises otherwise (a text it reads that is missing) passes as it is."""
+    """`with atomic_file(path) as f:` `f` is renamed over `path` when the block ends, removed
+    if it raises. A failed write is a `WriteError`; the block's other errors pass."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -200,18 +155,14 @@ def atomic_file(path: PathLike, mode: str = "wb") -> Iterator[IO]:
 
 
 def _writes_to(error: OSError, tmp: Path) -> bool:
-    """Whether an OSError raised in an `atomic_file` block is a write of its file failing (a
-    full disk: no file name, or the temporary's), rather than something else the block did."""
+    """Whether an OSError in the block is its file's write (no file name, or the temporary's)."""
     if isinstance(error, WriteError) or error.errno is None:  # words of its own: not ours
         return False
     return error.filename is None or Path(os.fsdecode(error.filename)) == tmp
 
 
 def publish_file(written: PathLike, path: PathLike) -> None:
-    """Publish `written`, a file complete on disk (a download verified after its last
-    piece), under the name `path`: flushed, renamed over it in one step, the rename made
-    durable. For a file written across several processes, where `atomic_file` cannot hold
-    it open; `written` must sit beside `path`, on the same file system."""
+    """Publish `written`, a finished file beside `path` (written across processes), as `path`."""
     with reported(path):
         fsync(written)
         os.replace(written, path)
@@ -219,12 +170,8 @@ def publish_file(written: PathLike, path: PathLike) -> None:
 
 
 def _temporary(target: Path, folder: bool = False) -> tuple[Path, int]:
-    """A new temporary file (or folder) beside `target`, and a descriptor of it that holds
-    its lock: close it (`_release`) once the temporary is published or removed.
-
-    Made with the modes of any new file or folder, which the umask decides. The lock tells
-    `sweep` that its writer is alive; a lock that cannot be had at once is a sweep removing
-    the new name before it was locked, and a fresh name is tried."""
+    """A new temporary beside `target`, and a descriptor holding its lock (`_release` it).
+    A lock not had at once is a `sweep` removing the name first: a fresh one is tried."""
     for _ in range(100):
         tmp = target.with_name(f".{target.name[:200]}.{os.getpid()}-"
                                f"{secrets.token_hex(4)}.tmp")
@@ -251,8 +198,7 @@ def _release(tmp: Path, fd: int) -> None:
 
 
 def _lock(fd: int) -> Optional[bool]:
-    """Take the exclusive lock of `fd` without waiting: True, False (someone holds it), or
-    None where this file system or platform cannot lock it."""
+    """Lock `fd` without waiting: True, False (held elsewhere), None (no locks here)."""
     if fcntl is None:
         return None
     try:
@@ -273,17 +219,13 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def is_temporary(name: str) -> bool:
-    """Whether `name` is one of the temporary names these writers give (`sweep` governs it)."""
+    """Whether `name` is one of the temporary names these writers give."""
     return bool(_TEMPORARY.match(name))
 
 
 def sweep(folder: PathLike) -> list[Path]:
-    """Remove from `folder` the temporary files and folders of writers that are gone; return
-    them. A temporary is proven abandoned when its lock can be taken: its writer held the
-    lock from the moment it made it (`_temporary`), and the kernel let it go when that
-    process ended, on this host or, through NFS's lock manager, on another. A live writer's
-    temporary is kept, and so is one where nothing can be proven (a file system or a
-    platform that cannot lock)."""
+    """Remove from `folder` the temporaries of writers that are gone, whose lock the kernel
+    dropped with the process; return them. Where nothing locks, nothing is removed."""
     folder = Path(folder)
     try:
         names = [n for n in os.listdir(folder) if _TEMPORARY.match(n)]
@@ -319,10 +261,8 @@ def sweep(folder: PathLike) -> list[Path]:
 
 
 def usual_mode(path: PathLike) -> None:
-    """Give `path`, a file another library made readable by its owner alone (safetensors
-    does), the mode a new file gets in its folder: 0o666 less the umask. The mode is read
-    off a file made for the purpose, since reading the umask means setting it, for every
-    thread of the process at once."""
+    """Give `path` (safetensors makes it for its owner alone) a new file's mode, read off a
+    file made for it: reading the umask means setting it, for every thread at once."""
     path = Path(path)
     tmp, fd = _temporary(path)
     try:
@@ -336,17 +276,10 @@ def usual_mode(path: PathLike) -> None:
 def replace_folder(path: Path, write: Callable[[Path], None],
                    owns: Callable[[str], bool] = lambda name: False,
                    failed: Optional[Callable[[BaseException], str]] = None) -> None:
-    """Make `path` the folder that `write` fills, in one step, keeping files it does not own.
-
-    `write` fills a fresh hidden sibling; the entries of the old `path` that the writer does
-    not own (`owns(name)` is False: a tokenizer, notes) are carried over; everything is
-    flushed to disk; then the old folder steps aside and the new one takes its name, two
-    renames, as most checkpointing does. A crash at any moment leaves the complete old export
-    or the complete new one, never new weights beside an old config: between the two renames
-    the old one waits under a hidden name, and the next save puts it back first. A write
-    that fails is a `WriteError` naming `path` and saying what stopped it: `failed(error)`'s
-    words where given, else `write_failure`'s and that the old folder is intact.
-    """
+    """Make `path` the folder that `write` fills, keeping the old entries with `owns(name)`
+    False (a tokenizer, notes). After an fsync two renames swap it in: the old folder steps
+    aside under a hidden name (put back by the next save, if this one dies between them).
+    A failed write is a `WriteError`, in `failed(error)`'s words where given."""
     given = Path(path).expanduser()
     # Through a link: replace the folder it points to. (Path.resolve would raise a
     # RuntimeError on a link loop; the loop is named when the folder cannot be made.)
@@ -358,8 +291,8 @@ def replace_folder(path: Path, write: Callable[[Path], None],
                          f"the save replaces; save into a subfolder such as {given / 'model'}")
     new = fd = old = None
     try:
-        # The folders above as the user named them, as `mkdir -p` makes them: never through
-        # a link to nothing (an unmounted disk's folder), which the resolved path would follow.
+        # The folders above as the user named them: never through a link to nothing (an
+        # unmounted disk's folder), which the resolved path would follow.
         given.parent.mkdir(parents=True, exist_ok=True)
         path = Path(os.path.realpath(given))
         if not path.exists():  # a save killed between the two renames below: put the old one back
@@ -374,14 +307,11 @@ def replace_folder(path: Path, write: Callable[[Path], None],
             _carry_over(path, new, owns)
         _fsync_tree(new)
         if path.exists():
-            # The old folder steps aside first (os.rename cannot replace a folder that
-            # holds files): for a moment `path` is absent, never a mix, and the old export
-            # is complete under `old`, which the next save puts back if this one dies here.
+            # os.rename cannot replace a folder that holds files: for a moment `path` is
+            # absent, never a mix, and the old export is whole under `old`.
             old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
             os.rename(path, old)
-            os.rename(new, path)
-        else:
-            os.rename(new, path)
+        os.rename(new, path)
         fsync(path.parent)
     except BaseException as e:
         if old is not None and not path.exists():
@@ -399,8 +329,7 @@ def replace_folder(path: Path, write: Callable[[Path], None],
     finally:
         if fd is not None:
             _release(new, fd)
-    # Done: drop the previous export, and what saves killed between two renames (or by an
-    # older minibert, mid-save) left.
+    # Done: drop the previous export, and what killed saves (and older minibert's) left.
     for p in path.parent.iterdir():
         if p.name.startswith((f".{path.name}.old-", f".{path.name}.tmp-")) or p == new:
             shutil.rmtree(p, ignore_errors=True)
@@ -416,11 +345,7 @@ def _safetensors_error() -> tuple[type, ...]:
 
 
 def publish_folder(path: Path, write: Callable[[Path], None]) -> bool:
-    """Make `path` the folder that `write` fills, unless it is there already: a cache entry,
-    whose name fixes its content, so the first process to publish it wins and the others
-    keep its copy. `write` fills a hidden sibling, which is flushed to disk and renamed into
-    place; readers see the whole entry or none. Returns False where another process
-    published `path` first; a write that fails is a `WriteError` naming `path`."""
+    """Make `path` the folder that `write` fills, unless another process did first: False."""
     new = fd = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -445,10 +370,7 @@ def publish_folder(path: Path, write: Callable[[Path], None]) -> bool:
 
 
 def _carry_over(old: Path, new: Path, owns: Callable[[str], bool]) -> None:
-    """Bring the entries of `old` the writer does not own into `new`, unless `new` has them.
-
-    Hard links make this instant and free of space; where the file system has none, copies.
-    """
+    """Hard-link (else copy) into `new` the entries of `old` not owned and not in `new`."""
     for entry in old.iterdir():
         target = new / entry.name
         if owns(entry.name) or target.exists():
@@ -496,16 +418,14 @@ def free_mb(path: PathLike) -> float:
         return float("nan")
 
 
-# What stops a write that no check before it could foresee: a full disk, a used-up quota,
-# the process's file-size limit (`ulimit -f`).
+# What stops a write that no check could foresee: a full disk, a quota, a file-size limit.
 NO_ROOM = frozenset({errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
 
 @contextmanager
 def writing(what: Any) -> Iterator[None]:
-    """`with writing(path):` name `path` (its str()) as what an OSError raised inside was
-    writing, for the line that says a run could not write (`could_not_write`): a write that
-    fails in a file object's `write` names no file. The innermost `writing` names it."""
+    """`with writing(path):` an OSError inside records `path` as what it was writing (a failed
+    `write` names no file), for `could_not_write`; the innermost `writing` wins."""
     try:
         yield
     except OSError as error:
@@ -515,26 +435,15 @@ def writing(what: Any) -> Iterator[None]:
 
 
 def could_not_write(error: BaseException) -> bool:
-    """Whether `error` is a failed write of a run: one that `writing` names, or one that a
-    full disk, a quota or a file-size limit stopped (its errno found however deep in its
-    chain: torch.save says "unexpected pos" over the OSError, safetensors "os error 28")."""
+    """Whether `error` is a failed write: named by `writing`, or NO_ROOM deep in its chain."""
     return getattr(error, "writing", None) is not None or _os_error(error)[0] in NO_ROOM
 
 
 def write_failure(error: BaseException, what: str, folder: PathLike, then: str,
                   freeing: str = "some space") -> str:
-    """"cannot write WHAT: the problem; what to do, and THEN": the message of a write into
-    `folder` that failed with `error`. The one place where a failed write is put in words.
-
-    The cause decides the fix, so it is named, with the path at fault as the user knows it:
-    never a temporary name, but the folder it was made in. EFBIG is this process's
-    file-size limit (`ulimit -f`), which no free space lifts; EDQUOT is the user's quota on
-    a disk that may have room; ENOSPC is a full disk, with the space left; EROFS a
-    read-only disk; EACCES and EPERM a folder (or file) this user may not write; a symbolic
-    link loop, a link to nothing or a file where a folder should be are named by the path
-    that is one. An error that carries no number (torch's "unexpected pos" from a writer
-    given a path) is taken for a full disk, the usual cause.
-    """
+    """"cannot write WHAT: the problem; what to do, and THEN": the one place a write into
+    `folder` that failed with `error` is put in words, the cause deciding the fix. No errno
+    (torch's "unexpected pos") is taken for a full disk, the usual cause."""
     code, filename, said = _os_error(error)
     folder = Path(folder)
     where = _place(filename, folder)
@@ -572,10 +481,8 @@ def _cause(error: BaseException) -> BaseException:
 
 
 def _os_error(error: BaseException) -> tuple[Optional[int], Optional[str], str]:
-    """(errno, the path it names, a line saying it) of what stopped a write. torch.save
-    reports a failed write as "unexpected pos", with the OSError of the file object's write
-    as its context; safetensors says "os error 27" (or "code: 27") inside its message; a
-    `WriteError` of a writer within the write holds its cause."""
+    """(errno, its path, a line saying it) of what stopped a write: the chain's OSError, else
+    the number in safetensors' "os error 27" (or "code: 27")."""
     seen: Optional[BaseException] = _cause(error)
     for _ in range(8):  # the chain is short; the bound guards against a cycle
         if seen is None:
@@ -590,8 +497,7 @@ def _os_error(error: BaseException) -> tuple[Optional[int], Optional[str], str]:
 
 
 def _place(filename: Optional[str], folder: Path) -> Path:
-    """The path a failed write is about, as the user knows it: a temporary (or what is in
-    one) is its folder; a path not made is the nearest folder above it that is there."""
+    """The path a failed write is about, as the user knows it (a temporary's folder)."""
     if filename is None:
         return _existing(folder)
     path = Path(filename)
@@ -608,9 +514,8 @@ def _existing(path: Path) -> Path:
 
 
 def _on_the_way(filename: str, code: int) -> tuple[Optional[str], Optional[str]]:
-    """(problem, fix) where the path to `filename` goes through a symbolic link loop, a link
-    to nothing, or a file where a folder should be (`filename` itself, for EEXIST: a folder
-    that could not be made); (None, None) where it does not."""
+    """(problem, fix) where the way to `filename` meets a link loop, a link to nothing or a
+    file (`filename` itself, for EEXIST); else (None, None)."""
     path = Path(filename)
     for i, part in enumerate(path.parts):
         if _TEMPORARY.match(part):  # a writer's own: its folder is what the user knows
@@ -647,11 +552,8 @@ def _file_size_limit() -> Optional[int]:
 
 
 def error_gist(error: BaseException) -> str:
-    """The informative line of an error, for a one-line message (at most 300 characters).
-
-    Its first non-empty line, except for torch.load's, whose first lines advise
-    weights_only=False (which would run code from the file): there, the line that names
-    what the file holds."""
+    """An error's informative line, at most 300 characters: its first, but past torch.load's
+    advice to load with weights_only=False (which would run code from the file)."""
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
     for ln in lines:
         if ln.startswith(("Unsupported", "WeightsUnpickler error: Unsupported", "size mismatch")):

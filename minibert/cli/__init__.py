@@ -4,44 +4,13 @@
     pretrain.py  the masked-LM jobs' flags, checks and data (pretrain_wikitext.py, distill.py)
     finetune.py  the fine-tuning scripts' flags, model, settings and evaluation
 
-The scripts' layer sits on top: it may import every other package, and none imports it.
+The scripts' layer sits on top: it may import every other package, and none imports it. It
+logs the scripts' one-line errors to stderr and says the settings' fields as flag names.
 
-A script's life is one `with cli.Script(args) as script:` block, and it checks, then
-writes. `script.start()` sets up the devices and logging; the script then checks its flags
-and reads every input it can, writing nothing. `script.claim(runs)` checks --out, given
-the training runs the script will start (`resume.RunPlan`): whether it can take a fresh
-start or holds a run to resume (`rundir.RunFolder.check`), and with --resume, whether each
-run's checkpoint continues that very run (`resume.check_resume`: the model's class and
-config, the settings, the data). A --resume of a run that is finished
-(`rundir.run_finished`) ends there, with one line and exit status 0, writing nothing. Only
-then does the script write, inside the run folder held by its lock (`rundir.open_run`); a
-start that ends before it has trained leaves the folder as it found it. How it ends is
-said by the exit status (`script.status`), so that `cmd && next` never goes on after a run
-that did not finish well:
-
-    0          the run finished; its outputs are written
-    1          the run started and could not finish well: it diverged (steps kept being
-               skipped, or the final evaluation is not finite) or ran out of memory; no
-               final/ is written, the checkpoints are kept
-    2          bad input (a flag, a file, a checkpoint, a missing package), refused with
-               one line on stderr, before --out is touched
-    3          could not write: a full disk, a quota or a file-size limit stopped a write
-               after the run had written to --out; the line names what is left and how to
-               go on (--resume from the newest intact checkpoint; without one, the start
-               takes back what it wrote, and the same command works once the write can)
-    128 + N    stopped by signal N (130 for SIGINT, 143 for SIGTERM), said in one line on
-               stderr: during training, after saving a checkpoint (the same command with
-               --resume continues it); before the first step, with --out as the start
-               found it (the line says what is left otherwise)
-
-Signals are this module's from the script's first line: each script holds SIGINT and
-SIGTERM back (`signal.pthread_sigmask`) while Python imports torch, and `Script` takes them
-over. Outside the training loop (whose `StopFlag` ends the step in progress and saves
-it) a signal stops the script where it is, as Ctrl-C does any Python program, but with one
-line rather than a traceback.
-
-This module is the scripts' layer: it logs their one-line errors to stderr (the library
-below it only logs), and translates the settings' field names into flag names.
+A script's life is one `with cli.Script(args) as script:` block that checks, then writes,
+and ends in an exit status (docs/runs.md, "Checked before anything is written" and "Exit
+statuses"): 0 finished; 1 diverged or out of memory; 2 bad input, refused before --out is
+touched; 3 could not write; 128 + N stopped by signal N, in one line, not a traceback.
 """
 
 from __future__ import annotations
@@ -112,17 +81,12 @@ class _DefaultsHelp(argparse.HelpFormatter):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser with the defaults shown in --help, and one fix: a negative number
-    after a flag is that flag's value.
-
-    argparse reads `--lr -1e-4` as two flags (`-1e-4` does not look like a number to it,
-    while `-0.5` does) and says only "expected one argument". Joined into `--lr=-1e-4`, the
-    value reaches the flag's own check, which says what the flag allows.
-    """
+    """argparse's parser with the defaults in --help, and a negative number after a flag
+    taken as its value: argparse reads `--lr -1e-4` as two flags and says only "expected one
+    argument"; joined into `--lr=-1e-4`, the value reaches the flag's own check."""
 
     def __init__(self, description: str) -> None:
-        super().__init__(description=description,
-                         formatter_class=_DefaultsHelp)
+        super().__init__(description=description, formatter_class=_DefaultsHelp)
 
     def parse_args(self, args: Optional[Sequence[str]] = None, namespace=None):
         argv = list(sys.argv[1:] if args is None else args)
@@ -144,28 +108,20 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def _negative_number(text: str) -> bool:
-    if not text.startswith("-"):
-        return False
     try:
         float(text)
     except ValueError:
         return False
-    return True
+    return text.startswith("-")
 
 
 # ---- the shared flags ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Job:
-    """A kind of run's defaults, which its flags take: the training settings (`train`) and
-    the model and data defaults beside them. `pretrain.MAIN_JOB` and `finetune.FINETUNE` are
-    the library's; a script starts from one, and `flag_specs` reads every default from it.
-
-    The kinds differ where their runs do. A fine-tuning run is measured in `epochs`: its
-    step count is known only once the data is read, so its warmup is a share of the schedule
-    (--warmup-ratio) and --max-steps is optional; a pretraining run (`epochs` None) is
-    measured in steps (--warmup-steps, --max-steps). `lr_init_from`, when set, is --lr's
-    default with --init-from (`train.lr` stays the one from random weights)."""
+    """A kind of run's defaults, which `flag_specs` gives its flags (`pretrain.MAIN_JOB`,
+    `finetune.FINETUNE`). A run in `epochs` warms up by a share (--warmup-ratio), one in
+    steps (`epochs` None) by a count. `lr_init_from`: --lr's default with --init-from."""
 
     train: TrainConfig
     preset: str = "mini"
@@ -175,8 +131,7 @@ class Job:
     dropout: Optional[float] = None
     epochs: Optional[int] = None
     lr_init_from: Optional[float] = None
-    # --keep-freed-memory unset: None keeps freed memory on a CPU (apply_keep_freed_memory),
-    # False leaves the allocator alone
+    # --keep-freed-memory's default (apply_keep_freed_memory)
     keep_freed_memory: Optional[bool] = None
 
     def learning_rate(self, lr: Optional[float], init_from: Any) -> float:
@@ -219,10 +174,8 @@ PLAIN_FLAGS: dict[str, dict] = {
 
 def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
                epoch: str = "passes over the training data") -> dict[str, dict]:
-    """Every shared flag, declared here once: its option string and its `add_argument`
-    arguments, the default taken from `job` (the field the flag fills). The script's own
-    words: `unit`, what a batch holds (sequences, examples, windows); `out`, the default
-    --out; `epoch`, what --epochs counts."""
+    """Every shared flag, declared once: option string -> `add_argument` arguments, defaults
+    from `job`. `unit`: what a batch holds; `out`: the default --out; `epoch`: --epochs'."""
     t, by_epochs = job.train, job.epochs is not None
     scratch_dropout = ("the preset's" if job.dropout is None else
                        f"{job.dropout:g} (as in Cramming and ModernBERT: in a short "
@@ -306,9 +259,7 @@ def _number(x: float) -> str:
 
 
 def add_flags(group: Any, job: Optional[Job], names: Sequence[str], **wording: str) -> None:
-    """Add the shared flags `names` (of `flag_specs`) to `group`, in that order, with their
-    defaults from `job`; `wording`: `flag_specs`'s unit, out and epoch. Without a job (a
-    script that does not train), only the `PLAIN_FLAGS`."""
+    """Add `flag_specs(job, **wording)`'s `names` to `group` (without a job, `PLAIN_FLAGS`)."""
     specs = flag_specs(job, **wording) if job is not None else PLAIN_FLAGS
     for name in names:
         group.add_argument(name, **specs[name])
@@ -320,11 +271,8 @@ SEQ_LEN_FLAG = {"seq_len": "--seq-len"}  # for BertConfig.check_fits, in_flag_na
 
 
 def in_flag_names(make: Callable[[], T], flags: Mapping[str, str]) -> T:
-    """`make()` (e.g. a TrainConfig), with a ValueError's field names said as the flags that
-    set them: "TrainConfig.batch_size=0 must be ..." becomes "--batch-size 0 must be ...".
-
-    The settings validate themselves (config.py, state.py); a script does not check the
-    same rules again, it only says them in its own words. `flags` maps field -> flag."""
+    """`make()` (e.g. a TrainConfig), with a ValueError's fields said as their `flags`:
+    "TrainConfig.batch_size=0 must be ..." becomes "--batch-size 0 must be ..."."""
     try:
         return make()
     except ValueError as e:
@@ -338,23 +286,20 @@ def in_flag_names(make: Callable[[], T], flags: Mapping[str, str]) -> T:
 
 
 def model_source(args: Any) -> str:
-    """The flag that chose the model, as the user gave it: `--init-from DIR`, or
-    `--preset NAME` (for `BertConfig.check_fits`'s `what`, which names the model)."""
+    """The flag that chose the model, as given: `--init-from DIR` or `--preset NAME`."""
     return f"--init-from {args.init_from}" if args.init_from else f"--preset {args.preset}"
 
 
 def model_flag_names(model: str, flags: Mapping[str, str] = {}) -> dict[str, str]:
-    """What a refused resume calls the model's config fields (`model FIELD`, in
-    `state.SettingsMismatch`): the flag that sets the field (`flags`, field -> flag), else
-    the field as one of those the flag `model` chose (`num_layers of --preset`)."""
+    """What a refused resume calls `model FIELD` (`state.SettingsMismatch`): its flag in
+    `flags`, else the field of what the flag `model` chose (`num_layers of --preset`)."""
     return {f"model {f.name}": flags.get(f.name, f"{f.name} of {model}")
             for f in dataclasses.fields(BertConfig)}
 
 
 def check_numbers(args: Any, rules: Sequence[tuple[str, Callable[[float], bool], str]]) -> None:
-    """Refuse the first numeric flag outside its range, in the flag's own name. `rules`:
-    (attribute, test, what is allowed); a flag left unset (None) is not checked. Infinity
-    and NaN are refused for every flag named."""
+    """Refuse the first numeric flag outside its range, or infinite or NaN, in the flag's
+    name. `rules`: (attribute, test, what is allowed); an unset flag (None) passes."""
     for name, ok, allowed in rules:
         value = getattr(args, name, None)
         if value is not None and not (math.isfinite(value) and ok(value)):
@@ -362,8 +307,7 @@ def check_numbers(args: Any, rules: Sequence[tuple[str, Callable[[float], bool],
 
 
 def finite_flags(args: Any, names: Sequence[str]) -> None:
-    """Refuse an infinite or NaN value of the float flags `names` (the settings' own checks
-    let `inf` through where it is a valid number but never a meant one, e.g. a rate)."""
+    """Refuse an infinite or NaN value of the float flags `names` (valid, but never meant)."""
     check_numbers(args, [(name, lambda v: True, "a finite number") for name in names])
 
 
@@ -371,8 +315,7 @@ def finite_flags(args: Any, names: Sequence[str]) -> None:
 
 class Script:
     """A script's life as one `with` block: signals stop it in one line, --out is held by
-    its lock while the run writes, and the block's outcome becomes the exit status (the
-    module docstring's table), kept in `status` for `main` to return.
+    its lock while the run writes, and the outcome is the exit status, kept in `status`.
 
         with cli.Script(args, flags) as script:
             ctx = script.start()           # devices, logging; --out not a file
@@ -382,8 +325,7 @@ class Script:
             ...                            # train and write the outputs
         return script.status
 
-    `args.device`, `args.out` and `args.resume` are read here. `flags` (TrainConfig field
-    -> flag) names the settings a refused resume differs in as the script's flags."""
+    `flags` (TrainConfig field -> flag) names the settings a refused resume differs in."""
 
     def __init__(self, args: Any, flags: Mapping[str, str] = {}) -> None:
         self.args, self.flags = args, flags
@@ -398,8 +340,7 @@ class Script:
         return self
 
     def start(self) -> DistContext:
-        """The process's devices and logging, before anything is read: a signal held back
-        while torch loaded stops the script here."""
+        """The devices and logging; a signal held back while torch loaded stops it here."""
         self._signals.let_through()
         # Before anything multiplies a bf16 matrix: oneDNN reads its bound once, at its first.
         memory.limit_kernel_cache()
@@ -413,12 +354,8 @@ class Script:
         return self.ctx
 
     def claim(self, runs: Sequence[Any]) -> bool:
-        """Check --out and take it for the run: whether it can take a fresh start or holds
-        a run to resume (`rundir.RunFolder.check`), and with --resume whether each run's
-        checkpoint continues that very run (`resume.check_resume`, every rank). `runs`:
-        the `resume.RunPlan` of each training run the script will start. False for a
-        --resume of a finished run, said in one line, nothing written; True once the folder
-        is held by its lock, for the first write to --out."""
+        """Check --out and each run's checkpoint against its `resume.RunPlan`, then hold --out
+        by its lock: True; False for a --resume of a finished run (nothing written)."""
         args, ctx = self.args, self.ctx
         self._folder = open_run(args.out, args.resume, main=ctx.is_main)
         self._folder.check()  # what --out holds (the rank that writes it)
@@ -455,8 +392,7 @@ class Script:
 
 
 def script_outputs(args: Any) -> dict[str, Path]:
-    """Where a script's run writes, by the flag that chose it: --out, and the cache (the
-    token files, a trained tokenizer, a download), by --cache-dir or its default."""
+    """Where a script's run writes, by the flag that chose it: --out and the cache."""
     cache = getattr(args, "cache_dir", None)
     if cache:
         return {"--out": Path(args.out), "--cache-dir": Path(cache).expanduser()}
@@ -464,9 +400,7 @@ def script_outputs(args: Any) -> dict[str, Path]:
 
 
 def name_outputs(error: BaseException, outputs: Mapping[str, Path]) -> BaseException:
-    """`error` in the script's terms: a write that failed (`atomic.WriteError`) in one of
-    `outputs` (flag -> the path given) starts with that flag and path, as the user typed
-    them ("--out runs/a: cannot write runs/a/final: ..."); any other error is as it was."""
+    """`error`, a `WriteError` in one of `outputs` (flag -> path), led by that flag and path."""
     if isinstance(error, WriteError):
         for flag, path in outputs.items():
             if (named := error.as_output(flag, path)) is not None:
@@ -476,9 +410,7 @@ def name_outputs(error: BaseException, outputs: Mapping[str, Path]) -> BaseExcep
 
 def _finished(out: Path, folder: RunFolder, steps: list[tuple[Optional[int], int]],
               ctx: DistContext) -> bool:
-    """Whether --resume found the run finished (`RunFolder.finished`, rank 0's word for
-    every rank): said in one line, and nothing is written. Rewriting its outputs would only
-    put a second evaluation's times over the run's."""
+    """Whether --resume found the run finished (rank 0's word): said, and nothing written."""
     finished = all_gather_objects(folder.finished(steps), ctx)[0]
     if finished and ctx.is_main:
         _said.info("--resume: the run in %s is complete, at step %d, where it stops, with its "
@@ -490,16 +422,11 @@ def _finished(out: Path, folder: RunFolder, steps: list[tuple[Optional[int], int
 def exit_status(error: BaseException, received: Optional[int], flags: Mapping[str, str] = {},
                 left: Callable[[], str] = lambda: "",
                 unwritten: Callable[[BaseException], Optional[str]] = lambda e: None) -> int:
-    """How a script that raised `error` ends: its one line on stderr and its exit status
-    (the module docstring's table). A signal (`received`, or a KeyboardInterrupt) stops it
-    whatever the exception it surfaced as; `left()` says what the stop left behind.
-    `unwritten(error)` is the line of a run that could not write, None for any other. An
-    exception that is neither a stop nor bad input nor a failed run is raised again: a
-    bug, whose traceback is wanted."""
+    """How a script that raised `error` ends: one line on stderr and its exit status. A
+    signal (`received`) stops it whatever it surfaced as; a bug is raised again."""
     if isinstance(error, Stopped):
         _errors.warning("stopped by %s at step %d, its checkpoint saved: continue with the "
-                        "same command plus --resume", signal.Signals(error.signal).name,
-                        error.step)
+                        "same command plus --resume", signal.Signals(error.signal).name, error.step)
         return 128 + error.signal
     if received is not None or isinstance(error, (Interrupted, KeyboardInterrupt)):
         signum = received or getattr(error, "signal", signal.SIGINT)
@@ -518,12 +445,8 @@ def exit_status(error: BaseException, received: Optional[int], flags: Mapping[st
 
 def _could_not_write(error: BaseException, out: Path, folder: Optional[RunFolder]
                      ) -> Optional[str]:
-    """The line of a run that could not write into --out once it held it (None for any
-    other error, or another rank's): what stopped which write, what to do about it (the
-    cause's own fix: a file-size limit is not a full disk), what the start left in --out
-    and the way on from there. A file-size limit reaches this as EFBIG, not as a kill:
-    Python ignores SIGXFSZ from its start (its default action would end the process
-    mid-write, with no line at all)."""
+    """The line of a run that could not write into --out once it held it (else None): what
+    stopped which write, its fix, the way on. (Python ignores SIGXFSZ: a limit is EFBIG.)"""
     if folder is None or folder.trained is None or not (
             could_not_write(error) or isinstance(error, WriteError)):
         return None
@@ -537,9 +460,7 @@ def _could_not_write(error: BaseException, out: Path, folder: Optional[RunFolder
 
 
 def _what_stopped(error: BaseException) -> BaseException:
-    """The error behind a failed write: the OSError with an errno in `error`'s chain (under
-    the line a writer made of it, or torch.save's "unexpected pos"), else the deepest one
-    (safetensors' error, which names the os error in its message)."""
+    """The OSError with an errno in `error`'s chain, else the deepest (safetensors')."""
     for _ in range(8):  # the chain is short; the bound guards against a cycle
         if isinstance(error, OSError) and error.errno is not None:
             break
@@ -583,8 +504,7 @@ def _left(out: Path, folder: Optional[RunFolder]) -> str:
 
 
 class _LiveHandler(logging.StreamHandler):
-    """Writes to `sys.stderr` (or `sys.stdout`) as it is at each record (a redirected or
-    captured stream)."""
+    """Writes to `sys.stderr` (or `sys.stdout`) as it is at each record (redirected, captured)."""
 
     def __init__(self, name: str = "stderr") -> None:
         self._which = name
@@ -611,8 +531,7 @@ _said.propagate = False
 
 
 def failed(error: Exception) -> int:
-    """Say `error` as one line on stderr ("error: ..."); its exit status: 1 for a run that
-    could not go on (TrainingError), 2 for bad input."""
+    """Say `error` in one line on stderr; exit status 1 for a TrainingError, 2 for bad input."""
     _errors.error("error: %s", " ".join(str(error).split()))
     return 1 if isinstance(error, TrainingError) else 2
 
@@ -620,15 +539,9 @@ def failed(error: Exception) -> int:
 def finished(result: Mapping[str, Any], ctx: DistContext, lr: float,
              model: Optional[nn.Module] = None, out: Optional[Path] = None,
              what: str = "the run") -> bool:
-    """After `engine.train`: True on rank 0 of a run whose outputs may be written.
-
-    A run stopped by a signal raises `Stopped` (its checkpoint is saved; the script exits
-    128 + the signal). A run that diverged raises `TrainingError`, since its outputs would
-    look like a model and compute garbage or NaN: its final evaluation loss (`eval_loss`,
-    or a task's `NAME/eval_loss`) is not finite, or its weights are not, or its last
-    training step's loss was not (read from `out`/metrics.jsonl: in eval mode, without
-    dropout, a diverged model may still give a finite, if huge, loss). `lr` is named in the
-    message, since a rate too high is the usual cause; `what` names the run."""
+    """After `engine.train`: True on rank 0 of a run whose outputs may be written. Raises
+    `Stopped` for a signal, and `TrainingError` (naming `lr`) where a final eval loss, the
+    weights or the last training loss in `out`/metrics.jsonl is not finite."""
     if result["interrupted"]:  # Script says so, in one line on stderr
         raise Stopped(result["stop_signal"], result["steps"])
     bad = [f"the final {k} is {v}" for k, v in result.items()
@@ -651,10 +564,7 @@ def finished(result: Mapping[str, Any], ctx: DistContext, lr: float,
 
 
 def apply_keep_freed_memory(asked: Optional[bool], ctx: DistContext) -> None:
-    """--keep-freed-memory: True asks for it, False leaves the allocator alone, None (the
-    main job's default) keeps freed memory when training on a CPU. Called just before
-    training, so that preparing the data, which frees large blocks once rather than every
-    step, still hands its memory back (memory.keep_freed_memory says why it pays)."""
+    """--keep-freed-memory (None: on a CPU), just before training (memory.keep_freed_memory)."""
     if asked is False or (asked is None and ctx.device.type != "cpu"):
         return
     if not memory.keep_freed_memory() and asked:

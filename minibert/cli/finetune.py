@@ -1,14 +1,8 @@
 """The fine-tuning scripts' shared wiring: flags and their checks, the tokenizer, the model,
 the training settings, the labels file and the evaluation of a labelled task.
 
-examples/finetune_classification.py, finetune_token_classification.py, finetune_qa.py and
-finetune_multitask.py are built from these pieces and `cli.Script`; each keeps what is
-its own: its data flags, what --resume compares, and its outputs. Everything a script can
-check is checked before --out is touched: the flags (`check_args`), the files, the
-tokenizer against the model (`build_model`), the encoded data (`train_config`), a resumed
-run's labels (`check_labels`) and its checkpoint (`cli.Script.claim`, from the script's
-`RunPlan`). The errors are the scripts' one-line messages (a ValueError ends a run with
-exit status 2).
+The four examples/finetune_*.py scripts are these pieces and `cli.Script`, with their own
+data flags and outputs. Every check runs before --out is touched (a ValueError: exit 2).
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import tokenizers
 import torch.nn as nn
 
-from ..atomic import write_files_atomically
+from ..atomic import write_files_atomically, writing
 from . import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names,
                   model_flag_names, model_source)
 from ..model.config import ALL_PRESETS, BertConfig
@@ -36,39 +30,29 @@ from ..paths import check_readable
 from ..machine.precision import resolve_precision
 from ..tasks.predict import Predictions
 from ..interop.pretrained import PretrainedMixin, check_tokenizer_fits
-from ..atomic import writing
 from ..training.state import TrainConfig
 from ..data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-# Fine-tuning's defaults, those of the four fine-tuning scripts' flags: BERT's recipe (a few
-# epochs, a short linear warmup, 5e-5 from a checkpoint); from random weights the model
-# learns faster with a higher rate. Each evaluation and checkpoint falls at an epoch's end
-# (`train_config`).
-FINETUNE = Job(train=TrainConfig(batch_size=32, lr=5e-4, min_lr=0.0, warmup=0.1,
-                                 weight_decay=0.01),
+# The fine-tuning scripts' defaults: BERT's recipe (a few epochs, a short linear warmup,
+# 5e-5 from a checkpoint); from random weights the model learns faster with a higher rate.
+FINETUNE = Job(train=TrainConfig(batch_size=32, lr=5e-4, min_lr=0.0, warmup=0.1, weight_decay=0.01),
                preset="mini", vocab_size=8192, seq_len=128, dropout=None, epochs=3,
                lr_init_from=5e-5, keep_freed_memory=False)
 
-# TrainConfig's fields as the flags that set them, for its messages.
-FLAGS = FINETUNE.flags()
+FLAGS = FINETUNE.flags()  # TrainConfig's fields as their flags
 
 
 def flag_names(args: Any) -> dict[str, str]:
-    """What a refused resume calls the settings: FLAGS, and the model's fields as --dropout
-    or as those of --init-from or --preset, whichever chose the model."""
+    """What a refused resume calls the settings: FLAGS, and the model's as its flags."""
     return {**FLAGS, **model_flag_names("--init-from" if args.init_from else "--preset", {
         "hidden_dropout": "--dropout", "attention_dropout": "--dropout"})}
 
 
-# ---- flags -----------------------------------------------------------------------------------
-
 def add_args(p: argparse.ArgumentParser, *, out: str, unit: str = "examples",
              job: Job = FINETUNE, epoch: str = "passes over the training data") -> None:
-    """The model, training and output flags of every fine-tuning script, with `job`'s
-    defaults. `unit` is what a batch holds (examples, windows); `out` the default --out;
-    `epoch` what --epochs counts."""
+    """The model, training and output flags of every fine-tuning script (`cli.flag_specs`)."""
     m = p.add_argument_group("model")
     add_flags(m, job, ["--init-from", "--preset", "--vocab-size", "--cache-dir", "--dropout",
                        "--allow-vocab-mismatch", "--gradient-checkpointing"])
@@ -87,9 +71,8 @@ def learning_rate(args: Any, job: Job = FINETUNE) -> float:
 
 
 def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> TrainConfig:
-    """The mistakes in the shared flags worth one clear line, before any work is done, and
-    the training settings as far as the flags fix them (`train_config` adds the epochs).
-    `positive` names the script's own flags that must be at least 1 too."""
+    """The mistakes in the shared flags worth one clear line, before any work; the settings
+    (`epoch_config` adds the epochs). `positive`: the script's flags that must be >= 1."""
     for flag in ("train", "eval"):  # each path there to read, or said why not
         if getattr(args, flag, None) is not None:
             check_readable(getattr(args, flag), f"--{flag}")
@@ -118,8 +101,7 @@ def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> Tra
 
 
 def train_config(args: Any, steps_per_epoch: int) -> TrainConfig:
-    """The flags as the engine's settings: an evaluation and a checkpoint every epoch of
-    `steps_per_epoch` steps; TrainConfig's own checks, said in flag names."""
+    """The flags as the engine's settings, evaluating and saving every `steps_per_epoch`."""
     return in_flag_names(lambda: replace(
         FINETUNE.train, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
         max_steps=args.max_steps if args.max_steps is not None else
@@ -131,8 +113,8 @@ def train_config(args: Any, steps_per_epoch: int) -> TrainConfig:
 
 
 def check_columns(args: Any) -> None:
-    """--text-column, --text-pair-column and --label-column name three different columns:
-    a label column also read as text would hand the model its answer."""
+    """--text-column, --text-pair-column and --label-column name three different columns (a
+    label column read as text would hand the model its answer)."""
     seen: dict[str, str] = {}  # column -> the flag that named it
     for name in ("text_column", "text_pair_column", "label_column"):
         column, flag = getattr(args, name, None), f"--{name.replace('_', '-')}"
@@ -144,9 +126,7 @@ def check_columns(args: Any) -> None:
 
 
 def epoch_config(args: Any, ctx: DistContext, n_train: int, what: str) -> TrainConfig:
-    """The training settings once the training set is encoded: an epoch is
-    `batches_per_epoch` steps. `what` names the training data in the message that refuses
-    fewer examples than one batch (e.g. "train.tsv gives 12 training examples")."""
+    """The settings once the training set is encoded; `what` names it, if short of a batch."""
     if n_train < args.batch_size:
         raise ValueError(f"{what}, fewer than one batch; lower --batch-size to {n_train} or "
                          f"less")
@@ -158,13 +138,9 @@ def eval_batch_size(args: Any, ctx: DistContext) -> int:
     return args.micro_batch_size or args.batch_size // ctx.world_size
 
 
-# ---- tokenizer and model ---------------------------------------------------------------------
-
 def prepare_tokenizer(args: Any, ctx: DistContext, texts: Iterable[str]) -> Tokenizer:
-    """The run's tokenizer, in memory: a resumed run's own (--out/tokenizer), else
-    --init-from's, else a new one of --vocab-size trained on `texts`. Rank 0 makes it and
-    every rank gets rank 0's (and its error, if it fails), so all ranks encode alike.
-    `save_tokenizer` writes it into --out once the run holds the folder."""
+    """The run's tokenizer: a resumed run's own, else --init-from's, else one trained on
+    `texts`. Every rank gets rank 0's (or its error), so all ranks encode alike."""
     made, error = None, None
     if ctx.is_main:
         kept = args.out / "tokenizer"
@@ -191,21 +167,16 @@ def prepare_tokenizer(args: Any, ctx: DistContext, texts: Iterable[str]) -> Toke
 
 
 def save_tokenizer(args: Any, ctx: DistContext, tok: Tokenizer) -> None:
-    """Rank 0 writes the run's tokenizer to --out/tokenizer; a resumed run's is kept as it
-    is (compared with the checkpoint's by the engine), never written again."""
+    """Rank 0 writes the run's tokenizer to --out/tokenizer; a resumed run's is kept."""
     if ctx.is_main and not (args.resume and (args.out / "tokenizer" / "tokenizer.json").is_file()):
         with writing(args.out / "tokenizer"):
             tok.save(args.out / "tokenizer")
 
 
 def build_model(cls: Any, args: Any, tok: Tokenizer, **head: Any) -> nn.Module:
-    """`cls(config, **head)` from --init-from (its encoder, and its head when it fits) or
-    from --preset with the tokenizer's vocabulary; checked against --seq-len and `tok`
-    (`check_tokenizer_fits`) before the weights are read. --gradient-checkpointing on.
-
-    A checkpoint of `cls` itself trained for other labels than `head["id2label"]` keeps its
-    encoder and gets a new head (`from_pretrained(..., on_other_labels="new_head")`): its
-    classifier would score the wrong classes."""
+    """`cls(config, **head)` from --init-from or --preset, checked against --seq-len and
+    `tok` before the weights are read. A checkpoint trained for other labels than
+    `head["id2label"]` gets a new head (its classifier would score the wrong classes)."""
     dropout = {} if args.dropout is None else {"hidden_dropout": args.dropout,
                                                "attention_dropout": args.dropout}
     model = _read_or_build(cls, args, tok, dropout, head)
@@ -234,8 +205,7 @@ def _read_or_build(cls: Any, args: Any, tok: Tokenizer, dropout: dict[str, float
 
 
 def check_labels(args: Any, names: list[str], what: str = "labels") -> None:
-    """A resumed run's labels.json against the labels `names` read now, before anything is
-    written (`save_labels` writes it once the run holds the folder)."""
+    """A resumed run's labels.json against the labels `names` read now."""
     path = args.out / "labels.json"
     if args.resume and path.is_file():
         if (before := json.loads(path.read_text())["id2label"]) != names:
@@ -244,21 +214,16 @@ def check_labels(args: Any, names: list[str], what: str = "labels") -> None:
 
 
 def save_labels(args: Any, names: list[str]) -> None:
-    """labels.json: written by a new run; a resumed one keeps its own (`check_labels` has
-    compared it). Rank 0."""
+    """labels.json, written by a new run (rank 0); a resumed one keeps its own."""
     if not (args.resume and (args.out / "labels.json").is_file()):
         with writing(args.out / "labels.json"):
             write_files_atomically(args.out, {"labels.json": json.dumps({"id2label": names},
                                                                         indent=2) + "\n"})
 
 
-# ---- evaluation ------------------------------------------------------------------------------
-
 def task_scores(task: TaskData, pred: Predictions, features: Sequence[Mapping],
                 scheme: str = "IOB2") -> dict[str, Any]:
-    """The report of `pred`, the model's predictions on `task`'s evaluation `features`:
-    `metrics.sequence_scores` or `metrics.token_scores`, plus `predictions`, per row its
-    class id (sequence) or per sentence its tags, one per word (token)."""
+    """The scores of `pred` on `task`'s eval `features`, and `predictions` (ids or tags)."""
     if task.kind == "sequence":
         preds = [int(p) for p in pred.argmax()]
         return {**sequence_scores(task.eval.labels, preds, task.names, pred.loss),

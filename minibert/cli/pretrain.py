@@ -1,11 +1,6 @@
 """The masked-language-model jobs' command line: the flags, checks, settings and data that
-examples/pretrain_wikitext.py (the main job) and examples/distill.py share.
-
-Both read a corpus the same way (`data.prepare`), train with the same engine settings and
-write the same kind of run folder; each script adds its own model flags and its outputs.
-The numeric rules here are the ones no setting checks itself (a masking rate, a sequence
-length); `TrainConfig` validates its own fields, and its errors are said in flag names
-(`cli.in_flag_names`).
+examples/pretrain_wikitext.py (the main job) and examples/distill.py share. The numeric
+rules here are those no setting checks itself; `TrainConfig`'s own are said in flag names.
 """
 
 from __future__ import annotations
@@ -18,7 +13,7 @@ from typing import Any, Optional
 
 import tokenizers
 
-from ..atomic import write_files_atomically
+from ..atomic import write_files_atomically, writing
 from . import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names,
                   model_flag_names, model_source)
 from ..model.config import ALL_PRESETS, BertConfig
@@ -27,15 +22,12 @@ from ..data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_
 from ..data.wikitext import SPLITS as WIKITEXT_SPLITS, WIKITEXT_VARIANTS
 from ..training.distributed import DistContext, all_gather_objects
 from ..interop.hf import (MODEL_FOLDER, check_tied_decoder, check_weights, config_from_hf,
-                          read_config,
-                 require_safetensors)
+                          read_config, require_safetensors)
 from ..paths import check_readable
 from ..machine.precision import resolve_precision
 from ..interop.pretrained import check_tokenizer_fits
-from ..atomic import writing
 from ..training.state import TrainConfig
 from ..data.tokenizer import Tokenizer
-
 
 
 @dataclass(frozen=True)
@@ -49,15 +41,11 @@ class PretrainJob(Job):
     eval_mask_prob: float = 0.15  # share masked for evaluation, apart from the training rate
 
 
-# The main job, examples/pretrain_wikitext.py: every default of its flags.
-# - 30% masking reaches a given loss in fewer steps than BERT's 15% (Wettig et al. 2023);
-#   evaluation masks 15%, so eval losses compare across training rates.
-# - The sequence-length warmup cuts batches to 16 positions at the first step, growing to
-#   --seq-len over half the schedule (Li et al. 2022). Against 32 -> 128 over 30% it reached
-#   transformers' final loss in fewer steps, each of them cheaper (benchmarks/RESULTS.md, "On
-#   a CPU with native bf16, against transformers at its best precision").
-# - No dropout from random weights, as in Cramming and ModernBERT: a short pretraining run
-#   has no overfitting to prevent, and dropout slows learning.
+# The main job, examples/pretrain_wikitext.py: every default of its flags (the measurements
+# behind them: benchmarks/RESULTS.md).
+# - 30% masking reaches a given loss in fewer steps than BERT's 15% (Wettig et al. 2023).
+# - Sequence-length warmup from 16 positions over half the schedule (Li et al. 2022).
+# - No dropout from random weights, as in Cramming and ModernBERT.
 # - The peak learning rate is TrainConfig's own default, which says why (training/state.py).
 MAIN_JOB = PretrainJob(
     train=TrainConfig(batch_size=32, max_steps=1000, min_lr=1e-5, warmup=0.1,
@@ -65,8 +53,7 @@ MAIN_JOB = PretrainJob(
                       eval_batches=20, save_every=100, seq_len_warmup=0.5, seq_len_start=16),
     preset="mini", vocab_size=8192, seq_len=128, dropout=0.0, mask_prob=0.3)
 
-# Distillation (examples/distill.py) trains as the main job does; its student is `tiny` by
-# default, with its preset's dropout.
+# Distillation (examples/distill.py): the main job's training, a `tiny` student.
 DISTILL = replace(MAIN_JOB, preset="tiny", dropout=None)
 
 # The BertConfig fields the architecture flags set (architecture_overrides), as those flags.
@@ -74,10 +61,8 @@ ARCHITECTURE_FLAGS = {"norm_position": "--norm", "position": "--position", "mlp"
                       "bias": "--bias", "global_every": "--global-every",
                       "local_window": "--local-window"}
 
-# TrainConfig's fields as the flags that set them, for its messages.
-FLAGS = MAIN_JOB.flags()
-# The BertConfig fields flags set, as those flags (the others come with --preset or
-# --init-from).
+FLAGS = MAIN_JOB.flags()  # TrainConfig's fields as their flags
+# The BertConfig fields flags set, as those flags (the others: --preset or --init-from).
 MODEL_FLAGS = {**ARCHITECTURE_FLAGS, "attention": "--attention", "hidden_dropout": "--dropout",
                "attention_dropout": "--dropout"}
 
@@ -94,10 +79,8 @@ NUMBER_RULES = [
 
 
 def flag_names(args: Any, model: Optional[str] = None) -> dict[str, str]:
-    """What a refused resume calls the settings: TrainConfig's fields as FLAGS, the model's
-    fields as the flags that set them (`MODEL_FLAGS`) or the one that chose the model
-    (`model`, default --init-from or --preset), and each split's text (the identity's
-    `corpus SPLIT`) as the flag that chose the split."""
+    """What a refused resume calls the settings: FLAGS, the model's fields as `MODEL_FLAGS`
+    or of `model` (default --init-from or --preset), and `corpus SPLIT` as its split flags."""
     chose: dict[str, list[str]] = {}
     for flag, split in (("--train-split", args.train_split), ("--eval-split", args.eval_split)):
         chose.setdefault(split, []).append(flag)
@@ -173,15 +156,13 @@ def add_architecture_args(group: argparse._ArgumentGroup) -> None:
 
 def architecture_overrides(args: Any) -> dict[str, Any]:
     """BertConfig fields for the switches given on the command line."""
-    names = {"norm": "norm_position", "position": "position", "mlp": "mlp", "bias": "bias",
-             "global_every": "global_every", "local_window": "local_window"}
-    return {field: getattr(args, flag) for flag, field in names.items()
+    names = {field: flag[2:].replace("-", "_") for field, flag in ARCHITECTURE_FLAGS.items()}
+    return {field: getattr(args, flag) for field, flag in names.items()
             if getattr(args, flag, None) is not None}
 
 
 def check_args(args: Any, ctx: DistContext) -> TrainConfig:
-    """The mistakes worth one clear line, before any work is done; the run's settings.
-    `args.preset` is the preset to build (the student's, in distillation)."""
+    """The mistakes worth one clear line, before any work; the run's settings."""
     if args.data_dir is not None:
         check_readable(args.data_dir, "--data-dir", CORPUS_FOLDER)  # or said why not
     if args.preset not in ALL_PRESETS:
@@ -201,9 +182,8 @@ def check_args(args: Any, ctx: DistContext) -> TrainConfig:
 
 
 def check_model_fits(args: Any) -> None:
-    """The model this run will build against --seq-len and its tokenizer, before anything
-    is written: --init-from's config and tokenizer (`check_tokenizer_fits`), or --preset's
-    positions (its vocabulary is the tokenizer the run trains)."""
+    """The model this run will build (--init-from's, with its tokenizer, or --preset's)
+    checked against --seq-len and the vocabulary, before anything is written."""
     if args.init_from:
         check_readable(args.init_from, "--init-from", MODEL_FOLDER)
         stored = read_config(args.init_from)
@@ -239,10 +219,8 @@ def architecture_flag(field: str, value: Any) -> str:
 
 def train_config(args: Any) -> TrainConfig:
     """The flags as the engine's settings; TrainConfig's own checks, said in flag names.
-
-    A fresh start's horizon is --decay-steps or --max-steps, given here so that a warmup
-    longer than it is refused before any work; a resume leaves it to the checkpoint (the
-    engine keeps the run's), so --max-steps may shrink to stop earlier."""
+    A fresh start's horizon is --decay-steps or --max-steps (a warmup longer than it is
+    refused now); a resume keeps the checkpoint's, so --max-steps may shrink."""
     # --decay-steps 0 is given, not unset: TrainConfig refuses it.
     horizon = args.decay_steps if args.decay_steps is not None else (
         None if args.resume else args.max_steps)
@@ -264,19 +242,17 @@ def train_config(args: Any) -> TrainConfig:
 
 
 def read_corpus(args: Any, ctx: DistContext) -> Optional[Corpus]:
-    """--data-dir's corpus with --train-split and --eval-split in it, read before --out is
-    touched (rank 0, which prepares it; None elsewhere, and where WikiText is downloaded)."""
+    """--data-dir's corpus, with --train-split and --eval-split in it, read before --out is
+    touched (rank 0; None elsewhere, and where WikiText is downloaded)."""
     if args.data_dir is None:  # WikiText, to download: its splits are known beforehand
-        for flag, split in (("--train-split", args.train_split),
-                            ("--eval-split", args.eval_split)):
+        for flag, split in (("--train-split", args.train_split), ("--eval-split", args.eval_split)):
             if split not in WIKITEXT_SPLITS:
                 raise ValueError(f"{flag} {split!r}: WikiText's splits are "
                                  f"{', '.join(WIKITEXT_SPLITS)}")
     if not ctx.is_main or args.data_dir is None:
         return None
     corpus = load_corpus(args.data_dir)  # refuses a folder whose text files it would not read
-    # A copy of WikiText without its train split (one found offline holds valid and test):
-    # the message names the flags that train on another split.
+    # (WikiText found offline may hold valid and test alone: the message names the flags.)
     check_splits(corpus, (args.train_split, args.eval_split), args.data_dir,
                  flags=("--train-split", "--eval-split"))
     return corpus
@@ -284,10 +260,8 @@ def read_corpus(args: Any, ctx: DistContext) -> Optional[Corpus]:
 
 def prepare_data(args: Any, ctx: DistContext, corpus: Optional[Corpus] = None
                  ) -> tuple[PreparedCorpus, dict[str, Any]]:
-    """The corpus (rank 0 prepares it, every rank opens it) and the data's identity, what the
-    engine compares on --resume; nothing is written into --out (`save_prepared` writes the
-    run's part once the run holds it). The tokenizer comes from --init-from when set.
-    `corpus`: `read_corpus`'s, if read already."""
+    """The corpus (rank 0 prepares it, every rank opens it) and the data's identity, which a
+    resume compares; nothing is written into --out. `corpus`: `read_corpus`'s, if read."""
     splits = (args.train_split, args.eval_split)
     # A split too short for one block, said as the flags that chose the split and the length.
     flags = {**SEQ_LEN_FLAG, **{f"the {split} split": f"{flag} {split}" for flag, split in
@@ -304,19 +278,17 @@ def prepare_data(args: Any, ctx: DistContext, corpus: Optional[Corpus] = None
         tok_json, keys = all_gather_objects(made, ctx)[0]
         data = in_flag_names(lambda: open_prepared(Tokenizer(tokenizers.Tokenizer.from_str(
             tok_json)), keys, args.seq_len, args.cache_dir), flags)
-    identity = {"corpus": data.keys,
-                "--train-split": args.train_split, "--eval-split": args.eval_split,
-                "--seq-len": args.seq_len, "--mask-prob": args.mask_prob,
-                "--whole-word-mask": args.whole_word_mask,
+    identity = {"corpus": data.keys, "--train-split": args.train_split,
+                "--eval-split": args.eval_split, "--seq-len": args.seq_len,
+                "--mask-prob": args.mask_prob, "--whole-word-mask": args.whole_word_mask,
                 "tokenizer": data.tokenizer.fingerprint}
-    # Checkpoints from before --eval-mask-prob existed evaluated at --mask-prob; leaving the
-    # key out when the two agree keeps those resumable.
+    # Left out where it is --mask-prob: checkpoints from before the flag stay resumable.
     if args.eval_mask_prob != args.mask_prob:
         identity["--eval-mask-prob"] = args.eval_mask_prob
     return data, identity
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Through a temporary file and a rename: a crash keeps the previous file whole."""
+    """Written whole (`write_files_atomically`): a crash keeps the previous file."""
     with writing(path):
         write_files_atomically(path.parent, {path.name: json.dumps(obj, indent=2) + "\n"})

@@ -1,38 +1,11 @@
 """Run directories: one training run at a time in each, and whether a run already lives there.
 
-Two runs started with the same --out would otherwise both proceed, overwrite each other's
-checkpoints and interleave their lines in metrics.jsonl. A script holds `RunLock(out)` for
-the whole run, and the second run stops at once with `RunLockedError`, which names the first:
-
-    with RunLock(args.out):
-        if run_exists(args.out) and not args.resume: refuse to overwrite
-        train(...)
-
-Check, then write: `check_run_folder` says whether the folder can take the start, reading
-only, so that a refused start leaves it as it found it. `open_run` then takes the lock and
-looks again under it, so that the check and the writes after it belong to the same run; and
-a start that ends before it has trained (refused after all, failed, or stopped by Ctrl-C)
-takes back what it made there: the folder is as that start found it. So does a start that
-could not write (a full disk, a quota, a file-size limit: `could_not_write`) before it had
-saved a checkpoint to resume from. Whether a folder holds a finished run, which a resume
-leaves untouched, is `run_finished`'s to say. Under torchrun only
-the main rank takes the lock (every rank of one run shares the directory, and a second
-rank's lock would refuse its own run).
-
-How it works: an exclusive, non-blocking `fcntl.flock` on `out/.lock`, a file that also
-records the holder's process id, host and start time for the error message. The kernel owns
-the lock, not the file: when the process ends, however it ends (kill -9 included), the lock
-goes with it, so there is never a stale lock to delete by hand. A clean release empties the
-file; a file that still names a holder while nobody holds the lock is what a killed run
-leaves behind, and the next run takes it over and logs that the old holder is gone.
-
-Limits, all of them the kernel's rules for flock:
-* The lock belongs to the open file, so processes forked from the holder (DataLoader workers
-  under the "fork" start method) share it and the lock ends when the last of them exits.
-* On NFS, Linux emulates flock with POSIX byte-range locks, which needs a working lock daemon.
-* Without fcntl (Windows) or on a filesystem that refuses locks, `RunLock` logs a warning and
-  does nothing: runs go ahead as they did before this module existed.
-
+A run holds `RunLock(out)`, an exclusive `fcntl.flock` on `out/.lock`, so that a second run
+with the same --out stops at once with `RunLockedError`, naming the first. The kernel drops
+the lock with the process, however it ends: there is never a stale lock to delete
+(docs/runs.md, "One run per folder: the lock"). Check, then write: `check_run_folder` says,
+reading only, whether the folder can take the start; `open_run` holds it (`RunFolder`),
+looks again under the lock, and takes back what a start made if it ends before it trained.
 The module needs only the standard library.
 """
 
@@ -55,7 +28,7 @@ if TYPE_CHECKING:  # only for the annotations: the module runs on the standard l
 
 try:
     import fcntl
-except ImportError:  # Windows: see the module docstring
+except ImportError:  # Windows: no locks
     fcntl = None
 
 log = logging.getLogger(__name__)
@@ -66,11 +39,8 @@ RUN_OUTPUTS = ("final/", "eval.json", "metrics.jsonl", "checkpoints/")
 
 
 class RunLockedError(OSError):
-    """Another live run holds the directory.
-
-    An OSError, so that a script's existing `except OSError` prints it as one line. `holder`
-    is what that run recorded: {"pid", "host", "started"}, or {} if it had not written yet.
-    """
+    """Another live run holds the directory (an OSError: a script says it in one line).
+    `holder` is what that run recorded: {"pid", "host", "started"}, or {}."""
 
     def __init__(self, message: str, holder: Optional[dict] = None):
         super().__init__(message)
@@ -78,12 +48,8 @@ class RunLockedError(OSError):
 
 
 class RunLock:
-    """An exclusive lock on a run directory for as long as a run uses it.
-
-    `with RunLock(out_dir): ...` creates out_dir if needed, takes the lock or raises
-    `RunLockedError`, and releases it on exit. `previous` is what a killed run had recorded
-    in the lock file when this one took it over, else None.
-    """
+    """`with RunLock(out_dir):` makes out_dir if needed and holds its lock, or raises
+    `RunLockedError`. `previous`: what a killed run had recorded in the lock file, or None."""
 
     def __init__(self, out_dir: PathLike):
         self.out_dir = Path(out_dir)
@@ -115,15 +81,14 @@ class RunLock:
                 log.warning("cannot lock %s (%s): nothing stops another run from using the "
                             "same directory", self.out_dir, e.strerror)
                 return self
-            # A start that made the lock file removes it as it leaves (`release(remove=True)`);
-            # a file opened just before that removal and locked just after is one nobody
-            # else will find. The lock counts only on the file the path still names (a file
-            # system whose inode numbers say otherwise ten times running is taken at its word).
+            # A file opened just before another start removed it (`release(remove=True)`) and
+            # locked just after is one nobody else will find: the lock counts only on the
+            # file the path still names (after ten tries, the file system is taken at its word).
             if _same_file(fd, self.path) or attempt == 9:
                 break
             os.close(fd)
         self._fd = fd
-        # We hold the lock, so whoever wrote a non-empty file is no longer running.
+        # We hold the lock: whoever wrote a non-empty file is gone.
         self.previous = _read_holder(fd) or None
         if self.previous:
             log.info("%s: the previous run (process %s on host %s) is gone; taking its lock "
@@ -139,8 +104,7 @@ class RunLock:
         return self._fd is not None
 
     def release(self, remove: bool = False) -> None:
-        """Let the lock go; `remove`: delete the lock file too, while still holding it (a
-        start that leaves its folder as it found it, and found no lock file there)."""
+        """Let the lock go; `remove`: delete the lock file first (a start that found none)."""
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
@@ -153,9 +117,7 @@ class RunLock:
             os.close(fd)  # closing the file is what drops the flock
 
     def check_free(self) -> None:
-        """Refuse, as `acquire` would, a folder whose lock another run holds, writing nothing:
-        for a start that will not write (the resume of a finished run), which `acquire`'s
-        record of the holder would write to."""
+        """Refuse, as `acquire` would, a folder another run holds, but writing nothing."""
         if fcntl is None:
             return
         try:
@@ -180,32 +142,20 @@ class RunLock:
 
 
 def run_exists(out_dir: PathLike) -> list[str]:
-    """Which of RUN_OUTPUTS are in out_dir (folders only when not empty), in that order.
-
-    Non-empty means a run lives there; the scripts use it to refuse to overwrite one.
-    """
-    out = Path(out_dir)
+    """Which of RUN_OUTPUTS are in out_dir (folders only when not empty): a run lives there."""
     found = []
     for name in RUN_OUTPUTS:
-        path = out / name.rstrip("/")
-        if name.endswith("/"):
-            present = path.is_dir() and any(path.iterdir())
-        else:
-            present = path.exists()
-        if present:
+        path = Path(out_dir) / name.rstrip("/")
+        if (path.is_dir() and any(path.iterdir())) if name.endswith("/") else path.exists():
             found.append(name)
     return found
 
 
 def check_run_folder(out_dir: PathLike, resume: bool) -> None:
-    """Refuse a start that `out_dir` cannot take, reading only (nothing is made or written).
-
-    Without `resume`, the folder must hold no run (`run_exists`); with it, an intact
-    checkpoint under `checkpoints/`.
-    """
+    """Refuse a start that `out_dir` cannot take, reading only: without `resume`, it must
+    hold no run (`run_exists`); with it, an intact checkpoint under `checkpoints/`."""
     # here, so the module alone stays stdlib-only
     from .checkpoint import checkpoint_written, latest_checkpoint
-
     out_dir = Path(out_dir)
     if resume and not out_dir.is_dir():
         raise FileNotFoundError(f"--resume: no intact checkpoint: {out_dir} does not exist, "
@@ -213,9 +163,8 @@ def check_run_folder(out_dir: PathLike, resume: bool) -> None:
                                 f"without --resume")
     ckpts = out_dir / "checkpoints"
     found = run_exists(out_dir)
-    # A run stopped before its first checkpoint left a log but nothing to resume from:
-    # say so, rather than send a fresh start to --resume and --resume back again.
-    # (Checkpoints that are there but damaged are another matter: never advise deleting.)
+    # A run stopped before its first checkpoint cannot be resumed: say so, rather than send
+    # a fresh start to --resume and back (damaged checkpoints: never advise deleting).
     stuck = (f"; it saved no checkpoint, so it cannot be resumed: delete "
              f"{', '.join(found)} in it to start again, or choose another --out"
              if found and not checkpoint_written(ckpts) else "")
@@ -230,13 +179,9 @@ def check_run_folder(out_dir: PathLike, resume: bool) -> None:
 
 
 def run_finished(out_dir: PathLike, steps: list[tuple[Optional[int], int]]) -> bool:
-    """Whether `out_dir` holds a finished run, which a resume has nothing to add to: each of
-    its trainings' newest intact checkpoint is at the step it stops at (`steps`: per
-    training, the checkpoint's step, None for none, and max_steps), and eval.json, which a
-    script writes last, records those steps. A run whose outputs were cut short (eval.json
-    missing or unreadable) is not finished, nor one resumed to go further (a larger
-    max_steps), nor one resumed further and stopped at its last checkpoint (eval.json holds
-    the steps of an earlier finish)."""
+    """Whether `out_dir` holds a finished run: each training's newest intact checkpoint is
+    at its max_steps (`steps`: per training, (the checkpoint's step or None, max_steps)),
+    and eval.json, written last, records those steps (not those of an earlier finish)."""
     if not steps or any(step is None or step != last for step, last in steps):
         return False
     try:
@@ -250,23 +195,11 @@ def run_finished(out_dir: PathLike, steps: list[tuple[Optional[int], int]]) -> b
 
 
 class RunFolder:
-    """A run folder held by one start (`open_run`), left as that start found it if the start
-    ends, by an exception, before its run has trained.
-
-    `check()` looks at what the folder holds and checks it (`check_run_folder`), reading
-    only; entering (main rank) checks if that was not done, takes the lock, and checks
-    again if the folder changed meanwhile. Leaving by an exception puts the folder back,
-    under the lock: what this start made there goes (and the lock file and the folder
-    itself, if it made them), unless the run saved a checkpoint or logged a row. A start
-    that could not write (`could_not_write`: a full disk, a quota, a file-size limit) puts
-    it back all the same where no intact checkpoint is there to resume from: its log rows
-    are of steps no resume can go on from, and with them taken back the same command works
-    again once the write can go through. Then `trained` says whether the run had trained
-    (None: this start never held the folder), `kept` whether what it wrote stays,
-    `resume_from` the newest intact checkpoint (after a failed write), `made` whether the
-    folder is gone, made by this start, and `left` names what this start made or wrote
-    over and did not take back.
-    """
+    """A run folder held by one start (`open_run`), put back as it was found if the start
+    ends by an exception before its run trained (saved a checkpoint or logged a row), or
+    could not write with no intact checkpoint to resume from. Then `trained` (None: never
+    held), `kept`, `resume_from` (after a failed write), `made` (the folder it made is gone)
+    and `left` (what was not taken back) say what it left."""
 
     def __init__(self, path: Path, resume: bool, main: bool = True) -> None:
         self.path, self.resume, self.main = path, resume, main
@@ -288,15 +221,12 @@ class RunFolder:
         self._first_made = missing[-1] if missing else None
         self._before = _listing(self.path)
         self._had_lock = LOCK_FILE in self._before
-        # A live run's folder is that run's: refused by its lock, before what it holds is
-        # judged (a run with no checkpoint yet would be called one to delete).
+        # A live run's folder is refused by its lock before what it holds is judged.
         self._lock.check_free()
         check_run_folder(self.path, self.resume)
 
     def finished(self, steps: list[tuple[Optional[int], int]]) -> bool:
-        """Whether the folder holds a finished run (`run_finished`) that no other run holds
-        (main rank; False elsewhere). A resume of it leaves the folder untouched: it is not
-        entered, so not even the lock's record is written."""
+        """Whether the folder holds a finished run no other run holds (main rank)."""
         if not self.main or not run_finished(self.path, steps):
             return False
         self._lock.check_free()
@@ -307,14 +237,12 @@ class RunFolder:
             return self
         # here, not above: the module loads alone too, by its path, outside its package
         from ..atomic import reported
-
         if self._before is None:
             self.check()
         try:
             with reported(self.path):  # the first write to the folder: why it fails, said
                 self._lock.acquire()
-            # Another start may have come and gone since the check: look again (what it
-            # left is not this start's to take back), and check again.
+            # Another start may have come and gone since the check: look, and check, again.
             now = _listing(self.path)
             if _without_lock(now) != _without_lock(self._before):
                 self._before = now
@@ -331,7 +259,6 @@ class RunFolder:
             self._lock.release()
         else:
             from ..atomic import could_not_write  # here: the module loads on its own (above)
-
             self._leave(error is not None and could_not_write(error))
 
     def _leave(self, write_failed: bool = False) -> None:
@@ -348,7 +275,6 @@ class RunFolder:
         self.trained = any(_training_output(rel) for rel in changed)
         if write_failed:
             from .checkpoint import latest_checkpoint  # here: the module stays stdlib-only
-
             self.resume_from = latest_checkpoint(self.path / "checkpoints")
         self.kept = self.trained and not (write_failed and self.resume_from is None)
         if self.kept:
@@ -379,15 +305,9 @@ class RunFolder:
 
 
 def open_run(out_dir: PathLike, resume: bool, main: bool = True) -> RunFolder:
-    """`with open_run(out_dir, resume) as folder:` hold `out_dir` for one run (the main rank
-    locks it) and refuse to mix runs there.
-
-    `check_run_folder` before anything is made (`RunFolder.check`, or on entering), and
-    again under the lock if the folder changed meanwhile, so the check and every write
-    after it belong to this run alone. A start that ends by an exception before its run
-    has trained leaves the folder as it found it (`RunFolder`). Other ranks (`main=False`)
-    check nothing.
-    """
+    """`with open_run(out_dir, resume) as folder:` hold `out_dir` for one run, checked
+    before anything is made and again under the lock (`RunFolder`); other ranks
+    (`main=False`) check nothing."""
     return RunFolder(Path(out_dir), resume, main)
 
 
@@ -415,8 +335,8 @@ _STEP_DIR = re.compile(r"(^|/)checkpoints/step_\d+(/|$)")
 
 
 def _training_output(rel: str) -> bool:
-    """Whether the path (relative to a run folder) is what training writes: a log row or a
-    completed checkpoint, of the run or of a run in a subfolder (distillation's baseline)."""
+    """Whether the path (relative to a run folder) is what training writes: a log or a
+    checkpoint, of the run or of one in a subfolder (distillation's baseline)."""
     return rel.rsplit("/", 1)[-1] == "metrics.jsonl" or bool(_STEP_DIR.search(rel))
 
 
@@ -438,11 +358,8 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def _read_holder(fd: int, wait: bool = False) -> dict:
-    """The record in the lock file, or {} if it is empty or unreadable.
-
-    With `wait`, allow the holder a moment: between its flock and its write the file is
-    empty or half-written.
-    """
+    """The record in the lock file, or {}; with `wait`, allow the holder a moment to write
+    it (between its flock and its write the file is empty or half-written)."""
     for _ in range(10 if wait else 1):
         try:
             holder = json.loads(os.pread(fd, 4096, 0).decode() or "{}")

@@ -1,17 +1,7 @@
-"""A run's log: `metrics.jsonl` in its folder, one JSON object per line.
-
-`train` appends a row for each logged step (`step`, `loss`, `lr`, `grad_norm`,
-`tokens_per_s`, `mfu`, ...) and one for each evaluation (`step` and the scores, no `lr`).
-The file is the run's record across all its starts: a resume drops the rows a killed run
-wrote after the checkpoint it resumes from, so that each step appears once, and a reader
-skips the one row a kill may have cut short.
-
-Non-finite numbers (a skipped step's loss, an overflowed gradient norm) are written as
-`null`, so the file is strict JSON that any reader takes.
-
-While a run trains, rank 0 shows its progress (`TrainConfig.progress`): a tqdm bar where
-tqdm is installed (`progress_bar`), with each row written above it; without tqdm, each row
-is a log line at INFO, which `shown` makes visible where nobody has set logging up.
+"""A run's log: `metrics.jsonl` in its folder, one strict-JSON object per line (`null` for
+a non-finite number): a row per logged step and one per evaluation (no `lr`), across all the
+run's starts (docs/runs.md, "What the folder holds"). Rank 0 shows the rows as it trains:
+above a tqdm bar where tqdm is installed, else as log lines (`shown`).
 """
 
 from __future__ import annotations
@@ -23,19 +13,15 @@ import math
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from ..atomic import atomic_file, reported
-from ..atomic import writing
+from ..atomic import atomic_file, reported, writing
 
 logger = logging.getLogger(__name__)
 
 
 class RunLog:
-    """The run's metrics.jsonl, as one start of it appends rows (rank 0 only).
-
-    A resumed start drops the rows a killed run logged after its checkpoint, `stale_after`:
-    when it writes its own first row, or `settle`s at the end of a run that finished. A
-    start stopped before either leaves the log as it found it.
-    """
+    """The run's metrics.jsonl, as one start of it appends rows (rank 0 only). A resumed
+    start drops the rows after its checkpoint, `stale_after`, at its first row or `settle`:
+    one stopped before either leaves the log as it found it."""
 
     def __init__(self, path: Path, stale_after: Optional[int] = None) -> None:
         self.path, self.stale_after = path, stale_after
@@ -67,8 +53,7 @@ class RunLog:
 
 
 def _tqdm() -> Any:
-    """tqdm's bar class (`tqdm.auto`: a widget in a notebook with ipywidgets, text on a
-    terminal), or None where tqdm, an optional extra, is not installed."""
+    """tqdm's bar class (`tqdm.auto`), or None where tqdm, an optional extra, is missing."""
     try:
         from tqdm.auto import tqdm
     except ImportError:
@@ -84,16 +69,9 @@ def progress_bar(enabled: bool, total: int, initial: int) -> Any:
 
 @contextlib.contextmanager
 def shown(enabled: bool) -> Iterator[None]:
-    """For the duration of a run whose progress is shown (`enabled`: `progress` on, rank 0)
-    and has no bar to draw it (tqdm not installed): where nobody has set logging up, as in
-    a fresh notebook (no handler on the "minibert" logger or above it, and its level
-    unset), a handler on the "minibert" logger writes its records from INFO up to stderr,
-    the log rows among them, and is taken off when the run returns or raises.
-
-    Logging that the caller has set up is theirs: left as it is, it shows what it was set
-    to show (`logging.basicConfig(level=logging.INFO)` shows the rows). Python's own
-    fallback would show warnings alone, and a library call that trains for minutes in
-    silence looks hung."""
+    """While a run shows its progress (`enabled`) without a tqdm bar, and nobody has set
+    logging up: a handler writing INFO and up to stderr (Python's fallback would show
+    warnings alone, and a run silent for minutes looks hung)."""
     package = logging.getLogger(__name__.partition(".")[0])  # "minibert", above every module's
     if (not enabled or _tqdm() is not None or package.hasHandlers()
             or package.level != logging.NOTSET):
@@ -111,8 +89,7 @@ def shown(enabled: bool) -> Iterator[None]:
 
 
 def read_rows(metrics_file: Path) -> list[dict[str, Any]]:
-    """The rows of a run's metrics.jsonl ([] without one), skipping a row cut short by a
-    kill. A non-finite number is None."""
+    """The rows of a run's metrics.jsonl ([] without one), but a row a kill cut short."""
     if not metrics_file.is_file():
         return []
     rows = []
@@ -136,8 +113,7 @@ def last_training_loss(metrics_file: Path) -> Optional[float]:
 
 
 def drop_rows_after(metrics_file: Path, step: int) -> None:
-    """Resuming at `step`: the rows a killed run logged after its checkpoint go, so each
-    step appears once. The file is replaced whole (atomic.py): a crash keeps the old one."""
+    """Resuming at `step`: drop the rows logged after it, so each step appears once."""
     if not metrics_file.is_file():
         return
     lines = metrics_file.read_text().splitlines(keepends=True)

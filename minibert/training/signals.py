@@ -1,19 +1,9 @@
 """How a run stops on SIGINT (Ctrl-C) or SIGTERM (a scheduler's notice): cleanly, and said.
 
-There are two moments, and each has its own handler:
-
-* **Inside the training loop**, `StopFlag`: the handler only records the signal. The loop
-  finishes the step in progress, saves a checkpoint and returns, and `train`'s result says
-  `interrupted`; the same command with --resume continues the run exactly. Under DDP, a
-  signal that reaches one rank stops them all at the same step (engine.py tells the others
-  through the step's all-reduce).
-* **Outside it**, in a script (`StopOnSignals`): reading data, building the model, writing
-  final/. The script stops where it is, as Ctrl-C stops any Python program, but with one
-  line instead of a traceback and the exit status 128 + N (cli.py).
-
-A script's first lines hold both signals back (`signal.pthread_sigmask`) while Python
-imports torch, so that a Ctrl-C then is not lost in an import; `StopOnSignals.let_through`
-lets them through once the script can take them.
+Inside the training loop `StopFlag` only records the signal: the loop finishes its step,
+saves a checkpoint and returns, and --resume continues the run exactly (under DDP every rank
+stops at the same step, engine.py). Outside it `StopOnSignals` stops a script where it is,
+with one line rather than a traceback and the exit status 128 + N (`cli`).
 """
 
 from __future__ import annotations
@@ -22,9 +12,6 @@ import signal
 import threading
 from typing import Any, Optional
 
-
-# The signals that stop a script cleanly; a script's first lines hold them back while Python
-# imports torch (see the module docstring).
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
@@ -37,10 +24,8 @@ class Stopped(Exception):
 
 
 class Interrupted(BaseException):
-    """SIGINT or SIGTERM outside the training loop: the script stops where it is.
-
-    A BaseException, as KeyboardInterrupt is, so that no `except Exception` on the way
-    takes it for an error, and every `finally` and cleanup on the way still runs."""
+    """SIGINT or SIGTERM outside the training loop: a BaseException, as KeyboardInterrupt
+    is, so that no `except Exception` takes it for an error, and every `finally` runs."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -48,16 +33,10 @@ class Interrupted(BaseException):
 
 
 class StopOnSignals:
-    """`with StopOnSignals() as signals:` SIGINT and SIGTERM raise `Interrupted` in the
-    main thread, and `signals.received` is the signal.
-
-    Only the first signal raises: a second one (an impatient Ctrl-C) would otherwise cut
-    short the clean-up the first set off; and none does once the script's outcome is
-    decided (`settle()`), while it says so and leaves. The training loop puts its own
-    handlers in place for its steps (`StopFlag`) and these back after them.
-    `let_through()`, called inside the `try` that handles `Interrupted`, lets through the
-    signals a script's first lines held back, so that a Ctrl-C while Python imported torch
-    stops the script there."""
+    """`with StopOnSignals() as signals:` SIGINT and SIGTERM raise `Interrupted` in the main
+    thread (`signals.received`): only the first (a second Ctrl-C would cut short the
+    clean-up), and none once `settle()`d. `let_through()` releases the signals a script's
+    first lines held back (`signal.pthread_sigmask`) while Python imported torch."""
 
     def __enter__(self) -> "StopOnSignals":
         self.received: Optional[int] = None
@@ -86,8 +65,7 @@ class StopOnSignals:
 
 
 class StopFlag:
-    """Set by SIGTERM / SIGINT; the loop finishes its step, saves and returns. Not `enabled`
-    (TrainConfig.handle_signals off), it installs nothing and the process's handlers act."""
+    """Set by SIGTERM / SIGINT: the loop finishes its step, saves and returns (if `enabled`)."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.signal: Optional[int] = None
