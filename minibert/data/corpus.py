@@ -1,23 +1,11 @@
 """A corpus folder, read the way its layout means, with a report of what was read.
 
-Two layouts exist (see `wikitext` and `text`):
-
-* WikiText: the split files `wiki.{train,valid,test}.raw`, `wiki.{...}.tokens` or
-  `{train,valid,test}.txt`, read as articles split at ` = Title = ` headings;
-* a text folder: any other `*.txt` files, read as documents separated by blank
-  lines, every `holdout_every`-th document held out as `valid`.
-
-Guessing the layout from one file name is how a 964 KB `corpus_a.txt` once went
-unread: a `valid.txt` beside it made the folder "WikiText", and training ran on
-8,104 tokens without a word. So `load_corpus` reads a folder as WikiText only
-when its text files are exactly WikiText splits, refuses any folder whose text files
-it would not all read, and returns per file what it read, for the log.
-
-A split is a `Documents` stream, not a list: iterating it reads the files again, one
-document at a time, so preparing a corpus far bigger than memory (tokenizer training,
-then tokenizing into a token file) needs memory for one batch of documents, not the corpus.
-`load_corpus` itself makes one pass to count documents and characters and to fingerprint
-each split.
+Two layouts: WikiText's split files (`wikitext`), read as articles, and a text folder of
+other `*.txt` files (`text`), every `holdout_every`-th document held out as `valid`. A
+folder is WikiText only when its text files are exactly WikiText splits (a `valid.txt`
+beside a `corpus_a.txt` must not leave the corpus unread), one whose files would not all be
+read is refused, and what each file gave is reported. A split is a `Documents` stream, read
+from disk at each pass, so a corpus may be far bigger than memory.
 """
 from __future__ import annotations
 
@@ -32,7 +20,6 @@ from ..paths import check_readable
 from .text import (TEXT_SUFFIXES, check_enough_documents, check_holdout_every, files_named,
                    iter_documents, iter_lines, text_folder_files)
 from .wikitext import SPLITS, WIKITEXT_LAYOUTS, iter_articles
-
 
 WIKITEXT, TEXT_FOLDER = "wikitext", "text folder"
 # What a path given for a corpus is expected to be, for the message that finds nothing there.
@@ -50,15 +37,9 @@ class CorpusFile(NamedTuple):
 
 
 class Documents:
-    """The documents of one split, read from its files each time it is iterated.
-
-    Iterating streams the files in order and holds one document at a time, so a split can
-    be far bigger than memory; iterate it as often as needed (each pass reads the disk
-    again). A text folder's two splits read the same files and each keeps its own
-    documents by index: every `holdout_every`-th document is `valid`, the others `train`.
-    `len()` (documents), `n_chars` and `fingerprint` (a hash of each document's length and
-    text, the token cache's key) come from the scan `load_corpus` makes.
-    """
+    """The documents of one split, streamed from its files at each pass (a text folder's two splits
+    read the same files, each keeping its own by index). `len()`, `n_chars` and `fingerprint` (the
+    token cache's key) come from `load_corpus`'s scan."""
 
     def __init__(self, files: list[Path], layout: str, split: str,
                  holdout_every: Optional[int] = None) -> None:
@@ -67,14 +48,10 @@ class Documents:
         self.n_documents, self.n_chars, self.fingerprint = 0, 0, ""
 
     def __iter__(self) -> Iterator[str]:
-        for i, doc in enumerate(self._all()):
+        docs = (doc for path in self.files for doc in _read(path, self.layout))
+        for i, doc in enumerate(docs):  # both splits' documents, for a text folder
             if self.keeps(i):
                 yield doc
-
-    def _all(self) -> Iterator[str]:
-        """Every document of the files, both splits' for a text folder."""
-        for path in self.files:
-            yield from _read(path, self.layout)
 
     def keeps(self, i: int) -> bool:
         """Whether document `i` of the files (counted over all of them) is in this split."""
@@ -87,10 +64,8 @@ class Documents:
 
     def sample(self, max_chars: int) -> "Iterable[str]":
         """Every k-th document, k the smallest that keeps about `max_chars` characters or
-        fewer: a sample spread over the whole split (not its first files), read again at
-        each pass like the split. The whole split when it is that small already."""
-        every = max(1, math.ceil(self.n_chars / max_chars))
-        return _Every(self, every)
+        fewer: a re-iterable sample spread over the whole split."""
+        return _Every(self, max(1, math.ceil(self.n_chars / max_chars)))
 
     def __repr__(self) -> str:
         return (f"Documents({self.split!r}: {self.n_documents:,} documents, {self.n_chars:,} "
@@ -126,30 +101,10 @@ class Corpus(NamedTuple):
 
 
 def load_corpus(path: PathLike, *, holdout_every: int = 20) -> Corpus:
-    """Read the corpus in folder `path`, as WikiText or as a text folder.
-
-    The folder's text files (`.txt`, `.raw`, `.tokens`) decide:
-
-    * exactly the splits of one WikiText layout (some splits may be missing):
-      WikiText, with the splits found;
-    * only other `.txt` files: a text folder, split into `train` and `valid`
-      (every `holdout_every`-th document) as by `load_text_folder`;
-    * anything else (WikiText splits beside other text files, two WikiText layouts,
-      a `.raw` file among `.txt` files, text files in subfolders as well): a
-      `ValueError` that lists what was found, since some files would go unread.
-
-    A folder with no text files of its own but exactly one subfolder holding some
-    (the cache folder `download_wikitext` extracts into) is read as that subfolder.
-    Hidden subfolders and other files (`README`, `.zip`) are ignored.
-
-    Example:
-
-        corpus = load_corpus("data/")
-        for line in corpus.report():
-            logger.info(line)
-        for doc in corpus.splits["train"]:  # read from disk, one document at a time
-            ...
-    """
+    """Read the corpus in folder `path` (or in its one subfolder with text files), as
+    WikiText (exactly the splits of one layout) or as a text folder (only other `.txt`
+    files, split as `load_text_folder`); anything else, where some files would go unread,
+    raises a `ValueError` listing them. `corpus.report()` gives the log lines."""
     root = Path(path).expanduser()
     check_readable(root, expected=CORPUS_FOLDER)  # a loop, a link to nothing, ... named
     if not root.is_dir():
@@ -157,7 +112,9 @@ def load_corpus(path: PathLike, *, holdout_every: int = 20) -> Corpus:
             f"load_corpus reads a folder, and {root} is a file: pass the folder it is in, or "
             f"put it in a folder of its own to read it alone")
     check_holdout_every(holdout_every)
-    files, subfolders = _text_files(root), _subfolders_with_text(root)
+    files = _text_files(root)
+    subfolders = sorted(d for d in root.iterdir()
+                        if d.is_dir() and not d.name.startswith(".") and _text_files(d))
     if not files:
         if not subfolders:
             raise FileNotFoundError(
@@ -177,17 +134,20 @@ def load_corpus(path: PathLike, *, holdout_every: int = 20) -> Corpus:
             f"folder holds the whole corpus, or pass the folder to read")
     layout = _wikitext_layout(root, files)
     if layout is not None:
-        return _read_wikitext(root, layout)
-    return _read_text_folder(root, files, holdout_every)
+        splits = {s: Documents([layout[s]], WIKITEXT, s) for s in SPLITS if s in layout}
+        read = _scan(list(splits.values()))
+        if not any(len(d) for d in splits.values()):
+            raise ValueError(f"the WikiText files in {root} hold no text: "
+                             f"{_names(list(layout.values()), root)}")
+        return Corpus(root, WIKITEXT, splits, read)
+    splits = {s: Documents(files, TEXT_FOLDER, s, holdout_every) for s in ("train", "valid")}
+    read = _scan(list(splits.values()))
+    check_enough_documents(sum(f.n_documents for f in read), holdout_every, root, len(files))
+    return Corpus(root, TEXT_FOLDER, splits, read)
 
 
 def _text_files(folder: Path) -> list[Path]:
     return files_named(folder, TEXT_SUFFIXES)
-
-
-def _subfolders_with_text(folder: Path) -> list[Path]:
-    return sorted(d for d in folder.iterdir()
-                  if d.is_dir() and not d.name.startswith(".") and _text_files(d))
 
 
 def _names(paths: list[Path], root: Path, limit: int = 8, suffix: str = "") -> str:
@@ -228,32 +188,14 @@ def _wikitext_layout(root: Path, files: list[Path]) -> dict[str, Path] | None:
     return found[0]
 
 
-def _read_wikitext(root: Path, layout: dict[str, Path]) -> Corpus:
-    # train, valid, test, whatever the order of the files
-    splits = {s: Documents([layout[s]], WIKITEXT, s) for s in SPLITS if s in layout}
-    files = _scan(list(splits.values()))
-    if not any(len(d) for d in splits.values()):
-        raise ValueError(f"the WikiText files in {root} hold no text: "
-                         f"{_names(list(layout.values()), root)}")
-    return Corpus(root, WIKITEXT, splits, files)
-
-
-def _read_text_folder(root: Path, paths: list[Path], holdout_every: int) -> Corpus:
-    splits = {s: Documents(paths, TEXT_FOLDER, s, holdout_every) for s in ("train", "valid")}
-    files = _scan(list(splits.values()))
-    check_enough_documents(sum(f.n_documents for f in files), holdout_every, root, len(paths))
-    return Corpus(root, TEXT_FOLDER, splits, files)
-
-
 def _read(path: Path, layout: str) -> Iterator[str]:
     """The documents of one file: WikiText articles, or blank-line separated documents."""
     return iter_articles(iter_lines(path)) if layout == WIKITEXT else iter_documents(path)
 
 
 def _scan(splits: list[Documents]) -> list[CorpusFile]:
-    """One streaming pass over the files of `splits`: count each split's documents and
-    characters and hash its text. Splits that read the same files (a text folder's two)
-    share the pass, each keeping its own documents."""
+    """One streaming pass over the files of `splits` (shared by splits of the same files):
+    count each split's documents and characters and hash its text."""
     hashes = {id(d): hashlib.blake2b(digest_size=8) for d in splits}
     groups: dict[tuple[Path, ...], list[Documents]] = {}
     for d in splits:

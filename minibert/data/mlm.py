@@ -1,25 +1,14 @@
-"""Masked-language-model examples and batches.
+"""Masked-language-model examples and batches (docs/walkthrough.md, "6.3 Packing" and
+"6.4 Masking as a pure function").
 
-Two pieces sit between a `TokenFile` and the model:
-
-* `PackedMLMDataset` cuts the corpus into fixed blocks
-  `[CLS] t_1 ... t_{L-2} [SEP]` of exactly `seq_len` tokens. Blocks run across
-  document boundaries, with a `[SEP]` between documents: RoBERTa's
-  "FULL-SENTENCES" input format (Liu et al. 2019, section 4.2), without
-  next-sentence prediction. Every position holds text, so pretraining spends
-  no compute on padding.
-* `MLMCollator` pads a list of examples to the longest one and applies
-  BERT's masking (Devlin et al. 2019, section 3.1): a fraction `p` of the
-  ordinary tokens is selected for prediction; of those 80% become `[MASK]`, 10% a
-  random ordinary token, 10% stay unchanged.
-
-Masking is *dynamic* (a new mask every epoch, Liu et al. 2019, section 4.1) and yet
-reproducible: every random number is a hash of (seed, epoch, example index,
-position), a counter-based generator in the spirit of Salmon et al. 2011
-("Parallel random numbers: as easy as 1, 2, 3"). No generator state is carried
-from one example to the next, so an example is masked the same way whichever
-process, micro-batch or resumed run collates it. That is what makes gradient
-accumulation, DDP and resume exact.
+* `PackedMLMDataset` cuts the corpus into blocks `[CLS] t_1 ... t_{L-2} [SEP]` of exactly
+  `seq_len` tokens, across documents with a `[SEP]` between them: RoBERTa's FULL-SENTENCES
+  (Liu et al. 2019, section 4.2), so no compute goes to padding.
+* `MLMCollator` pads and applies BERT's masking (Devlin et al. 2019, section 3.1): a fraction
+  `p` of the ordinary tokens is selected, 80% of those become `[MASK]`, 10% a random token.
+  Dynamic (Liu et al. 2019, section 4.1) yet reproducible: every random number is a hash of
+  (seed, epoch, example index, position) (Salmon et al. 2011), so an example is masked alike
+  by any process, micro-batch or resumed run: what makes accumulation, DDP and resume exact.
 """
 from __future__ import annotations
 
@@ -38,19 +27,11 @@ if TYPE_CHECKING:
 
 # ------------------------------------------------------------------ packing
 
-
 class PackedMLMDataset(torch.utils.data.Dataset):
-    """Fixed-length `[CLS] ... [SEP]` blocks packed from a token file.
-
-    Document `d` contributes its ids followed by one `[SEP]`; the resulting
-    stream is cut into bodies of `seq_len - 2` tokens and each body is wrapped
-    in `[CLS]` / `[SEP]`. The trailing partial block is dropped, so every
-    example has exactly `seq_len` tokens. Nothing is materialised: a block's
-    position in the stream is computed from the document offsets.
-
-    Item `i` is `{"input_ids": (seq_len,) int64 array, "index": i}`; the index
-    is what `MLMCollator` keys its masking on.
-    """
+    """Fixed-length `[CLS] ... [SEP]` blocks packed from a token file: each document's ids
+    and one `[SEP]`, end to end, cut into bodies of `seq_len - 2` (the partial last one
+    dropped), found from the document offsets. Item `i` is `{"input_ids": (seq_len,) int64,
+    "index": i}`, the index `MLMCollator` keys its masking on."""
 
     def __init__(self, tokens: TokenFile, seq_len: int, tokenizer: Optional["Tokenizer"] = None):
         if not isinstance(seq_len, int) or seq_len < 3:
@@ -59,8 +40,7 @@ class PackedMLMDataset(torch.utils.data.Dataset):
         if tokenizer is not None and tokenizer.fingerprint != tokens.fingerprint:
             raise ValueError(f"{tokens.path} was made by another tokenizer than the one given; "
                              f"re-prepare it with minibert.data.tokenize_to_memmap(...)")
-        self.tokens = tokens
-        self.seq_len = seq_len
+        self.tokens, self.seq_len = tokens, seq_len
         specials = tokens.header["special_ids"]
         self.cls_id, self.sep_id = specials["cls"], specials["sep"]
         self.body = seq_len - 2
@@ -69,8 +49,7 @@ class PackedMLMDataset(torch.utils.data.Dataset):
         self._doc_len = np.diff(offsets)
         # Start of document d in the stream with one [SEP] after every document.
         self._stream_start = offsets + np.arange(len(offsets), dtype=np.int64)
-        stream_len = int(self._stream_start[-1])
-        self._n = stream_len // self.body
+        self._n = int(self._stream_start[-1]) // self.body
         if self._n == 0:
             raise ValueError(f"{tokens.path} holds {tokens.n_tokens} tokens, not enough for one "
                              f"block of seq_len={seq_len}; use a larger corpus or a smaller "
@@ -108,12 +87,8 @@ def check_pad_multiple(pad_to_multiple_of: Optional[int]) -> None:
 
 def pad_batch(sequences: Sequence, pad_id: int, pad_to_multiple_of: Optional[int] = None
               ) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad id sequences to the longest one.
-
-    Returns `(ids, lengths)`: `(B, T)` int64 and `(B,)` int64, where `T` is the
-    longest length rounded up to `pad_to_multiple_of` (tensor cores like
-    multiples of 8).
-    """
+    """Right-pad id sequences: `(ids, lengths)`, `(B, T)` and `(B,)` int64, `T` the longest
+    length rounded up to `pad_to_multiple_of` (tensor cores like multiples of 8)."""
     if len(sequences) == 0:
         raise ValueError("cannot collate an empty list of examples")
     arrays = [np.asarray(s, dtype=np.int64).reshape(-1) for s in sequences]
@@ -164,36 +139,18 @@ def _mix(x: np.ndarray) -> np.ndarray:
 class MLMCollator:
     """Pad examples and mask them for masked-language modelling.
 
-    Args:
-        tokenizer: supplies `pad_id`, `mask_id`, `special_ids`, `vocab_size`.
-        mlm_probability: fraction of ordinary tokens selected for prediction, in
-            (0, 1). BERT uses 0.15; MosaicBERT and ModernBERT train at 0.30.
-        pad_to_multiple_of: round the padded length up to a multiple of this.
-        seed: the masking seed; with the epoch and example index it fixes every mask.
-        whole_word_mask: select *words* instead of tokens: a word is a piece plus the
-            `##` pieces that follow it, and a chosen word has all its pieces predicted,
-            with one 80/10/10 decision for the whole word (the released BERT models'
-            "whole word masking" variant). Predicting `##ing` while `walk` is visible
-            is a much easier task than predicting the word; masking words removes that
-            shortcut. A word cut by the start of a block is a word of its own.
-        segments: False for a model without segment embeddings
-            (`model.config.has_segments`, False for ModernBERT): the batch then holds no
-            `token_type_ids`, as `TaskCollator(..., segments=False)`.
+    mlm_probability: fraction of ordinary tokens selected, in (0, 1): BERT 0.15, MosaicBERT
+        and ModernBERT 0.30. seed: with the epoch and example index, fixes every mask.
+    whole_word_mask: select *words* (a piece and its `##` pieces), one 80/10/10 decision
+        each, as the released BERT models' variant: `##ing` beside a visible `walk` is a
+        shortcut. segments: False for a model without segment embeddings (ModernBERT).
 
-    Call it on a list of examples: id sequences that already hold `[CLS]`/`[SEP]`,
-    or dicts with `input_ids` and `index` (what `PackedMLMDataset`
-    yields). It returns a dict of `(B, T)` int64 tensors: `input_ids`,
-    `attention_mask` (1 on tokens, 0 on padding), `token_type_ids` (zeros
-    unless the examples carry them; left out with `segments=False`) and `labels`
-    (the original id where a token was selected, -100 elsewhere). Special tokens
-    (`[PAD] [UNK] [CLS] [SEP] [MASK]`) are never selected. Each example with any ordinary
-    token gets at least one selected token, so no example, and no batch, has an empty loss.
-
-    Examples without an index are keyed by a hash of their ids instead; set the
-    epoch with `set_epoch` (or `epoch=` in the call) so that masks change
-    between epochs. DataLoader workers copy the collator when an epoch's iterator
-    starts, so call `set_epoch` before iterating (and avoid
-    `persistent_workers=True`, whose copies would keep the old epoch).
+    Called on id sequences holding `[CLS]`/`[SEP]`, or dicts with `input_ids` and `index`,
+    it returns `(B, T)` int64 `input_ids`, `attention_mask`, `token_type_ids` and `labels`
+    (-100 where not selected). Special tokens are never selected; an example with an
+    ordinary token gets at least one. Without an index, an example's ids are its key. Call
+    `set_epoch` before iterating (DataLoader workers copy the collator; avoid
+    `persistent_workers=True`).
     """
 
     def __init__(self, tokenizer: "Tokenizer", mlm_probability: float = 0.15,
@@ -224,16 +181,10 @@ class MLMCollator:
 
     def __call__(self, examples: Sequence[Example], *, indices: Optional[Sequence[int]] = None,
                  epoch: Optional[int] = None) -> dict[str, torch.Tensor]:
-        seqs, keys, types = [], [], []
-        for ex in examples:
-            if isinstance(ex, Mapping):
-                seqs.append(ex["input_ids"])
-                keys.append(ex.get("index"))
-                types.append(ex.get("token_type_ids"))
-            else:
-                seqs.append(ex)
-                keys.append(None)
-                types.append(None)
+        dicts = [ex if isinstance(ex, Mapping) else {"input_ids": ex} for ex in examples]
+        seqs = [d["input_ids"] for d in dicts]
+        keys = [d.get("index") for d in dicts]
+        types = [d.get("token_type_ids") for d in dicts]
         ids, lengths = pad_batch(seqs, self.pad_id, self.pad_to_multiple_of)
         if indices is not None:
             if len(indices) != len(seqs):
@@ -259,14 +210,9 @@ class MLMCollator:
 
     def mask(self, ids: np.ndarray, lengths: np.ndarray, keys: np.ndarray, epoch: int
              ) -> tuple[np.ndarray, np.ndarray]:
-        """The masking itself, a pure function of its arguments and `self.seed`.
-
-        Args:
-            ids: `(B, T)` int64 padded ids. lengths: `(B,)` true lengths.
-            keys: `(B,)` uint64 example indices. epoch: the epoch.
-        Returns:
-            `(input_ids, labels)`, both `(B, T)` int64.
-        """
+        """The masking itself, a pure function of its arguments and `self.seed`: `ids` (B, T)
+        int64 padded, `lengths` (B,), `keys` (B,) uint64 example indices -> `(input_ids,
+        labels)`, both (B, T) int64."""
         B, T = ids.shape
         with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design
             epoch_key = _mix(np.uint64(epoch % 2**64))
@@ -282,9 +228,8 @@ class MLMCollator:
             r_token = uniform_bits(2) % np.uint64(len(self.ordinary_ids))
 
         candidate = (np.arange(T)[None, :] < lengths[:, None]) & ~np.isin(ids, self.special_ids)
-        # Every candidate belongs to a unit that is selected or not as a whole: itself, or
-        # with whole-word masking its word. `first` (B, T) is the position of its unit's
-        # first piece, whose random numbers decide for the whole unit.
+        # A candidate is selected with its unit (itself, or its word with whole-word masking):
+        # `first` (B, T) is its unit's first piece, whose random numbers decide for the unit.
         starts = candidate.copy()
         if self.whole_word_mask:
             follows = np.zeros_like(candidate)

@@ -1,30 +1,20 @@
 """BERT's text normalizer run in Python ahead of the Rust pipeline: the same ids, faster.
 
-Tokenizing a corpus spends a large share of the Rust pipeline's time in `BertNormalizer`
-(cleaning control characters, spacing CJK characters, NFD and dropping accents,
-lowercasing; benchmarks/RESULTS.md, "Data preparation speed: BERT's normalizer in
-Python"), because the Rust side tracks every character's original offset through each of
-those steps, offsets a token file never stores. The normalizer works one
-character at a time, so this module asks the Rust normalizer once per distinct
-character what it makes of it, keeps the answers in a table, and normalizes whole
-documents with `str.translate` (a C loop, with a fast path for ASCII text). The
-normalized text then goes through a copy of the pipeline that has no normalizer.
+The Rust `BertNormalizer` tracks every character's offset, which a token file never stores
+(benchmarks/RESULTS.md, "Data preparation speed: BERT's normalizer in Python"). It works per
+character, so it is asked once per distinct character, the answers kept in a table for
+`str.translate`, and the normalized text encoded by a copy of the pipeline without a
+normalizer. That is exact except where context matters; such documents take the Rust
+pipeline whole:
 
-Per character is exact except where context matters, and those documents take the Rust
-pipeline whole, unchanged:
+* NFD reorders runs of combining marks by their combining class. Stripping accents drops
+  the nonspacing marks (Mn) afterwards, so only a combining mark that survives (a spacing
+  mark of nonzero class such as U+1D165) could land elsewhere: a character whose normalized
+  form holds one sends its document back. Keeping accents runs no NFD.
+* Special tokens such as `[MASK]` are matched in the raw text: a document holding one,
+  before or after normalizing, goes back too.
 
-* NFD reorders runs of combining marks by their combining class (canonical ordering).
-  Stripping accents removes the nonspacing marks (category Mn) afterwards, which leaves
-  the rest in the same relative order; only a combining mark that survives normalization
-  could land elsewhere. Any character whose normalized form still holds a combining mark
-  (a spacing mark of nonzero class such as U+1D165) sends its document back to the Rust
-  pipeline. A normalizer that keeps accents runs no NFD, and reorders nothing.
-* Special tokens such as `[MASK]` are matched in the raw text before normalization
-  (transformers registers them that way). A document that contains one, before or after
-  normalizing, takes the Rust pipeline too.
-
-`tests/test_normalize.py` checks the ids against the Rust pipeline's on text built to
-hit each of these cases, and on a few thousand random strings.
+`tests/test_normalize.py` checks the ids against the Rust pipeline's on each case.
 """
 from __future__ import annotations
 
@@ -61,11 +51,8 @@ class _Table(dict):
 
 
 class PythonNormalizer:
-    """A pipeline's `BertNormalizer`, run per character through a table.
-
-    `PythonNormalizer.of(backend)` is None for a pipeline whose normalizer is not
-    `BertNormalizer` (nothing else is known to work per character).
-    """
+    """A pipeline's `BertNormalizer`, run per character through a table; `of(backend)` is
+    None for any other normalizer (none else is known to work per character)."""
 
     def __init__(self, backend: tokenizers.Tokenizer) -> None:
         norm = backend.normalizer
@@ -101,10 +88,7 @@ class PythonNormalizer:
 
 class FastEncoder:
     """`encode_batch` for a BERT pipeline: normalized by `PythonNormalizer`, then encoded by
-    a copy of the pipeline without its normalizer.
-
-    `FastEncoder.of(backend)` is None where `PythonNormalizer.of(backend)` is.
-    """
+    a copy of the pipeline without its normalizer (`of(backend)`: None where its is)."""
 
     def __init__(self, backend: tokenizers.Tokenizer, normalize: PythonNormalizer) -> None:
         self.backend, self.normalize = backend, normalize
@@ -122,16 +106,12 @@ class FastEncoder:
         fast = [i for i, t in enumerate(normalized) if t is not None]
         slow = [i for i, t in enumerate(normalized) if t is None]
         ids: list = [None] * len(texts)
-        if fast:
-            encs = _encode_batch(self.bare)([normalized[i] for i in fast],
-                                            add_special_tokens=add_special_tokens)
-            for i, e in zip(fast, encs):
-                ids[i] = e.ids
-        if slow:
-            encs = _encode_batch(self.backend)([texts[i] for i in slow],
-                                               add_special_tokens=add_special_tokens)
-            for i, e in zip(slow, encs):
-                ids[i] = e.ids
+        for backend, rows, inputs in ((self.bare, fast, normalized), (self.backend, slow, texts)):
+            if rows:
+                encs = _encode_batch(backend)([inputs[i] for i in rows],
+                                              add_special_tokens=add_special_tokens)
+                for i, e in zip(rows, encs):
+                    ids[i] = e.ids
         return ids
 
 

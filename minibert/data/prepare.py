@@ -1,19 +1,15 @@
 """A pretraining corpus made ready once: read, the run's tokenizer fixed, each split tokenized.
 
-The main job (examples/pretrain_wikitext.py) and distillation (examples/distill.py) read
-their text this way. What it writes:
+How examples/pretrain_wikitext.py and examples/distill.py read their text. It writes:
 
     RUN/tokenizer/               the run's tokenizer (tokenizer.json, vocab.txt)
     RUN/tokenizer/SPLIT.key      the fingerprint of split SPLIT's text
     CACHE/tokens/TOK-KEY.tok     the split's token file (memmap), named by the tokenizer's
                                  fingerprint and the text's key: any run reuses it
 
-`prepare_corpus` makes the token files (one process: rank 0 under torchrun) and returns the
-corpus opened; it reads RUN (a resumed run's tokenizer and keys) but writes nothing there,
-so that a run refused after it (another corpus on --resume) leaves its folder as it was.
-`save_prepared` writes RUN's part once the run holds its folder, and `load_prepared` opens
-what it wrote. A token file is only a cache: one found damaged is made again, and a run's
-identity holds the keys, so a resumed run is refused on other text.
+`prepare_corpus` makes the token files (rank 0) and writes nothing into RUN, so that a run
+refused after it leaves its folder as it was; `save_prepared` writes RUN's part once the run
+holds its folder, `load_prepared` opens it. The run identity holds the keys.
 """
 
 from __future__ import annotations
@@ -23,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
-from ..atomic import PathLike, write_files_atomically
-from ..atomic import writing
+from ..atomic import PathLike, write_files_atomically, writing
 from .tokenizer import Tokenizer, default_cache_dir
 from .corpus import Corpus, Documents, load_corpus
 from .mlm import PackedMLMDataset
@@ -33,18 +28,15 @@ from .wikitext import download_wikitext
 
 log = logging.getLogger(__name__)
 
-
-# A new tokenizer is trained on at most this many characters of the train split, a sample
-# spread over all of it, as SentencePiece samples its input (`input_sentence_size`): the
-# vocabulary has long converged by then, while training time grows with the text.
+# A new tokenizer is trained on a sample of at most this many characters of the train split,
+# as SentencePiece samples (`input_sentence_size`): the vocabulary has long converged by then.
 TOKENIZER_SAMPLE_CHARS = 100_000_000
 
 
 @dataclass
 class PreparedCorpus:
-    """A run's corpus, ready: the run's tokenizer, each split as packed blocks of `seq_len`
-    tokens, and each split's text key (`keys`), which names its token file in the cache and
-    enters the run identity."""
+    """A run's corpus, ready: its tokenizer, each split as packed blocks, and each split's
+    text key (`keys`: its token file's name in the cache, and part of the run identity)."""
 
     tokenizer: Tokenizer
     splits: dict[str, PackedMLMDataset]
@@ -56,14 +48,10 @@ def prepare_corpus(run_dir: PathLike, splits: Sequence[str], seq_len: int = 128,
                    cache_dir: Optional[PathLike] = None, init_from: Optional[PathLike] = None,
                    vocab_size: int = 8192, resume: bool = False,
                    corpus: Optional[Corpus] = None) -> PreparedCorpus:
-    """Read the corpus, fix the run's tokenizer and tokenize `splits` (the first is the one
-    a new tokenizer learns from) into the token cache; returns them opened, in blocks of
-    `seq_len`. Writes nothing into `run_dir` (`save_prepared` does).
-
-    `data_dir`: a WikiText folder or any folder of .txt files (`load_corpus`); None
-    downloads `dataset` into `cache_dir` (default `default_cache_dir()`). The tokenizer is
-    `run_tokenizer`'s. `corpus`: `data_dir` already read by `load_corpus` (a script reads it
-    before making its run folder, to refuse a wrong one first)."""
+    """Read the corpus, fix the run's tokenizer (`run_tokenizer`, trained on the first of
+    `splits`) and tokenize `splits` into the token cache; return them opened, in blocks of
+    `seq_len`. `data_dir`: a folder `load_corpus` reads (or `corpus`, it read already);
+    None downloads `dataset` into `cache_dir` (default `default_cache_dir()`)."""
     run_dir = Path(run_dir)
     data_dir = data_dir or download_wikitext(dataset, cache_dir=cache_dir)
     if corpus is None:
@@ -89,15 +77,13 @@ def prepare_corpus(run_dir: PathLike, splits: Sequence[str], seq_len: int = 128,
             tokenize_to_memmap(docs, tok, path)
     data = open_prepared(tok, keys, seq_len, cache_dir)
     for s, block in data.splits.items():
-        log.info("split %s: %d documents, %d tokens", s, block.tokens.n_docs,
-                 block.tokens.n_tokens)
+        log.info("split %s: %d documents, %d tokens", s, block.tokens.n_docs, block.tokens.n_tokens)
     return data
 
 
 def open_prepared(tok: Tokenizer, keys: dict[str, str], seq_len: int,
                   cache_dir: Optional[PathLike] = None) -> PreparedCorpus:
-    """The splits `prepare_corpus` tokenized with `tok` (every rank opens them), each packed
-    into blocks of `seq_len` tokens ([CLS] ... [SEP])."""
+    """The splits `prepare_corpus` tokenized with `tok` (every rank opens them), packed."""
     sets = {}
     for s, key in keys.items():
         tokens = TokenFile.open(token_file(tok, key, cache_dir), tok)
@@ -109,9 +95,8 @@ def open_prepared(tok: Tokenizer, keys: dict[str, str], seq_len: int,
 
 
 def save_prepared(run_dir: PathLike, data: PreparedCorpus) -> None:
-    """Write the run's part of `data` into `run_dir`: its tokenizer, unless the folder holds
-    it already (a resumed run's is never written again: a kill during a rewrite could leave
-    it truncated), and each split's keys."""
+    """Write the run's part of `data` into `run_dir`: each split's key, and its tokenizer
+    unless already there (a kill during a rewrite could leave a resumed run's truncated)."""
     folder = Path(run_dir) / "tokenizer"
     with writing(folder):
         if not (folder / "tokenizer.json").is_file():
@@ -121,8 +106,8 @@ def save_prepared(run_dir: PathLike, data: PreparedCorpus) -> None:
 
 def check_splits(corpus: Corpus, splits: Sequence[str], data_dir: PathLike,
                  flags: Sequence[str] = ()) -> None:
-    """Refuse a split the corpus does not have, naming those it has, and `flags`, the
-    options that choose `splits` (one each), where a caller has them."""
+    """Refuse a split the corpus does not have, naming those it has and `flags`, the options
+    that choose `splits`."""
     for s in splits:
         if s not in corpus.splits:
             how = (f"choose among those with {' and '.join(flags)}" if flags else
@@ -133,8 +118,7 @@ def check_splits(corpus: Corpus, splits: Sequence[str], data_dir: PathLike,
 
 def load_prepared(run_dir: PathLike, splits: Sequence[str], seq_len: int,
                   cache_dir: Optional[PathLike] = None) -> PreparedCorpus:
-    """Open what `save_prepared` wrote into `run_dir`: each split packed into blocks of
-    `seq_len` tokens ([CLS] ... [SEP])."""
+    """Open what `save_prepared` wrote into `run_dir`, each split packed."""
     folder = Path(run_dir) / "tokenizer"
     tok = Tokenizer.from_pretrained(folder)
     keys = {s: (folder / f"{s}.key").read_text() for s in splits}
@@ -144,15 +128,9 @@ def load_prepared(run_dir: PathLike, splits: Sequence[str], seq_len: int,
 def run_tokenizer(run_dir: PathLike, train_texts: Union[Documents, Iterable[str]], *,
                   init_from: Optional[PathLike] = None, vocab_size: int = 8192,
                   resume: bool = False, cache_dir: Optional[PathLike] = None) -> Tokenizer:
-    """The run's tokenizer, which RUN/tokenizer keeps (`save_prepared`): the one a resumed
-    run was started with, else `init_from`'s, else a new one of `vocab_size` trained on (a
-    sample of at most `TOKENIZER_SAMPLE_CHARS` characters of) `train_texts`.
-
-    A tokenizer left in RUN/tokenizer by a start that did not train (an earlier version,
-    or a kill) is used only if it is the one this start would produce; otherwise the start
-    is refused, so that a stale vocabulary never silently replaces `init_from`'s or a new
-    `vocab_size`. Writes nothing into RUN.
-    """
+    """The run's tokenizer: a resumed run's (RUN/tokenizer), else `init_from`'s, else one of
+    `vocab_size` trained on a sample of `train_texts`. One left in RUN by an earlier start
+    is used only if it is the one this start makes, else the start is refused."""
     tok_dir = Path(run_dir) / "tokenizer"
     kept = tok_dir / "tokenizer.json"
     if resume and kept.is_file():  # compared with the checkpoint's by the engine
@@ -182,8 +160,7 @@ def run_tokenizer(run_dir: PathLike, train_texts: Union[Documents, Iterable[str]
 
 
 def token_file(tok: Tokenizer, key: str, cache_dir: Optional[PathLike] = None) -> Path:
-    """Where the text of key `key` tokenized by `tok` is cached: each corpus is tokenized
-    once per tokenizer, whichever run asks."""
+    """Where the text of key `key` tokenized by `tok` is cached, for whichever run asks."""
     cache = cache_dir or default_cache_dir()
     return Path(cache) / "tokens" / f"{tok.fingerprint[:16]}-{key}.tok"
 

@@ -1,22 +1,10 @@
 """Extractive question answering (SQuAD): windows over long contexts, answers back in characters.
 
-BERT's recipe (Devlin et al. 2019, section 4.2, and run_squad.py of google-research/bert):
-
-* Each question and its context become `[CLS] question [SEP] context [SEP]`. A
-  context too long for `max_len` is cut into overlapping windows, each paired with
-  the whole question, so every context token is seen in some window with context
-  around it.
-* The model scores every token as the answer's start and as its end. Training needs
-  the answer's token positions in each window: where the window holds the whole answer,
-  its first and last token; elsewhere (a window that misses or cuts the answer, or an
-  unanswerable SQuAD 2.0 question) the `[CLS]` position 0, which stands for "no answer
-  here".
-* At prediction, `best_span` takes the highest-scoring valid span over all windows
-  of a question (a start may only come from the window where that token has the most
-  context around it), and maps it back to characters of the context through the
-  tokens' offsets, so the answer is a verbatim substring of the context. SQuAD 2.0 adds
-  a null answer: predict none when the `[CLS]` score beats the best span's by more
-  than a threshold.
+BERT's recipe (Devlin et al. 2019, section 4.2, and google-research/bert's run_squad.py),
+described in docs/qa.md, "Windows over long contexts": `[CLS] question [SEP] context [SEP]`
+windows over a long context, trained on the answer's first and last token where a window
+holds it whole and on `[CLS]` ("no answer here") elsewhere; `best_span` takes the best span
+over a question's windows back to characters of the context, with SQuAD 2.0's null answer.
 """
 from __future__ import annotations
 
@@ -43,24 +31,12 @@ class SpanPrediction(NamedTuple):
 
 def encode_qa(tok: "Tokenizer", examples: Sequence[QAExample], max_len: int = 384,
               doc_stride: int = 128, max_question_len: int = 64) -> list[dict]:
-    """Features for extractive QA: one per window of each example's context.
-
-    `doc_stride` is the number of context tokens that consecutive windows share, as
-    transformers' `stride`, so the windows equal transformers' overflowing windows for
-    `truncation="only_second"`. (BERT's run_squad.py gave the name to the step between
-    window starts instead: its windows of 384 tokens moved by 128 tokens.)
-    Questions longer than `max_question_len` tokens are cut (BERT's
-    `max_query_length`); the context gets the rest of `max_len`.
-
-    Each feature holds `input_ids` and `token_type_ids` ((T,) int64; for a model without
-    segment embeddings, `TaskCollator(..., segments=False)` leaves them out), the training
-    targets `start_position` and `end_position` (token indices; 0, the `[CLS]`,
-    when the window does not hold the whole first answer), and for `best_span`:
-    `example` (its index in `examples`), `offsets` ((T, 2) int64, each context
-    token's characters in the context, 0 elsewhere), `is_context` ((T,) bool) and
-    `max_context` ((T,) bool, context tokens that have more context around them in this
-    window than in any other).
-    """
+    """Features for extractive QA: one per window of each example's context; `doc_stride` is the
+    context tokens consecutive windows share (transformers' `stride`). Each feature holds
+    `input_ids`, `token_type_ids`, `start_position` and `end_position` (0, the `[CLS]`, where the
+    window lacks the whole first answer), and for `best_span` `example`, `offsets` ((T, 2) int64,
+    characters in the context), `is_context` and `max_context` ((T,) bool: more context around the
+    token here than in any other window)."""
     if not isinstance(doc_stride, int) or doc_stride < 0:
         raise ValueError(f"doc_stride={doc_stride!r} must be an int >= 0")
     if not isinstance(max_question_len, int) or max_question_len < 1:
@@ -68,8 +44,7 @@ def encode_qa(tok: "Tokenizer", examples: Sequence[QAExample], max_len: int = 38
     features = []
     for x, ex in enumerate(examples):
         enc = tok.encode_pair(ex.question, ex.context)
-        question = [i for i, s in zip(enc.input_ids, enc.sequence_ids) if s == 0]
-        question = question[:max_question_len]
+        question = [i for i, s in zip(enc.input_ids, enc.sequence_ids) if s == 0][:max_question_len]
         ctx = [t for t, s in enumerate(enc.sequence_ids) if s == 1]
         ctx_ids = [enc.input_ids[t] for t in ctx]
         ctx_offsets = np.asarray([enc.offsets[t] for t in ctx], dtype=np.int64).reshape(-1, 2)
@@ -118,12 +93,9 @@ def _answer_tokens(ex: QAExample, offsets: np.ndarray) -> Optional[tuple[int, in
 
 
 def _max_context_windows(windows: list[tuple[int, int]], n: int) -> np.ndarray:
-    """(n,) for each context token, the window where it has the most context.
-
-    BERT's `_check_is_max_context`: a token's context in a window is the smaller of
-    the tokens to its left and to its right, plus a hundredth of the window's length
-    to prefer longer windows; ties go to the earlier window.
-    """
+    """(n,) for each context token, the window where it has the most context (BERT's
+    `_check_is_max_context`: the fewer of the tokens to its left and right, plus a hundredth
+    of the window's length; ties to the earlier window)."""
     best = np.full(n, -1, dtype=np.int64)
     best_score = np.full(n, -np.inf)
     for w, (ws, we) in enumerate(windows):
@@ -139,20 +111,12 @@ def best_span(start_logits: Sequence, end_logits: Sequence, features: Sequence[M
               examples: Sequence[QAExample], max_answer_length: int = 30, n_best: int = 20, *,
               version_2: bool = False, null_score_diff_threshold: float = 0.0
               ) -> list[SpanPrediction]:
-    """The answer to each example, as characters of its context, from all its windows.
-
-    `start_logits[f]` and `end_logits[f]` score the tokens of `features[f]` (rows
-    of a padded batch are fine: only the feature's own tokens are read). Per window, the
-    `n_best` highest start and end scores among context tokens are paired; a pair is a
-    candidate when the end does not precede the start, the span has at most
-    `max_answer_length` tokens, and the window is the start token's max-context window.
-    The best candidate over all windows, by start + end logit, is the answer.
-
-    With `version_2` (SQuAD 2.0), the null score is the lowest `[CLS]` start + end
-    logit over the windows, and the answer is "" when the null score exceeds the best
-    span's by more than `null_score_diff_threshold` (tune it on the dev set, as BERT
-    did). Returns one `SpanPrediction` per example, in order.
-    """
+    """The answer to each example, as characters of its context, from all its windows:
+    `start_logits[f]` and `end_logits[f]` score `features[f]`'s tokens. Per window the `n_best` best
+    context starts and ends are paired (end not before start, at most `max_answer_length` tokens,
+    the start's max-context window); the best start + end logit wins. With `version_2` it is "" when
+    the null score (the lowest `[CLS]` start + end) beats it by more than
+    `null_score_diff_threshold`."""
     windows = defaultdict(list)
     for f, s, e in zip(features, start_logits, end_logits):
         T = len(f["input_ids"])
@@ -176,9 +140,8 @@ def best_span(start_logits: Sequence, end_logits: Sequence, features: Sequence[M
             continue
         f, i, j = best
         start, end = int(f["offsets"][i][0]), int(f["offsets"][j][1])
-        # A nonspacing mark (a decomposed accent, a Devanagari anusvara) belongs to the letter
-        # before it, but a tokenizer that strips accents (every Mn character, as BERT's
-        # normaliser does) ends that letter's token before the mark.
+        # A nonspacing mark (Mn: a decomposed accent) belongs to the letter before it, but a
+        # tokenizer that strips accents ends that letter's token before the mark.
         while end < len(ex.context) and unicodedata.category(ex.context[end]) == "Mn":
             end += 1
         predictions.append(SpanPrediction(ex.id, ex.context[start:end], start, end,

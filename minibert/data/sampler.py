@@ -1,23 +1,12 @@
 """Which examples go in which batch, on which rank: deterministic, shardable, resumable.
 
-* `ShardedSampler` (pretraining): one shuffle of all examples per epoch,
-  drawn from (seed, epoch). The shuffled order is cut into *global* batches of
-  `global_batch_size` examples, and rank `r` of `W` receives the `r`-th
-  contiguous slice of each. The union over ranks of one global batch is therefore
-  the same set of examples whatever `W` is; with `MLMCollator`
-  keying its masks on the example index, the global batch is identical too.
-  Resuming at global position `k` only slices the permutation: skipped
-  examples are never read.
-* `LengthGroupedBatchSampler` (fine-tuning): batches of examples of
-  similar length, so dynamic padding has little to add. Examples are shuffled,
-  cut into groups of `batch_size * group_batches`, sorted by length inside each
-  group and batched; the batch order is shuffled again so training does not go
-  from short to long.
-* `GlobalBatches` (the training loop's batch order) and `TaskMixtureBatches`
-  (multi-task fine-tuning: each batch one task's, tasks drawn by the square root of their
-  size): whole global batches from a saved position, with `next`/`position`/`seek`.
-
-Kept apart from `mlm.py` because neither sampler knows anything about masking.
+* `ShardedSampler` (pretraining): one shuffle per epoch from (seed, epoch), cut into global
+  batches; rank `r` of `W` takes the `r`-th slice of each, so a global batch is the same
+  examples whatever `W` is (docs/walkthrough.md, "6.5 Which examples, on which rank").
+* `LengthGroupedBatchSampler` (fine-tuning): batches of similar length, so dynamic padding
+  has little to add; the batch order is shuffled so training does not go short to long.
+* `GlobalBatches` (the training loop's order) and `TaskMixtureBatches` (multi-task): whole
+  global batches from a saved position, with `next`/`position`/`seek`.
 """
 from __future__ import annotations
 
@@ -35,22 +24,39 @@ def _epoch_rng(seed: int, epoch: int) -> np.random.Generator:
     return np.random.default_rng([int(seed) % 2**63, int(epoch)])
 
 
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
+
+
+def _check_batch_size(batch_size: int, world_size: int, name: str = "batch_size") -> None:
+    if batch_size < 1 or batch_size % world_size:
+        raise ValueError(f"{name}={batch_size} must be a positive multiple of "
+                         f"world_size={world_size}")
+
+
+def _sorted_groups(order: np.ndarray, lengths: np.ndarray, group: int) -> list[np.ndarray]:
+    """`order` cut into groups of `group`, each sorted longest first (a stable sort keeps
+    the shuffled order among equal lengths)."""
+    return [chunk[np.argsort(-lengths[chunk], kind="stable")]
+            for chunk in (order[g:g + group] for g in range(0, len(order), group))]
+
+
+def _longest_first(batches: list, lengths: np.ndarray, rng: np.random.Generator) -> list:
+    """`batches` shuffled, so training does not go from long to short, then the one holding
+    the longest example moved first, so an out-of-memory error shows at the first step."""
+    batches = [batches[i] for i in rng.permutation(len(batches))]
+    longest = max(range(len(batches)), key=lambda i: lengths[batches[i]].max())
+    batches.insert(0, batches.pop(longest))
+    return batches
+
+
 class ShardedSampler(torch.utils.data.Sampler):
-    """Per-epoch shuffled indices, this rank's slice of every global batch.
-
-    Args:
-        num_examples: size of the dataset.
-        global_batch_size: examples per optimizer step over all ranks
-            (`world_size * grad_accum * micro_batch`); a multiple of `world_size`.
-        rank, world_size: this process and the number of processes.
-        seed: fixes the shuffle of every epoch.
-        shuffle: `False` keeps the dataset order (evaluation).
-        drop_last: drop the final partial global batch (default). If `False` it
-            is split as evenly as possible, and some ranks may get one example fewer.
-
-    Use it as a DataLoader `sampler` with `batch_size` = micro-batch size:
-    rank `r` yields `global_batch_size // world_size` indices per global batch.
-    Call `set_epoch` before each epoch, with `start` when resuming.
+    """Per-epoch shuffled indices, this rank's slice of every global batch: a DataLoader
+    `sampler` (with `batch_size` the micro-batch); call `set_epoch` before each epoch.
+    global_batch_size: examples per optimizer step over all ranks, a multiple of
+        `world_size`. shuffle: False keeps the dataset order (evaluation).
+    drop_last: drop the final partial global batch; else it is split as evenly as possible.
     """
 
     def __init__(self, num_examples: int, global_batch_size: int, *, rank: int = 0,
@@ -58,11 +64,8 @@ class ShardedSampler(torch.utils.data.Sampler):
                  drop_last: bool = True) -> None:
         if num_examples < 1:
             raise ValueError(f"num_examples={num_examples} must be >= 1")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
-        if global_batch_size < 1 or global_batch_size % world_size:
-            raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple "
-                             f"of world_size={world_size}")
+        _check_rank(rank, world_size)
+        _check_batch_size(global_batch_size, world_size, "global_batch_size")
         if drop_last and num_examples < global_batch_size:
             raise ValueError(f"{num_examples} examples are fewer than one global batch of "
                              f"{global_batch_size}; lower the batch size or pass drop_last=False")
@@ -72,12 +75,8 @@ class ShardedSampler(torch.utils.data.Sampler):
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Select the epoch, and the global position in it to start from (resume).
-
-        `start` counts examples consumed by all ranks together in this epoch. With
-        several ranks it must fall on a global-batch boundary, since the examples a
-        rank had already consumed inside a global batch are not known here.
-        """
+        """Select the epoch, and `start`, the examples all ranks consumed in it (resume): with
+        several ranks a whole number of global batches."""
         stop = self._stop()
         if not 0 <= start <= stop:
             raise ValueError(f"start={start} must lie in [0, {stop}] for this epoch")
@@ -97,11 +96,7 @@ class ShardedSampler(torch.utils.data.Sampler):
         return _epoch_rng(self.seed, self.epoch).permutation(self.num_examples)
 
     def __iter__(self) -> Iterator[int]:
-        order, G, W = self.order(), self.global_batch_size, self.world_size
-        stop = self._stop()
-        if W == 1:
-            yield from order[self.start:stop].tolist()
-            return
+        order, G, W, stop = self.order(), self.global_batch_size, self.world_size, self._stop()
         share = G // W
         for b0 in range(self.start, stop, G):
             batch = order[b0:min(b0 + G, stop)]
@@ -111,31 +106,17 @@ class ShardedSampler(torch.utils.data.Sampler):
                 yield from np.array_split(batch, W)[self.rank].tolist()
 
     def __len__(self) -> int:
-        remaining = self._stop() - self.start
-        if self.world_size == 1:
-            return remaining
-        full, rest = divmod(remaining, self.global_batch_size)
+        full, rest = divmod(self._stop() - self.start, self.global_batch_size)
         share = self.global_batch_size // self.world_size
         last = len(np.array_split(np.arange(rest), self.world_size)[self.rank]) if rest else 0
         return full * share + last
 
 
 class LengthGroupedBatchSampler(torch.utils.data.Sampler):
-    """Batches of indices whose examples have similar lengths (a DataLoader `batch_sampler`).
-
-    Args:
-        lengths: token count of every example.
-        batch_size: examples per batch on each rank.
-        group_batches: how many batches are sorted together; larger groups pad
-            less but are less random.
-        seed, shuffle: as for `ShardedSampler`.
-        drop_last: drop the short batches left at the end of each group.
-        rank, world_size: rank `r` takes batches `r, r + W, ...`; every rank
-            gets the same number of batches (extra batches are dropped).
-
-    The batch holding the longest example is put first, so an out-of-memory
-    error shows up in the first step rather than hours in.
-    """
+    """Batches of indices whose examples have similar lengths (a DataLoader `batch_sampler`): the
+    shuffled examples are cut into groups of `group_batches` batches (larger groups pad less but are
+    less random), each sorted by length and batched (`drop_last`: drop each group's short batch).
+    Rank `r` takes batches `r, r + W, ...`, every rank as many."""
 
     def __init__(self, lengths: Sequence[int], batch_size: int, *, group_batches: int = 50,
                  seed: int = 0, shuffle: bool = True, drop_last: bool = False, rank: int = 0,
@@ -146,8 +127,7 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         if batch_size < 1 or group_batches < 1:
             raise ValueError(f"batch_size={batch_size} and group_batches={group_batches} "
                              f"must be >= 1")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
+        _check_rank(rank, world_size)
         self.batch_size, self.group_batches = batch_size, group_batches
         self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
         self.rank, self.world_size = rank, world_size
@@ -162,21 +142,14 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         rng = _epoch_rng(self.seed, self.epoch)
         n = len(self.lengths)
         order = rng.permutation(n) if self.shuffle else np.arange(n)
-        group = self.batch_size * self.group_batches
         batches = []
-        for g0 in range(0, n, group):
-            chunk = order[g0:g0 + group]
-            # stable sort keeps the shuffled order among equal lengths
-            chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
+        for chunk in _sorted_groups(order, self.lengths, self.batch_size * self.group_batches):
             for b0 in range(0, len(chunk), self.batch_size):
                 b = chunk[b0:b0 + self.batch_size]
                 if len(b) == self.batch_size or not self.drop_last:
                     batches.append(b.tolist())
         if self.shuffle and batches:
-            perm = rng.permutation(len(batches))
-            batches = [batches[i] for i in perm]
-            longest = max(range(len(batches)), key=lambda i: self.lengths[batches[i]].max())
-            batches.insert(0, batches.pop(longest))
+            batches = _longest_first(batches, self.lengths, rng)
         return batches
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -185,48 +158,24 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         mine = batches[self.rank:per_rank * self.world_size:self.world_size]
         yield from mine[self.start:]
 
-    def __len__(self) -> int:
-        # number of batches does not depend on the shuffle
-        n = len(self.lengths)
-        group = self.batch_size * self.group_batches
-        full, rest = divmod(n, group)
-        per_group = self.group_batches
-        count = full * per_group
-        if rest:
-            count += rest // self.batch_size + (0 if self.drop_last or rest % self.batch_size == 0
-                                                else 1)
-        return max(0, count // self.world_size - self.start)
+    def __len__(self) -> int:  # the number of batches does not depend on the shuffle
+        full, rest = divmod(len(self.lengths), self.batch_size * self.group_batches)
+        tail = rest // self.batch_size if self.drop_last else -(-rest // self.batch_size)
+        return max(0, (full * self.group_batches + tail) // self.world_size - self.start)
 
 
 class GlobalBatches:
-    """The run's global batches in order, from a saved position: the training loop's data.
-
-    Epoch `e` is cut into global batches of `batch_size` example indices, by a plain shuffle
-    (packed pretraining blocks) or, given `lengths`, by length groups (fine-tuning: the
-    shuffled examples are cut into groups of `group_batches` batches, each group is sorted by
-    length, and the sorted groups are cut into batches, so a batch pads little). Every
-    example is used once per epoch: when `batch_size` does not divide the number of
-    examples, the epoch's last batch is smaller, and the engine's weights keep its gradient
-    exact (`engine.micro_step_weight`). Only a last batch with fewer examples than processes
-    is dropped, since a process with nothing to compute cannot take part in the step; the
-    shuffle changes it every epoch, and it is logged. Both orders are functions of
-    (seed, epoch) alone, so the position is two integers:
-
-        epoch      the epoch the next batch comes from
-        consumed   examples of that epoch already used, over all ranks
-
-    `next()` returns this rank's contiguous slice of the next global batch and moves the
-    position; `position()` is what a checkpoint stores and `seek()` what resuming restores.
-    The union of the slices over ranks is the whole global batch whatever the number of
-    ranks, which is what makes a run with W processes compute what one process computes.
-    """
+    """The run's global batches in order, from a saved position: the training loop's data. Each
+    epoch is cut into global batches by a shuffle or, given `lengths`, length groups. Every example
+    is used once per epoch (the last batch may be smaller: the engine's `micro_step_weight` keeps
+    its gradient exact), but a last batch smaller than the world. The position is `epoch` and
+    `consumed` (its examples used, over all ranks): `next()` gives this rank's slice of the next
+    batch, `position()` and `seek()` save and restore."""
 
     def __init__(self, num_examples: int, batch_size: int, *, seed: int = 0, rank: int = 0,
                  world_size: int = 1, lengths: Sequence[int] | None = None,
                  group_batches: int = 50) -> None:
-        if batch_size < 1 or batch_size % world_size:
-            raise ValueError(f"batch_size={batch_size} must be a positive multiple of "
-                             f"world_size={world_size}")
+        _check_batch_size(batch_size, world_size)
         if num_examples < batch_size:
             raise ValueError(f"the training set has {num_examples} examples, fewer than one "
                              f"batch of {batch_size}; lower the batch size")
@@ -254,20 +203,13 @@ class GlobalBatches:
         if self._cached is None or self._cached[0] != epoch:
             B, rng = self.batch_size, _epoch_rng(self.seed, epoch)
             order = rng.permutation(self.num_examples)
-            if self.lengths is not None:  # sort each group by length, longest first
-                group = B * self.group_batches
-                order = np.concatenate([
-                    chunk[np.argsort(-self.lengths[chunk], kind="stable")]
-                    for chunk in (order[g:g + group] for g in range(0, len(order), group))])
+            if self.lengths is not None:
+                order = np.concatenate(_sorted_groups(order, self.lengths, B * self.group_batches))
             order = order[:self.examples_per_epoch()]
             batches = [order[b:b + B] for b in range(0, len(order), B)]
             last = [batches.pop()] if len(batches[-1]) < B else []
-            if self.lengths is not None:
-                # Shuffle the full batches, so training does not go from long to short; the
-                # longest goes first, so an out-of-memory error shows at the first step.
-                batches = [batches[i] for i in rng.permutation(len(batches))]
-                longest = max(range(len(batches)), key=lambda i: self.lengths[batches[i]].max())
-                batches.insert(0, batches.pop(longest))
+            if self.lengths is not None:  # the full batches only
+                batches = _longest_first(batches, self.lengths, rng)
             self._cached = (epoch, batches + last)
         return self._cached[1]
 
@@ -295,33 +237,14 @@ class GlobalBatches:
 
 
 class TaskMixtureBatches:
-    """Global batches for several tasks at once, each batch all from one task: the batch
-    order of multi-task fine-tuning, with `GlobalBatches`' protocol (`next`, `position`,
-    `seek`).
-
-    The dataset is the tasks' examples one after another: task `t` holds the indices
-    `sum(sizes[:t]) ... sum(sizes[:t + 1]) - 1`. Batch `b` belongs to task `t` with
-    probability proportional to `sqrt(sizes[t])`. Sampling in proportion to size would
-    starve the small tasks (a task with 1% of the examples gets 1% of the steps and is
-    barely trained); sampling tasks uniformly would revisit a small task's few examples
-    epoch after epoch and overfit it while the large ones are undertrained. The square
-    root is the usual compromise between the two: it is temperature-scaled mixing with
-    T = 2, r_t ∝ size_t^(1/T) (Raffel et al. 2020, the T5 paper, section 3.5.2; Arivazhagan
-    et al. 2019 for multilingual translation).
-
-    The draw is a pure function of (seed, b): the uniform number of batch `b` is entry
-    `b % 1024` of the stream keyed by (seed, b // 1024), so draws come in blocks and
-    `seek` counts a million batches' tasks in milliseconds. Within a task, examples come
-    from that task's own shuffle, one per *task epoch*, keyed by (seed, task, epoch), cut
-    into batches of `batch_size` (the last partial batch dropped, as in `GlobalBatches`);
-    a task starts its next epoch when its batches run out, independently of the others.
-    Rank `r` of `W` receives the `r`-th contiguous slice of each global batch.
-
-    Position: the mixture has no global epoch (each task has its own), so `position()` is
-    always `{"epoch": 0, "consumed": batches drawn * batch_size}`, and `seek` rebuilds
-    every task's epoch and place by counting the tasks of the batches already drawn.
-    `next()` returns the epoch of the batch's own task.
-    """
+    """Global batches for several tasks, each batch all one task's: multi-task fine-tuning's order,
+    with `GlobalBatches`' protocol (`next`, `position`, `seek`). Task `t` holds the indices
+    `sum(sizes[:t]) ... sum(sizes[:t + 1]) - 1`; a batch is its with probability ∝ `sqrt(sizes[t])`,
+    temperature-scaled mixing with T = 2 (Raffel et al. 2020, T5, section 3.5.2; docs/multitask.md).
+    Batch `b`'s draw is entry `b % 1024` of the stream keyed by (seed, b // 1024), so `seek` counts
+    tasks in blocks; each task has its own shuffle per epoch, keyed by (seed, task, epoch).
+    `position()` is always epoch 0 and the examples drawn; `next()` returns the epoch of the batch's
+    own task."""
 
     BLOCK = 1024  # draws per random stream; any fixed value gives a pure function of (seed, b)
 
@@ -332,11 +255,8 @@ class TaskMixtureBatches:
         if len(sizes) == 0 or len(self.names) != len(sizes):
             raise ValueError(f"need one size per task, got sizes={list(sizes)} for tasks "
                              f"{self.names}")
-        if batch_size < 1 or batch_size % world_size:
-            raise ValueError(f"batch_size={batch_size} must be a positive multiple of "
-                             f"world_size={world_size}")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
+        _check_batch_size(batch_size, world_size)
+        _check_rank(rank, world_size)
         for name, n in zip(self.names, sizes):
             if n < batch_size:
                 raise ValueError(f"{name} has {n} examples, fewer than one batch of "
@@ -404,7 +324,6 @@ class TaskMixtureBatches:
 
 def batches_per_epoch(num_examples: int, batch_size: int, world_size: int = 1) -> int:
     """Global batches (optimizer steps) in one epoch of `GlobalBatches`: every example once,
-    the last batch smaller when `batch_size` does not divide `num_examples`, except a last
-    batch with fewer examples than processes, which is dropped (see `GlobalBatches`)."""
+    but a last batch with fewer examples than processes, which is dropped."""
     full, rest = divmod(num_examples, batch_size)
     return full + (1 if rest >= world_size else 0)

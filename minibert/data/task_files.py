@@ -1,13 +1,9 @@
 """Reading fine-tuning data: tables (GLUE-style TSV/CSV), CoNLL token labels, SQuAD JSON.
 
-Each reader checks what it reads and raises `ValueError` (or `FileNotFoundError`)
-naming the file, the line or the question id, and what is wrong, so that a bad file
-ends a run with one readable line before any work is done. Labels stay text here;
-`LabelMap` turns them into class ids.
-
-Reading is strict, because a lenient reader trains on the wrong data and exits 0: a column
-or JSON key given twice is refused rather than the first (or last) taken, a flag is parsed
-rather than truth-tested (`bool("False")` is True), and only `\n` ends a line.
+Each reader raises naming the file, the line or question id, and what is wrong, before any
+work is done; `LabelMap` turns the text labels into class ids. Strict, because a lenient
+reader trains on the wrong data and exits 0: a column or JSON key given twice is refused, a
+flag is parsed rather than truth-tested (`bool("False")` is True), only `\n` ends a line.
 """
 from __future__ import annotations
 
@@ -16,6 +12,7 @@ import io
 import json
 import re
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Iterable, NamedTuple
 
@@ -25,12 +22,10 @@ from .text import read_text
 
 
 def _check_is_file(path: Path) -> None:
-    """Refuse a path that is no file: a folder is said to be one (with what it holds, where
-    the file asked for often is), since "not found" sends the user looking for a typo."""
+    """Refuse a path that is no file; a folder is named as one, with what it holds."""
     check_readable(path)  # a loop, a link to nothing, a file that may not be read: named
     if path.is_dir():
-        files = sorted(p.name for p in path.iterdir() if p.is_file() and
-                       not p.name.startswith("."))
+        files = sorted(p.name for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
         held = (f"it holds {', '.join(files[:5])}{', ...' if len(files) > 5 else ''}"
                 if files else "it holds no files")
         raise IsADirectoryError(f"{path} is a folder, not a file ({held}); name the file to "
@@ -40,25 +35,27 @@ def _check_is_file(path: Path) -> None:
 
 
 def _read_utf8(path: Path, expected: str, line_ends: bool = True) -> str:
-    """The file's text, read as every text file is (`text.read_text`: strict UTF-8, refused
-    with the line and the byte); a clear error if it is missing or holds only whitespace."""
+    r"""The file's text (`text.read_text`, strict UTF-8); refused if missing or blank, or
+    with `line_ends` if a \r stands alone (csv would split an example there, CoNLL drop a
+    word's label)."""
     _check_is_file(path)
     text = read_text(path, line_ends=line_ends)
     if not text.strip():
         raise ValueError(f"{path} is empty; expected {expected}")
+    found = re.search("\r(?!\n)", text) if line_ends else None
+    if found:
+        line = text.count("\n", 0, found.start()) + 1
+        raise ValueError(f"{path}, line {line}: a carriage return (\\r) not followed by \\n; "
+                         f"lines here end with \\n (or \\r\\n): convert the file's line "
+                         f"endings, or remove the stray character")
     return text
 
 
 # ---------------------------------------------------------------- tables and class labels
 
 def read_table(path: PathLike, columns: list[str]) -> list[tuple[int, list[str]]]:
-    """(line number, [value of each requested column]) for every data row of a TSV/CSV file.
-
-    TSV has no quoting at all: a tab always separates fields and a quote is an ordinary
-    character (the GLUE convention), so "a \"quoted\" word" reads as written. CSV follows
-    RFC 4180, as spreadsheets write it (quoted fields may hold commas and newlines).
-    Values are stripped of surrounding whitespace; an empty one is an error.
-    """
+    """(line number, [value of each requested column]) for every data row of a TSV/CSV file:
+    TSV without quoting (GLUE's convention), CSV as RFC 4180. An empty value is an error."""
     path = Path(path)
     _check_is_file(path)  # before its name's extension: a folder has none to tell
     kind = path.suffix.lower()
@@ -66,7 +63,6 @@ def read_table(path: PathLike, columns: list[str]) -> list[tuple[int, list[str]]
         raise ValueError(f"{path}: cannot tell the format from the extension {path.suffix!r}; "
                          f"name the file .tsv (tab-separated) or .csv (comma-separated)")
     text = _read_utf8(path, "a header row naming the columns, then one example per row")
-    _refuse_lone_cr(text, path)
     lines = _tsv_rows(text) if kind == ".tsv" else _csv_rows(text, path)
     header = [h.strip() for h in lines[0][1]]
     where = _columns(header, columns, path)
@@ -89,11 +85,8 @@ def read_table(path: PathLike, columns: list[str]) -> list[tuple[int, list[str]]
 
 
 def _tsv_rows(text: str) -> list[tuple[int, list[str]]]:
-    """(line number, fields) of every line of a TSV text, blank lines as no fields.
-
-    Split by hand rather than by the csv module: with no quoting there is nothing to parse
-    but tabs and line ends, and csv would refuse a text longer than its field limit.
-    """
+    """(line number, fields) of every line of a TSV text, blank lines as no fields (split
+    by hand: csv would refuse a text longer than its field limit)."""
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()  # the text ends with a line end: no line after it
@@ -105,17 +98,9 @@ _CSV_LIMIT = threading.Lock()
 
 
 def _csv_rows(text: str, path: Path) -> list[tuple[int, list[str]]]:
-    """(first line, fields) of every row of a CSV text (RFC 4180: a quoted field may span
-    lines), blank lines as no fields.
-
-    The csv module refuses a field longer than its process-wide `field_size_limit` (128 KiB
-    unless set), a guard for a stream read without knowing its end; here the whole text is
-    in memory, no field can be longer than it, and a long text is only cut later, to the
-    sequence length. So when the text is longer than the limit, the limit is raised to its
-    length for this read and put back at once: the rows are read whole in between, under a
-    lock that keeps two such reads from putting back each other's value, and another reader
-    of csv meanwhile meets a higher limit than its own, never a lower one.
-    """
+    """(first line, fields) of every row of a CSV text, blank lines as no fields. The text
+    is in memory whole, so csv's process-wide `field_size_limit` is raised to its length for
+    this read and put back, under a lock (two reads must not restore each other's)."""
     with _CSV_LIMIT:
         limit = csv.field_size_limit()
         if len(text) > limit:
@@ -134,11 +119,8 @@ def _csv_rows(text: str, path: Path) -> list[tuple[int, list[str]]]:
 
 
 def _columns(header: list[str], columns: list[str], path: Path) -> list[int]:
-    """The index of each of `columns` in `header`: each must be there exactly once.
-
-    A name given twice is refused only when it is asked for; taking its first column would
-    train on whichever the file did not mean.
-    """
+    """The index of each of `columns` in `header`, each there exactly once (a name given
+    twice is refused when asked for: either column could be the one meant)."""
     if not header:  # csv reads a blank line as no fields at all
         raise ValueError(f"{path}, line 1: blank, but the first line must be the header "
                          f"naming the columns")
@@ -164,36 +146,24 @@ def _is_number(x: str) -> bool:
 
 
 def _is_int(x: str) -> bool:
-    """Whether `x` is written as a whole number: an optional sign, then ASCII digits.
-
-    Not `int(x)`, which also reads "1_0" as 10 and Arabic-Indic digits, so that labels the
-    file keeps apart would become one class.
-    """
+    """Whether `x` is a sign and ASCII digits (not `int(x)`, which reads "1_0" as 10)."""
     return re.fullmatch(r"[+-]?[0-9]+", x) is not None
 
 
 class LabelMap:
-    """Class names read from a training file, and the id of each.
-
-    The names are sorted by value when every training label is an integer ("2" before
-    "10", and "07" and "7" are one class), else as text. Build one with
-    `from_labels`; `names` is what a model's `id2label` should hold.
-    """
+    """Class names read from a training file (`from_labels`), and the id of each: sorted by
+    value when every label is an integer ("2" before "10", "07" and "7" one class), else as
+    text. `names` is what a model's `id2label` should hold."""
 
     def __init__(self, names: Iterable[str], integers: bool = False,
                  source: PathLike = "the training data") -> None:
-        self.names = list(names)
-        self.integers = integers
-        self.source = source
+        self.names, self.integers, self.source = list(names), integers, source
         self._ids = {n: i for i, n in enumerate(self.names)}
 
     @classmethod
     def from_labels(cls, labels: Iterable[str], path: PathLike, unit: str = "row"
                     ) -> "LabelMap":
-        """The classes of `labels` (read from `path`); at least two are needed.
-
-        `unit` names what carries a label in the error message: a row, a word, ...
-        """
+        """The classes of `labels` (read from `path`; `unit`: a row, a word), at least two."""
         labels = list(labels)
         integers = bool(labels) and all(_is_int(x) for x in labels)
         if labels and all(_is_number(x) for x in labels) and \
@@ -202,12 +172,10 @@ class LabelMap:
             values = sorted(set(labels), key=float)
             shown = ", ".join(values[:5]) + (", ..." if len(values) > 5 else "")
             raise ValueError(f"{path}: every label is a number and some are fractions "
-                             f"({shown}): scores "
-                             f"for regression, not class names; the scripts train "
-                             f"classifiers (regression is BertForSequenceClassification with "
-                             f"num_labels=1, trained on float labels)")
-        names = sorted({cls._canonical(x, integers) for x in labels},
-                       key=int if integers else str)
+                             f"({shown}): scores for regression, not class names; the scripts "
+                             f"train classifiers (regression is BertForSequenceClassification "
+                             f"with num_labels=1, trained on float labels)")
+        names = sorted({cls._canonical(x, integers) for x in labels}, key=int if integers else str)
         if len(names) < 2:
             what = f"every {unit} has the label {names[0]!r}" if names else "there are no labels"
             raise ValueError(f"{path}: {what}; classification needs at least two classes")
@@ -234,18 +202,6 @@ class LabelMap:
         return f"LabelMap({self.names!r})"
 
 
-def _refuse_lone_cr(text: str, path: Path) -> None:
-    r"""Only \n (or \r\n) ends a line of a task file. A \r alone (old Mac line endings, a
-    stray control character) would end a row for the csv module, splitting one example in
-    two, and separate columns in CoNLL, dropping a word and its label: refused instead."""
-    found = re.search("\r(?!\n)", text)
-    if found:
-        line = text.count("\n", 0, found.start()) + 1
-        raise ValueError(f"{path}, line {line}: a carriage return (\\r) not followed by \\n; "
-                         f"lines here end with \\n (or \\r\\n): convert the file's line "
-                         f"endings, or remove the stray character")
-
-
 # ---------------------------------------------------------------- CoNLL
 
 _SPACE = " \t\r\f\v"  # ASCII whitespace within a line
@@ -258,23 +214,14 @@ class Sentence(NamedTuple):
 
 
 def read_conll(path: PathLike) -> list[Sentence]:
-    """Sentences of a CoNLL-style file: one word per line, a blank line between sentences.
-
-    A line holding a tab is split at tabs (so a word may contain spaces), any other at
-    ASCII whitespace; the word is the first column and the label the last, so both
-    `EU NNP B-NP B-ORG` (CoNLL-2003) and `EU<TAB>B-ORG` read as (EU, B-ORG).
-    `-DOCSTART-` lines end a sentence and are otherwise ignored. Only `\n` (or `\r\n`)
-    ends a line and only ASCII whitespace separates columns: `str.splitlines` and
-    `str.split()` also break at U+2028, U+0085 or a no-break space, which would shift the
-    line numbers or cut "New\u00a0York" to "New".
-    """
+    """Sentences of a CoNLL-style file: one word per line, a blank line between sentences. A line is
+    split at tabs if it holds one, else at ASCII whitespace (`str.split()` would cut
+    "New\u00a0York"); the word is the first column and the label the last, so `EU NNP B-NP B-ORG`
+    and `EU<TAB>B-ORG` read alike. `-DOCSTART-` lines end a sentence."""
     path = Path(path)
     text = _read_utf8(path, "one 'word label' per line, a blank line between sentences")
-    _refuse_lone_cr(text, path)
     sentences: list[Sentence] = []
-    words: list[str] = []
-    labels: list[str] = []
-    first = 0
+    words, labels, first = [], [], 0
     for n, line in enumerate(text.split("\n") + [""], start=1):  # "": ends the last one
         line = line.removesuffix("\r")
         fields = [f.strip(_SPACE) for f in line.split("\t")] if "\t" in line else \
@@ -310,24 +257,17 @@ class QAExample(NamedTuple):
 
 
 def read_squad(path: PathLike, version_2: bool = False) -> list[QAExample]:
-    """The questions of a SQuAD v1.1 or v2.0 JSON file, in file order.
-
-    Every answer's text must stand at its `answer_start` in the context, so spans
-    found from characters are the ones the file means. A v1.1 file (`version_2=False`)
-    must answer every question; in v2.0, `is_impossible` questions have no answers
-    (their `plausible_answers` are ignored). `is_impossible` is a JSON boolean or the
-    text "true" or "false", in any case; a key the reader uses may not come twice.
-    """
+    """The questions of a SQuAD v1.1 or v2.0 JSON file, in file order: every answer's text
+    at its `answer_start`; in v2.0, `is_impossible` questions (a JSON boolean, or
+    "true"/"false") have none. A key the reader uses may not come twice."""
     path = Path(path)
     # JSON: a \r alone is whitespace between tokens like any other, no line end to refuse.
-    text = _read_utf8(path, "SQuAD JSON: {\"data\": [{\"paragraphs\": [...]}]}",
-                      line_ends=False)
+    text = _read_utf8(path, "SQuAD JSON: {\"data\": [{\"paragraphs\": [...]}]}", line_ends=False)
     try:
         doc = json.loads(text, object_pairs_hook=_Object.from_pairs)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}, line {e.lineno}: not JSON ({e.msg})") from None
-    if not isinstance(doc, dict) or not isinstance(_get(doc, "data", path, "the top level"),
-                                                   list):
+    if not isinstance(doc, dict) or not isinstance(_get(doc, "data", path, "the top level"), list):
         raise ValueError(f"{path}: no 'data' list at the top level; expected SQuAD JSON "
                          f"(v1.1 or v2.0)")
     examples: list[QAExample] = []
@@ -380,11 +320,7 @@ def _question(qa: dict, qid: str, context: str, version_2: bool, path: Path) -> 
 
 
 def _impossible(qa: dict, path: Path, where: str) -> bool:
-    """`qa`'s is_impossible flag, False when it has none.
-
-    Parsed, never `bool(value)`: `bool("False")` is True, so a file of string flags
-    trained every answerable question towards "no answer" and still exited 0.
-    """
+    """`qa`'s is_impossible flag, False when it has none; parsed, never `bool(value)`."""
     if "is_impossible" not in qa:
         return False
     value = _get(qa, "is_impossible", path, where)
@@ -397,11 +333,8 @@ def _impossible(qa: dict, path: Path, where: str) -> bool:
 
 
 class _Object(dict):
-    """A JSON object that remembers the keys it was given more than once, and how often.
-
-    `json.loads` keeps the last of two equal keys silently; `_get` refuses a key the
-    reader uses when it came twice, since nothing says which one the file means.
-    """
+    """A JSON object that remembers the keys it was given more than once, and how often
+    (`json.loads` keeps the last silently; `_get` refuses them)."""
     repeated: dict[str, int]
 
     @classmethod
@@ -409,9 +342,7 @@ class _Object(dict):
         obj = cls(pairs)
         obj.repeated = {}
         if len(obj) < len(pairs):
-            counts: dict[str, int] = {}
-            for key, _ in pairs:
-                counts[key] = counts.get(key, 0) + 1
+            counts = Counter(key for key, _ in pairs)
             obj.repeated = {k: n for k, n in counts.items() if n > 1}
         return obj
 
@@ -432,11 +363,7 @@ def _json(value) -> str:
 
 
 def _field(obj, key: str, kind, path: Path, where: str):
-    """`obj[key]`, which must be there once and be of `kind`.
-
-    A bool is refused although Python counts it an int: `"answer_start": true` would
-    read as 1.
-    """
+    """`obj[key]`, there once and of `kind` (not a bool: `"answer_start": true` is no 1)."""
     value = _get(obj, key, path, where) if isinstance(obj, dict) else None
     if isinstance(value, bool) or not isinstance(value, kind):
         there = isinstance(obj, dict) and key in obj

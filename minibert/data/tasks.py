@@ -1,30 +1,14 @@
 """Fine-tuning tasks: from read examples to encoded features to padded batches.
 
-The three downstream tasks of the BERT paper (Devlin et al. 2019, section 4) share one
-path: a reader (`task_files`) gives examples with text labels, an encoder here
-turns each into one or more *features* (dicts of ids and targets, plus what is needed
-to map predictions back), and `TaskCollator` pads a list of features into a
-batch.
-
-* sequence classification (GLUE): `encode_classification`, one label per text
-  or text pair;
-* token classification (CoNLL NER): `encode_token_classification` and
-  `word_predictions`, one label per word read from its first piece;
-* extractive QA (SQuAD): `encode_qa` and `best_span` in
-  `qa`, windows over long contexts and the span search back in characters.
-
-Everything is importable from here, readers and QA included. Classification, for one:
-
-    rows = read_table("train.tsv", ["sentence", "label"])
-    labels = LabelMap.from_labels([r[-1] for _, r in rows], "train.tsv")
-    features = encode_classification(tok, [r[0] for _, r in rows],
-                                     [labels.id(r[-1], "train.tsv", n) for n, r in rows])
-    batch = TaskCollator(tok.pad_id)(features[:32])  # input_ids, ..., labels
-
-or, a training and an evaluation file read and checked as one task (`TaskData`):
+The BERT paper's three downstream tasks (Devlin et al. 2019, section 4) share one path: a
+reader (`task_files`) gives examples, an encoder turns each into *features* (dicts of ids,
+targets and what maps predictions back), `TaskCollator` pads them: `encode_classification`
+(GLUE), `encode_token_classification` (CoNLL NER), `encode_qa` (SQuAD, in `qa`). A task
+read from a training and an evaluation file (`TaskData`):
 
     task = read_table_task("train.tsv", "dev.tsv", text="sentence", pair=None, label="label")
     features = task.train.encode(tok, seq_len=128)  # task.names: the classes, in id order
+    batch = TaskCollator(tok.pad_id)(features[:32])  # input_ids, ..., labels
 """
 from __future__ import annotations
 
@@ -43,12 +27,10 @@ from .task_files import LabelMap, QAExample, Sentence, read_conll, read_squad, r
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
-__all__ = [
-    "LabelMap", "QAExample", "Sentence", "SequenceSplit", "SpanPrediction", "TaskCollator",
-    "TaskData", "TokenSplit", "best_span", "encode_classification", "encode_qa",
-    "encode_token_classification", "random_subset", "read_conll", "read_conll_task",
-    "read_squad", "read_table", "read_table_task", "word_predictions",
-]
+__all__ = ["LabelMap", "QAExample", "Sentence", "SequenceSplit", "SpanPrediction", "TaskCollator",
+           "TaskData", "TokenSplit", "best_span", "encode_classification", "encode_qa",
+           "encode_token_classification", "random_subset", "read_conll", "read_conll_task",
+           "read_squad", "read_table", "read_table_task", "word_predictions"]
 
 T = TypeVar("T")
 
@@ -63,17 +45,10 @@ def _check_max_len(max_len: int, least: int) -> None:
 
 def encode_classification(tok: "Tokenizer", texts: Sequence[str],
                           labels: Optional[Sequence[Any]] = None,
-                          pairs: Optional[Sequence[str]] = None,
-                          max_len: int = 128) -> list[dict]:
-    """One feature per text: `[CLS] text [SEP]`, or `[CLS] text [SEP] pair [SEP]`.
-
-    Inputs over `max_len` tokens are cut at the end; a pair loses tokens from its
-    longer text first, as BERT did and transformers does (`longest_first`, see
-    `minibert.data.tokenizer.truncated_lengths`). Each feature holds `input_ids`
-    and `token_type_ids` ((T,) int64, types 0 for the text and 1 for the pair; for a model
-    without segment embeddings, `TaskCollator(..., segments=False)` leaves them out) and,
-    with `labels`, its `label` (a class id, or a float for regression).
-    """
+                          pairs: Optional[Sequence[str]] = None, max_len: int = 128) -> list[dict]:
+    """One feature per text: `[CLS] text [SEP]`, or `[CLS] text [SEP] pair [SEP]`, cut to `max_len`
+    (a pair's longer text first, `truncated_lengths`): `input_ids` and `token_type_ids` ((T,) int64)
+    and, with `labels`, its `label` (a class id, or a float for regression)."""
     _check_max_len(max_len, 3 if pairs is None else 4)
     for name, other in (("labels", labels), ("pairs", pairs)):
         if other is not None and len(other) != len(texts):
@@ -95,24 +70,12 @@ def encode_classification(tok: "Tokenizer", texts: Sequence[str],
 def encode_token_classification(tok: "Tokenizer", sentences: Sequence[Sequence[str]],
                                 labels: Optional[Sequence[Sequence[int]]] = None,
                                 max_len: int = 128) -> list[dict]:
-    """Features for word-level labelling (NER, POS), at least one per sentence.
-
-    Each word is split into pieces; its label goes on its *first* piece and the other
-    pieces get `IGNORE_INDEX`, so the loss and the prediction see each word once, from
-    its first piece's vector (the BERT paper's NER setup, section 5.3). A word the
-    tokenizer reduces to nothing (a lone control character) becomes one `[UNK]`, so
-    that it is still predicted.
-
-    A sentence longer than `max_len - 2` pieces is cut into consecutive windows of
-    whole words, each filled with as many words as fit, so every word lies in exactly
-    one window (no overlap: a word near a window's edge sees less context). Only a
-    single word with more pieces than a window holds is cut, keeping its first pieces.
-
-    Each feature holds `input_ids`, `token_type_ids` (zeros), `labels` (with
-    `labels` given) and, to map predictions back, `sentence` (its index),
-    `n_words` (the sentence's) and `word_ids` ((T,) int64, the word of the sentence
-    each token belongs to, -1 for `[CLS]`/`[SEP]`). See `word_predictions`.
-    """
+    """Features for word-level labelling (NER, POS), at least one per sentence. A word's label goes
+    on its *first* piece, the others get `IGNORE_INDEX` (the BERT paper's NER setup, section 5.3); a
+    word that tokenizes to nothing is one `[UNK]`. A long sentence is cut into consecutive windows
+    of whole words. Each feature holds `input_ids`, `token_type_ids`, `labels` and for
+    `word_predictions` `sentence`, `n_words` and `word_ids` ((T,) int64, each token's word, -1 for
+    `[CLS]`/`[SEP]`)."""
     _check_max_len(max_len, 3)
     if labels is not None and len(labels) != len(sentences):
         raise ValueError(f"{len(sentences)} sentences but {len(labels)} label lists")
@@ -128,9 +91,7 @@ def encode_token_classification(tok: "Tokenizer", sentences: Sequence[Sequence[s
         for i, w in zip(enc.input_ids, enc.word_ids):
             if w is not None:
                 pieces[w].append(i)
-        for p in pieces:
-            if not p:
-                p.append(tok.unk_id)
+        pieces = [p or [tok.unk_id] for p in pieces]
         start = 0
         while start < len(words):
             end, used = start, 0
@@ -153,9 +114,7 @@ def _word_window(tok, pieces, start, end, room, sentence, word_labels) -> dict:
         word_ids += [w] * len(p)
         if word_labels is not None:
             labels += [word_labels[w]] + [IGNORE_INDEX] * (len(p) - 1)
-    ids.append(tok.sep_id)
-    word_ids.append(-1)
-    labels.append(IGNORE_INDEX)
+    ids, word_ids, labels = ids + [tok.sep_id], word_ids + [-1], labels + [IGNORE_INDEX]
     feature = {"input_ids": np.asarray(ids, dtype=np.int64),
                "token_type_ids": np.zeros(len(ids), dtype=np.int64),
                "word_ids": np.asarray(word_ids, dtype=np.int64), "sentence": sentence,
@@ -167,13 +126,8 @@ def _word_window(tok, pieces, start, end, room, sentence, word_labels) -> dict:
 
 def word_predictions(features: Sequence[Mapping], token_predictions: Sequence[Sequence[Any]]
                      ) -> list[list[Any]]:
-    """Per sentence, per word: the prediction at the word's first piece.
-
-    `token_predictions[f]` holds one value per token of `features[f]` (e.g. the
-    argmax over labels; padded rows of a batch are fine, the padding is not read).
-    The features must be all those of their sentences, in any order: a word that no
-    feature covers, or that two cover, is an error.
-    """
+    """Per sentence, per word: the prediction at the word's first piece. `token_predictions[f]`
+    scores `features[f]`'s tokens; the features must be all their sentences', in any order."""
     out: dict[int, dict[int, Any]] = {}
     for f, pred in zip(features, token_predictions):
         words = out.setdefault(int(f["sentence"]), {})
@@ -198,24 +152,11 @@ def word_predictions(features: Sequence[Mapping], token_predictions: Sequence[Se
 # ---------------------------------------------------------------- batches
 
 class TaskCollator:
-    """Pad a list of task features into a batch of tensors (dynamic padding).
-
-    Returns `input_ids`, `attention_mask` (1 on tokens) and `token_type_ids` (unless
-    `segments=False`, below), all `(B, T)` int64, T the longest feature (rounded up to
-    `pad_to_multiple_of` if given), plus the targets the features carry: `labels` `(B,)`
-    from a per-feature `label` (int64, or float32 for regression), `labels` `(B, T)` from
-    per-token `labels` (padded with `label_pad`), `start_positions` and `end_positions`
-    `(B,)` from QA features, and `task` (a str) from features tagged with the name of their
-    task, which all of a batch's must share (`BertMultiTask`'s `task` argument). Other keys
-    (offsets, word ids) stay behind for prediction. No randomness: `epoch` is accepted for
-    the engine's call `collate(examples, epoch=e)` and ignored.
-
-    `segments=False` leaves `token_type_ids` out, for a model without segment embeddings
-    (`segments=model.config.has_segments`; every ModernBERT): its pairs are marked by
-    [SEP] alone, as transformers' ModernBERT takes them, and the model refuses a second
-    segment. The features keep their segment ids either way: the same features serve a
-    model with segments and one without.
-    """
+    """Pad a list of task features into a batch of tensors (dynamic padding). Returns `(B, T)` int64
+    `input_ids`, `attention_mask` and `token_type_ids` (unless `segments=False`:
+    `model.config.has_segments`), plus the targets the features carry: `labels` `(B,)` (float32 for
+    regression) or `(B, T)` (padded with `label_pad`), `start_positions`, `end_positions`, and
+    `task` (one per batch). `epoch` is ignored."""
 
     def __init__(self, pad_id: int, label_pad: int = IGNORE_INDEX,
                  pad_to_multiple_of: Optional[int] = None, *, segments: bool = True) -> None:
@@ -251,11 +192,9 @@ class TaskCollator:
             regression = any(isinstance(v, (float, np.floating)) for v in values)
             batch["labels"] = torch.tensor(values, dtype=torch.float32 if regression
                                            else torch.long)  # (B,)
-        if "start_position" in examples[0]:
-            batch["start_positions"] = torch.tensor([e["start_position"] for e in examples],
-                                                    dtype=torch.long)  # (B,)
-            batch["end_positions"] = torch.tensor([e["end_position"] for e in examples],
-                                                  dtype=torch.long)  # (B,)
+        if "start_position" in examples[0]:  # start_positions, end_positions: (B,)
+            for key in ("start_position", "end_position"):
+                batch[key + "s"] = torch.tensor([e[key] for e in examples], dtype=torch.long)
         if "task" in examples[0]:
             tasks = sorted({e["task"] for e in examples})
             if len(tasks) != 1:
@@ -309,8 +248,7 @@ class TokenSplit:
 @dataclass
 class TaskData:
     """A labelled task read from a training and an evaluation file: `kind` "sequence" or
-    "token", the class (tag) names in id order, taken from the training file, and the two
-    splits, every label already checked and turned into an id."""
+    "token", the training file's class names in id order, and the two splits as ids."""
 
     kind: str
     names: list[str]

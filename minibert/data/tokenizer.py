@@ -1,26 +1,13 @@
 """Tokenizer: BERT's WordPiece pipeline on the Rust `tokenizers` library.
 
-BERT (Devlin et al. 2019) turns text into ids in four stages, each of which is a
-component of a `tokenizers.Tokenizer`:
-
-1. normalizer      clean control characters, put spaces around CJK characters,
-                   lowercase and strip accents (NFD, drop combining marks);
-2. pre-tokenizer   split on whitespace and punctuation;
-3. model           WordPiece: greedy longest-match-first into vocabulary pieces,
-                   non-initial pieces carry the `##` prefix, words longer than
-                   100 characters become `[UNK]`;
-4. post-processor  `[CLS] A [SEP]` (and `[CLS] A [SEP] B [SEP]` for pairs); a
-                   tokenizer made without one gets this template, with a warning.
-
-This is the same pipeline transformers' `BertTokenizerFast` builds from a
-`vocab.txt`, so a vocabulary from any BERT checkpoint gives identical ids. The
-class below only adds what minibert needs on top: training with a content-keyed
-cache (in `minibert.data.tokenizer_train`), loading from the file layouts found in
-the wild, the special ids, and for fine-tuning an `Encoding` per text, text
-pair or list of words: token types, pair truncation, and each token's characters
-and word, which map predictions back onto the text. A Tokenizer is also called as
-transformers' tokenizers are, `model(**tok(texts, padding=True, return_tensors="pt"))`
-(its arguments and padding in `minibert.data.tokenizer_call`).
+BERT (Devlin et al. 2019) encodes in four stages, each a component of a
+`tokenizers.Tokenizer` (docs/walkthrough.md, "6.1 WordPiece"): normalizer (clean, space CJK,
+lowercase, strip accents), pre-tokenizer (whitespace and punctuation), WordPiece (greedy
+longest-match-first, `##` continuations, words over 100 characters are `[UNK]`) and
+post-processor (`[CLS] A [SEP]`, `[CLS] A [SEP] B [SEP]`). It is the pipeline transformers'
+`BertTokenizerFast` builds from a `vocab.txt`, so any BERT vocabulary gives identical ids.
+On top: cached training (`tokenizer_train`), loading, and for fine-tuning an `Encoding` per
+text, pair or word list. Called as transformers' tokenizers are (`tokenizer_call`).
 """
 from __future__ import annotations
 
@@ -47,15 +34,10 @@ logger = logging.getLogger(__name__)
 
 
 class Encoding(NamedTuple):
-    """A text, a text pair or a list of words, encoded: one entry per token in every field.
-
-    Special tokens get offsets `(0, 0)` and word and sequence id `None`, as in
-    transformers' fast tokenizers. `offsets` and `word_ids` count within the
-    token's own text, so for a pair they start again at 0 in text b; the character
-    span of token `t` in text `sequence_ids[t]` is `text[slice(*offsets[t])]`.
-    For `Tokenizer.encode_words` the word ids index the given list and the
-    offsets count within each word.
-    """
+    """A text, a text pair or a list of words, encoded: one entry per token in every field. Special
+    tokens get offsets `(0, 0)` and word and sequence id `None`, as in transformers' fast
+    tokenizers. `offsets` and `word_ids` count within the token's own text (for a pair, from 0 again
+    in text b; for `encode_words`, within each word)."""
     input_ids: list[int]
     token_type_ids: list[int]  # the segment: 0 for [CLS] a [SEP], 1 for b [SEP]
     offsets: list[tuple[int, int]]  # (start, end) characters, end exclusive
@@ -67,14 +49,11 @@ def truncated_lengths(n_a: int, n_b: int, budget: int,
                       truncation: str = "longest_first") -> tuple[int, int]:
     """How many tokens of texts a and b to keep so that together they fit in `budget`.
 
-    `longest_first` is BERT's rule as the `tokenizers` library applies it (so
-    transformers gives the same): take tokens from the longer text until it is as
-    short as the other, then from both in turn. In closed form: the shorter text
-    stays whole when the longer one can keep at least as many tokens, otherwise each
-    keeps half the budget and the longer one (b on a tie) the odd token.
-    `only_first` and `only_second` cut that one text and raise when it would lose
-    every token (as transformers does). Texts are cut at their end.
-    """
+    `longest_first` is BERT's rule as `tokenizers` (and so transformers) applies it: take from the
+    longer text until it is as short as the other, then from both in turn. In closed form: the
+    shorter stays whole when the longer can keep as many, else each keeps half the budget and the
+    longer (b on a tie) the odd token. `only_first` / `only_second` cut that text and raise when it
+    would lose every token. Texts are cut at their end."""
     if truncation not in TRUNCATION:
         raise ValueError(f"truncation={truncation!r}; choose one of {', '.join(TRUNCATION)}")
     if n_a + n_b <= budget:
@@ -97,26 +76,16 @@ def truncated_lengths(n_a: int, n_b: int, budget: int,
 
 
 class Tokenizer:
-    """BERT WordPiece tokenizer.
-
-    Build one with `train`, `train_from_iterator` or
-    `from_pretrained`; wrapping an existing `tokenizers.Tokenizer` directly
-    is also allowed, provided its vocabulary holds the five special tokens.
-
-    Example:
-
-        tok = Tokenizer.train(["train.txt"], vocab_size=8192)
-        ids = tok.encode("Hello world")          # [CLS] hello world [SEP]
-        tok.save("out/tokenizer")
-    """
+    """BERT WordPiece tokenizer: build one with `train`, `train_from_iterator` or
+    `from_pretrained`, or wrap a `tokenizers.Tokenizer` whose vocabulary holds the five
+    special tokens. `Tokenizer.train(["train.txt"], vocab_size=8192).encode("Hello world")`
+    gives the ids of `[CLS] hello world [SEP]`."""
 
     def __init__(self, backend: tokenizers.Tokenizer) -> None:
         missing = [t for t in SPECIAL_TOKENS if backend.token_to_id(t) is None]
         if missing:
-            raise ValueError(
-                f"the tokenizer vocabulary lacks the special token(s) {missing}; a BERT "
-                f"vocabulary needs all of {list(SPECIAL_TOKENS)}"
-            )
+            raise ValueError(f"the tokenizer vocabulary lacks the special token(s) {missing}; a "
+                             f"BERT vocabulary needs all of {list(SPECIAL_TOKENS)}")
         if backend.post_processor is None:
             # Without one, encode() gives no [CLS] and [SEP]: a classifier would pool an
             # ordinary token and train on inputs BERT never saw, without any error.
@@ -125,17 +94,13 @@ class Tokenizer:
             logger.warning("the tokenizer has no post-processor, so its encodings would "
                            "lack [CLS] and [SEP]: attached BERT's template, [CLS] A [SEP] "
                            "and [CLS] A [SEP] B [SEP] (saving keeps it)")
-        # Padding and truncation are asked for per call (by the collators, or in
-        # `__call__`), never left in the backend: a tokenizer.json from a checkpoint may
-        # carry settings that would silently cut or pad every encoding.
+        # Padding and truncation are asked for per call, never left in the backend: a
+        # checkpoint's tokenizer.json may carry settings that would cut or pad every encoding.
         backend.no_padding()
         backend.no_truncation()
         self.backend = backend
-        self.pad_id: int = backend.token_to_id(PAD)
-        self.unk_id: int = backend.token_to_id(UNK)
-        self.cls_id: int = backend.token_to_id(CLS)
-        self.sep_id: int = backend.token_to_id(SEP)
-        self.mask_id: int = backend.token_to_id(MASK)
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            backend.token_to_id(t) for t in (PAD, UNK, CLS, SEP, MASK))
 
     # ------------------------------------------------------------------ building
     @staticmethod
@@ -150,84 +115,43 @@ class Tokenizer:
         # strip_accents=None means "follow lowercase", BERT's own convention.
         backend.normalizer = normalizers.BertNormalizer(
             clean_text=True, handle_chinese_chars=chinese_chars, strip_accents=strip_accents,
-            lowercase=lowercase,
-        )
+            lowercase=lowercase)
         backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         backend.decoder = decoders.WordPiece(prefix="##")
-        # The template from the start, so that `Tokenizer(backend)` finds one. Untrained,
-        # the ids are those the trainer will give (the special tokens first, in order);
-        # training then attaches it again with the ids it did give.
+        # The template, so `Tokenizer(backend)` finds one (untrained: the ids training gives).
         ids = vocab if vocab is not None else {t: i for i, t in enumerate(SPECIAL_TOKENS)}
         if CLS in ids and SEP in ids:  # else Tokenizer() refuses the vocabulary
             backend.post_processor = _bert_template(ids[CLS], ids[SEP])
         return backend
 
-    def _attach_post_processor(self) -> None:
-        """BERT's template with this vocabulary's ids (training calls it once they are known)."""
-        self.backend.post_processor = _bert_template(self.cls_id, self.sep_id)
-
     @classmethod
-    def train(
-        cls,
-        files: Union[PathLike, Sequence[PathLike]],
-        vocab_size: int = 30522,
-        *,
-        lowercase: bool = True,
-        min_frequency: int = 2,
-        limit_alphabet: int = 1000,
-        cache_dir: Optional[PathLike] = None,
-        use_cache: bool = True,
-    ) -> "Tokenizer":
-        """Train a WordPiece vocabulary on text files (strict UTF-8: a byte that is not is
-        refused, naming its file and line; `minibert.data.text`).
-
-        `files` is one path or a sequence of them (`str` or `Path`), each an
-        existing file; `tokenize_to_memmap` reads the same list as the same files.
-        To train on texts in memory, use `train_from_iterator`.
-
-        The result is cached under a key made of the files' bytes and the settings
-        (in `cache_dir`, default `default_cache_dir`), so a second call on
-        the same corpus loads it instead of training again. Without the cache, the
-        same corpus and settings give the same vocabulary and ids in every process
-        (see `minibert.data.tokenizer_train`, which holds the training itself).
-        """
+    def train(cls, files: Union[PathLike, Sequence[PathLike]], vocab_size: int = 30522, *,
+              lowercase: bool = True, min_frequency: int = 2, limit_alphabet: int = 1000,
+              cache_dir: Optional[PathLike] = None, use_cache: bool = True) -> "Tokenizer":
+        """Train a WordPiece vocabulary on text files (one path or several, strict UTF-8),
+        cached under a key of their bytes and the settings in `cache_dir` (default
+        `default_cache_dir()`); the same in every process (`tokenizer_train`)."""
         return train_on_files(cls, files, vocab_size, lowercase=lowercase,
                               min_frequency=min_frequency, limit_alphabet=limit_alphabet,
                               cache_dir=cache_dir, use_cache=use_cache)
 
     @classmethod
-    def train_from_iterator(
-        cls,
-        texts: Iterable[str],
-        vocab_size: int = 30522,
-        *,
-        lowercase: bool = True,
-        min_frequency: int = 2,
-        limit_alphabet: int = 1000,
-        cache_dir: Optional[PathLike] = None,
-        use_cache: bool = True,
-    ) -> "Tokenizer":
-        """Train on an iterable of strings.
-
-        Caching needs a second pass over the texts to compute the key, so it applies to
-        texts that can be read twice: a list, or a split of `minibert.data.load_corpus`
-        (streamed from disk, never held in memory). A one-shot generator is trained on
-        directly.
-        """
+    def train_from_iterator(cls, texts: Iterable[str], vocab_size: int = 30522, *,
+                            lowercase: bool = True, min_frequency: int = 2,
+                            limit_alphabet: int = 1000, cache_dir: Optional[PathLike] = None,
+                            use_cache: bool = True) -> "Tokenizer":
+        """Train on an iterable of strings. The cache key needs a second pass, so only texts
+        that can be read twice (a list, a split of `load_corpus`) are cached; a one-shot
+        generator is trained on directly."""
         return train_on_texts(cls, texts, vocab_size, lowercase=lowercase,
                               min_frequency=min_frequency, limit_alphabet=limit_alphabet,
                               cache_dir=cache_dir, use_cache=use_cache)
 
     @classmethod
     def from_pretrained(cls, path: PathLike, *, lowercase: Optional[bool] = None) -> "Tokenizer":
-        """Load from a directory holding `tokenizer.json` or `vocab.txt`, or from that file.
-
-        For `vocab.txt` the casing comes from `lowercase` if given, else from
-        `do_lower_case` / `strip_accents` in a `tokenizer_config.json` next to
-        it (as in transformers checkpoints), else BERT's default: lowercase. Whether
-        CJK characters are split one by one comes from its `tokenize_chinese_chars`
-        (default: yes). A `tokenizer.json` holds its own normalizer and is taken as is.
-        """
+        """Load from a directory holding `tokenizer.json` (taken as is) or `vocab.txt`, or
+        from that file; a `vocab.txt`'s casing comes from `lowercase`, else from the
+        `tokenizer_config.json` beside it, else BERT's defaults."""
         path = Path(path).expanduser()
         check_readable(path)  # a loop, a link to nothing, one that may not be read: named
         if path.is_dir():
@@ -237,8 +161,7 @@ class Tokenizer:
                     break
             else:
                 raise FileNotFoundError(
-                    f"no tokenizer in {path}: looked for tokenizer.json and vocab.txt"
-                )
+                    f"no tokenizer in {path}: looked for tokenizer.json and vocab.txt")
         elif not path.is_file():
             raise FileNotFoundError(f"tokenizer file not found: {path}")
 
@@ -266,22 +189,10 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ saving
     def save(self, directory: PathLike, model_max_length: Optional[int] = None) -> Path:
-        """Write `tokenizer.json`, `vocab.txt` and `tokenizer_config.json` into `directory`;
-        return it.
-
-        `tokenizer_config.json` tells transformers' `AutoTokenizer` how this tokenizer
-        normalises text (casing, accents, Chinese characters): without it transformers
-        builds BERT's default, lowercasing, and a cased vocabulary's ids would not be the
-        model's. `model_max_length` (the model's `max_position_embeddings`, which
-        `save_pretrained` passes) is the length its truncation cuts at. A tokenizer whose
-        normaliser is not BERT's has no such description and writes no config.
-
-        Each file is written in full under a temporary name, flushed to disk and only
-        then renamed over the old one, so a crash or a full disk mid-save leaves the
-        previous files whole rather than a truncated `tokenizer.json` that no longer
-        loads. `tokenizer.json` is renamed last: it is the file `from_pretrained`
-        prefers, so until that rename the directory still loads as the old tokenizer.
-        """
+        """Write `tokenizer.json`, `vocab.txt` and `tokenizer_config.json` (how transformers'
+        `AutoTokenizer` normalises, and `model_max_length`; none for a normaliser not BERT's)
+        into `directory`; return it. Each file is written whole and renamed into place,
+        `tokenizer.json` (the one `from_pretrained` prefers) last."""
         directory = Path(directory)
         vocab = sorted(self.backend.get_vocab().items(), key=lambda kv: kv[1])
         pipeline = self.backend.to_str(pretty=True)
@@ -294,9 +205,8 @@ class Tokenizer:
         return directory
 
     def _save_atomically(self, directory: Path) -> None:
-        """Publish the cache entry `directory` whole (atomic.publish_folder, whose WriteError
-        names the entry and what stopped it); an entry another process published first is
-        the same, and theirs is kept."""
+        """Publish the cache entry `directory` whole (`atomic.publish_folder`); one another
+        process published first is the same, and kept."""
         publish_folder(directory, self.save)
 
     # ------------------------------------------------------------------ using
@@ -312,11 +222,8 @@ class Tokenizer:
 
     @property
     def fingerprint(self) -> str:
-        """A short hash of the full pipeline (vocabulary, normalizer, ...).
-
-        Two tokenizers with the same fingerprint map every text to the same ids;
-        token files record it so that ids are never read with the wrong vocabulary.
-        """
+        """A short hash of the full pipeline: equal fingerprints map every text to the same
+        ids (token files record it, so ids are never read with another vocabulary)."""
         return hashlib.sha256(self.backend.to_str().encode("utf-8")).hexdigest()[:16]
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -330,27 +237,16 @@ class Tokenizer:
         """Encode for the model as transformers' tokenizers do:
         `model(**tok(texts, padding=True, truncation=True, max_length=128, return_tensors="pt"))`.
 
-        text: one str, or a list of B str. text_pair: none, or the second text of each (a
-            str for one text, else a list of B), for `[CLS] a [SEP] b [SEP]` rows.
-        padding: True (or "longest") pads to the longest row, "max_length" to max_length,
-            False (the default, or "do_not_pad") not at all; on the right, with [PAD].
-        truncation: True (or "longest_first") cuts each row to max_length, a pair's longer
-            text first (`truncated_lengths`), "only_first" / "only_second" one text, False
-            none. Unset, max_length alone (without padding) cuts, as in transformers.
-        max_length: needed by truncation and by padding="max_length"; transformers would take
-            its tokenizer's model_max_length, and minibert's Tokenizer does not know its
-            model's (`model.config.max_position_embeddings`).
-        return_tensors: "pt" for int64 torch tensors, "np" for numpy arrays, (B, T) and
-            (1, T) for one text; None for lists.
-        return_token_type_ids: the segment ids (0, and 1 on text_pair's tokens) are returned
-            by default, as transformers' BERT tokenizer returns them; pass
-            `model.config.has_segments` to leave them out for a model without segments
-            (every ModernBERT), which tells a pair's texts apart by [SEP] alone.
+        text: one str or a list of B; text_pair: the second text of each.
+        padding: True / "longest", "max_length", or False / "do_not_pad"; right, with [PAD].
+        truncation: True / "longest_first" (`truncated_lengths`), "only_first",
+            "only_second", or False; unset, a max_length without padding cuts.
+        max_length: needed to cut or pad to (`model.config.max_position_embeddings`).
+        return_tensors: "pt" (int64 tensors), "np", or None (lists); (B, T), or (1, T).
+        return_token_type_ids: pass `model.config.has_segments` to leave them out (ModernBERT).
 
-        Returns a `BatchEncoding` (a dict): `input_ids`, `token_type_ids`, `attention_mask`
-        (1 on tokens). Equal to transformers' tokenizer loaded from the folder `save` writes
-        (tests/test_tokenizer_call.py), but for an empty text_pair beside one text, which
-        transformers drops and minibert keeps as an empty second segment (as `encode_pair`).
+        Returns a `BatchEncoding` equal to transformers' from the folder `save` writes (but an
+        empty text_pair beside one text stays an empty second segment).
         """
         options = CallOptions.read(padding, truncation, max_length, return_tensors,
                                    return_token_type_ids)
@@ -365,30 +261,19 @@ class Tokenizer:
                         single)
 
     def encode_with_offsets(self, text: str, max_length: Optional[int] = None) -> Encoding:
-        """`[CLS] text [SEP]` with each token's characters and word; at most `max_length`
-        tokens (the end of the text is cut)."""
+        """`[CLS] text [SEP]` with each token's characters and word, cut to `max_length`."""
         return self._encoding(self.backend.encode(text), max_length, "longest_first")
 
     def encode_pair(self, a: str, b: str, max_length: Optional[int] = None,
                     truncation: str = "longest_first") -> Encoding:
-        """`[CLS] a [SEP] b [SEP]`, token types 0 then 1, at most `max_length` tokens.
-
-        `truncation` is `"longest_first"`, `"only_first"` or `"only_second"`
-        (see `truncated_lengths`); the ids equal transformers'
-        `BertTokenizerFast(a, b, truncation=..., max_length=...)`. For extractive QA
-        pass (question, context): `sequence_ids` marks the context tokens (1) and
-        `offsets` give their characters in the context.
-        """
+        """`[CLS] a [SEP] b [SEP]`, token types 0 then 1, at most `max_length` tokens cut as
+        `truncation` says (`truncated_lengths`), as transformers' `BertTokenizerFast(a, b)`.
+        For QA pass (question, context): `sequence_ids` 1 and `offsets` locate the context."""
         return self._encoding(self.backend.encode(a, b), max_length, truncation)
 
     def encode_words(self, words: Sequence[str], max_length: Optional[int] = None) -> Encoding:
-        """`[CLS] pieces [SEP]` for text already split into words (a CoNLL sentence).
-
-        Each word is tokenized on its own (a word holding punctuation still splits there);
-        `word_ids[t]` is the index in `words` of the word that token `t` belongs to,
-        as transformers' `BertTokenizerFast(words, is_split_into_words=True).word_ids()`.
-        A word that normalizes to nothing (a lone control character) yields no token.
-        """
+        """`[CLS] pieces [SEP]` for text already split into words (a CoNLL sentence): `word_ids[t]`
+        indexes `words`, as transformers' `is_split_into_words=True`."""
         if isinstance(words, str) or not all(isinstance(w, str) for w in words):
             raise TypeError("encode_words expects a list of strings (the words of one text)")
         return self._encoding(self.backend.encode(list(words), is_pretokenized=True),
@@ -396,11 +281,8 @@ class Tokenizer:
 
     def _encoding(self, enc: tokenizers.Encoding, max_length: Optional[int],
                   truncation: str) -> Encoding:
-        """`enc` as an `Encoding`, its texts truncated to fit `max_length`.
-
-        Truncation happens here rather than in the backend, whose settings are shared
-        by every caller of this tokenizer (and by the plain `encode`).
-        """
+        """`enc` as an `Encoding`, its texts truncated to fit `max_length` (here, not in the
+        backend, whose settings every caller shares)."""
         seq = enc.sequence_ids
         n = [seq.count(0), seq.count(1)]
         n_special = len(seq) - n[0] - n[1]
@@ -418,18 +300,15 @@ class Tokenizer:
                 kept.append(t)
             if s is not None:
                 seen[s] += 1
-        ids, types, offsets, words = enc.ids, enc.type_ids, enc.offsets, enc.word_ids
-        return Encoding([ids[t] for t in kept], [types[t] for t in kept],
-                        [offsets[t] for t in kept], [words[t] for t in kept],
-                        [seq[t] for t in kept])
+        return Encoding(*([field[t] for t in kept] for field in
+                          (enc.ids, enc.type_ids, enc.offsets, enc.word_ids, seq)))
 
     def encode_batch(self, texts: Sequence[str],
                      add_special_tokens: bool = True) -> list[list[int]]:
         """`encode` over many texts, in parallel threads on the Rust side."""
         if isinstance(texts, str):
             raise TypeError("encode_batch expects a list of strings; use encode() for one string")
-        # encode_batch_fast (tokenizers >= 0.20) gives the same ids but skips the
-        # character offsets, which only encode_with_offsets and co. need.
+        # encode_batch_fast (tokenizers >= 0.20): the same ids, without character offsets.
         encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
         encs = encode(list(texts), add_special_tokens=add_special_tokens)
         return [e.ids for e in encs]
@@ -439,13 +318,9 @@ class Tokenizer:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def explain(self, text: str) -> "Explanation":
-        """Every stage of encoding `text`, to read (minGPT's `encode_and_show_work`).
-
-        normalized: the text after cleaning, lowercasing and accent stripping; words: the
-        pre-tokenizer's split on whitespace and punctuation; pieces: each word cut by
-        `wordpiece`, the pure-Python WordPiece below; ids: what `encode` returns, specials
-        included. The pieces are the backend's own (`tests/test_tokenizer.py` checks it).
-        """
+        """Every stage of encoding `text`, to read (minGPT's `encode_and_show_work`): the
+        normalized text, the pre-tokenizer's words, each word's pieces by `wordpiece` (the
+        backend's own, tests/test_tokenizer.py checks) and the ids `encode` returns."""
         normalized = self.backend.normalizer.normalize_str(text)
         words = [w for w, _ in self.backend.pre_tokenizer.pre_tokenize_str(normalized)]
         vocab = self.backend.get_vocab()
@@ -466,7 +341,6 @@ class Tokenizer:
         return f"Tokenizer(vocab_size={self.vocab_size}, fingerprint={self.fingerprint})"
 
 
-
 class Explanation(NamedTuple):
     """The stages of `Tokenizer.explain`: normalised text, words, pieces per word, ids."""
     normalized: str
@@ -477,14 +351,12 @@ class Explanation(NamedTuple):
 
 def wordpiece(word: str, vocab: dict[str, int], unk: str = UNK, prefix: str = "##",
               max_chars: int = 100) -> list[str]:
-    """WordPiece on one pre-tokenized word: greedy longest-match-first (Schuster & Nakajima
-    2012; BERT's `WordpieceTokenizer`), the algorithm the Rust backend runs, in plain code.
+    """WordPiece on one pre-tokenized word: greedy longest-match-first (Schuster & Nakajima 2012;
+    BERT's `WordpieceTokenizer`), the algorithm the Rust backend runs, in plain code.
 
-    From the start of the word, take the longest prefix that is in the vocabulary; then,
-    from where it ended, the longest continuation, spelled with `prefix` ("##ing"); and so
-    on to the end. If some position has no matching piece at all, the whole word is `unk`,
-    not a partial split; so is a word longer than `max_chars`.
-    """
+    Take the longest vocabulary prefix, then from where it ended the longest continuation spelled
+    with `prefix` ("##ing"), and so on. A position no piece matches makes the whole word `unk`; so
+    does a word longer than `max_chars`."""
     if len(word) > max_chars:
         return [unk]
     pieces, start = [], 0
@@ -503,11 +375,9 @@ def wordpiece(word: str, vocab: dict[str, int], unk: str = UNK, prefix: str = "#
 def _bert_template(cls_id: int, sep_id: int) -> processors.TemplateProcessing:
     """BERT's post-processor: `[CLS] A [SEP]`, and `[CLS] A [SEP] B [SEP]` whose token type
     is 0 up to the first [SEP] and 1 after it, as in transformers' `BertTokenizerFast`."""
-    return processors.TemplateProcessing(
-        single=f"{CLS} $A {SEP}",
-        pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
-        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
-    )
+    return processors.TemplateProcessing(single=f"{CLS} $A {SEP}",
+                                         pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
+                                         special_tokens=[(CLS, cls_id), (SEP, sep_id)])
 
 
 def _named(cls: type[Tokenizer], backend: tokenizers.Tokenizer, path: Path) -> Tokenizer:

@@ -1,13 +1,8 @@
 """What `Tokenizer.__call__` takes and gives, as transformers' tokenizers do.
 
-`tok(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")` reads its
-arguments here (`CallOptions`, each refused by name) and pads the encoded rows into a
-`BatchEncoding`: a dict of `input_ids`, `token_type_ids` and `attention_mask`, so that
-`model(**enc)` passes them by name. The tokenizer itself encodes and truncates
-(`Tokenizer._encoding`, minibert's `truncated_lengths`); this module only checks and pads.
-
-numpy and torch are imported only when `return_tensors` asks for their arrays: tokenizing
-alone (preparing a corpus) loads neither.
+Its arguments are checked here (`CallOptions`) and the encoded rows padded into a
+`BatchEncoding`, so that `model(**enc)` passes them by name; the tokenizer encodes and
+truncates. numpy and torch are imported only when `return_tensors` asks for their arrays.
 """
 from __future__ import annotations
 
@@ -15,8 +10,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
-# transformers' names for each strategy (True and False are its shorthands). Texts are cut at
-# their end: `truncated_lengths` (tokenizer.py) says how many tokens of a pair's texts stay.
+# transformers' names for each strategy (True and False are its shorthands).
 PADDING = ("longest", "max_length", "do_not_pad")
 TRUNCATION = ("longest_first", "only_first", "only_second")
 RETURN_TENSORS = ("pt", "np", None)
@@ -27,13 +21,9 @@ logger = logging.getLogger(__name__)
 
 
 class BatchEncoding(dict):
-    """A tokenizer call's output, by name: `input_ids`, `token_type_ids` (unless asked
-    without) and `attention_mask` (1 on tokens, 0 on padding).
-
-    Each is (B, T) for a list of B texts (or pairs), a row of T ids for one text, as lists,
-    or, with `return_tensors`, int64 torch tensors or numpy arrays (one text: (1, T)).
-    A dict, so `model(**enc)` and `enc["input_ids"]` work as with transformers'.
-    """
+    """A tokenizer call's output, a dict: `input_ids`, `token_type_ids` (unless asked
+    without) and `attention_mask` (1 on tokens), each (B, T) (one text: a row of T, or
+    (1, T) as tensors), as lists, int64 torch tensors or numpy arrays."""
 
     def to(self, device: Any) -> "BatchEncoding":
         """The same encoding with its torch tensors on `device` (transformers' `.to`)."""
@@ -47,16 +37,8 @@ class BatchEncoding(dict):
 
 @dataclass(frozen=True)
 class CallOptions:
-    """A call's padding and truncation, as transformers reads them.
-
-    padding: "longest" (True), "max_length" or "do_not_pad" (False).
-    truncation: "longest_first" (True), "only_first", "only_second", or None (False or
-        "do_not_truncate"). Left unset (None), it is "longest_first" when `max_length` is
-        given without padding, as in transformers, and else none.
-    max_length: the length rows are cut to and, with "max_length", padded to. minibert's
-        Tokenizer does not know its model's length, so where transformers would fall back on
-        `model_max_length` it must be given (`model.config.max_position_embeddings`).
-    """
+    """A call's padding ("longest", "max_length", "do_not_pad") and truncation (one of
+    `TRUNCATION`, or None), read as transformers reads them (`Tokenizer.__call__`)."""
 
     padding: str
     truncation: Optional[str]

@@ -1,11 +1,8 @@
 """A tokenizer's files in transformers' layout, beside minibert's `tokenizer.json`.
 
-A BERT checkpoint from the hub may carry its vocabulary as `vocab.txt` (a token per line,
-its id the line number) with the casing in `tokenizer_config.json`; transformers'
-AutoTokenizer reads the same `tokenizer_config.json` to rebuild a tokenizer minibert
-saved. `read_vocab_txt` and `read_tokenizer_config` read them, refusing by name what would
-give other ids (a token listed twice, a casing flag that is not a boolean);
-`tokenizer_config_for` writes the config for a BERT normaliser.
+`vocab.txt` (a token per line, its id the line number) and `tokenizer_config.json` (the
+casing), as hub checkpoints carry them and AutoTokenizer reads them: read here, refusing by
+name what would give other ids, and the config written for a BERT normaliser.
 """
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ from ..paths import file_present
 from .special_tokens import CLS, MASK, PAD, SEP, UNK
 
 
-# The tokenizer_config.json keys that decide the normalizer; each is true, false or null
-# (null: the default).
+# The tokenizer_config.json keys that decide the normalizer: true, false or null (default).
 CONFIG_FLAGS = ("do_lower_case", "strip_accents", "tokenize_chinese_chars")
 
 
@@ -57,14 +53,8 @@ def _json_type(value: object) -> str:
 
 
 def read_vocab_txt(path: Path) -> dict[str, int]:
-    """A BERT `vocab.txt`: one token per line, the id is the line number (from 0).
-
-    A token listed twice has no single id: transformers keeps its last line, and
-    whichever line is kept, the vocabulary size no longer matches the highest id, so
-    a re-saved `vocab.txt` would shift every id after it. Such a file is refused
-    rather than guessed at. A UTF-8 byte order mark (added by some
-    Windows editors) is not part of the first token.
-    """
+    """A BERT `vocab.txt`: one token per line, the id is the line number (from 0). A token
+    listed twice has no single id, so it is refused rather than guessed at."""
     lines: dict[str, list[int]] = {}
     for i, line in enumerate(iter_lines(path)):
         token = (line.removeprefix("\ufeff") if i == 0 else line).strip()

@@ -1,24 +1,10 @@
-"""Training a WordPiece vocabulary for `Tokenizer`.
+"""Training a WordPiece vocabulary: what `Tokenizer.train` and `train_from_iterator` do.
 
-`Tokenizer.train` and `Tokenizer.train_from_iterator` are the public
-entry points; this module holds what they do. The Rust WordPiece trainer does
-the counting and merging. Around it, minibert adds:
-
-* a content-keyed cache: the key hashes the corpus bytes and the settings, so a
-  second call on the same corpus loads the vocabulary instead of training;
-* the same vocabulary in every process: the trainer numbers its "##" pieces and cuts
-  its alphabet in the order of a hash map seeded per process, and those numbers break
-  ties between equally frequent merges, so two trainings on the same text could give
-  a few different entries and hundreds of different ids (and a model trained on them,
-  another curve). The alphabet and the "##" pieces are chosen and numbered
-  here, in code-point order, and handed to the trainer (`_TrainingInput`);
-* a filter that drops words over WordPiece's length limit before the trainer
-  sees them (`_TrainingInput`);
-* the normalizer run in Python (`minibert.data.normalize`), so that the trainer,
-  fed normalized text, counts the same words sooner (benchmarks/RESULTS.md, "Data
-  preparation speed: BERT's normalizer in Python");
-* errors that say what to change (an empty corpus, a vocabulary too small for
-  the alphabet).
+The Rust WordPiece trainer counts and merges. Around it: a cache keyed by the corpus bytes
+and the settings; the same vocabulary in every process (the trainer numbers its "##" pieces
+and cuts its alphabet in a per-process hash order that breaks ties between equal merges, so
+both are chosen here in code-point order, `_TrainingInput`); no training on words over
+WordPiece's length limit; the normalizer run in Python (`minibert.data.normalize`).
 """
 from __future__ import annotations
 
@@ -40,16 +26,14 @@ from .normalize import PythonNormalizer
 from .special_tokens import SPECIAL_TOKENS
 from .text import iter_lines, text_file_named
 
-# The Tokenizer class (tokenizer.py) is passed in as `cls`, so that the two modules do not
-# import each other; the functions return an instance of it.
+# The Tokenizer class is passed in as `cls`, so that the two modules do not import each other.
 TokenizerT = TypeVar("TokenizerT")
 
 logger = logging.getLogger(__name__)
 
 
-# Bumped whenever training changes in a way that makes old cached vocabularies stale.
-# 2: words over the WordPiece length limit are not trained on; 3: the same vocabulary in
-# every process (no hash-order ties)
+# Bumped whenever training changes so that cached vocabularies are stale. 2: no over-long
+# words trained on; 3: the same vocabulary in every process (no hash-order ties)
 _CACHE_FORMAT = 3
 
 CONTINUING = "##"  # WordPiece's mark of a piece that continues a word
@@ -72,10 +56,9 @@ def train_on_files(cls: type[TokenizerT], files: Union[PathLike, Sequence[PathLi
     for f, p in zip(files, paths):
         if not p.is_file():
             texts = isinstance(f, str) and text_file_named(f) is None  # raises if path-like
-            raise FileNotFoundError(
-                f"Tokenizer.train: training file not found: {p}" + (
-                    "; Tokenizer.train reads files, to train on texts in memory use "
-                    "Tokenizer.train_from_iterator(texts)" if texts else ""))
+            raise FileNotFoundError(f"Tokenizer.train: training file not found: {p}" + (
+                "; Tokenizer.train reads files, to train on texts in memory use "
+                "Tokenizer.train_from_iterator(texts)" if texts else ""))
 
     def chunks() -> Iterator[bytes]:
         for p in paths:
@@ -84,11 +67,8 @@ def train_on_files(cls: type[TokenizerT], files: Union[PathLike, Sequence[PathLi
                     yield block
             yield b"\0"  # file boundary, so ["ab", "c"] and ["a", "bc"] differ
 
-    def lines() -> Iterator[str]:
-        for p in paths:
-            yield from iter_lines(p)
-
-    return _train(cls, lines, chunks if use_cache else None, vocab_size, **settings)
+    return _train(cls, lambda: (line for p in paths for line in iter_lines(p)),
+                  chunks if use_cache else None, vocab_size, **settings)
 
 
 def train_on_texts(cls: type[TokenizerT], texts: Iterable[str], vocab_size: int, *,
@@ -99,26 +79,20 @@ def train_on_texts(cls: type[TokenizerT], texts: Iterable[str], vocab_size: int,
     if isinstance(texts, str):
         raise TypeError("train_from_iterator expects an iterable of strings, not one string")
     can_cache = use_cache and iter(texts) is not texts  # not an iterator: can be read again
-
-    def chunks() -> Iterator[bytes]:
-        for t in texts:
-            yield t.encode("utf-8", errors="replace") + b"\0"
-
-    return _train(cls, lambda: iter(texts), chunks if can_cache else None, vocab_size,
-                  **settings)
+    chunks = (lambda: (t.encode("utf-8", errors="replace") + b"\0" for t in texts)) \
+        if can_cache else None
+    return _train(cls, lambda: iter(texts), chunks, vocab_size, **settings)
 
 
 def _train(cls: type[TokenizerT], make_texts: Callable[[], Iterable[str]],
            make_chunks: Optional[Callable[[], Iterator[bytes]]], vocab_size: int, *,
            lowercase: bool, min_frequency: int, limit_alphabet: int,
            cache_dir: Optional[PathLike]) -> TokenizerT:
-
     n_special = len(SPECIAL_TOKENS)
     if not isinstance(vocab_size, int) or vocab_size <= n_special:
-        raise ValueError(
-            f"vocab_size={vocab_size!r} is too small: it must exceed the {n_special} "
-            f"special tokens {list(SPECIAL_TOKENS)} and leave room for the alphabet"
-        )
+        raise ValueError(f"vocab_size={vocab_size!r} is too small: it must exceed the "
+                         f"{n_special} special tokens {list(SPECIAL_TOKENS)} and leave room "
+                         f"for the alphabet")
     settings = dict(vocab_size=vocab_size, lowercase=lowercase, min_frequency=min_frequency,
                     limit_alphabet=limit_alphabet, format=_CACHE_FORMAT,
                     tokenizers=".".join(tokenizers.__version__.split(".")[:2]))
@@ -136,9 +110,8 @@ def _train(cls: type[TokenizerT], make_texts: Callable[[], Iterable[str]],
     backend = cls._bert_pipeline(None, lowercase, None)
     stats = _TrainingInput(backend)
     with tempfile.TemporaryDirectory(prefix="minibert-tokenizer-") as tmp:
-        # Pass 1: the texts as the trainer will see them (normalized, over-long words
-        # dropped), counted, and kept on disk for pass 2, so that a one-shot iterator
-        # is read once and nothing is normalized twice.
+        # Pass 1: the texts as the trainer will see them, counted and kept on disk for pass
+        # 2, so that a one-shot iterator is read once and nothing is normalized twice.
         prepared = Path(tmp) / "texts.txt"
         with open(prepared, "w", encoding="utf-8") as f:
             for text in stats.texts(make_texts()):
@@ -153,9 +126,12 @@ def _train(cls: type[TokenizerT], make_texts: Callable[[], Iterable[str]],
                                 if stats.n_skipped else ")"))
         alphabet = stats.alphabet(limit_alphabet)
         continuing = [CONTINUING + c for c in alphabet if c in stats.continuing]
-        trainer = wordpiece_trainer(vocab_size, min_frequency, alphabet, continuing)
-        # Pass 2. The texts arrive normalized, so the trainer runs without the normalizer
-        # (the pipeline is built again below, whole, with the trained vocabulary).
+        # `continuing` ("##a", ...) numbered right after the specials, in sorted order.
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, initial_alphabet=alphabet,
+            limit_alphabet=len(alphabet), special_tokens=list(SPECIAL_TOKENS) + continuing,
+            continuing_subword_prefix=CONTINUING, show_progress=False)
+        # Pass 2, on normalized texts, without the normalizer (the pipeline is rebuilt below).
         backend.normalizer = None
         with open(prepared, encoding="utf-8") as f:
             backend.train_from_iterator((line[:-1] for line in f), trainer)
@@ -167,12 +143,10 @@ def _train(cls: type[TokenizerT], make_texts: Callable[[], Iterable[str]],
             f"vocab_size={vocab_size} is too small for this corpus: the {n_special} special "
             f"tokens plus the alphabet (each character alone and with '##') already need "
             f"{got} entries; raise vocab_size to at least {got}, or lower limit_alphabet "
-            f"(now {limit_alphabet})"
-        )
-    # The trainer numbered the pieces: specials, the "##" pieces (handed in as specials
-    # so that they are numbered in sorted order, not in hash order), the alphabet, then
-    # the merges. Laid out as BERT's vocabularies are (alphabet before "##" pieces) and
-    # with only BERT's five specials matched whole in raw text.
+            f"(now {limit_alphabet})")
+    # The trainer numbered specials, "##" pieces (handed in as specials, so in sorted
+    # order), alphabet, merges; laid out as BERT's vocabularies are (alphabet before "##"
+    # pieces), with only BERT's five specials matched whole in raw text.
     order = sorted(trained, key=trained.__getitem__)
     pieces = slice(n_special, n_special + len(continuing))
     assert order[pieces] == continuing, "the trainer numbered the pieces unexpectedly"
@@ -180,70 +154,38 @@ def _train(cls: type[TokenizerT], make_texts: Callable[[], Iterable[str]],
         + continuing + order[pieces.stop + len(alphabet):]
     backend = cls._bert_pipeline({t: i for i, t in enumerate(order)}, lowercase, None)
     backend.add_special_tokens(list(SPECIAL_TOKENS))
-    tok = cls(backend)
-    tok._attach_post_processor()
+    tok = cls(backend)  # `_bert_pipeline` gave it BERT's template with the trained ids
     if cache_path is not None:
         tok._save_atomically(cache_path)
         logger.info("trained tokenizer (vocab %d) cached at %s", tok.vocab_size, cache_path)
     return tok
 
 
-def wordpiece_trainer(vocab_size: int, min_frequency: int, alphabet: Sequence[str],
-                      continuing: Sequence[str]) -> trainers.WordPieceTrainer:
-    """The WordPiece trainer with BERT's special tokens and its "##" continuation prefix,
-    on exactly `alphabet` (single characters).
-
-    `continuing` ("##a", ...) are numbered right after the special tokens, in the order
-    given: left to the trainer, they are numbered in a hash map's order, which differs
-    from one process to the next and breaks ties between equally frequent merges.
-    """
-    return trainers.WordPieceTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency,
-        initial_alphabet=list(alphabet), limit_alphabet=len(alphabet),
-        special_tokens=list(SPECIAL_TOKENS) + list(continuing),
-        continuing_subword_prefix=CONTINUING, show_progress=False)
-
-
 def normalized(texts: Iterable[str], backend: tokenizers.Tokenizer) -> Iterator[str]:
-    """Each text as `backend`'s BERT normalizer makes it.
-
-    The trainer would normalize each text on the Rust side, tracking offsets it never uses;
-    normalized here (see `minibert.data.normalize`), the same words reach it sooner. The
-    few texts where context matters go through the Rust normalizer itself.
-    """
+    """Each text as `backend`'s BERT normalizer makes it: by `minibert.data.normalize`, or
+    the Rust normalizer where context matters."""
     fast, rust = PythonNormalizer.of(backend), backend.normalizer.normalize_str
     for text in texts:
         out = fast(text) if fast is not None else None
         yield out if out is not None else rust(text)
 
 
-# Characters the BERT normalizer turns into spaces (ASCII whitespace and Unicode's
-# space separators, category Zs). Every word the trainer sees lies inside a run of
-# other characters, so only runs long enough to hold an over-long word need a look.
+# Characters the BERT normalizer turns into spaces (ASCII whitespace and category Zs): only
+# runs of other characters long enough to hold an over-long word need a look.
 _SPACES = " \t\n\r\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"
 
 
 class _TrainingInput:
-    """The texts handed to the WordPiece trainer, minus words it would waste time on, and
-    counted on their way.
-
-    The trainer's cost grows with the square of the longest word, so one 400,000
-    character line (a base64 blob, a table flattened without spaces) takes minutes
-    and ignores Ctrl-C meanwhile. Yet the WordPiece model maps every word over
-    `max_input_chars_per_word` characters (100) to `[UNK]`, so such words add
-    nothing to the vocabulary that encoding could ever use: they are dropped here.
-
-    The counts let training choose, in a fixed order, what the Rust trainer would choose
-    in hash order: the alphabet (`alphabet`) and the characters that continue a word, each
-    of which becomes a "##" piece (`continuing`).
-    """
+    """The texts handed to the WordPiece trainer, minus over-long words, counted on their way. The
+    trainer's cost grows with the square of the longest word (one base64 blob takes minutes, deaf to
+    Ctrl-C), yet every word over `max_input_chars_per_word` encodes as `[UNK]`: such words are
+    dropped. The counts choose, in a fixed order, the alphabet and the characters that continue a
+    word (each a "##" piece). `backend`: the BERT pipeline, whose normalizer and pre-tokenizer say
+    what a word is."""
 
     def __init__(self, backend: tokenizers.Tokenizer) -> None:
-        """`backend`: the BERT pipeline, whose normalizer and pre-tokenizer say what a word
-        is (read during this pass only, before the trainer holds the pipeline)."""
         self.backend = backend
-        self.n_skipped = 0
-        self.longest = 0
+        self.n_skipped, self.longest = 0, 0
         self.chars: Counter[str] = Counter()  # every character, with its count
         self.continuing: set[str] = set()  # characters seen after the first in a word
         self._kind: dict[str, str] = {}  # character -> "word", "punctuation" or "space"
@@ -284,8 +226,7 @@ class _TrainingInput:
 
     def _look_for_continuing(self) -> None:
         """A pattern for the word characters not yet seen continuing a word, each after a
-        word character: only these are searched for, so a text most often needs one scan
-        that finds nothing."""
+        word character: most texts then need one scan that finds nothing."""
         pending = [c for c, k in self._kind.items() if k == "word" and c not in self.continuing]
         others = "".join(re.escape(c) for c, k in self._kind.items() if k != "word")
         after_a_word_char = f"(?<=[^{others}])" if others else "(?<=.)"
@@ -294,9 +235,8 @@ class _TrainingInput:
 
     def _without_long_words(self, texts: Iterable[str]) -> Iterator[str]:
         max_chars = self.backend.model.max_input_chars_per_word
-        # Normalization can lengthen a word (NFD splits a Hangul syllable into up to
-        # three letters), so runs from a quarter of the limit on are checked, with the
-        # pipeline's own normalizer and pre-tokenizer deciding what a word is.
+        # Normalization can lengthen a word (NFD splits a Hangul syllable into up to three
+        # letters), so runs from a quarter of the limit on are checked by the pipeline.
         runs = re.compile(f"[^{_SPACES}]{{{max_chars // 4 + 1},}}")
         normalize = self.backend.normalizer.normalize_str
         pre_tokenize = self.backend.pre_tokenizer.pre_tokenize_str
@@ -308,8 +248,7 @@ class _TrainingInput:
                 return run.group()
             self.n_skipped += len(words) - len(kept)
             self.longest = max(self.longest, *map(len, words))
-            # The kept words are already normalized; normalizing them again in the
-            # trainer changes nothing, and the trainer only counts words, not order.
+            # Normalized already (again changes nothing); the trainer counts words, not order.
             return " " + " ".join(kept) + " "
 
         for text in texts:

@@ -1,10 +1,5 @@
-"""Pre-tokenized corpus on disk: tokenize once, memory-map forever.
-
-Tokenizing text inside the training loop makes the CPU the bottleneck and redoes
-the same work every epoch. Instead the corpus is tokenized once into one flat
-array of ids, and training reads it through `numpy.memmap`: the operating
-system pages in only what is touched, every DataLoader worker shares the same
-page cache, and opening a 100 M-token file takes microseconds.
+"""Pre-tokenized corpus on disk: tokenize once, memory-map forever (docs/walkthrough.md,
+"6.2 The token file").
 
 File layout (all little-endian):
 
@@ -13,10 +8,8 @@ File layout (all little-endian):
     aligned to 8 bytes          doc_offsets: (n_docs + 1) x int64; document d is
                                 ids[doc_offsets[d] : doc_offsets[d + 1]]
 
-The header records the format version, dtype, counts, byte offsets, the expected
-file size (so truncation is detected) and the tokenizer's fingerprint (so ids are
-never read with a different vocabulary). Special tokens are not stored: packing
-adds `[CLS]`/`[SEP]` later, where the block boundaries are known.
+The header holds the format version, dtype, counts, byte offsets, the file size (truncation
+shows) and the tokenizer's fingerprint (ids are never read with another vocabulary).
 """
 from __future__ import annotations
 
@@ -40,7 +33,6 @@ if TYPE_CHECKING:  # imported lazily: minibert.data.tokenizer itself imports min
 
 logger = logging.getLogger(__name__)
 
-
 MAGIC = b"MINIBERT-TOKENS\n"
 FORMAT_VERSION = 1
 HEADER_BYTES = 4096
@@ -51,18 +43,11 @@ class TokenFileError(ValueError):
 
 
 class TokenFile:
-    """A memory-mapped, read-only pre-tokenized corpus; see the module docstring.
-
-    Attributes:
-        ids: `(n_tokens,)` uint16/uint32 memmap of all token ids, documents back to back.
-        doc_offsets: `(n_docs + 1,)` int64; document `d` is
-            `ids[doc_offsets[d]:doc_offsets[d+1]]`.
-        header: the JSON header as a dict.
-    """
+    """A memory-mapped, read-only pre-tokenized corpus: `ids` `(n_tokens,)` uint16/uint32,
+    `doc_offsets` `(n_docs + 1,)` int64 and `header`, the JSON header as a dict."""
 
     def __init__(self, path: Path, header: dict) -> None:
-        self.path = path
-        self.header = header
+        self.path, self.header = path, header
         self.dtype = np.dtype(header["dtype"])
         self.n_tokens: int = header["n_tokens"]
         self.n_docs: int = header["n_docs"]
@@ -75,12 +60,8 @@ class TokenFile:
 
     @classmethod
     def open(cls, path: PathLike, tokenizer: Optional["Tokenizer"] = None) -> "TokenFile":
-        """Memory-map `path`; if `tokenizer` is given, check that it made the file.
-
-        Any damage (truncation, a foreign or garbled file, a header whose numbers do not
-        add up) raises `TokenFileError` and nothing else, so a caller that keeps
-        token files in a cache can catch that one error and rebuild the file.
-        """
+        """Memory-map `path`; if `tokenizer` is given, check that it made the file. Any
+        damage raises `TokenFileError` alone, so that a cache can catch it and rebuild."""
         path = Path(path)
         redo = "re-prepare it with minibert.data.tokenize_to_memmap(...)"
         if not path.is_file():
@@ -91,15 +72,13 @@ class TokenFile:
                 f"{path} was made by a different tokenizer (fingerprint "
                 f"{header['tokenizer_fingerprint']}, vocab {header['vocab_size']}) than the one "
                 f"given ({tokenizer.fingerprint}, vocab {tokenizer.vocab_size}); its ids would be "
-                f"read with the wrong vocabulary. {redo[0].upper() + redo[1:]} and this tokenizer."
-            )
+                f"read with the wrong vocabulary. {redo[0].upper() + redo[1:]} and this tokenizer.")
         try:
             tf = cls(path, header)
         except ValueError as e:  # numpy refusing a mapping the checks above let through
             raise TokenFileError(f"{path} cannot be memory-mapped ({e}); {redo}") from e
         offsets = np.asarray(tf.doc_offsets)
-        # The offsets decide every document's slice: garbage there would hand out
-        # wrong or empty documents without any error, so they are checked whole.
+        # Garbage offsets would hand out wrong documents without an error: checked whole.
         if offsets[0] != 0 or offsets[-1] != tf.n_tokens or np.any(np.diff(offsets) < 0):
             raise TokenFileError(f"{path} is damaged: its document offsets do not run in "
                                  f"order from 0 to n_tokens={tf.n_tokens}; {redo}")
@@ -117,8 +96,7 @@ class TokenFile:
         """`(n_docs,)` int64 token count of every document."""
         return np.diff(np.asarray(self.doc_offsets))
 
-    # A memmap pickles as a full in-memory copy; DataLoader workers started with
-    # "spawn" would each copy the whole corpus. Pickle the path and re-map instead.
+    # A memmap pickles as a full copy, one per "spawn" DataLoader worker: pickle the path.
     def __getstate__(self) -> dict:
         return {"path": str(self.path), "header": self.header}
 
@@ -156,13 +134,11 @@ def _read_header(path: Path, redo: str) -> dict:
         raise TokenFileError(f"{path} has a corrupt header (a JSON {type(header).__name__}, "
                              f"not an object); {redo}")
     if header.get("format_version") != FORMAT_VERSION:
-        raise TokenFileError(
-            f"{path} has token-file format version {header.get('format_version')}, this "
-            f"minibert reads version {FORMAT_VERSION}; {redo}"
-        )
+        raise TokenFileError(f"{path} has token-file format version "
+                             f"{header.get('format_version')}, this minibert reads version "
+                             f"{FORMAT_VERSION}; {redo}")
     for key, kind in _HEADER_FIELDS.items():
-        value = header.get(key)
-        # bool is an int to Python, but never a count.
+        value = header.get(key)  # a bool is an int to Python, but never a count
         if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
             raise TokenFileError(f"{path} has a corrupt header: {key}={value!r}; {redo}")
     if size != header["file_size"]:
@@ -180,39 +156,15 @@ def _read_header(path: Path, redo: str) -> dict:
     return header
 
 
-def tokenize_to_memmap(
-    source: Union[PathLike, Documents, Iterable[Union[str, "os.PathLike[str]"]]],
-    tokenizer: "Tokenizer",
-    out_path: PathLike,
-    *,
-    batch_docs: int = 256,
-) -> TokenFile:
-    """Tokenize a corpus once into a token file at `out_path` and open it.
-
-    Args:
-        source: a split of `load_corpus` (its documents, read as it goes), a path
-            (`str` or `Path`) to one text file, or an iterable of
-            documents and text files. A `pathlib.Path` item is a text file; so is a
-            `str` item that names an existing file, as in `Tokenizer.train`, so
-            `["a.txt", "b.txt"]` reads two files in both. A `str` that looks like a
-            path but names no file raises `FileNotFoundError`; any other `str` is a
-            document (see `minibert.data.text.text_file_named` for the exact
-            rule). Text files hold documents separated by blank lines (BERT's
-            pretraining format), read as strict UTF-8 (`minibert.data.text`): a byte that
-            is not UTF-8 raises, and no token file is left behind.
-        tokenizer: a `minibert.Tokenizer`; its fingerprint goes in the header.
-        out_path: where to write. The file is written under a temporary name and
-            renamed at the end, so a failed run leaves a previous file untouched.
-        batch_docs: documents per batch encoded (in parallel on the Rust side).
-
-    Returns:
-        The new `TokenFile`.
-
-    Memory does not grow with the corpus: documents are read, encoded `batch_docs` at a
-    time and appended to the file; only one 8-byte length per document is kept. A BERT
-    pipeline's normalizer runs in Python (`minibert.data.normalize`): the same ids, sooner
-    (benchmarks/RESULTS.md, "Data preparation speed: BERT's normalizer in Python").
-    """
+def tokenize_to_memmap(source: Union[PathLike, Documents, Iterable[Union[str, "os.PathLike[str]"]]],
+                       tokenizer: "Tokenizer", out_path: PathLike, *,
+                       batch_docs: int = 256) -> TokenFile:
+    """Tokenize a corpus once into a token file at `out_path` (written under a temporary name, then
+    renamed) and return it opened. `source`: a split of `load_corpus`, a path to one text file, or
+    an iterable of documents and text files (a `Path`, or a `str` naming a file:
+    `text.text_file_named`), text files holding blank-line separated documents. `batch_docs` are
+    encoded at a time; memory keeps 8 bytes a document. A BERT normalizer runs in Python
+    (`minibert.data.normalize`)."""
     out_path = Path(out_path)
     dtype = np.dtype("<u2") if tokenizer.vocab_size <= 1 << 16 else np.dtype("<u4")
     fast = FastEncoder.of(getattr(tokenizer, "backend", None))
@@ -233,8 +185,7 @@ def tokenize_to_memmap(
 def _write_ids(f: BinaryIO, docs: Iterator[str], encode: Callable, dtype: np.dtype,
                batch_docs: int) -> "array.array[int]":
     """Append the ids of `docs`, encoded `batch_docs` at a time; return each document's
-    length (8 bytes a document, not a Python int's 28 + 8). A document with no tokens (only
-    control characters, say) is dropped."""
+    length (8 bytes each); a document with no tokens is dropped."""
     lengths = array.array("q")
     while batch := list(itertools.islice(docs, batch_docs)):
         encoded = encode(batch, add_special_tokens=False)
@@ -256,36 +207,20 @@ def _write_index(f: BinaryIO, lengths: "array.array[int]", tokenizer: "Tokenizer
     offsets = np.zeros(len(lengths) + 1, dtype="<i8")
     np.cumsum(np.frombuffer(lengths, dtype=np.int64), out=offsets[1:])
     f.write(offsets.tobytes())
-    header = {
-        "format_version": FORMAT_VERSION,
-        "dtype": dtype.str,
-        "n_tokens": n_tokens,
-        "n_docs": len(lengths),
-        "vocab_size": tokenizer.vocab_size,
-        "tokenizer_fingerprint": tokenizer.fingerprint,
-        "special_ids": {"pad": tokenizer.pad_id, "unk": tokenizer.unk_id,
-                        "cls": tokenizer.cls_id, "sep": tokenizer.sep_id,
-                        "mask": tokenizer.mask_id},
-        "ids_offset": HEADER_BYTES,
-        "offsets_offset": offsets_offset,
-        "file_size": offsets_offset + offsets.nbytes,
-    }
+    header = {"format_version": FORMAT_VERSION, "dtype": dtype.str, "n_tokens": n_tokens,
+              "n_docs": len(lengths), "vocab_size": tokenizer.vocab_size,
+              "tokenizer_fingerprint": tokenizer.fingerprint,
+              "special_ids": {"pad": tokenizer.pad_id, "unk": tokenizer.unk_id,
+                              "cls": tokenizer.cls_id, "sep": tokenizer.sep_id,
+                              "mask": tokenizer.mask_id},
+              "ids_offset": HEADER_BYTES, "offsets_offset": offsets_offset,
+              "file_size": offsets_offset + offsets.nbytes}
     f.seek(0)
-    f.write(_encode_header(header))
-
-
-def _encode_header(header: dict) -> bytes:
     body = json.dumps(header, sort_keys=True).encode("utf-8")
     room = HEADER_BYTES - len(MAGIC) - 1
     if len(body) > room:
         raise ValueError(f"token-file header too long ({len(body)} > {room} bytes)")
-    return MAGIC + body + b" " * (room - len(body)) + b"\n"
-
-
-def _check_not_output(text_file: Path, out_path: Path) -> None:
-    if out_path.exists() and os.path.samefile(text_file, out_path):
-        raise ValueError(f"tokenize_to_memmap: out_path {out_path} is the text file it reads; "
-                         f"the token file would replace the text. Give another out_path")
+    f.write(MAGIC + body + b" " * (room - len(body)) + b"\n")
 
 
 def _documents(source, out_path: Path) -> Iterator[str]:
@@ -320,3 +255,9 @@ def _documents(source, out_path: Path) -> Iterator[str]:
         yield from iter_documents(path)
     if n == 0:
         raise ValueError("the corpus given to tokenize_to_memmap is empty (no files or texts)")
+
+
+def _check_not_output(text_file: Path, out_path: Path) -> None:
+    if out_path.exists() and os.path.samefile(text_file, out_path):
+        raise ValueError(f"tokenize_to_memmap: out_path {out_path} is the text file it reads; "
+                         f"the token file would replace the text. Give another out_path")

@@ -1,15 +1,9 @@
 """WikiText (Merity et al. 2016): download it once, read it as a list of articles.
 
-The four variants are zip archives served at `https://wikitext.smerity.com`:
-`wikitext-{2,103}-raw-v1` hold the original text (`wiki.train.raw`, ...),
-`wikitext-{2,103}-v1` the word-level tokenized text with rare words replaced by
-`<unk>` (`wiki.train.tokens`, ...). pytorch/examples ships the latter as
-`train.txt`, `valid.txt`, `test.txt`; all three layouts are read here.
-
-Downloads are written to `<name>.zip.part`, resumed with an HTTP Range request
-when a previous attempt was cut off, renamed to `<name>.zip` only after the
-archive's CRCs verify, and extracted into a temporary folder that is renamed into
-place last, so an interrupted run never leaves something that looks complete.
+Four zip archives: `wikitext-{2,103}-raw-v1` (`wiki.train.raw`, ...) and `wikitext-{2,103}-v1`
+(tokenized: `wiki.train.tokens`, ..., or pytorch/examples' `train.txt`, ...). A download is
+resumed with an HTTP Range request, kept only once its CRCs verify and extracted into a
+folder renamed into place last: an interrupted run leaves nothing that looks complete.
 """
 from __future__ import annotations
 
@@ -29,15 +23,12 @@ from .text import iter_lines
 
 logger = logging.getLogger(__name__)
 
-
 BASE_URL = "https://wikitext.smerity.com"
 # name of the archive -> folder inside it, and the file suffix of its splits
-WIKITEXT_VARIANTS = {
-    "wikitext-2-raw-v1": ("wikitext-2-raw", ".raw"),
-    "wikitext-103-raw-v1": ("wikitext-103-raw", ".raw"),
-    "wikitext-2-v1": ("wikitext-2", ".tokens"),
-    "wikitext-103-v1": ("wikitext-103", ".tokens"),
-}
+WIKITEXT_VARIANTS = {"wikitext-2-raw-v1": ("wikitext-2-raw", ".raw"),
+                     "wikitext-103-raw-v1": ("wikitext-103-raw", ".raw"),
+                     "wikitext-2-v1": ("wikitext-2", ".tokens"),
+                     "wikitext-103-v1": ("wikitext-103", ".tokens")}
 SPLITS = ("train", "valid", "test")
 # The three ways a WikiText folder names its splits (see the module docstring).
 WIKITEXT_LAYOUTS = ({s: f"wiki.{s}.raw" for s in SPLITS}, {s: f"wiki.{s}.tokens" for s in SPLITS},
@@ -48,36 +39,18 @@ class DownloadError(RuntimeError):
     """The archive could not be fetched or did not verify."""
 
 
-def _default_cache_dir() -> Path:
-    env = os.environ.get("MINIBERT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "minibert"
-
-
-def download_wikitext(
-    name: str = "wikitext-2-raw-v1",
-    cache_dir: Optional[PathLike] = None,
-    url: Optional[str] = None,
-    *,
-    timeout: float = 30.0,
-) -> Path:
-    """Download and extract a WikiText variant; return the folder holding its splits.
-
-    Args:
-        name: one of `wikitext-2-raw-v1` (default), `wikitext-103-raw-v1`,
-            `wikitext-2-v1`, `wikitext-103-v1`.
-        cache_dir: where to keep the zip and the extracted folder; default
-            `$MINIBERT_CACHE` or `~/.cache/minibert`.
-        url: the zip's address; default `<base>/<name>.zip`, where `<base>` is
-            `$MINIBERT_WIKITEXT_URL` (a mirror) or `https://wikitext.smerity.com`.
-        timeout: seconds to wait for the server before giving up.
-
-    A no-op (no network access at all) when the extracted folder is already there.
-    """
+def download_wikitext(name: str = "wikitext-2-raw-v1", cache_dir: Optional[PathLike] = None,
+                      url: Optional[str] = None, *, timeout: float = 30.0) -> Path:
+    """Download and extract a WikiText variant (one of `WIKITEXT_VARIANTS`) into `cache_dir`
+    (default `$MINIBERT_CACHE` or `~/.cache/minibert`); return the folder of its splits. No
+    network access when it is there already. `url`: default `<base>/<name>.zip`, `<base>`
+    `$MINIBERT_WIKITEXT_URL` (a mirror) or `BASE_URL`; `timeout` in seconds."""
     if name not in WIKITEXT_VARIANTS:
         raise ValueError(f"unknown WikiText variant {name!r}; choose one of "
                          f"{sorted(WIKITEXT_VARIANTS)}")
     folder, suffix = WIKITEXT_VARIANTS[name]
-    cache = Path(cache_dir).expanduser() if cache_dir else _default_cache_dir()
+    env = os.environ.get("MINIBERT_CACHE")  # as tokenizer_train.default_cache_dir
+    cache = Path(cache_dir or env or Path.home() / ".cache" / "minibert").expanduser()
     target = cache / folder
     expected = [f"wiki.{s}{suffix}" for s in SPLITS]
     if all((target / f).is_file() for f in expected):
@@ -98,10 +71,8 @@ def download_wikitext(
             if not resumed:
                 raise DownloadError(
                     f"the archive downloaded from {url} is not a valid {name} zip (bad CRC or "
-                    f"missing {folder}/{expected[0]}); it was deleted, run again to retry"
-                )
-            # A resumed file can be corrupt if the server's copy changed in
-            # between: start over once from byte 0.
+                    f"missing {folder}/{expected[0]}); it was deleted, run again to retry")
+            # The server's copy may have changed in between: start over once from byte 0.
             logger.warning("resumed download of %s did not verify; restarting", name)
             _fetch(url, part, timeout, name, expected)
             if not _zip_ok(part, folder, expected):
@@ -116,8 +87,7 @@ def download_wikitext(
             os.replace(entry, new / entry.name)
         (new / folder).rmdir()
 
-    # The target appears complete or not at all; an incomplete folder left by hand is
-    # replaced whole (the zip is verified), nothing of it carried over.
+    # The target appears complete or not at all; an incomplete one is replaced whole.
     replace_folder(target, extract, owns=lambda name: True)
     logger.info("WikiText %s extracted to %s", name, target)
     return target
@@ -147,11 +117,11 @@ def _fetch(url: str, part: Path, timeout: float, name: str, expected: list[str])
         if e.code == 416 and offset:  # "range not satisfiable": our partial file is bad
             part.unlink()
             return _fetch(url, part, timeout, name, expected)
-        reason = f"HTTP {e.code} {e.reason}"
-        raise DownloadError(_offline_message(url, name, expected, reason)) from e
+        raise DownloadError(_offline_message(url, name, expected,
+                                             f"HTTP {e.code} {e.reason}")) from e
     except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise DownloadError(_offline_message(url, name, expected, str(reason))) from e
+        raise DownloadError(_offline_message(url, name, expected,
+                                             str(getattr(e, "reason", e)))) from e
 
     with response:
         resumed = offset > 0 and response.status == 206
@@ -178,10 +148,8 @@ def _fetch(url: str, part: Path, timeout: float, name: str, expected: list[str])
         except WriteError:
             raise
         except (OSError, http.client.HTTPException) as e:
-            raise DownloadError(
-                f"download of {url} was interrupted ({e}); the partial file {part} is kept "
-                f"and the next call resumes it"
-            ) from e
+            raise DownloadError(f"download of {url} was interrupted ({e}); the partial file "
+                                f"{part} is kept and the next call resumes it") from e
         finally:
             progress.close()
     return resumed
@@ -189,29 +157,24 @@ def _fetch(url: str, part: Path, timeout: float, name: str, expected: list[str])
 
 def _offline_message(url: str, name: str, expected: list[str], reason: str) -> str:
     folder = WIKITEXT_VARIANTS[name][0]
-    return (
-        f"could not download {url} ({reason}). If this machine has no internet access, "
-        f"download {name}.zip by hand, unzip it, and pass the folder that holds "
-        f"{', '.join(expected)} (i.e. '{folder}/') as data_dir= or --data-dir."
-    )
+    return (f"could not download {url} ({reason}). If this machine has no internet access, "
+            f"download {name}.zip by hand, unzip it, and pass the folder that holds "
+            f"{', '.join(expected)} (i.e. '{folder}/') as data_dir= or --data-dir.")
 
 
 class _Progress:
-    """Download progress: a tqdm bar on a terminal when tqdm is installed, else log
-    lines every 10% (which also end up in log files, unlike a bar)."""
+    """Download progress: a tqdm bar on a terminal when tqdm is installed, else log lines
+    every 10%."""
 
     def __init__(self, name: str, total: Optional[int], initial: int) -> None:
-        self.name, self.total, self.done = name, total, initial
-        self.next_log = 0.1
-        self.bar = None
+        self.name, self.total, self.done, self.next_log, self.bar = name, total, initial, 0.1, None
         if sys.stderr is not None and sys.stderr.isatty():
             try:
                 from tqdm.auto import tqdm
             except ImportError:
                 pass
             else:
-                self.bar = tqdm(total=total, initial=initial, unit="B", unit_scale=True,
-                                desc=name)
+                self.bar = tqdm(total=total, initial=initial, unit="B", unit_scale=True, desc=name)
         if self.bar is None:
             logger.info("downloading %s (%s bytes)", name, total if total else "unknown size")
 
@@ -230,35 +193,17 @@ class _Progress:
 
 
 # ---------------------------------------------------------------------- reading
-def _is_title(line: str) -> bool:
-    """A top-level heading is " = Title = "; sections are " = = Section = = " and deeper."""
-    s = line.strip()
-    return len(s) > 4 and s.startswith("= ") and s.endswith(" =") and not s.startswith("= =")
-
-
 def load_wikitext(path: PathLike) -> dict[str, list[str]]:
-    """Read the splits found in `path` as `{split: [article, ...]}`.
-
-    `path` is the folder holding `wiki.{train,valid,test}.raw`,
-    `wiki.{train,valid,test}.tokens` or `{train,valid,test}.txt` (a parent
-    folder with exactly one such WikiText folder inside also works). Splits that
-    are absent are left out of the result; at least one must be present.
-
-    Each article starts at its top-level ` = Title = ` line and runs until the
-    next one; its lines are stripped and blank lines dropped.
-
-    Other files beside the splits are not read; `minibert.data.load_corpus`
-    refuses such a mixed folder instead, and reports what it read.
-    """
+    """Read the splits in `path` (or in a subfolder), named as one of `WIKITEXT_LAYOUTS`,
+    as `{split: [article, ...]}`: each from its top-level ` = Title = ` line to the next,
+    lines stripped, blank ones dropped. Other files are not read (`load_corpus` refuses)."""
     root = Path(path).expanduser()
     check_readable(root)  # a loop, a link to nothing, a folder that may not be entered
     if not root.is_dir():
         raise NotADirectoryError(f"{root} is a file; load_wikitext reads the folder that "
                                  f"holds WikiText's split files")
-    layouts = WIKITEXT_LAYOUTS
-    candidates = [root] + sorted(p for p in root.iterdir() if p.is_dir())
-    for folder in candidates:
-        for layout in layouts:
+    for folder in [root] + sorted(p for p in root.iterdir() if p.is_dir()):
+        for layout in WIKITEXT_LAYOUTS:
             found = {s: folder / f for s, f in layout.items() if file_present(folder / f)}
             if found:
                 out = {s: split_articles(iter_lines(p)) for s, p in found.items()}
@@ -266,11 +211,10 @@ def load_wikitext(path: PathLike) -> dict[str, list[str]]:
                     raise ValueError(f"the WikiText files in {folder} hold no text: "
                                      f"{', '.join(str(p) for p in found.values())}")
                 return out
-    looked = ", ".join(f for layout in layouts for f in layout.values())
+    looked = ", ".join(f for layout in WIKITEXT_LAYOUTS for f in layout.values())
     raise FileNotFoundError(
         f"no WikiText splits in {root} (nor its subfolders): looked for {looked}. Pass the "
-        f"folder that holds them, or call download_wikitext() to fetch them."
-    )
+        f"folder that holds them, or call download_wikitext() to fetch them.")
 
 
 def split_articles(lines: Iterable[str]) -> list[str]:
@@ -282,11 +226,12 @@ def iter_articles(lines: Iterable[str]) -> Iterator[str]:
     """`split_articles`, one article at a time: memory holds one article, not the split."""
     current: list[str] = []
     for line in lines:
-        if current and _is_title(line):
+        s = line.strip()  # a top-level heading is " = Title = ", a section " = = Section = = "
+        if current and len(s) > 4 and s.startswith("= ") and s.endswith(" =") \
+                and not s.startswith("= ="):
             yield "\n".join(current)
             current = []
-        line = line.strip()
-        if line:
-            current.append(line)
+        if s:
+            current.append(s)
     if current:
         yield "\n".join(current)
