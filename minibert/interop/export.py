@@ -1,11 +1,7 @@
 """A training checkpoint (`checkpoints/step_N`) turned into a model folder.
 
-`export_checkpoint` rebuilds the model class a checkpoint of the training loop holds and saves
-it with `save_pretrained`, together with the run's tokenizer, so the folder is what the run's
-final/ would be: it loads with `from_pretrained`, fine-tunes with the scripts' --init-from,
-and loads in transformers (model and AutoTokenizer) for BERT's and ModernBERT's
-architectures (`hf.model_type`).
-It sits above the model and its heads, which it builds.
+`export_checkpoint` rebuilds a checkpoint's model (so it sits above the model and heads) and
+saves it with the run's tokenizer, as the run's final/ would be (docs/runs.md).
 """
 
 from __future__ import annotations
@@ -14,25 +10,22 @@ import logging
 from pathlib import Path
 from typing import Optional, Union
 
-
+from ..data.tokenizer import Tokenizer
 from ..model import heads
+from ..model.config import BertConfig
+from ..model.model import BertModel
 from ..training.checkpoint import STATE_FILE, load_checkpoint
 from ..training.state import Saved
-from ..model.config import BertConfig
 from .hf import (PathLike, check_finite, check_mappable, error_gist, is_adapter_name,
                  is_modernbert, model_prefix)
-from ..model.model import BertModel
 from .pretrained import PretrainedMixin, check_tokenizer_fits
-from ..data.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
 
-
 def exportable() -> dict[str, type]:
-    """The classes a checkpoint can name, under the name it records (`hf.minibert_class`):
-    BertModel and every public model class of heads.py, so that a head added there exports
-    with nothing added here (docs/walkthrough.md, "Adding a head")."""
+    """BertModel and every public model class of heads.py, under the names checkpoints record:
+    a head added there exports with nothing added here (docs/walkthrough.md, "Adding a head")."""
     found = [c for c in vars(heads).values() if isinstance(c, type) and
              issubclass(c, PretrainedMixin) and c.__module__ == heads.__name__ and
              not c.__name__.startswith("_")]
@@ -42,23 +35,10 @@ def exportable() -> dict[str, type]:
 def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
                       model_class: Optional[str] = None,
                       tokenizer: Union[Tokenizer, PathLike, None] = None) -> Path:
-    """Write the model of a training checkpoint (`RUN/checkpoints/step_N`) and its run's
-    tokenizer as a model folder; return the folder.
-
-    The class is `model_class`, else the one the checkpoint records (the training loop
-    records it in every checkpoint). A classifier's number of labels
-    comes from its weights, its class names from the checkpoint (LABEL_i where it has none).
-
-    The tokenizer is `tokenizer` (a Tokenizer or its folder), else the run's: RUN/tokenizer,
-    where the scripts keep it (distill.py's baseline/ run: its outer run's). Either must be
-    the one the checkpoint records in its run identity (the scripts record its
-    fingerprint), else export refuses, naming both. When there is none to carry (a
-    checkpoint saved outside a run folder), a warning says so and the folder holds the
-    model only: pass `tokenizer` for a folder the fine-tuning scripts and transformers'
-    AutoTokenizer can read.
-
-    Weights that hold NaN or infinity are refused (`hf.NonFiniteWeightsError`).
-    """
+    """Write the model of `RUN/checkpoints/step_N` (the class it records, or `model_class`)
+    and its run's tokenizer as a model folder, and return it. The tokenizer is `tokenizer` (a
+    Tokenizer or its folder) else RUN/tokenizer, and must be the one the run recorded; with
+    none, a warning says so. NaN or infinite weights are refused (`hf.NonFiniteWeightsError`)."""
     checkpoint_dir = Path(checkpoint_dir)
     state = Saved.of(load_checkpoint(checkpoint_dir))  # verified by meta.json, weights-only
     weights, config = state.weights, state.model_config
@@ -109,24 +89,15 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
                        "only; the fine-tuning scripts refuse it and transformers' "
                        "AutoTokenizer cannot read it. Pass tokenizer= (the run's Tokenizer or "
                        "its folder) to export_checkpoint", checkpoint_dir,
-                       _run_folder(checkpoint_dir) / "tokenizer", out_dir)
+                       checkpoint_dir.parent.parent / "tokenizer", out_dir)
     model.save_pretrained(out_dir, tokenizer=tok)
     return Path(out_dir)
 
 
-def _run_folder(checkpoint_dir: Path) -> Path:
-    """RUN, for a checkpoint RUN/checkpoints/step_N."""
-    return checkpoint_dir.parent.parent
-
-
-def _run_tokenizer(checkpoint_dir: Path, state: Saved,
-                   given: Union[Tokenizer, PathLike, None],
+def _run_tokenizer(checkpoint_dir: Path, state: Saved, given: Union[Tokenizer, PathLike, None],
                    config: BertConfig) -> Optional[Tokenizer]:
-    """The tokenizer to export with the checkpoint's model: `given`, else the run's, checked
-    against the fingerprint the checkpoint's run identity records; None when there is none.
-
-    The run's is RUN/tokenizer, or, for a run inside another (distill.py's baseline/), the
-    outer run's, when its fingerprint is the one recorded."""
+    """`given`, else RUN/tokenizer (or the outer run's, for distill.py's baseline/), checked
+    against the fingerprint the checkpoint's run recorded; None when there is none."""
     identity = state.data_identity
     recorded = identity.get("tokenizer") if isinstance(identity, dict) else None
     if isinstance(given, Tokenizer):
@@ -134,7 +105,7 @@ def _run_tokenizer(checkpoint_dir: Path, state: Saved,
     elif given is not None:
         candidates = [(Tokenizer.from_pretrained(given), str(given))]
     else:
-        run = _run_folder(checkpoint_dir)
+        run = checkpoint_dir.parent.parent  # RUN, of RUN/checkpoints/step_N
         places = [run / "tokenizer"] + ([run.parent / "tokenizer"] if recorded else [])
         candidates = [(Tokenizer.from_pretrained(p), str(p)) for p in places
                       if (p / "tokenizer.json").is_file()]

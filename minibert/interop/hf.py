@@ -1,28 +1,11 @@
 """Checkpoints in transformers' layout: name translation and safe loading.
 
-A transformers BERT checkpoint is a directory with `config.json` and `model.safetensors`
-(or the older pickled `pytorch_model.bin`). This module reads and writes that layout, so a
-minibert model loads `bert-base-uncased` or a compact BERT, and transformers loads what
-minibert saves, with the same outputs.
-
-minibert's parameter names are its own (`bert.blocks.3.attn.qkv.weight`); the translation to
-transformers' names is one table, `_RENAMES`, plus one structural difference: minibert fuses
-the query, key and value projections into one matrix, which transformers stores as three.
-
-A model transformers has no class for (`model_type`: Pre-LN BERT, or a mix of
-the modern switches that is neither BERT nor ModernBERT) says so in its folder (model_type
-"minibert-preln" or "minibert", weights in `minibert-preln.safetensors`), so transformers
-refuses it instead of loading it into other blocks, while minibert reads it as usual.
-
-Loading never runs pickled code: safetensors holds only tensors, and `pytorch_model.bin` is
-read with `torch.load(weights_only=True)`, which refuses arbitrary objects. A damaged file,
-or a shard index pointing outside its folder, is one error naming the file. So is a tensor
-holding NaN or infinity (`NonFiniteWeightsError`): bytes overwritten in a copy still parse
-as floats, and such weights would make every output NaN and every training step be skipped.
-
-`PretrainedMixin` (pretrained.py) gives the model classes `from_pretrained` and
-`save_pretrained` on top of these functions; `export.export_checkpoint` turns a training
-checkpoint into such a folder. This module imports neither the model nor its heads.
+A transformers folder (`config.json`, `model.safetensors` or a pickled `pytorch_model.bin`)
+loads with the same outputs, and transformers loads what minibert saves (README, "The model in
+a few lines"). Names translate through `_RENAMES`; a mix of switches transformers has no class
+for gets a minibert-only `model_type`. Loading never runs pickled code (`weights_only=True`); a
+damaged file, a shard outside its folder, or NaN or infinity (`NonFiniteWeightsError`: bad
+bytes still parse as floats) is one error naming the file. Imports neither model nor heads.
 """
 
 from __future__ import annotations
@@ -43,17 +26,12 @@ from ..paths import check_readable, file_present
 
 logger = logging.getLogger(__name__)
 
-
-# The two files of a training checkpoint's folder (checkpoint.py writes them): named here,
-# beside the model folder's files, so that a loader given one recognises it and says so.
+# A training checkpoint's two files (checkpoint.py writes them), which a loader recognises.
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 
-# minibert name -> transformers name, applied in order to names that start with "bert." (the
-# encoder), "head." (MLM head), "classifier." (sequence and token classification) or
-# "qa_outputs." (question answering). The task heads with no pooler (masked LM, token
-# classification, QA) have no "bert.pooler." weights, as transformers' classes built with
-# add_pooling_layer=False; a pooler in a checkpoint they load is simply not read.
+# minibert name -> transformers name, the first match applied. The heads without a pooler
+# have no "bert.pooler." weights (transformers' add_pooling_layer=False); a stored one is unread.
 _RENAMES = [
     (r"^bert\.embeddings\.word\.", "bert.embeddings.word_embeddings."),
     (r"^bert\.embeddings\.position\.", "bert.embeddings.position_embeddings."),
@@ -76,9 +54,8 @@ _RENAMES = [
 ]
 _QKV = re.compile(r"^bert\.blocks\.(\d+)\.attn\.qkv\.(weight|bias)$")
 
-# The same for transformers' ModernBERT, whose encoder is "model." and which keeps Q, K and V
-# fused as minibert does. Its MLM decoder is tied to the word embeddings and only its bias is
-# stored; its classifiers (sequence, token, span) are all called "classifier".
+# The same for ModernBERT, whose encoder is "model.", with Q, K and V fused as in minibert,
+# only its tied decoder's bias stored, and every classifier called "classifier".
 _MODERN_RENAMES = [
     (r"^bert\.embeddings\.word\.", "model.embeddings.tok_embeddings."),
     (r"^bert\.embeddings\.norm\.", "model.embeddings.norm."),
@@ -103,8 +80,7 @@ def is_modernbert(model: torch.nn.Module) -> bool:
 
 
 def hf_names(name: str, modern: bool = False) -> list[str]:
-    """transformers' name(s) for one minibert parameter name (three for a fused QKV in BERT's
-    layout; `modern`: ModernBERT's)."""
+    """transformers' name(s) for a minibert name (three for BERT's QKV; `modern`: ModernBERT's)."""
     m = None if modern else _QKV.match(name)
     if m:
         layer, kind = m.groups()
@@ -117,12 +93,7 @@ def hf_names(name: str, modern: bool = False) -> list[str]:
 
 
 def _canonical(sd: dict[str, Tensor], modern: bool = False) -> dict[str, Tensor]:
-    """Bring a transformers state dict to one form: `bert.`-prefixed, weight/bias names.
-
-    A checkpoint saved from a bare `BertModel` has no `bert.` prefix; very old ones (the
-    original TF conversions) call LayerNorm parameters gamma and beta. A bare ModernBERT
-    has no `model.` prefix.
-    """
+    """A state dict with a bare model's missing prefix added, and TF's gamma/beta renamed."""
     if modern:
         return {("model." + k if k.startswith(("embeddings.", "layers.", "final_norm."))
                  else k): t for k, t in sd.items()}
@@ -137,35 +108,25 @@ def _canonical(sd: dict[str, Tensor], modern: bool = False) -> dict[str, Tensor]
 
 
 def minibert_class(cls: type) -> type:
-    """The minibert class that `cls` is or derives from, whose name is transformers' class's
-    (`BertForSequenceClassification`): a user's subclass saves and loads as its base."""
+    """The minibert class `cls` is or derives from: a user's subclass saves as its base."""
     for c in cls.__mro__:
         if c.__module__.split(".")[0] == "minibert":
             return c
     return cls
 
 
-def _is_bare(model: torch.nn.Module) -> bool:
-    """A bare encoder (BertModel), which holds no `bert` encoder of its own: transformers'
-    bare models name weights without a prefix, its heads under `bert.`."""
-    return not isinstance(getattr(model, "bert", None), torch.nn.Module)
-
-
 def model_prefix(model: torch.nn.Module) -> str:
-    # A bare BertModel's parameters are named `embeddings...`; wrapped ones `bert.embeddings...`.
-    return "bert." if _is_bare(model) else ""
+    """Prefix "bert." for a bare encoder (BertModel), whose names lack the heads' `bert.`."""
+    return "" if isinstance(getattr(model, "bert", None), torch.nn.Module) else "bert."
 
 
 def _maps(name: str, modern: bool) -> bool:
-    """Whether the tables above give `name` (prefixed as `hf_names` takes it) a place in a
-    model folder: a pattern matches, and only the tensor's own name (weight, bias) follows."""
+    """Whether a table gives `name` a place: a pattern matches, then only weight or bias."""
     if not modern and _QKV.match(name):
         return True
-    for pattern, _ in _MODERN_RENAMES if modern else _RENAMES:
-        m = re.match(pattern, name)
-        if m:
-            return name[m.end():] in ("", "weight", "bias")
-    return False
+    table = _MODERN_RENAMES if modern else _RENAMES
+    m = next(filter(None, (re.match(pattern, name) for pattern, _ in table)), None)
+    return m is not None and name[m.end():] in ("", "weight", "bias")
 
 
 def is_adapter_name(name: str) -> bool:
@@ -174,10 +135,8 @@ def is_adapter_name(name: str) -> bool:
 
 
 def check_mappable(names: Iterable[str], modern: bool, what: str) -> None:
-    """Refuse, naming them, the state-dict names that a model folder has no place for: a
-    parameter or buffer added to a minibert class, or a layer wrapped by another library
-    (peft's LoRA keeps `qkv.base_layer.weight` and `qkv.lora_A.default.weight`). Saved
-    without them, the folder would load as another model than the one trained."""
+    """Refuse, naming them, the names a model folder has no place for (a tensor added to a
+    class, peft's `qkv.lora_A...`), which saved without would load as another model."""
     lost = [n for n in names if not _maps(n, modern)]
     if not lost:
         return
@@ -193,10 +152,7 @@ def check_mappable(names: Iterable[str], modern: bool, what: str) -> None:
 
 
 def to_hf_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
-    """The model's weights under transformers' names (BERT's fused QKV split into three).
-
-    A tensor the tables do not map is refused (`check_mappable`), never dropped or saved
-    under a name no loader reads."""
+    """The model's weights under transformers' names; one not mapped is refused, never lost."""
     prefix, modern = model_prefix(model), is_modernbert(model)
     check_mappable((prefix + name for name in model.state_dict()), modern,
                    f"saving a {type(model).__name__}")
@@ -204,42 +160,20 @@ def to_hf_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     for name, t in model.state_dict().items():
         names = hf_names(prefix + name, modern)
         for hf_name, part in zip(names, t.chunk(len(names), dim=0)):
-            if _is_bare(model):  # transformers' bare models: no prefix
+            if prefix:  # transformers' bare models: no prefix
                 hf_name = hf_name.removeprefix("model." if modern else "bert.")
             out[hf_name] = part.detach().to("cpu").contiguous().clone()
     return out
 
 
 def architecture(cls: type, modern: bool) -> str:
-    """transformers' class for a minibert model class, as config.json's `architectures`
-    names it: the same task's, BERT's or ModernBERT's (BertForMaskedLM,
-    ModernBertForMaskedLM); a user's subclass is named as its minibert base."""
+    """config.json's `architectures` name: its minibert base's, ModernBERT's for `modern`."""
     return ("Modern" if modern else "") + minibert_class(cls).__name__
 
 
 def decodes(cls: type) -> bool:
-    """Whether a model class decodes over the vocabulary (a masked LM), the one head whose
-    checkpoint must have its decoder tied to the word embeddings (the class says so)."""
+    """Whether a model class decodes over the vocabulary with the tied word embeddings."""
     return bool(getattr(cls, "decodes_vocabulary", False))
-
-
-def _check_tied_decoder(model: torch.nn.Module, sd: dict[str, Tensor], modern: bool) -> None:
-    """Refuse an MLM checkpoint whose stored decoder matrix is not its word embeddings.
-
-    minibert's MLM head decodes with the word-embedding matrix (tied, as BERT and ModernBERT
-    are), so a checkpoint may store the decoder's copy or not. A copy that differs (a model
-    trained untied, its config notwithstanding) is one minibert cannot compute; transformers
-    would decode with the copy, and the logits would differ from minibert's.
-    """
-    if not decodes(type(model)):
-        return  # the other heads never decode over the vocabulary
-    decoder = "decoder.weight" if modern else "cls.predictions.decoder.weight"
-    words = hf_names("bert.embeddings.word.weight", modern)[0]
-    if decoder in sd and words in sd and not torch.equal(sd[decoder], sd[words]):
-        raise ValueError(f"the checkpoint's MLM decoder matrix ({decoder}) is not its word "
-                         f"embeddings ({words}); minibert decodes with the embeddings, as BERT "
-                         f"does, and cannot compute an untied model. Load it as a BertModel "
-                         f"or a classifier to use its encoder")
 
 
 def load_hf_state_dict(model: torch.nn.Module, sd: dict[str, Tensor]) -> None:
@@ -248,7 +182,16 @@ def load_hf_state_dict(model: torch.nn.Module, sd: dict[str, Tensor]) -> None:
     sd = _canonical(sd, modern)
     if "cls.predictions.bias" not in sd and "cls.predictions.decoder.bias" in sd:
         sd["cls.predictions.bias"] = sd["cls.predictions.decoder.bias"]
-    _check_tied_decoder(model, sd, modern)
+    # A masked LM decodes with its word embeddings; a stored decoder copy that differs (trained
+    # untied) is what transformers would decode with, and minibert cannot compute it.
+    decoder = "decoder.weight" if modern else "cls.predictions.decoder.weight"
+    words = hf_names("bert.embeddings.word.weight", modern)[0]
+    if (decodes(type(model)) and decoder in sd and words in sd
+            and not torch.equal(sd[decoder], sd[words])):
+        raise ValueError(f"the checkpoint's MLM decoder matrix ({decoder}) is not its word "
+                         f"embeddings ({words}); minibert decodes with the embeddings, as BERT "
+                         f"does, and cannot compute an untied model. Load it as a BertModel "
+                         f"or a classifier to use its encoder")
     prefix = model_prefix(model)
     own = model.state_dict()
     new, missing = {}, []
@@ -263,8 +206,7 @@ def load_hf_state_dict(model: torch.nn.Module, sd: dict[str, Tensor]) -> None:
                              f"but the model expects {tuple(param.shape)} for {name}; does the "
                              f"config (or an override) match the checkpoint?")
         new[name] = t
-    # Heads and the pooler may legitimately be absent (an MLM checkpoint into a classifier is
-    # the usual start of fine-tuning); the encoder may not.
+    # Heads and the pooler may be absent (an MLM checkpoint into a classifier); the encoder not.
     fresh = ("bert.pooler.", "pooler.", "head.", "classifier.", "qa_outputs.")
     broken = [n for n in missing if not n.startswith(fresh)]
     if broken:
@@ -278,11 +220,9 @@ def load_hf_state_dict(model: torch.nn.Module, sd: dict[str, Tensor]) -> None:
 
 
 # ---- reading a model folder -----------------------------------------------------------------
-
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-# A Pre-LN model's weights go under a name transformers never looks for: its BERT is Post-LN
-# only, and would otherwise load them into the wrong blocks with nothing but a warning.
+# A minibert-only model's weights: a name transformers never looks for, so never misreads.
 PRE_LN_WEIGHTS_FILE = "minibert-preln.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # sharded: {"weight_map": {name: shard file}}
 TORCH_FILE = "pytorch_model.bin"
@@ -290,7 +230,6 @@ TORCH_FILE = "pytorch_model.bin"
 MODEL_FILES = {CONFIG_FILE, WEIGHTS_FILE, PRE_LN_WEIGHTS_FILE, INDEX_FILE, TORCH_FILE,
                 "pytorch_model.bin.index.json"}
 SHARD_FILE = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
-# What a path given for a model is expected to be, for the message that finds nothing there.
 MODEL_FOLDER = (f"a model folder holding {CONFIG_FILE}, the weights ({WEIGHTS_FILE} or "
                 f"{TORCH_FILE}) and the tokenizer")
 _LFS_POINTER = b"version https://git-lfs"
@@ -302,14 +241,15 @@ class NonFiniteWeightsError(ValueError):
 
 def check_finite(tensors: Mapping[str, Tensor], file: PathLike,
                  fix: str = "download or export it again") -> None:
-    """Refuse NaN or infinity in `tensors`, the weights read from `file`.
-
-    Raises NonFiniteWeightsError naming the first such tensor, `file` and how many of its
-    values are not finite; `fix` says what to do. Integer tensors (a position_ids buffer)
-    have no NaN and pass.
-    """
+    """Refuse NaN or infinity in `tensors`, read from `file`: a NonFiniteWeightsError naming
+    the first such tensor, its count of such values and `fix`. Integer tensors pass."""
     for name, t in tensors.items():
-        if _finite(t):
+        if not (t.is_floating_point() or t.is_complex()):
+            continue
+        x = t.float() if t.dtype.itemsize == 1 else t  # float8: torch lacks some reductions
+        # A sum is not finite whenever a term is, and far cheaper than the elementwise mask,
+        # needed only then: to tell large finite weights that overflowed from a NaN.
+        if bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all()):
             continue
         counts = [f"{n} {what}" for n, what in ((int(torch.isnan(t).sum()), "NaN"),
                                                  (int(torch.isinf(t).sum()), "infinite"))
@@ -320,22 +260,8 @@ def check_finite(tensors: Mapping[str, Tensor], file: PathLike,
             f"run that diverged, and would make every output NaN: {fix}")
 
 
-def _finite(t: Tensor) -> bool:
-    """Whether every value of `t` is finite, in one reduction for nearly every tensor."""
-    if not (t.is_floating_point() or t.is_complex()):
-        return True
-    if t.dtype.itemsize == 1:  # float8: torch lacks some reductions for it
-        t = t.float()
-    # A sum is NaN or infinite whenever one of its terms is, and a reduction is several
-    # times faster than the elementwise test, which builds a mask as large as the tensor.
-    # Only a sum that is not finite needs that test: it tells a sum of large finite
-    # weights that overflowed from a NaN.
-    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
-
-
 def require_safetensors() -> None:
-    """For a script that saves a model folder when it ends: call it before training, so that
-    a missing safetensors is said at the start, not after hours of work."""
+    """Call before training a run that saves a folder at its end: say at once if it cannot."""
     if importlib.util.find_spec("safetensors") is None:
         raise ImportError("this run saves its model with safetensors when it ends, and "
                           "safetensors is not installed: pip install 'minibert[examples]'")
@@ -374,43 +300,29 @@ def read_config(path: PathLike) -> dict[str, Any]:
 
 
 def read_weights(path: PathLike) -> dict[str, Tensor]:
-    """The tensors of a model folder: safetensors preferred, pickles only as weights.
+    """The tensors of a model folder; a missing file is a FileNotFoundError, a damaged one a
+    ValueError, NaN or infinity a NonFiniteWeightsError (a ValueError), each naming it."""
+    return _read_weights(Path(path), header_only=False)
 
-    A missing file is a FileNotFoundError and a damaged one a ValueError, each naming the
-    file; a tensor holding NaN or infinity is a NonFiniteWeightsError (a ValueError) naming
-    the tensor and its file. That check is one sum per tensor, as each is read: a small
-    cost beside reading it.
-    """
-    files = _weight_files(Path(path))
+
+def check_weights(path: PathLike) -> None:
+    """Raise what `read_weights` would for missing or damaged files, reading only safetensors'
+    headers (byte ranges against the file's size): cheap, before a script's other work."""
+    _read_weights(Path(path), header_only=True)
+
+
+def _read_weights(path: Path, header_only: bool) -> dict[str, Tensor]:
+    files = _weight_files(path)
     if files[0].suffix != ".safetensors":
         return _load_torch_file(files[0])
     sd: dict[str, Tensor] = {}
     for file in files:
-        sd.update(_load_safetensors(file))
+        sd.update(_load_safetensors(file, header_only))
     return sd
 
 
-def check_weights(path: PathLike) -> None:
-    """Raise what `read_weights` would for missing or damaged weight files, reading only
-    their headers: a cheap check for a script that reads the weights later and would first
-    spend minutes on other work (tokenizing a corpus).
-
-    safetensors' header gives every tensor's byte range, checked against the file's size,
-    so a file cut short is found before any tensor is read. A pickled `pytorch_model.bin`
-    has no such header and is read whole. Whether the values are finite is checked where
-    they are read (`read_weights`), once.
-    """
-    files = _weight_files(Path(path))
-    if files[0].suffix != ".safetensors":
-        _load_torch_file(files[0])
-        return
-    for file in files:
-        _load_safetensors(file, header_only=True)
-
-
 def _weight_files(path: Path) -> list[Path]:
-    """The files holding a model folder's weights, in the order `read_weights` prefers:
-    one safetensors file, a safetensors index's shards, or a pickled `pytorch_model.bin`."""
+    """A folder's weight files: one safetensors file, else an index's shards, else a pickle."""
     for name in (WEIGHTS_FILE, PRE_LN_WEIGHTS_FILE):
         if file_present(path / name):  # a link to nothing is named, not passed over
             return [path / name]
@@ -451,9 +363,7 @@ def _shard_files(index: Path) -> list[Path]:
 
 
 def _load_safetensors(file: Path, header_only: bool = False) -> dict[str, Tensor]:
-    """The tensors in `file`, each checked to be finite as it is read (`check_finite`);
-    with `header_only`, none: the header is read and checked against the file's size (every
-    tensor's byte range must lie inside it)."""
+    """`file`'s tensors, each checked finite; with `header_only`, none (the header checked)."""
     try:
         from safetensors import SafetensorError, safe_open
     except ImportError:
@@ -481,9 +391,8 @@ def _load_torch_file(file: Path) -> dict[str, Tensor]:
         except MemoryError:
             raise
         except Exception as e:
-            # weights_only=True rebuilds tensors and plain values only. "Unsupported global"
-            # is a well-formed pickle asking for some other object (a class instance, a
-            # function): code, refused. Anything else (bad opcodes, a truncated zip) is damage.
+            # "Unsupported global": a well-formed pickle asking for another object than
+            # tensors and plain values (code), refused. Anything else is damage.
             if "Unsupported global" in str(e):
                 raise ValueError(f"{file} holds pickled objects other than tensors; refusing "
                                  f"to unpickle them, since that could run arbitrary code. "
@@ -507,21 +416,17 @@ def _damaged(file: Path, kind: str, error: Exception) -> ValueError:
 
 
 # ---- config.json: BertConfig <-> transformers' BERT and ModernBERT configs --------------------
-# `config_from_hf` reads a transformers config.json (or one minibert wrote) into a BertConfig,
-# `config_to_hf` writes one, so weights move both ways. What minibert does not compute (other
-# activations, scaled RoPE, a decoder, ...) is refused by name, never read as something else.
+# What minibert does not compute (other activations, scaled RoPE, a decoder) is refused by name.
 
-# config.json's model_type for a Pre-LN model: not "bert", which transformers would misread.
+# config.json's model_type for Pre-LN BERT and other mixes, which transformers refuses.
 PRE_LN_MODEL_TYPE = "minibert-preln"
-# ... and for any other mix of switches that neither BERT nor ModernBERT has.
 MINIBERT_MODEL_TYPE = "minibert"
 MODERNBERT_MODEL_TYPE = "modernbert"
 
 
 def model_type(config: BertConfig) -> str:
-    """config.json's model_type: "bert" for classic BERT (Post-LN), "modernbert" when
-    every modern switch is turned as ModernBERT has it, else a minibert-only type that
-    transformers refuses instead of loading into other blocks."""
+    """config.json's model_type: "bert" for classic BERT, "modernbert" for every modern switch
+    as ModernBERT has it, else a minibert-only type that transformers refuses."""
     modern = {k: getattr(config, k) for k in MODERN if k not in _MODERN_FREE}
     if modern == {k: v for k, v in MODERN.items() if k not in _MODERN_FREE}:
         return MODERNBERT_MODEL_TYPE
@@ -531,8 +436,7 @@ def model_type(config: BertConfig) -> str:
     return MINIBERT_MODEL_TYPE
 
 
-# transformers' name -> minibert's name, for the fields both have: under the same name, or
-# under another (config.HF_RENAMES, which BertConfig also reads to refuse them).
+# transformers' name -> minibert's, for the fields both have (renamed: config.HF_RENAMES).
 _HF_NAMES = {**{name: name for name in ("vocab_size", "hidden_size", "intermediate_size",
                                         "max_position_embeddings", "type_vocab_size",
                                         "layer_norm_eps", "initializer_range", "pad_token_id")},
@@ -545,9 +449,8 @@ _SWITCHES = ("position", "rope_theta", "rope_local_theta", "mlp", "bias",
 
 
 def check_tied_decoder(d: dict[str, Any]) -> None:
-    """Refuse a config.json whose MLM decoder is a matrix of its own, for a model that
-    decodes (a masked LM): minibert's decoder is the word embeddings, as BERT's and
-    ModernBERT's are. The encoder and the other heads never decode, and load it."""
+    """Refuse, for a masked LM, a config.json whose MLM decoder is a matrix of its own:
+    minibert's is the word embeddings. The encoder and the other heads load it."""
     if d.get("tie_word_embeddings", True) is not True:
         raise ValueError("config.json has tie_word_embeddings=false: its MLM decoder is a "
                          "matrix of its own, and minibert's is the word embeddings, as "
@@ -556,10 +459,8 @@ def check_tied_decoder(d: dict[str, Any]) -> None:
 
 
 def config_from_hf(d: dict[str, Any], **overrides: Any) -> BertConfig:
-    """Build a config from a transformers BERT or ModernBERT `config.json` dict (or one
-    minibert wrote), then apply overrides."""
+    """A config from a BERT or ModernBERT `config.json` dict, with overrides applied."""
     kind = d.get("model_type", "bert")
-    # Neither family's decoder: minibert's attention is bidirectional.
     for key in ("is_decoder", "add_cross_attention"):  # transformers' decoder switches
         if d.get(key):
             raise ValueError(f"config.json has {key}=true (a decoder: causal attention"
@@ -599,9 +500,6 @@ def config_from_hf(d: dict[str, Any], **overrides: Any) -> BertConfig:
 
 def config_to_hf(config: BertConfig) -> dict[str, Any]:
     """The transformers `config.json` dict for this config (minibert-only fields included)."""
-    # transformers' BERT is Post-LN only. A Pre-LN config, or any mix of switches that
-    # neither BERT nor ModernBERT has, gets a model_type transformers does not know, so
-    # that it refuses the checkpoint instead of computing something else.
     kind = model_type(config)
     if kind == MODERNBERT_MODEL_TYPE:
         return _to_modernbert(config)
@@ -628,9 +526,7 @@ def _layer_types(n_layers: int, global_every: int) -> list[str]:
 
 
 def _from_modernbert(d: dict[str, Any]) -> dict[str, Any]:
-    """BertConfig fields from a transformers ModernBERT config.json; what minibert does not
-    compute (other activations, mixed biases, scaled RoPE, other layer patterns) is refused
-    by name, never read as something else."""
+    """BertConfig fields from a transformers ModernBERT config.json."""
     def refuse(field: str, value: Any, supported: str) -> ValueError:
         return ValueError(f"config.json has {field}={value!r}; minibert's ModernBERT supports "
                           f"{supported} only")

@@ -1,17 +1,8 @@
-"""Knowledge distillation for masked-language modelling: the loss, and the module the
-training loop drives.
-
-Hinton et al. 2015 ("Distilling the Knowledge in a Neural Network"); for BERT, Sanh et al.
-2019 (DistilBERT). The student learns from the teacher's whole output distribution on each
-masked position, not only from the one correct token:
+"""Knowledge distillation for masked-language modelling (Hinton et al. 2015; DistilBERT, Sanh
+et al. 2019): the loss, and `Distiller`, a student and a frozen teacher in one module with
+`BertForMaskedLM`'s forward, which `engine.train` trains unchanged (docs/distill.md).
 
     loss = alpha * T^2 * KL(p_teacher^T || p_student^T) + (1 - alpha) * CE(student, labels)
-
-`Distiller` wraps a student and a frozen teacher into one module with `BertForMaskedLM`'s
-forward, so `engine.train` trains it unchanged (exact accumulation, AMP, checkpoints,
-resume). `load_teacher` reads a teacher folder and refuses one that cannot serve as a
-teacher; `teacher_digest` is its weights' identity, for a resumed run to compare.
-examples/distill.py wires these to WikiText.
 """
 
 from __future__ import annotations
@@ -35,19 +26,12 @@ from ..data.tokenizer import Tokenizer
 
 def distillation_loss(student_logits: Tensor, teacher_logits: Tensor, targets: Tensor,
                       alpha: float, temperature: float) -> Tensor:
-    """alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + (1 - alpha) * CE.
+    """alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + (1 - alpha) * CE, each
+    a mean over the N tokens. student_logits, teacher_logits: (N, V); targets: (N,).
 
-    student_logits, teacher_logits: (N, V), one row per predicted token; targets: (N,).
-    Both terms are means over the N tokens (the KL is summed over the vocabulary first), so
-    the engine's exact accumulation, which weights a micro-batch's mean by its share of the
-    global batch's tokens, applies unchanged.
-
-    Why T^2 (Hinton et al. 2015, section 2): the gradient of the softened KL with respect to
-    the student's logits is (p_student^T - p_teacher^T) / T, and those probabilities differ
-    by O(1/T) for large T, so the gradient shrinks as 1/T^2. Multiplying by T^2 keeps the
-    soft term's weight relative to the hard term the same whatever temperature is chosen.
-    Computed in fp32: under autocast the logits may be bf16, too coarse for a log-softmax
-    over the vocabulary.
+    Why T^2 (Hinton et al. 2015, section 2): the softened KL's gradient is (p_student^T -
+    p_teacher^T) / T, with gaps of O(1/T), so it shrinks as 1/T^2; T^2 keeps the soft term's
+    weight the same whatever T. In fp32: bf16 is too coarse for a log-softmax over V.
     """
     student_logits, teacher_logits = student_logits.float(), teacher_logits.float()
     hard = F.cross_entropy(student_logits, targets)
@@ -59,14 +43,9 @@ def distillation_loss(student_logits: Tensor, teacher_logits: Tensor, targets: T
 
 
 class Distiller(nn.Module):
-    """The student plus a frozen teacher, as one model that `minibert.training.engine.train` drives.
-
-    Only the student is a registered submodule: `parameters()`, `state_dict()` (hence the
-    optimizer and every checkpoint) and `train()` see the student alone. The teacher is kept
-    as a plain attribute, frozen (`requires_grad=False`), in eval mode (no dropout: its
-    targets are deterministic) and run under `no_grad`; `to()` moves it along with the
-    student. `config` is the student's, which is what the engine reads (FLOPs, resume check).
-    """
+    """The student plus a frozen teacher, as one model that `training.engine.train` drives.
+    Only the student is a submodule, so the optimizer, checkpoints and `train()` see it
+    alone; the teacher is a plain attribute, in eval mode (deterministic targets)."""
 
     def __init__(self, student: BertForMaskedLM, teacher: BertForMaskedLM,
                  alpha: float = 0.5, temperature: float = 2.0):
@@ -91,8 +70,8 @@ class Distiller(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None,
                 labels: Optional[Tensor] = None) -> MaskedLMOutput:
-        """Inputs (B, T) as for `BertForMaskedLM`. With labels: the distillation loss and the
-        student's (N, V) logits on the predicted positions; without: the student's output."""
+        """Inputs (B, T) as `BertForMaskedLM`'s. With labels: the distillation loss and the
+        student's (N, V) logits; without: the student's output."""
         student = self.student(input_ids, attention_mask, token_type_ids, labels)
         if labels is None:
             return student
@@ -117,12 +96,9 @@ def check_alpha_temperature(alpha: float, temperature: float) -> None:
 
 def load_teacher(path: PathLike, seq_len: int, allow_vocab_mismatch: bool = False,
                  what: str = "the teacher") -> tuple[BertForMaskedLM, Tokenizer]:
-    """The teacher of folder `path` and its tokenizer, refused when they cannot teach:
-
-    a classifier (its MLM head would be initialised at random, and a student would learn
-    noise), a tokenizer that is not the model's (`check_tokenizer_fits`, whose messages name
-    --allow-vocab-mismatch), or positions fewer than `seq_len`; all before the weights are
-    read. `what` names the teacher where its positions are said (a script: its flag)."""
+    """The teacher of folder `path` and its tokenizer, refused before its weights are read
+    when it cannot teach: a classifier (its MLM head would be random), a tokenizer that is
+    not its own (`check_tokenizer_fits`), or fewer positions than `seq_len` (`what` names it)."""
     stored = read_config(path)
     architectures = stored.get("architectures") or []
     if architectures and not any(a.endswith(("ForMaskedLM", "ForPreTraining"))

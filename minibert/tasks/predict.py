@@ -1,18 +1,13 @@
 """Batched prediction: run a model over a list of encoded examples, get one output each.
 
-Fine-tuning evaluates by predicting every example of a set and scoring the predictions,
-and so does research code that loads a fine-tuned model. `predict` is that loop, once:
-
     collate = TaskCollator(tok.pad_id, segments=model.config.has_segments)
     pred = predict(model, features, collate, batch_size=32)
     classes = [int(c) for c in pred.argmax()]          # sequence classification: (C,) each
     tags = word_predictions(features, pred.argmax())   # token classification: (T, C) each
     starts = pred.outputs["start_logits"]              # question answering: (T,) each
 
-Examples are batched by length (sorted, stable), so a batch holds examples of similar
-length and little padding; the outputs come back in the order of the input, each cut to
-its own example's length, so they do not depend on the batch an example fell into (the
-attention mask keeps padding out of every real token's output).
+Batches are sorted by length (stable), for little padding; outputs come back in input order,
+each cut to its own length, so they do not depend on the batch.
 """
 
 from __future__ import annotations
@@ -27,23 +22,20 @@ from torch import Tensor
 from ..data.mlm import count_targets
 from ..machine.precision import autocast_context
 
-# Outputs with one value per token although they have only two dimensions, (B, T):
-# transformers' names for question answering's span scores. Any output of three or more
-# dimensions, (B, T, C), is per token too; a 2-D `logits` is (B, C), one row per example.
+# Outputs of two dimensions, (B, T), that are per token (QA's span scores); any output of
+# three or more, (B, T, C), is per token too, while a 2-D `logits` is (B, C).
 TOKEN_FIELDS = ("start_logits", "end_logits")
 
 
 class Predictions(NamedTuple):
-    """`outputs[field][i]`: the model's `field` for example i, a float32 CPU tensor
-    ((C,) per sequence; (T_i, ...) per token, T_i the example's own length). `loss`: the
-    mean loss over every target of the set (None when the batches carry no targets)."""
+    """`outputs[field][i]`: example i's float32 CPU output, (C,) or (T_i, ...) per token;
+    `loss`: the mean over every target of the set (None without targets)."""
 
     outputs: dict[str, list[Tensor]]
     loss: Optional[float]
 
     def argmax(self, field: str = "logits") -> list[Tensor]:
-        """The argmax over the last dimension, per example: a class id (a 0-d tensor) for
-        (C,) outputs, one per token ((T_i,)) for (T_i, C) outputs."""
+        """Per example, the argmax over the last dimension: a 0-d class id, or (T_i,)."""
         return [x.argmax(-1) for x in self.outputs[field]]
 
 
@@ -51,18 +43,9 @@ class Predictions(NamedTuple):
 def predict(model: nn.Module, examples: Sequence[Mapping], collate: Callable[[list], dict],
             batch_size: int, precision: str = "fp32",
             device: torch.device | str = "cpu") -> Predictions:
-    """Run `model` over `examples` in batches of `batch_size`; outputs in input order.
-
-    examples: encoded examples, each with `input_ids` (its length sorts the batches).
-    collate: turns a list of examples into the model's keyword arguments (e.g.
-    `data.TaskCollator`); tensors are moved to `device`, other values (a task name) pass.
-    precision: the run's precision ("fp32", "bf16", "fp16"), for `autocast_context`.
-
-    The model runs in eval mode (no dropout) without gradients and gets its training mode
-    back. When the batches carry targets, `loss` is the mean over all of them: each batch's
-    mean loss weighted by its number of targets (`data.mlm.count_targets`: examples, or
-    labelled tokens), so it is the loss of the whole set, not a mean of batch means.
-    """
+    """Run `model` (in eval mode, restored after) over `examples`, encoded examples with
+    `input_ids`; `collate` makes the model's keyword arguments, its tensors moved to `device`.
+    `loss` weights each batch's mean by its targets (`count_targets`): not a mean of means."""
     device = torch.device(device)
     order = np.argsort([len(e["input_ids"]) for e in examples], kind="stable")
     outputs: dict[str, list] = {}

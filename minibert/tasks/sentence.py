@@ -2,20 +2,12 @@
 
     enc = SentenceEncoder.from_pretrained("runs/mini/final", pooling="mean", normalize=True)
     vectors = enc.encode(["a cat sat on the mat", "dogs ran far away"])   # (2, H), unit rows
-    raw = enc.encode(["a cat sat on the mat"], normalize=False)          # (1, H), this call only
     scores = cosine_similarity(vectors[:1], vectors)                     # (1, 2)
 
-The pooling follows sentence-transformers (Reimers & Gurevych 2019, "Sentence-BERT"), so a
-folder gives the vectors that library computes from the same encoder:
-
-* `mean`: the average of the last hidden states over the real tokens ([CLS] and [SEP]
-  included), each weighted by its attention-mask entry, so padding never counts;
-* `cls`: the last hidden state of [CLS]. This is *not* BERT's pooler output (tanh of a
-  dense layer), which was trained for next-sentence prediction, is absent from MLM exports,
-  and which sentence-transformers does not use either;
-* `max`: the element-wise maximum over the real tokens; padding is set to -inf first.
-
-Shape legend: N texts, B texts in a batch, T tokens (after padding), H hidden size.
+Pooling as sentence-transformers (Reimers & Gurevych 2019), so a folder gives that library's
+vectors: `mean` or `max` over the real tokens ([CLS] and [SEP] included), or `cls`, the last
+hidden state of [CLS], not BERT's pooler (docs/walkthrough.md, 5.3). Shapes: N texts, B of
+them in a batch, T tokens, H hidden size.
 """
 
 from __future__ import annotations
@@ -69,19 +61,14 @@ def check_normalize(normalize: Optional[bool], default: bool) -> bool:
 
 
 def cosine_similarity(a: Tensor, b: Tensor) -> Tensor:
-    """Cosine similarity of every row of a (N, H) with every row of b (M, H): (N, M).
-
-    A 1-D vector counts as one row.
-    """
+    """Cosine similarity of each row of a (N, H) with each of b (M, H): (N, M); 1-D: one row."""
     a, b = torch.atleast_2d(a).float(), torch.atleast_2d(b).float()
     return F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
 
 
 def nearest(query: Tensor, corpus: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """The k rows of corpus (N, H) most similar to each query (Q, H) by cosine.
-
-    Returns (scores, indices), each (Q, min(k, N)), best first.
-    """
+    """The k rows of corpus (N, H) most similar to each query (Q, H) by cosine: (scores,
+    indices), each (Q, min(k, N)), best first."""
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k={k!r} must be an integer >= 1")
     scores = cosine_similarity(query, corpus)  # (Q, N)
@@ -89,16 +76,9 @@ def nearest(query: Tensor, corpus: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 
 class SentenceEncoder(nn.Module):
-    """A BERT encoder (no pooler, no head), its tokenizer, and a pooling of its hidden states.
-
-    `forward` maps a padded batch to (B, H) embeddings with gradients, for research code
-    that trains them; `encode` maps a list of texts to (N, H) for inference.
-
-    `normalize` is the default for both: whether each embedding is scaled to unit L2 norm.
-    Either method takes `normalize=True` or `False` to override it for that call only, as
-    sentence-transformers' `encode(..., normalize_embeddings=...)` does; the attribute
-    `self.normalize` is never changed by a call.
-    """
+    """A BERT encoder (no pooler, no head), its tokenizer, and a pooling of its hidden states:
+    `forward` (B, H) with gradients, `encode` (N, H) for inference. `normalize` (unit L2
+    rows) is both's default, which a call's `normalize=True/False` overrides for that call."""
 
     def __init__(self, model: BertModel, tokenizer: Tokenizer, pooling: str = "mean",
                  normalize: bool = False):
@@ -107,8 +87,7 @@ class SentenceEncoder(nn.Module):
             raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's "
                              f"vocab_size is {model.config.vocab_size}; they do not belong "
                              f"together")
-        self.model = model
-        self.tokenizer = tokenizer
+        self.model, self.tokenizer = model, tokenizer
         self.pooling = check_pooling(pooling)
         self.normalize = check_normalize(normalize, False)
         self.train(model.training)  # the wrapped model's mode, which `encode` restores
@@ -118,24 +97,11 @@ class SentenceEncoder(nn.Module):
                         *, allow_vocab_mismatch: bool = False, dtype: Optional[torch.dtype] = None,
                         torch_dtype: Optional[torch.dtype] = None,
                         **config_overrides: Any) -> "SentenceEncoder":
-        """Load the encoder and tokenizer of a model folder.
-
-        Any folder minibert reads works: a minibert export (e.g. a pretraining run's final/,
-        a BertForMaskedLM) or a transformers BERT folder, holding tokenizer.json or
-        vocab.txt. Heads and the pooler in the checkpoint are ignored, and none is built,
-        so nothing is newly initialised. `config_overrides` as in `BertModel`'s, e.g.
-        `attention="math"`. The encoder comes in eval mode (dropout off), ready to embed, as
-        transformers' `from_pretrained` gives it; call `.train()` to fine-tune it.
-
-        A folder whose config.json records another vocabulary than its tokenizer's (the
-        tokenizer was replaced after saving) is refused unless `allow_vocab_mismatch`, as
-        in the model classes' `from_pretrained`, and `dtype` (or `torch_dtype`) casts the
-        encoder as theirs does; `encode` still returns float32.
-        """
+        """Load the encoder and tokenizer of any model folder, in eval mode, without its heads
+        or pooler (so nothing is newly initialised). The keywords are `from_pretrained`'s."""
         check_pooling(pooling)  # before reading any file
         dtype = load_dtype(dtype, torch_dtype)
-        config = config_from_hf(read_folder_config(path, allow_vocab_mismatch),
-                                         **config_overrides)
+        config = config_from_hf(read_folder_config(path, allow_vocab_mismatch), **config_overrides)
         tokenizer = Tokenizer.from_pretrained(path)
         model = BertModel(config, add_pooler=False)
         load_hf_state_dict(model, read_weights(path))  # extra tensors (heads) are skipped
@@ -150,10 +116,7 @@ class SentenceEncoder(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor,
                 token_type_ids: Optional[Tensor] = None,
                 normalize: Optional[bool] = None) -> Tensor:
-        """input_ids, attention_mask (1 = real token), token_type_ids: (B, T) -> (B, H).
-
-        normalize: scale each row to unit L2 norm; None (the default) uses `self.normalize`.
-        """
+        """input_ids, attention_mask (1 = real token), token_type_ids: (B, T) -> (B, H)."""
         normalize = check_normalize(normalize, self.normalize)
         if self.pooling == "cls":  # before the encoder: a GPU host then waits for nothing
             check_cls_first(attention_mask)
@@ -163,21 +126,11 @@ class SentenceEncoder(nn.Module):
 
     def encode(self, texts: Sequence[str], batch_size: int = 32,
                max_length: Optional[int] = None, normalize: Optional[bool] = None) -> Tensor:
-        """Embed `texts`: a float32 (N, H) tensor on the CPU, row i for texts[i].
+        """Embed `texts` (a list of N strings): a float32 (N, H) CPU tensor, row i for texts[i].
 
-        texts: N strings (a list, not one bare string); N = 0 gives a (0, H) tensor.
-        batch_size: texts per forward pass; it does not change the result.
-        max_length: tokens per text, [CLS] and [SEP] included; default the model's
-            max_position_embeddings. A longer text keeps its first tokens and its [SEP], as
-            transformers truncates.
-        normalize: True scales every row to unit L2 norm (then a dot product is the cosine
-            similarity), False returns the pooled vectors as they are, None (the default)
-            uses the encoder's default, `self.normalize` (the constructor's `normalize`).
-            The choice holds for this call only; `self.normalize` is left unchanged.
-
-        Runs in eval mode (the module's mode is restored afterwards) without gradients, on
-        the model's device. Texts are batched longest first, so each batch pads to similar
-        lengths; the padding does not change the result.
+        max_length: tokens per text with [CLS] and [SEP], default the model's positions; a
+        longer text keeps its first tokens and its [SEP], as transformers truncates. Runs in
+        eval mode without gradients, longest first; `batch_size` does not change the result.
         """
         if isinstance(texts, str):
             raise TypeError("encode expects a list of strings; for one text use encode([text])")
