@@ -5,17 +5,12 @@
     out = model(input_ids, attention_mask, labels=labels, task="ner")  # TokenClassifierOutput
     model.export("ner", "final/ner", tokenizer)  # a BertForTokenClassification folder
 
-The encoder (`bert`, a `BertModel` with its pooler, which the sequence heads read) is shared;
-each task has its own head, exactly what `BertForSequenceClassification` or
-`BertForTokenClassification` put on top of the encoder: dropout and a linear `classifier`.
-A batch belongs to one task (`data.sampler.TaskMixtureBatches` draws them), named by the
-`task` argument, and its loss is the single-task class's own (`heads.py`), so a multi-task
-model restricted to one task computes what that task's single-task model computes.
-
-Sharing the encoder is the point (Liu et al. 2019, "Multi-Task Deep Neural Networks for
-Natural Language Understanding"): the tasks regularise one another and a small task borrows
-the representations a large one trains. `export` turns one task back into an ordinary
-single-task folder, which minibert and transformers load.
+The encoder (`bert`, with the pooler the sequence heads read) is shared, as in MT-DNN (Liu
+et al. 2019): the tasks regularise one another and a small task borrows what a large one
+trains. Each task's head is what the single-task class puts on the encoder (dropout, a
+linear `classifier`) with that class's loss, so one task alone computes what its
+single-task model computes. A batch belongs to one task (`data.sampler.TaskMixtureBatches`
+draws them); `export` writes one task as an ordinary single-task folder (docs/multitask.md).
 """
 
 from __future__ import annotations
@@ -186,13 +181,10 @@ class BertMultiTask(GradientCheckpointing, nn.Module):
                         allow_vocab_mismatch: bool = False, dtype: Optional[torch.dtype] = None,
                         torch_dtype: Optional[torch.dtype] = None,
                         **config_overrides: Any) -> "BertMultiTask":
-        """The encoder (and pooler, when the checkpoint has one) of a model folder, minibert's
-        or transformers', with a fresh head per task. Any head in the checkpoint (MLM,
-        classifier) is not read: it was trained for another task. `config_overrides` apply
-        on top of the stored config, e.g. `hidden_dropout=0.0`. A folder whose tokenizer
-        is not the vocabulary its config.json records is refused unless
-        `allow_vocab_mismatch`, and `dtype` (or `torch_dtype`) casts the model (heads too), as
-        in the model classes' `from_pretrained`."""
+        """The encoder (and pooler, if stored) of a model folder, minibert's or transformers',
+        with a fresh head per task: a stored head was trained for another task. The other
+        arguments are the model classes' `from_pretrained`'s (`config_overrides` on top of
+        the stored config, e.g. `hidden_dropout=0.0`)."""
         dtype = load_dtype(dtype, torch_dtype)
         config = config_from_hf(read_folder_config(path, allow_vocab_mismatch),
                                          **config_overrides)
