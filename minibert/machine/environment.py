@@ -1,9 +1,6 @@
-"""What a run executes on, and the mismatches that silently cost speed.
-
-`environment_report` gathers versions, the device, bf16 support, threads and CPUs;
-`environment_warnings` turns its mismatches into sentences (a CUDA device without a CUDA
-build, more threads than CPUs, bf16 emulated on this CPU); `log_environment` logs both at
-the start of a run, and the engine stores the report with the run's result.
+"""What a run executes on, and the mismatches that silently cost speed (a CUDA device
+without a CUDA build, more threads than CPUs, emulated bf16): `environment_report`,
+`environment_warnings`, and `log_environment`, which logs both at the start of a run.
 """
 
 from __future__ import annotations
@@ -12,24 +9,14 @@ import logging
 import os
 import re
 import sys
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import torch
 
 from . import precision as _precision
-from .memory import freed_memory_kept, kernel_cache_capacity
+from .memory import Device, freed_memory_kept, kernel_cache_capacity
 
 logger = logging.getLogger(__name__)
-
-Device = Union[str, torch.device]
-
-
-def _cpu_count() -> int:
-    """CPUs this process may run on (the affinity mask, which containers restrict)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def cpu_name() -> str:
@@ -47,13 +34,9 @@ def cpu_name() -> str:
 
 
 def environment_report(device: Device) -> dict[str, Any]:
-    """What this run executes on: versions, device, bf16 support, threads, CPUs.
-
-    `bf16_supported`: bf16 autocast runs on the device (always on a CPU). `bf16_native`: its
-    bf16 matmuls run in hardware, not emulated, so bf16 can be faster than fp32 (None: a CPU
-    whose flags cannot be read here).
-    """
-    device = device if isinstance(device, torch.device) else torch.device(device)
+    """What this run executes on: versions, device, threads, CPUs, `bf16_supported` (autocast
+    runs) and `bf16_native` (in hardware; None: a CPU whose flags cannot be read here)."""
+    device = torch.device(device)
     report: dict[str, Any] = {
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,  # None for a CPU-only build of torch
@@ -64,7 +47,9 @@ def environment_report(device: Device) -> dict[str, Any]:
         "bf16_supported": None,
         "bf16_native": None,
         "torch_threads": torch.get_num_threads(),
-        "cpu_count": _cpu_count(),
+        # the CPUs this process may run on: its affinity mask (which containers restrict)
+        "cpu_count": (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "freed_memory_kept": freed_memory_kept(),  # see keep_freed_memory
         "kernel_cache_capacity": kernel_cache_capacity(),  # see limit_kernel_cache
@@ -88,18 +73,14 @@ def environment_report(device: Device) -> dict[str, Any]:
     return report
 
 
-# What decides a run's rounding, beside its settings: a run is bit for bit the same only where
-# all of these are (docs/runs.md, "The same result"). Threads matter on a CPU because a
-# reduction (a matmul's sum, a norm's mean) is split across them, and floating-point
-# addition done in another order rounds otherwise; the torch version and the machine choose
-# the kernels, and so the order.
+# What decides a run's rounding beside its settings: the order of its sums, split across
+# threads and chosen by torch's kernels for the machine (docs/runs.md, "The same result").
 ROUNDING_FIELDS = ("torch", "device_name", "cpu_capability", "torch_threads")
 
 
 def rounding_context(device: Device) -> dict[str, Any]:
-    """The fields of `environment_report` that decide how a run rounds (`ROUNDING_FIELDS`);
-    a checkpoint records them, and a resume where they differ says it goes on equivalent,
-    not bit for bit."""
+    """The `ROUNDING_FIELDS` of `environment_report`, which a checkpoint records; a resume
+    where they differ says it goes on equivalent, not bit for bit."""
     report = environment_report(device)
     return {k: report[k] if isinstance(report[k], int) else str(report[k])
             for k in ROUNDING_FIELDS}  # plain values: a checkpoint loads them weights-only
@@ -134,10 +115,8 @@ def environment_warnings(report: dict[str, Any], precision: Optional[str] = None
 
 
 def log_environment(device: Device, precision: Optional[str] = None) -> dict[str, Any]:
-    """Log the environment report and a warning for each mismatch; return the report.
-
-    The returned dict has the warnings under "warnings", ready to be stored with the run.
-    """
+    """Log the environment report and a warning for each mismatch; return the report, with
+    the warnings under "warnings", to be stored with the run."""
     report = environment_report(device)
     report["warnings"] = environment_warnings(report, precision)
     logger.info("environment: %s", ", ".join(f"{k}={v}" for k, v in report.items()

@@ -1,11 +1,7 @@
 """The models' input checks: the usual mistakes in what a forward is given (a wrong shape or
-dtype, an id outside the vocabulary or the classes, a batch padded on the left) turned into
-errors that name the tensor and the fix, instead of an IndexError deep inside torch (or, on
-CUDA, a device-side assert that poisons the process).
-
-The checks of shapes and dtypes are free; those of values read the tensors, so a graph
-traced by torch.compile or torch.export, which has no values, leaves them out: an eager
-call is checked, a traced program is not.
+dtype, an id outside the vocabulary or the classes, a batch padded on the left) as errors that
+name the tensor and the fix, not an IndexError deep in torch or a CUDA device-side assert.
+The checks of values are left out of a graph traced by torch.compile or torch.export.
 """
 
 from __future__ import annotations
@@ -21,12 +17,7 @@ from ..labels import IGNORE_INDEX
 
 def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional[Tensor],
                  token_type_ids: Optional[Tensor]) -> None:
-    """Turn the usual input mistakes into clear errors, once per forward (not per layer).
-
-    The only costly check is the token-id range, one fused min/max reduction over (B, T);
-    without it a bad id surfaces as an IndexError inside nn.Embedding (or, on CUDA, as a
-    device-side assert that poisons the whole process).
-    """
+    """Clear errors for the usual input mistakes, once per forward; only the id range costs."""
     if not isinstance(input_ids, Tensor):
         raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids)}")
     if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
@@ -96,9 +87,7 @@ def check_ids(name: str, t: Tensor, what: str) -> None:
 
 
 def check_range(name: str, t: Tensor, n: int, what: str) -> None:
-    """Every id of `t` but IGNORE_INDEX lies in [0, n): one outside is an IndexError deep in
-    cross_entropy on a CPU and a device-side assert on a GPU, naming neither the tensor nor
-    the classes."""
+    """Every id of `t` but IGNORE_INDEX lies in [0, n), else an error naming the tensor."""
     if torch.compiler.is_compiling():  # a traced graph has no values to check
         return
     outside = t[(t != IGNORE_INDEX) & ((t < 0) | (t >= n))]

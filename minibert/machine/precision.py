@@ -1,16 +1,6 @@
-"""The precision a run computes in, and what this device declares it can do.
-
-* `resolve_precision`, `autocast_context`: the run's precision, checked against the device,
-  and the one autocast context built from it (fp32: none; bf16 / fp16: `torch.autocast`).
-* `auto_precision`: what "auto" picks on a device, and the reason, in words.
-* `keep_precision`: a resumed run computes in the precision of its first start.
-* `cpu_bf16_native`: whether this CPU declares bf16 matrix instructions. bf16 is the fast
-  precision on GPUs and on CPUs with AMX or AVX512-BF16; elsewhere torch emulates it, tens
-  of times slower than fp32.
-
-"auto" is decided from what the device declares, never from a timing: a probe timed at the
-start of a run measures whatever else the machine is doing too, and flipped the choice
-between two starts of one command, which then ended with other weights.
+"""The precision a run computes in (`resolve_precision`, `autocast_context`, `keep_precision`),
+and what "auto" picks (`auto_precision`): from what the device declares (`cpu_bf16_native`),
+never from a timing, which would measure the machine's other work too (docs/machine-room.md §1).
 """
 
 from __future__ import annotations
@@ -31,13 +21,8 @@ MATMUL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.fl
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
-    """The precision a run uses; refuse what the device lacks.
-
-    "auto" -> `auto_precision`: bf16 where the device declares native bf16 (a CUDA device
-    that has it, a CPU whose flags name bf16 matrix instructions), fp32 elsewhere. The same
-    device gives the same answer however busy it is. bf16 asked for by name on a CPU that
-    emulates it is allowed (it is correct, only slow); `log_environment` warns.
-    """
+    """The precision a run uses ("auto": `auto_precision`); refuse what the device lacks.
+    bf16 on a CPU that emulates it is allowed (only slow); `log_environment` warns."""
     if precision == "auto":
         return auto_precision(device)[0]
     if precision == "fp16" and device.type != "cuda":
@@ -50,16 +35,9 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 
 def auto_precision(device: torch.device) -> tuple[str, str]:
-    """What "auto" picks on `device`, and why: (precision, reason), the reason a phrase such
-    as "this CPU reports amx_bf16: native bf16 matmuls" for the run's log.
-
-    Only what the device declares decides. A CPU's instruction-set flags (`cpu_bf16_flags`)
-    name the bf16 matrix instructions it has; with one, bf16 matmuls run several times
-    faster than fp32's, without, torch emulates them tens of times slower
-    (benchmarks/RESULTS.md, its opening section on the machines), so there is nothing in
-    between for a timing to settle. Where no flags can be read, fp32: it is always correct,
-    and bf16 stays one `precision="bf16"` away.
-    """
+    """What "auto" picks on `device`, and why: (precision, reason), a phrase for the log. bf16
+    where the device declares native bf16 (a CPU's `cpu_bf16_flags`: emulated, bf16 is tens of
+    times slower than fp32), else fp32, always correct, also where no flags can be read."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         if torch.cuda.is_bf16_supported(including_emulation=False):
@@ -79,10 +57,8 @@ def auto_precision(device: torch.device) -> tuple[str, str]:
 
 def keep_precision(kept: str, asked: str, decided: str, device: torch.device,
                    say: bool = True) -> str:
-    """The precision a run computes in: `kept`, the one decided at its first start, which a
-    resume keeps whatever "auto" decides today (`decided`, on another machine or under
-    another torch). Said in one line when "auto" (`asked`) chose it; refused where today's
-    device cannot compute in it (bf16 on a GPU without)."""
+    """The run's precision: `kept`, from its first start, whatever "auto" decides today
+    (`decided`); said when "auto" (`asked`) chose it, refused where this device lacks it."""
     if say and asked == "auto":
         reason = auto_precision(device)[1]
         if kept == decided:
@@ -109,17 +85,15 @@ def _read_cpuinfo() -> Optional[str]:
         return None
 
 
-# The instruction sets that multiply bf16 matrices, as /proc/cpuinfo names them: Intel's AMX
-# tiles (Sapphire Rapids on), AVX512-BF16 dot products (Cooper Lake, Sapphire Rapids, AMD Zen
-# 4 on), and Arm's FEAT_BF16 (BFMMLA; Graviton 3, Neoverse V1 on), listed as "bf16".
+# The bf16 matrix instructions as /proc/cpuinfo names them: Intel's AMX, AVX512-BF16 (Intel,
+# AMD Zen 4 on), Arm's FEAT_BF16 ("bf16").
 _BF16_CPU_FLAGS = frozenset({"amx_bf16", "avx512_bf16", "bf16"})
 
 
 @functools.lru_cache(maxsize=None)
 def cpu_bf16_flags() -> Optional[tuple[str, ...]]:
-    """The bf16 matrix instructions this CPU declares, as /proc/cpuinfo names them (sorted;
-    empty where it has none), or None where there are no flags to read (macOS, Windows).
-    Read once per process: a CPU's flags do not change while it runs."""
+    """The bf16 matrix instructions this CPU declares in /proc/cpuinfo (sorted; empty: none), or
+    None where there are no flags to read (macOS, Windows). Read once per process."""
     cpuinfo = _read_cpuinfo()
     match = re.search(r"^(?:flags|Features)\s*:(.*)$", cpuinfo or "", re.MULTILINE)
     if match is None:
@@ -128,15 +102,7 @@ def cpu_bf16_flags() -> Optional[tuple[str, ...]]:
 
 
 def cpu_bf16_native() -> Optional[bool]:
-    """Whether this CPU multiplies bf16 matrices in hardware; None where it does not say.
-
-    Why it matters: elsewhere torch still runs bf16 (autocast works on every CPU), but it
-    emulates each bf16 multiply-add with fp32 arithmetic plus conversions, tens of times
-    slower than fp32, where a CPU that has them runs bf16 several times faster than fp32
-    (both measured in benchmarks/RESULTS.md, whose opening section names the machines).
-
-    Read from the CPU's instruction-set flags (`cpu_bf16_flags`), never timed: a timing
-    depends on the load of the machine, the flags do not.
-    """
+    """Whether this CPU multiplies bf16 matrices in hardware (`cpu_bf16_flags`, never timed);
+    None where it does not say. Elsewhere torch emulates bf16, tens of times slower."""
     flags = cpu_bf16_flags()
     return None if flags is None else bool(flags)

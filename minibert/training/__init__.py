@@ -2,17 +2,14 @@
 
 The engine a student reads, in this order:
 
-    engine.py       `train`: the loop, read top to bottom (batch, micro-batches and their
-                    exact weights, autocast and the scaler, clipping, AdamW with warmup, log)
-    state.py        TrainConfig (the settings) and TrainState (everything that moves),
-                    saved and restored whole; the run identity a resume must match
+    engine.py       `train`: the loop, read top to bottom
+    state.py        TrainConfig (the settings), TrainState (what moves), the run identity
     optim.py        AdamW with its parameter groups, and the warmup-then-decay schedule
     rng.py          seeds, and every random generator's state for an exact resume
 
 What attaches to the loop at named points, each skippable on a first reading:
 
-    run.py          the start (precision, resume or a claimed folder, seeds per rank, the
-                    meter) and the result; the run's `evaluate`, `save` and `back_off`
+    run.py          the start (precision, resume, seeds per rank, the meter) and the result
     evaluation.py   the held-out batches and the MLM metrics over them
     checkpoint.py   checkpoints written whole or not at all, verified on load
     resume.py       where a run's checkpoints are found, and whether they continue this run
@@ -22,7 +19,6 @@ What attaches to the loop at named points, each skippable on a first reading:
     runlog.py       metrics.jsonl, each step in it once, and the progress shown
     rundir.py       one run per folder: the lock, and what a refused start leaves
 
-What it may import: the model, the data pipeline (batches, target counts), the machine room
-(precision, meters, memory) and interop (a class's name in a checkpoint). Never `cli` or
-`tasks`: the engine trains any module, and knows no script.
+What it may import: the model, the data pipeline, the machine room and interop. Never `cli`
+or `tasks`: the engine trains any module, and knows no script.
 """

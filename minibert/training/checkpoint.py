@@ -1,24 +1,11 @@
 """Checkpoint directories that are either complete and verified, or not there at all.
 
-A checkpoint is a directory `root/step_00001000/` holding
+    root/step_00001000/state.pt    torch.save of one dict: state_dicts, RNG states, configs...
+    root/step_00001000/meta.json   {"format", "format_version", "step", "files": {bytes, sha256}}
 
-    state.pt    torch.save of one dict: state_dicts, RNG states, data position, configs, ...
-    meta.json   {"format", "format_version", "step", "files": {"state.pt": {bytes, sha256}}}
-
-`save_checkpoint` writes both files into a hidden sibling directory, flushes them to disk
-(fsync), and only then renames the directory into place (`atomic.replace_folder`). A rename
-within one file system is atomic, so after a crash or a `kill -9` at any moment the final
-name holds either nothing or a complete checkpoint: never half of one. `meta.json` records
-the size and SHA-256 of `state.pt`, so a file damaged later (a full disk, a bad copy, a
-flipped bit) is detected before anything is loaded from it. `load_checkpoint` verifies, then
-reads with `torch.load(weights_only=True)`, which only rebuilds tensors and plain python
-values and never runs code from the file. Any problem is a `CheckpointError` that names the
-directory and what is wrong; `latest_checkpoint` skips damaged checkpoints, with a warning,
-in favour of the newest intact one.
-
-The module knows nothing about models or optimizers: `state` is any dict of tensors, plain
-python values (numbers, strings, None, lists, tuples) and nested dicts. Store configs as
-`dataclasses.asdict(config)`.
+Written into a hidden sibling and renamed into place, verified by size and SHA-256, read with
+`torch.load(weights_only=True)`, which never runs code (docs/runs.md, "Checkpoints that are
+whole or absent"). `state` is any dict of tensors and plain values: no models here.
 """
 
 from __future__ import annotations
@@ -55,12 +42,8 @@ def step_dir(root: PathLike, step: int) -> Path:
 
 def save_checkpoint(root: PathLike, step: int, state: dict[str, Any],
                     keep: Optional[int] = 3) -> Path:
-    """Atomically write `state` as the checkpoint of `step` under `root`; return its path.
-
-    Afterwards only the newest `keep` checkpoints (by step) remain, always including the
-    one just written; `keep=None` keeps all. A checkpoint of the same step that already
-    exists is replaced, and only once the new one is complete on disk.
-    """
+    """Atomically write `state` as the checkpoint of `step` under `root`; return its path. Then
+    only the newest `keep` remain, this one included (None: all); the same step's is replaced."""
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"step={step!r} must be an integer >= 0")
     if keep is not None and (not isinstance(keep, int) or keep < 1):
@@ -83,9 +66,8 @@ def save_checkpoint(root: PathLike, step: int, state: dict[str, Any],
                                             "sha256": sha256_file(state_path)}}})
         (folder / META_FILE).write_text(json.dumps(meta, indent=2))
 
-    # torch.save reports a failed write as "[enforce fail at inline_container.cc] unexpected
-    # pos", which says neither space nor limit: say what was being written, what stopped it
-    # and what is left (a failed save leaves the checkpoints before it as they were).
+    # torch.save's failed write ("unexpected pos") names neither space nor limit: say what
+    # was written, what stopped it and what is left.
     before = [p.name for p in _step_dirs(root)]
     left = (f"; the checkpoints saved before it are as they were (the newest: {before[0]})"
             if before else "; no checkpoint was saved before it")
@@ -103,11 +85,8 @@ def save_checkpoint(root: PathLike, step: int, state: dict[str, Any],
 
 
 def verify_checkpoint(path: PathLike) -> dict[str, Any]:
-    """Check that `path` is a complete, undamaged checkpoint; return its meta.json dict.
-
-    Raises CheckpointError, naming the path and the problem, when it is not. Reads the
-    whole state file once to compute its SHA-256.
-    """
+    """Check that `path` is a complete, undamaged checkpoint (reading its state file once
+    for the SHA-256); return its meta.json dict, or raise CheckpointError naming the path."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist or is not a directory")
@@ -148,15 +127,8 @@ def verify_checkpoint(path: PathLike) -> dict[str, Any]:
 
 def load_checkpoint(path: PathLike, map_location: Any = "cpu", mmap: bool = False,
                     verify: bool = True) -> dict[str, Any]:
-    """Verify the checkpoint directory `path`, then load and return its state dict.
-
-    Tensors are placed by `map_location` (default CPU; `load_state_dict` then copies them
-    to wherever the model lives). `mmap`: tensors stay in the file, read only when used
-    (to look at a checkpoint's settings at the cost of its small values alone). `verify`:
-    False where the caller has just verified it (`latest_checkpoint` does), as reading a
-    large state file twice costs seconds. Raises CheckpointError when the checkpoint is
-    damaged.
-    """
+    """Verify the checkpoint directory `path` (unless `verify` is False: the caller just did), then
+    load its state dict (`mmap`: tensors stay in the file until used). Raises CheckpointError."""
     path = Path(path)
     if verify:
         verify_checkpoint(path)
@@ -175,11 +147,8 @@ def load_checkpoint(path: PathLike, map_location: Any = "cpu", mmap: bool = Fals
 
 
 def latest_checkpoint(root: PathLike) -> Optional[Path]:
-    """The newest checkpoint under `root` that verifies, or None when there is none.
-
-    A newer checkpoint that fails verification is skipped with a warning naming it and the
-    problem. Temporary directories of interrupted saves are ignored.
-    """
+    """The newest checkpoint under `root` that verifies, or None; a damaged newer one is
+    skipped with a warning, and interrupted saves' temporary folders are ignored."""
     for path in _step_dirs(Path(root)):
         try:
             verify_checkpoint(path)
@@ -190,11 +159,8 @@ def latest_checkpoint(root: PathLike) -> Optional[Path]:
     return None
 
 
-# ---- helpers ------------------------------------------------------------------------------
-
 def checkpoint_written(root: PathLike) -> bool:
-    """Whether a save under `root` ever completed: a checkpoint folder by its final name,
-    intact or not (a save killed midway leaves only its temporary folder)."""
+    """Whether a save under `root` ever completed: a final-named checkpoint, intact or not."""
     return bool(_step_dirs(Path(root)))
 
 
@@ -208,9 +174,7 @@ def _step_dirs(root: Path) -> list[Path]:
 
 
 def _remove_leftovers(root: Path) -> None:
-    """Delete the hidden folders interrupted saves left behind (a dot name is never a
-    checkpoint: it cannot match _STEP_DIR); temporary ones are replace_folder's to sweep,
-    which keeps those of a save still under way."""
+    """Delete hidden folders of interrupted saves (temporary ones are replace_folder's)."""
     for p in root.iterdir():
         if p.is_dir() and p.name.startswith(".") and not is_temporary(p.name):
             shutil.rmtree(p, ignore_errors=True)
@@ -218,8 +182,7 @@ def _remove_leftovers(root: Path) -> None:
 
 
 def sha256_file(path: PathLike) -> str:
-    """The SHA-256 of a file's bytes, read in 1 MiB pieces: a checkpoint's state file, or the
-    data file a fine-tuning run records in its run identity."""
+    """The SHA-256 of a file's bytes, read in 1 MiB pieces."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
@@ -227,10 +190,8 @@ def sha256_file(path: PathLike) -> str:
     return h.hexdigest()
 
 
-# What torch.load(weights_only=True) rebuilds, by exact type: subclasses such as numpy
-# scalars (a float subclass), IntEnum members or namedtuples are refused by the loader.
-# Checking at save time turns "this checkpoint can never be loaded" into an error now,
-# naming the offending entry.
+# What torch.load(weights_only=True) rebuilds, by exact type (not numpy scalars, IntEnums or
+# namedtuples): checked at save time, so an unloadable checkpoint is an error now, by name.
 _LEAF_TYPES = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device)
 _SEQUENCE_TYPES = (list, tuple, set, frozenset, torch.Size)
 _DICT_TYPES = (dict, OrderedDict)

@@ -1,15 +1,7 @@
 """Data-parallel training under torchrun: process group, device, and the few collectives we use.
-
-`torchrun --nproc_per_node N script.py` starts N processes and tells each one its place
-through environment variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
-`init_distributed` reads them, joins the process group (NCCL on CUDA, gloo on CPU) and picks
-the device; without them it is a single process and nothing is initialised. Multi-node runs
-need nothing more here: torchrun sets the same variables on every node.
-
-Conventions the engine follows: every rank computes, only rank 0 logs and writes files,
-and barriers surround checkpoints so no rank reads a half-written one. `unwrap` is the one
-place that strips the DDP (and `torch.compile`) wrappers, so no state dict ever needs its
-names rewritten.
+`init_distributed` reads torchrun's RANK, LOCAL_RANK and WORLD_SIZE and joins the process group
+(NCCL on CUDA, gloo on CPU). Every rank computes, only rank 0 logs and writes, barriers
+surround checkpoints, and `unwrap` alone strips DDP and `torch.compile` wrappers.
 """
 
 from __future__ import annotations
@@ -100,9 +92,8 @@ def barrier(ctx: DistContext) -> None:
 
 
 def cleanup(ctx: DistContext, wait: bool = False) -> None:
-    """Leave the process group. `wait`: first wait for every rank, at the end of a run that
-    succeeded, so that no rank tears the group down while another still uses it (gloo can
-    abort the process then). Not after an error: the other ranks may never arrive."""
+    """Leave the process group. `wait` (after a run that succeeded, never after an error):
+    first wait for every rank, so none tears the group down while another uses it."""
     if ctx.distributed and dist.is_initialized():
         if wait:
             dist.barrier()
@@ -110,13 +101,8 @@ def cleanup(ctx: DistContext, wait: bool = False) -> None:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The plain model inside DistributedDataParallel and `torch.compile` wrappers.
-
-    Save, export and inspect the unwrapped model: its `state_dict` keys are the model's own
-    (`bert.blocks.0...`), never `module.` (DDP) or `_orig_mod.` (compile) prefixed, so
-    checkpoints load into any of the three forms without renaming keys. Wrappers may nest
-    in either order (compile of DDP, DDP of compile); all are removed.
-    """
+    """The model inside DistributedDataParallel and `torch.compile` wrappers, nested in any order,
+    whose `state_dict` keys are its own (never `module.` or `_orig_mod.`): no key is renamed."""
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module

@@ -1,8 +1,5 @@
-"""Evaluation during and after a run: the held-out batches, the MLM metrics over them, and
-the checks on the scores a run of your own returns (`eval_fn`).
-
-`train` (engine.py) evaluates every `eval_every` steps and at its end, through the run's
-`Run.evaluate` (run.py); the scripts call `evaluate` on their test split the same way.
+"""Evaluation during and after a run (`Run.evaluate`, run.py): the held-out batches, the MLM
+metrics over them, and the checks on the scores an `eval_fn` of your own returns.
 """
 
 from __future__ import annotations
@@ -29,13 +26,8 @@ RUN_KEYS = frozenset({"step", "steps", "tokens_seen", "skipped_steps", "wall_sec
 def eval_batches(eval_set: Dataset, collate: Callable, cfg: TrainConfig,
                  ctx: DistContext = DistContext(),
                  micro_batch_size: Optional[int] = None) -> Iterator[dict[str, torch.Tensor]]:
-    """This rank's micro-batches of the first `cfg.eval_batches` global batches of `eval_set`.
-
-    The same examples and, with `MLMCollator` (masks keyed by seed and example index), the
-    same masks whatever the number of ranks or the micro-batch size, so evaluations of
-    different models or runs are comparable number for number. Micro-batches of
-    `micro_batch_size` examples (default: the training micro-batch of `cfg`).
-    """
+    """This rank's micro-batches of the first `cfg.eval_batches` global batches of `eval_set`: the
+    same examples and (`MLMCollator`) masks whatever the ranks or `micro_batch_size`."""
     n = min(len(eval_set), cfg.eval_batches * cfg.batch_size)
     mine = list(range(ctx.rank, n, ctx.world_size))
     micro = micro_batch_size or cfg.micro_batch_size or cfg.batch_size // ctx.world_size
@@ -45,14 +37,9 @@ def eval_batches(eval_set: Dataset, collate: Callable, cfg: TrainConfig,
 
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: Iterable[Mapping[str, Tensor]], precision: str,
-             device: torch.device,
-             ctx: Optional[DistContext] = None) -> dict[str, float]:
-    """Mean MLM loss, accuracy on masked tokens and perplexity over `batches`.
-
-    Streams: only sums are kept, never the logits of more than one micro-batch, so the
-    memory does not grow with the evaluation set. Under DDP each rank evaluates its own
-    batches and the sums are added over ranks.
-    """
+             device: torch.device, ctx: Optional[DistContext] = None) -> dict[str, float]:
+    """Mean MLM loss, accuracy on masked tokens and perplexity over `batches`, streamed (only
+    sums are kept) and, under DDP, summed over the ranks' own batches."""
     was_training = model.training
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
@@ -79,11 +66,9 @@ def evaluate(model: nn.Module, batches: Iterable[Mapping[str, Tensor]], precisio
 
 
 def checked_scores(scores: Any) -> Mapping[str, Any]:
-    """What an `eval_fn` returned, refused by name unless it is a mapping whose keys leave
-    the run's own (RUN_KEYS) alone."""
+    """What an `eval_fn` returned, refused unless a mapping that leaves RUN_KEYS alone."""
     if not isinstance(scores, Mapping):
-        raise TypeError(f"eval_fn must return a mapping of scores, got "
-                        f"{type(scores).__name__}")
+        raise TypeError(f"eval_fn must return a mapping of scores, got {type(scores).__name__}")
     if RUN_KEYS & set(scores):
         raise ValueError(f"eval_fn returned {sorted(RUN_KEYS & set(scores))}, names that "
                          f"train's result already uses for the run; rename them (e.g. "

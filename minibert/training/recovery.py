@@ -1,19 +1,7 @@
 """What the training loop does when a step goes wrong, kept apart so the loop reads as its
-normal path (engine.py).
-
-Two failures have a way back:
-
-* **a non-finite loss or gradient** (`skip_step`): the update is skipped, the weights stay
-  as they were, and the step is counted; `max_bad_steps` such steps in a row mean the run
-  has diverged, and it stops with `TrainingError` while the last good checkpoint is still
-  on disk. Under fp16 the `GradScaler` is closed for the step, which also halves its scale.
-* **out of memory in the forward or backward pass** (`back_off`): the micro-batch is halved
-  (to a divisor of the per-rank batch, so the global batch and hence the exact gradient are
-  unchanged) and the same global batch is tried again; without `auto_micro_batch`, or at a
-  micro-batch of one, the run stops with a message that names the shape and what to change.
-
-Out of memory in the optimizer step (`optimizer_out_of_memory`) has no way back: AdamW's state
-is as large as the weights, whatever the micro-batch, so the run stops with a TrainingError.
+normal path: `skip_step` (a non-finite loss or gradient: no update; `max_bad_steps` in a row
+stop the run), `back_off` (out of memory: halve the micro-batch to a divisor of the per-rank
+batch, so the gradient stays exact, and retry) and `optimizer_out_of_memory` (no way back).
 """
 
 from __future__ import annotations
@@ -69,8 +57,7 @@ def back_off(batch: dict, micro: int, per_rank: int, cfg: TrainConfig, state: Tr
     if not cfg.auto_micro_batch or micro == 1:
         raise TrainingError(f"out of memory at step {state.step + 1} with micro-batch {shape} "
                             f"(peak {peak_memory_mb(device):.0f} MB); lower --micro-batch-size "
-                            f"(the global batch stays the same) or pass auto_micro_batch"
-                            ) from None
+                            f"(the global batch stays the same) or pass auto_micro_batch") from None
     micro //= 2
     while per_rank % micro:  # whole micro-batches only, so the global batch is unchanged
         micro -= 1
@@ -83,8 +70,7 @@ def back_off(batch: dict, micro: int, per_rank: int, cfg: TrainConfig, state: Tr
 
 def optimizer_out_of_memory(error: torch.OutOfMemoryError, state: TrainState,
                             device: torch.device) -> TrainingError:
-    """Out of memory in the optimizer step: the error to stop the run with, keeping the
-    first line of torch's (what it tried to allocate)."""
+    """Out of memory in the optimizer step: the error to stop with, with torch's first line."""
     first = (str(error).strip().splitlines() or ["out of memory"])[0]
     return TrainingError(
         f"out of memory at step {state.step + 1} in the optimizer step (peak "

@@ -1,23 +1,7 @@
-"""A training run on disk: how a checkpoint is written, found and checked before a resume.
-
-`train` calls these, through its run (run.py), to start, save and resume a run:
-
-* `claim_out_dir`: a fresh start never mixes with an older run in the same folder.
-* `save_run`: the checkpoint of a step, the dict `TrainState.state_dict` builds (state.py
-  owns its keys), with every rank's RNG state gathered into it.
-* `resume_run`: the newest intact checkpoint, loaded after `check_identity` has compared
-  its run identity with this run's, and `check_saved_weights` has found its weights finite.
-* `drop_rows_after`: the log rows a killed run wrote after its last checkpoint go.
-
-A script checks a resume before it writes anything (`check_resume` on the `RunPlan` of each
-run it will start): everything `resume_run` would refuse, refused while the folder is as
-the user left it.
-
-The *run identity* (state.py) is everything that decides what a run computes: the model
-config, the training settings but those in `RESUME_MAY_CHANGE`, and the data's identity
-given by the caller (a corpus fingerprint, `--seq-len`, the tokenizer...). The saved data
-position only means something on the same data, so a resume with any of them changed is
-refused by name.
+"""A training run on disk: how a checkpoint is written, found and checked before a resume:
+`claim_out_dir` (a fresh start never mixes with an older run), `save_run`, `resume_run` (the
+newest intact checkpoint, once its run identity is this run's and its weights are finite)
+and `check_resume` (the same refusals, before a script writes anything).
 """
 
 from __future__ import annotations
@@ -26,23 +10,19 @@ import logging
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.nn as nn
 
-from ..atomic import make_folders
-from .checkpoint import (STATE_FILE, latest_checkpoint, load_checkpoint,
-                         save_checkpoint, step_dir)
+from ..atomic import make_folders, writing
+from .checkpoint import STATE_FILE, latest_checkpoint, load_checkpoint, save_checkpoint, step_dir
 from .distributed import DistContext, all_gather_objects, barrier, unwrap
 from ..machine.environment import rounding_context
 from ..interop.hf import check_finite
 from ..machine.precision import resolve_precision
-from ..atomic import writing
 from .rng import rng_state
-from .state import (Saved, TrainConfig, TrainState, bert_config, check_identity,
-                    run_identity)
-
+from .state import Saved, TrainConfig, TrainState, bert_config, check_identity, run_identity
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +45,8 @@ def claim_out_dir(out_dir: Path, overwrite: bool, ctx: DistContext) -> None:
 
 @dataclass
 class RunPlan:
-    """A training run as a script will start it: `train(model, ..., cfg, out_dir,
-    resume=resume, data_identity=data_identity)`. A script's `prepare` lists its runs, and
-    `cli.Script.claim` checks the resume of each (`check_resume`) before anything is written.
-    `model` is only read for its class and config: a model on the meta device will do."""
+    """A training run as a script will start it (`train(model, ..., cfg, out_dir, resume=...,
+    data_identity=...)`), for `check_resume`. `model` may be on the meta device."""
 
     model: nn.Module
     cfg: TrainConfig
@@ -78,11 +56,8 @@ class RunPlan:
 
 
 def check_resume(plan: RunPlan, device: torch.device) -> Optional[int]:
-    """Refuse a resume of `plan` that `resume_run` would refuse once the run holds its
-    folder: no intact checkpoint, another run identity (the model's class and config, the
-    settings, the data), a step past max_steps, a precision this device lacks. Writes
-    nothing; the checkpoint's tensors are memory-mapped, not read. Returns the step the
-    resume goes on from (None: `plan` is no resume)."""
+    """Refuse a resume of `plan` that `resume_run` would refuse, writing nothing (tensors are
+    memory-mapped, not read). Returns the step it goes on from (None: no resume)."""
     if not plan.resume:
         return None
     _, saved, _ = _resumable(unwrap(plan.model), plan.cfg, plan.data_identity,
@@ -91,8 +66,7 @@ def check_resume(plan: RunPlan, device: torch.device) -> Optional[int]:
 
 
 def _resumable(raw: nn.Module, cfg: TrainConfig, data_identity: dict, ckpt_root: Path,
-               device: torch.device, mmap: bool = False) -> tuple[Path, dict[str, Any],
-                                                                  TrainConfig]:
+               device: torch.device, mmap: bool = False) -> tuple[Path, dict, TrainConfig]:
     """The newest intact checkpoint under `ckpt_root` (its path, its content) once it is
     known to continue this run, and `cfg` with the run's horizon."""
     last = latest_checkpoint(ckpt_root)  # verified: its state file matches its sha256
@@ -121,9 +95,8 @@ def _resumable(raw: nn.Module, cfg: TrainConfig, data_identity: dict, ckpt_root:
 
 def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identity: dict,
                ckpt_root: Path, ctx: DistContext) -> TrainConfig:
-    """Load the newest checkpoint into the model and `state` (counters, optimizer, scaler,
-    RNGs), after checking that it belongs to this run; returns `cfg` with the run's horizon
-    (`decay_steps`), which a resumed run keeps whatever `max_steps` is now."""
+    """Load the newest checkpoint into the model and `state`, once it is known to belong to this
+    run; returns `cfg` with the run's horizon (`decay_steps`), whatever `max_steps` is now."""
     last, saved, cfg = _resumable(raw, cfg, data_identity, ckpt_root, ctx.device)
     state.load_state_dict(saved, raw, rank=ctx.rank, seed=cfg.seed)
     before = Saved.of(saved).train_config["micro_batch_size"]
@@ -141,15 +114,12 @@ def resume_run(raw: nn.Module, state: TrainState, cfg: TrainConfig, data_identit
 
 
 def _say_rounding(before: Optional[dict], device: torch.device) -> None:
-    """Warn, once, where the resume rounds otherwise than the run's last start: another
-    thread count, torch or machine sums in another order, so the run goes on equivalent,
-    not bit for bit (docs/runs.md, "The same result"). A checkpoint without the record (an
-    older one) says nothing."""
+    """Warn, once, where the resume rounds otherwise than the run's last start (another thread
+    count, torch or machine); an older checkpoint without the record says nothing."""
     if not before:
         return
     now = rounding_context(device)
-    diffs = [f"{k} {now[k]}, was {before[k]}" for k in now
-             if k in before and now[k] != before[k]]
+    diffs = [f"{k} {now[k]}, was {before[k]}" for k in now if k in before and now[k] != before[k]]
     if diffs:
         logger.warning("resumed with %s: the run goes on equivalent, not bit for bit (the "
                        "same result needs the same thread count, torch and machine; "
@@ -157,9 +127,8 @@ def _say_rounding(before: Optional[dict], device: torch.device) -> None:
 
 
 def _draws_dropout(raw: nn.Module) -> bool:
-    """Whether the model draws dropout masks: its config says so (minibert's attention
-    dropout has no module); a model of your own, by a dropout module with p > 0 (dropout
-    drawn by a function call is not seen)."""
+    """Whether the model draws dropout masks: by its BertConfig, else by a dropout module with
+    p > 0 (dropout drawn by a function call is not seen)."""
     config = bert_config(raw)
     if config is not None:
         return bool(config.hidden_dropout or config.attention_dropout)
@@ -169,15 +138,8 @@ def _draws_dropout(raw: nn.Module) -> bool:
 
 
 def check_saved_weights(saved: dict, checkpoint: Path) -> None:
-    """Refuse a checkpoint whose model weights hold NaN or infinity, naming the tensor and
-    the checkpoint's file (`hf.NonFiniteWeightsError`, a ValueError).
-
-    The engine skips a step whose loss or gradient is not finite, but one finite update
-    can still overflow a weight (a rate far too high), and the checkpoint of that step
-    then holds it. Resumed, every step of such a run would be non-finite and skipped until
-    the run stopped, blaming its learning rate; refused, the message says which checkpoint
-    to set aside. Damage on disk is found before this, by the checksum in meta.json.
-    """
+    """Refuse a checkpoint whose weights hold NaN or infinity, naming the tensor and the file: a
+    finite update can still overflow a weight, and every step resumed from it would be skipped."""
     check_finite(Saved.of(saved).weights, checkpoint / STATE_FILE, fix=(
         f"move {checkpoint.name} out of {checkpoint.parent} to resume from the checkpoint "
         f"before it, or start the run again (a lower learning rate is the usual cure)"))
@@ -185,8 +147,7 @@ def check_saved_weights(saved: dict, checkpoint: Path) -> None:
 
 def save_run(ckpt_root: Path, raw: nn.Module, state: TrainState, cfg: TrainConfig,
              data_identity: dict, ctx: DistContext) -> None:
-    """Write the checkpoint of `state.step`, as `TrainState.state_dict` builds it, with the
-    random generators of every rank in it."""
+    """Write the checkpoint of `state.step`, with every rank's random generators."""
     rngs = all_gather_objects(rng_state(), ctx)  # every rank takes part
     saved = state.state_dict(raw, cfg, data_identity, rngs)
     if ctx.is_main:

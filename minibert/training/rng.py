@@ -1,9 +1,6 @@
-"""Seeds and random-number-generator state: reproducible runs and exact resume.
-
-`set_seed` seeds every generator a run draws from; `rng_state` / `set_rng_state` capture and
-restore them all, so a resumed run draws exactly what the uninterrupted one would have. The
-state is made of tensors and plain python values only, so a checkpoint that holds it loads
-with `torch.load(weights_only=True)`.
+"""Seeds and random-number-generator state: reproducible runs and exact resume. `set_seed`
+seeds every generator a run draws from; `rng_state` / `set_rng_state` capture and restore them
+all, as tensors and plain values (a checkpoint loads them weights-only).
 """
 
 from __future__ import annotations
@@ -21,21 +18,15 @@ logger = logging.getLogger(__name__)
 
 def set_seed(seed: int, deterministic: bool = False) -> None:
     """Seed python's `random`, numpy's global generator and torch on every device.
-
-    `deterministic=True` also makes torch choose deterministic kernels (and raise on an
-    operation that has none), turns off cuDNN's benchmark autotuning (which may pick a
-    different algorithm on each run), and sets `CUBLAS_WORKSPACE_CONFIG`, without which
-    cuBLAS matmuls are not reproducible on CUDA >= 10.2. It costs speed; `False` leaves
-    those global switches as they are.
-    """
+    `deterministic=True` also asks for deterministic kernels, cuDNN without autotuning and
+    a fixed cuBLAS workspace (docs/runs.md, "The same result"); it costs speed on a GPU."""
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
         raise ValueError(f"seed={seed!r} must be an integer in [0, 2**32) (numpy's range)")
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # seeds the CPU and every CUDA device's default generator
     if deterministic:
-        # Must be set before the first cuBLAS call to take effect; setdefault keeps a value
-        # the user chose (":16:8" uses less memory).
+        # Before the first cuBLAS call; setdefault keeps the user's (":16:8" uses less memory).
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.deterministic = True
@@ -43,11 +34,8 @@ def set_seed(seed: int, deterministic: bool = False) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """Every RNG state a training step draws from: python, numpy, torch CPU and CUDA.
-
-    numpy's state is converted from its array to a tensor, so the whole dict survives
-    `torch.save` then `torch.load(weights_only=True)`.
-    """
+    """Every RNG state a training step draws from: python, numpy (its array as a tensor, for
+    `torch.load(weights_only=True)`), torch CPU and CUDA."""
     name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "python": random.getstate(),  # (version, tuple of 625 ints, gauss_next)

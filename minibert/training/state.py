@@ -1,24 +1,8 @@
 """The state of a training run, below the loop: what it was asked to do (`TrainConfig`),
-everything that moves while it runs (`TrainState`), and what makes two runs the same run
-(the *run identity*).
-
-`TrainState` is the one place that knows what a checkpoint holds: its `state_dict()` builds
-the whole dict (the weights, the counters, the data position, the micro-batch in use, the
-optimizer, the gradient scaler, the random generators and the run identity), and
-`load_state_dict()` puts the run back from it, so a resumed run continues exactly where
-the checkpoint left it (lingua's `TrainState` is the model). resume.py only orchestrates:
-it gathers every rank's generators, writes the dict and finds the checkpoint to resume.
-
-The *run identity* is everything that decides what a run computes: the model config (for a
-model of your own without one, the shape of each of its tensors: `model_config`), the
-training settings but those in `RESUME_MAY_CHANGE`, and the data's identity given by the
-caller. A resume with any of them changed is refused by name (`check_identity`).
-
-The evaluation data belongs to the identity as much as the training data: its examples,
-how many of them are scored (`eval_batches`) and how they are scored. A resume that
-evaluated on other data would log, under one run, scores that cannot be compared, with
-nothing in metrics.jsonl to tell them apart. A model is scored on other data by evaluating
-its final/ folder, which leaves the run's log as it was.
+everything that moves (`TrainState`, lingua's model, which alone builds and reads a
+checkpoint's dict), and what makes two runs the same run, the *run identity*: the model's
+config or shapes, the settings but `RESUME_MAY_CHANGE`, and the caller's data identity,
+evaluation data included. A resume that changes it is refused by name (`check_identity`).
 """
 
 from __future__ import annotations
@@ -50,11 +34,8 @@ class TrainConfig:
     micro_batch_size: Optional[int] = None  # per rank and forward pass; None = batch / world
     max_steps: int = 1000  # where this run stops; may change on resume
     decay_steps: Optional[int] = None  # the schedule's horizon; None = max_steps of the start
-    # The peak rate: the main job's (examples/pretrain_wikitext.py takes it as it is), at
-    # which its Post-LN mini model reaches transformers' quality in its time-to-quality runs;
-    # twice it did not pay, sitting on the unigram plateau as Post-LN does at high rates (Liu
-    # et al. 2020; benchmarks/RESULTS.md, "Time to quality against transformers"). Fine-tuning
-    # sets its own (cli/finetune.py, FINETUNE).
+    # The main job's rate, with which it reaches transformers' quality; twice stalls on the
+    # unigram plateau (Liu et al. 2020; benchmarks/RESULTS.md). Fine-tuning sets its own.
     lr: float = 1e-3
     min_lr: float = 0.0  # the rate at the horizon, and after it
     warmup: Union[int, float] = 0.1  # optimizer steps, or a fraction of decay_steps
@@ -76,9 +57,7 @@ class TrainConfig:
     # Steps (or a fraction of decay_steps) over which batches grow to full length; 0 = off.
     seq_len_warmup: Union[int, float] = 0
     seq_len_start: int = 32
-    # The MFU ceiling, FLOP/s; None = this machine's, measured by its first run and recorded
-    # (meters.mfu_ceiling).
-    peak_flops: Optional[float] = None
+    peak_flops: Optional[float] = None  # MFU ceiling, FLOP/s; None = meters.mfu_ceiling
     # What train() may do to the process beyond the model (its docstring says each one):
     handle_signals: bool = True  # SIGTERM / SIGINT save a checkpoint and return
     release_memory: bool = True  # hand glibc's free memory back (memory.release_freed_memory)
@@ -96,8 +75,7 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.precision={self.precision!r} is not one of "
                              f"{('auto',) + PRECISIONS}")
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"TrainConfig.schedule={self.schedule!r} is not one of "
-                             f"{SCHEDULES}")
+            raise ValueError(f"TrainConfig.schedule={self.schedule!r} is not one of {SCHEDULES}")
         if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, "
                              f"min_lr={self.min_lr}")
@@ -112,18 +90,15 @@ class TrainConfig:
         if self.peak_flops is not None and not self.peak_flops > 0:
             raise ValueError(f"TrainConfig.peak_flops={self.peak_flops} must be > 0 (FLOP/s), "
                              f"or None for this machine's recorded ceiling")
-        # Without decay_steps the horizon is max_steps at a fresh start but the checkpoint's
-        # on a resume, which may stop earlier: a warmup's length is then checked by `train`,
-        # once it knows the horizon, and only its form here.
+        # Without decay_steps only `train` knows the horizon: only a warmup's form is checked.
         horizon = self.decay_steps if self.decay_steps is not None else 2**62
         resolve_warmup(self.warmup, horizon)  # raises on a bad one
         resolve_warmup(self.seq_len_warmup, horizon, name="TrainConfig.seq_len_warmup")
         check_int("TrainConfig", "seq_len_start", self.seq_len_start, 1)
 
     def split_batch(self, world_size: int) -> tuple[int, int]:
-        """(sequences per rank, sequences per micro-batch) of one global batch of
-        `batch_size` over `world_size` ranks; refused unless it splits into whole ranks and
-        whole micro-batches, as exact accumulation needs (engine.micro_step_weight)."""
+        """(sequences per rank, per micro-batch) of a global batch over `world_size` ranks;
+        refused unless whole ranks and micro-batches, as exact accumulation needs."""
         per_rank, rest = divmod(self.batch_size, world_size)
         micro = self.micro_batch_size or per_rank
         if rest or per_rank == 0 or per_rank % micro:
@@ -134,12 +109,8 @@ class TrainConfig:
 
 @dataclass
 class TrainState:
-    """Everything that moves during a run, saved with each checkpoint and restored whole.
-
-    The counters are plain fields; `optimizer` and `scaler` are the run's own objects, held
-    here so that `state_dict` / `load_state_dict` cover them and the random generators in one
-    call.
-    """
+    """Everything that moves during a run, saved with each checkpoint and restored whole:
+    plain counters, and the run's `optimizer` and `scaler`."""
 
     step: int = 0  # optimizer steps taken (skipped ones included)
     tokens_seen: int = 0  # non-padding tokens over all ranks
@@ -147,20 +118,10 @@ class TrainState:
     consumed: int = 0  # and the examples of that epoch already used, over all ranks
     skipped: int = 0  # steps not applied: non-finite, or an fp16 overflow
     bad_steps: int = 0  # consecutive non-finite steps; the run stops at max_bad_steps
-    # Seconds spent training, over every start of the run: evaluation, checkpoint saves and
-    # logging excluded, so time-to-loss curves compare runs that evaluate at different rates.
-    train_seconds: float = 0.0
-    # Seconds the run has taken, evaluations and saves included, over every start up to its
-    # last checkpoint: a resumed run's wall time adds to it, as its training time does.
-    wall_seconds: float = 0.0
-    # The micro-batch in use when an out-of-memory error made the run halve it
-    # (recovery.back_off); None: TrainConfig.micro_batch_size. A resumed run keeps it, so
-    # it does not run out of memory again to find it, unless the resume sets another one.
-    micro_batch_size: Optional[int] = None
-    # The precision the run computes in, decided at its first start: "auto" reads what the
-    # device declares (precision.auto_precision), and a resume on another machine, or under
-    # another torch, must not switch the run to another precision.
-    precision: Optional[str] = None
+    train_seconds: float = 0.0  # over every start: in steps alone (no evaluation, saves, logs)
+    wall_seconds: float = 0.0  # over every start to its last checkpoint, evaluations included
+    micro_batch_size: Optional[int] = None  # recovery.back_off's, kept unless a resume sets one
+    precision: Optional[str] = None  # decided at the first start, kept by every resume
     optimizer: Optional[torch.optim.Optimizer] = field(default=None, repr=False, compare=False)
     scaler: Optional[torch.amp.GradScaler] = field(default=None, repr=False, compare=False)
 
@@ -175,14 +136,9 @@ class TrainState:
 
     def state_dict(self, model: nn.Module, cfg: "TrainConfig", data_identity: dict,
                    rngs: Optional[list] = None) -> dict[str, Any]:
-        """The whole checkpoint of the run at `step`, under the keys every reader of a
-        checkpoint uses: the weights (`model`, with `model_class`, and a classifier's
-        `id2label`, which export writes into its config), the run in motion (`train_state`:
-        the counters; `optimizer`, `scaler`, and `rng`: `rngs`, every rank's generators,
-        which `resume.save_run` gathers, else this process's alone) and the run identity
-        (`model_config`, `train_config`, `data_identity`), and what decides its rounding
-        (`rounding`: the torch version, the device, the thread count), which a resume
-        compares. They are read by name through `Saved`."""
+        """The whole checkpoint of the run at `step`, read by name through `Saved`: weights
+        (`model`, `model_class`, `id2label`), the run in motion (`train_state`, `optimizer`,
+        `scaler`, `rng`: `rngs`, else this process's), the run identity and `rounding`."""
         raw = unwrap(model)
         names = getattr(raw, "id2label", None)
         # The class export rebuilds: minibert's own, for a user's subclass of it.
@@ -197,10 +153,8 @@ class TrainState:
 
     def load_state_dict(self, saved: dict[str, Any], model: nn.Module, rank: int = 0,
                         seed: int = 0) -> None:
-        """Put back what `state_dict` gave: the weights into `model`, then the counters, the
-        optimizer, the scaler and this rank's generators (`rng` as saved: one state per
-        rank). A rank the checkpoint has no generator state for gets a stream of its own
-        from (seed, rank). The run identity is `check_identity`'s to compare, beforehand."""
+        """Put back what `state_dict` gave, this rank's generators included; a rank the
+        checkpoint has none for is seeded from (seed, rank). Check the identity first."""
         unwrap(model).load_state_dict(saved["model"])
         known = set(self.counters())
         for name, value in saved["train_state"].items():
@@ -221,9 +175,8 @@ class TrainState:
 
 @dataclass(frozen=True)
 class Saved:
-    """A checkpoint's content (`TrainState.state_dict`) by name, for the modules that resume,
-    export or check it: its keys are written and read in this module alone. What the
-    checkpoint lacks (one not saved by minibert's loop) is None."""
+    """A checkpoint's content (`TrainState.state_dict`) by name: its keys are written and read
+    in this module alone. What the checkpoint lacks is None."""
 
     weights: Optional[dict]  # the model's state_dict
     model_class: Optional[str]  # minibert's class, which export rebuilds
@@ -235,12 +188,8 @@ class Saved:
     rounding: Optional[dict]  # environment.rounding_context at the save
 
     @classmethod
-    def of(cls, saved: Mapping[str, Any]) -> "Saved":
-        return cls(weights=saved.get("model"), model_class=saved.get("model_class"),
-                   model_config=saved.get("model_config"), id2label=saved.get("id2label"),
-                   train_config=saved.get("train_config"),
-                   data_identity=saved.get("data_identity"),
-                   train_state=saved.get("train_state"), rounding=saved.get("rounding"))
+    def of(cls, saved: Mapping[str, Any]) -> "Saved":  # weights under "model", the rest by name
+        return cls(saved.get("model"), *(saved.get(f.name) for f in fields(cls)[1:]))
 
     @property
     def step(self) -> int:
@@ -253,9 +202,7 @@ class Saved:
 
 # ---- the run identity -------------------------------------------------------------------------
 
-# Fields that may change between a run and its resumption without changing what it computes,
-# or what its log reports. (Not `eval_batches`: the share of the evaluation set scored is
-# what each eval_loss means; see the module docstring.)
+# Settings that change nothing a run computes or logs (eval_batches does: each eval_loss's data).
 RESUME_MAY_CHANGE = frozenset({
     "max_steps", "micro_batch_size", "auto_micro_batch", "log_every", "eval_every",
     "save_every", "keep_checkpoints", "max_bad_steps", "compile", "progress", "peak_flops",
@@ -266,19 +213,15 @@ def run_identity(model: nn.Module, cfg: "TrainConfig") -> dict[str, Any]:
     """The model (its class and config) and the training settings that decide what a run
     computes (see RESUME_MAY_CHANGE)."""
     raw = unwrap(model)
-    # The class as checkpoints name it: minibert's own for a user's subclass (export
-    # rebuilds it).
+    # The class as checkpoints name it: minibert's own for a user's subclass (export rebuilds it)
     return {"model_class": minibert_class(type(raw)).__name__,
             "model_config": model_config(raw),
             "train_config": {k: v for k, v in asdict(cfg).items() if k not in RESUME_MAY_CHANGE}}
 
 
 def model_config(model: nn.Module) -> dict[str, Any]:
-    """What a checkpoint records of the model's shape, for the run identity: its `config`
-    (`asdict`: minibert's BertConfig, or a dataclass of your own), or, for a model of your
-    own without one, the shape of each tensor it saves, under "shapes": a resume into a
-    model of another shape is then refused naming the tensor ("model shapes
-    head.weight"), before torch's size mismatch deep in load_state_dict."""
+    """What the run identity records of the model: `asdict` of its dataclass `config`, else each
+    tensor's shape under "shapes", so a resume into another is refused naming the tensor."""
     config = getattr(model, "config", None)  # a plain nn.Module has none
     if is_dataclass(config) and not isinstance(config, type):
         return asdict(config)
@@ -286,17 +229,14 @@ def model_config(model: nn.Module) -> dict[str, Any]:
 
 
 def bert_config(model: nn.Module) -> Optional[BertConfig]:
-    """The model's BertConfig where it has one (minibert's models, and yours that expose
-    one as `config`), from which the engine reads what the model computes (its FLOPs, its
-    dropout); None for a model of your own, of which it knows only the parameters."""
+    """The model's BertConfig where it has one as `config` (its FLOPs, dropout), else None."""
     config = getattr(model, "config", None)
     return config if isinstance(config, BertConfig) else None
 
 
 class SettingsMismatch(ValueError):
-    """A resume whose settings are not its checkpoint's: `diffs` holds (setting, the
-    checkpoint's value, the value now) for each, the setting named as in TrainConfig (a
-    model config's field as "model FIELD"), so a script can say them as its flags."""
+    """A resume whose settings are not its checkpoint's: `diffs` holds (setting as in TrainConfig,
+    "model FIELD" for the model's, the checkpoint's value, the value now), for a script's flags."""
 
     def __init__(self, path: Path, diffs: list[tuple[str, str, str]]):
         self.path, self.diffs = path, diffs
