@@ -1,26 +1,23 @@
 """`fast(model)`: minibert's CPU kernels, swapped into a model from outside.
 
 The model's files are plain PyTorch. Training on a CPU, four of their calls have faster
-equivalents in kernels.py, each computing what the plain call computes:
+equivalents in kernels.py that compute the same thing (docs/machine-room.md, §2 and §6):
 
     the textbook's call                              the kernel, on a CPU
-    nn.Dropout in a minibert model                   `kernels.dropout`: 15 bits a draw
+    nn.Dropout in a minibert model                   `kernels.dropout`
     attention's dropout, in the math form and in     the math form with `kernels.dropout`
-      SDPA in fp32 (whose CPU fallback is that         (torch's fused CPU kernels have no
-      formula with torch's dropout)                    dropout)
-    the word lookup and the tied MLM decoder,        `kernels.TiedWordGradient`: the one
-      whose two (V, H) gradients autograd adds         gradient, built in place
+      SDPA in fp32 (torch's fused CPU kernels have
+      no dropout; its fallback is that formula)
+    the word lookup and the tied MLM decoder         `kernels.TiedWordGradient`
     the sparse MLM head on its N predicted rows      N rounded up (`kernels.round_up_rows`)
 
 `fast` gives each module that makes one of those calls a subclass of its own class that
 makes the kernel's call instead, in place, as `torch.nn.utils.parametrize` swaps a class:
 parameters, buffers, hooks, devices and the state_dict stay as they are. Elsewhere (a GPU,
 a graph that torch.compile or torch.export traces) each subclass makes the plain call.
-`train()` calls `fast` on the model it trains (training/run.py); a loop of your own calls
-it once, before `torch.compile` and DDP. tests/test_fast.py checks that a fast model and a
-plain one compute the same losses and gradients.
+`train()` calls `fast` (training/run.py); a loop of your own calls it once, before
+`torch.compile` and DDP. tests/test_fast.py checks it against the plain model.
 """
-
 from __future__ import annotations
 
 from typing import Optional

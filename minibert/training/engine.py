@@ -60,13 +60,9 @@ from .state import TrainConfig, TrainState
 
 logger = logging.getLogger(__name__)
 
-# Steps between two hand-backs of the C allocator's free memory (memory.release_freed_memory).
-# The number of masked tokens, hence the size of the MLM head's largest blocks, differs from
-# step to step, so blocks kept for reuse fit the next request less and less and the heap
-# grows beside them: without this, the main job's resident set kept climbing after the
-# sequence-length warmup (benchmarks/RESULTS.md, "Sequence-length warmup, and the
-# learning-rate warmup's length").
-# A trim costs at most one step's page faults (freed pages are mapped again on next use).
+# Steps between two hand-backs of the C allocator's free memory (memory.release_freed_memory):
+# blocks of sizes that change step to step fit the next request less and less, and the heap
+# grows beside them (docs/machine-room.md, §3). A trim costs at most one step's page faults.
 RELEASE_EVERY = 50
 
 
