@@ -19,7 +19,6 @@ What it may import: the file writers and readers beside it (`minibert.atomic`,
 `minibert.paths`), the label rule (`minibert.labels`) and the tasks' span metric. Never the
 model, the engine or the scripts: text becomes batches without either.
 """
-
 from __future__ import annotations
 
 import importlib

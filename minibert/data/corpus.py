@@ -29,7 +29,6 @@ CORPUS_FOLDER = "a WikiText folder or a folder of .txt files"
 class CorpusFile(NamedTuple):
     """One file that was read: its split (`train+valid` for a text folder, whose
     documents are dealt to both), how many documents it gave and their characters."""
-
     path: Path
     split: str
     n_documents: int
@@ -55,9 +54,8 @@ class Documents:
 
     def keeps(self, i: int) -> bool:
         """Whether document `i` of the files (counted over all of them) is in this split."""
-        if self.holdout_every is None:
-            return True
-        return ((i + 1) % self.holdout_every == 0) == (self.split == "valid")
+        return self.holdout_every is None or \
+            ((i + 1) % self.holdout_every == 0) == (self.split == "valid")
 
     def __len__(self) -> int:
         return self.n_documents
@@ -84,7 +82,6 @@ class _Every:
 
 class Corpus(NamedTuple):
     """What `load_corpus` read: `splits` maps a split name to its `Documents`."""
-
     path: Path  # the folder the files are in
     layout: str  # "wikitext" or "text folder"
     splits: dict[str, Documents]

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 
 # ------------------------------------------------------------------ packing
-
 class PackedMLMDataset(torch.utils.data.Dataset):
     """Fixed-length `[CLS] ... [SEP]` blocks packed from a token file: each document's ids
     and one `[SEP]`, end to end, cut into bodies of `seq_len - 2` (the partial last one
@@ -40,13 +39,11 @@ class PackedMLMDataset(torch.utils.data.Dataset):
         if tokenizer is not None and tokenizer.fingerprint != tokens.fingerprint:
             raise ValueError(f"{tokens.path} was made by another tokenizer than the one given; "
                              f"re-prepare it with minibert.data.tokenize_to_memmap(...)")
-        self.tokens, self.seq_len = tokens, seq_len
+        self.tokens, self.seq_len, self.body = tokens, seq_len, seq_len - 2
         specials = tokens.header["special_ids"]
         self.cls_id, self.sep_id = specials["cls"], specials["sep"]
-        self.body = seq_len - 2
         offsets = np.asarray(tokens.doc_offsets, dtype=np.int64)
-        self._doc_start = offsets[:-1]
-        self._doc_len = np.diff(offsets)
+        self._doc_start, self._doc_len = offsets[:-1], np.diff(offsets)
         # Start of document d in the stream with one [SEP] after every document.
         self._stream_start = offsets + np.arange(len(offsets), dtype=np.int64)
         self._n = int(self._stream_start[-1]) // self.body
@@ -73,7 +70,6 @@ class PackedMLMDataset(torch.utils.data.Dataset):
 
 
 # ------------------------------------------------------------------ batching
-
 Example = Union[Sequence[int], np.ndarray, torch.Tensor, Mapping]
 
 
@@ -109,10 +105,9 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def count_targets(batch: Mapping[str, torch.Tensor]) -> int:
-    """Predicted items in a batch, the unit its loss is a mean over: masked tokens (MLM),
-    labelled real positions (token classification), examples (classification, and QA,
-    whose batches carry `start_positions` instead of `labels`), a regression's float labels
-    (every one: `labels.predicted`)."""
+    """Predicted items in a batch, the unit its loss is a mean over: masked tokens (MLM), labelled
+    real positions (token classification), examples (classification, and QA, whose batches carry
+    `start_positions` instead of `labels`), a regression's float labels (`labels.predicted`)."""
     if "labels" not in batch and "start_positions" in batch:
         return int(batch["start_positions"].shape[0])
     if not torch.is_tensor(batch.get("labels")):
@@ -145,13 +140,11 @@ class MLMCollator:
         each, as the released BERT models' variant: `##ing` beside a visible `walk` is a
         shortcut. segments: False for a model without segment embeddings (ModernBERT).
 
-    Called on id sequences holding `[CLS]`/`[SEP]`, or dicts with `input_ids` and `index`,
-    it returns `(B, T)` int64 `input_ids`, `attention_mask`, `token_type_ids` and `labels`
-    (-100 where not selected). Special tokens are never selected; an example with an
-    ordinary token gets at least one. Without an index, an example's ids are its key. Call
-    `set_epoch` before iterating (DataLoader workers copy the collator; avoid
-    `persistent_workers=True`).
-    """
+    Called on id sequences holding `[CLS]`/`[SEP]`, or dicts with `input_ids` and `index`, it
+    returns `(B, T)` int64 `input_ids`, `attention_mask`, `token_type_ids` and `labels` (-100 where
+    not selected). Special tokens are never selected; an example with an ordinary token gets at
+    least one. Without an index, an example's ids are its key. Call `set_epoch` before iterating
+    (DataLoader workers copy the collator; avoid `persistent_workers=True`)."""
 
     def __init__(self, tokenizer: "Tokenizer", mlm_probability: float = 0.15,
                  pad_to_multiple_of: Optional[int] = None, *, seed: int = 0,
@@ -160,17 +153,14 @@ class MLMCollator:
             raise ValueError(f"mlm_probability={mlm_probability!r} must lie strictly between 0 "
                              f"and 1 (BERT uses 0.15)")
         check_pad_multiple(pad_to_multiple_of)
-        self.mlm_probability = float(mlm_probability)
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.seed = int(seed) % 2**64  # any int; the hash works on uint64
-        self.epoch = 0
+        self.mlm_probability, self.pad_to_multiple_of = float(mlm_probability), pad_to_multiple_of
+        self.seed, self.epoch = int(seed) % 2**64, 0  # any seed: the hash works on uint64
         self.pad_id, self.mask_id = tokenizer.pad_id, tokenizer.mask_id
         self.special_ids = np.array(sorted(set(tokenizer.special_ids)), dtype=np.int64)
         # Replacement tokens are drawn from the ordinary vocabulary only.
         self.ordinary_ids = np.setdiff1d(np.arange(tokenizer.vocab_size, dtype=np.int64),
                                          self.special_ids)
-        self.whole_word_mask = bool(whole_word_mask)
-        self.segments = bool(segments)
+        self.whole_word_mask, self.segments = bool(whole_word_mask), bool(segments)
         # (V,) bool: which ids continue the word before them (WordPiece's "##" pieces).
         self.continues_word = np.array(
             [(tokenizer.id_to_token(i) or "").startswith("##")
@@ -194,9 +184,7 @@ class MLMCollator:
                 for b, k in enumerate(keys)]
         epoch = self.epoch if epoch is None else int(epoch)
         input_ids, labels = self.mask(ids, lengths, np.array(keys, dtype=np.uint64), epoch)
-
-        T = ids.shape[1]
-        attention_mask = (np.arange(T)[None, :] < lengths[:, None]).astype(np.int64)
+        attention_mask = (np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64)
         batch = {"input_ids": torch.from_numpy(input_ids),
                  "attention_mask": torch.from_numpy(attention_mask)}
         if self.segments:
@@ -226,7 +214,6 @@ class MLMCollator:
             u_select = (uniform_bits(0) >> np.uint64(11)) * (1.0 / (1 << 53))  # (B, T) in [0, 1)
             u_action = (uniform_bits(1) >> np.uint64(11)) * (1.0 / (1 << 53))
             r_token = uniform_bits(2) % np.uint64(len(self.ordinary_ids))
-
         candidate = (np.arange(T)[None, :] < lengths[:, None]) & ~np.isin(ids, self.special_ids)
         # A candidate is selected with its unit (itself, or its word with whole-word masking):
         # `first` (B, T) is its unit's first piece, whose random numbers decide for the unit.
@@ -245,7 +232,6 @@ class MLMCollator:
             rows = np.nonzero(empty)[0]
             cols = np.where(starts[rows], u_select[rows], np.inf).argmin(axis=1)
             selected[rows] |= candidate[rows] & (first[rows] == cols[:, None])
-
         labels = np.where(selected, ids, IGNORE_INDEX)
         input_ids = ids.copy()
         to_mask = selected & (u_action < 0.8)

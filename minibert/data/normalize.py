@@ -3,9 +3,8 @@
 The Rust `BertNormalizer` tracks every character's offset, which a token file never stores
 (benchmarks/RESULTS.md, "Data preparation speed: BERT's normalizer in Python"). It works per
 character, so it is asked once per distinct character, the answers kept in a table for
-`str.translate`, and the normalized text encoded by a copy of the pipeline without a
-normalizer. That is exact except where context matters; such documents take the Rust
-pipeline whole:
+`str.translate`, and the normalized text encoded by a copy of the pipeline without a normalizer.
+That is exact except where context matters; such documents take the Rust pipeline whole:
 
 * NFD reorders runs of combining marks by their combining class. Stripping accents drops
   the nonspacing marks (Mn) afterwards, so only a combining mark that survives (a spacing
@@ -32,8 +31,7 @@ _NON_ASCII_RUNS = re.compile(r"([^\x00-\x7f]+)")
 
 
 class _Table(dict):
-    """Code point -> its normalized text (None: deleted), asked of the Rust normalizer the
-    first time a character is seen."""
+    """Code point -> its normalized text (None: deleted), asked of the Rust normalizer once."""
 
     def __init__(self, normalize, nfd: bool) -> None:
         super().__init__()

@@ -11,7 +11,6 @@ How examples/pretrain_wikitext.py and examples/distill.py read their text. It wr
 refused after it leaves its folder as it was; `save_prepared` writes RUN's part once the run
 holds its folder, `load_prepared` opens it. The run identity holds the keys.
 """
-
 from __future__ import annotations
 
 import logging
@@ -37,7 +36,6 @@ TOKENIZER_SAMPLE_CHARS = 100_000_000
 class PreparedCorpus:
     """A run's corpus, ready: its tokenizer, each split as packed blocks, and each split's
     text key (`keys`: its token file's name in the cache, and part of the run identity)."""
-
     tokenizer: Tokenizer
     splits: dict[str, PackedMLMDataset]
     keys: dict[str, str]
@@ -48,10 +46,10 @@ def prepare_corpus(run_dir: PathLike, splits: Sequence[str], seq_len: int = 128,
                    cache_dir: Optional[PathLike] = None, init_from: Optional[PathLike] = None,
                    vocab_size: int = 8192, resume: bool = False,
                    corpus: Optional[Corpus] = None) -> PreparedCorpus:
-    """Read the corpus, fix the run's tokenizer (`run_tokenizer`, trained on the first of
-    `splits`) and tokenize `splits` into the token cache; return them opened, in blocks of
-    `seq_len`. `data_dir`: a folder `load_corpus` reads (or `corpus`, it read already);
-    None downloads `dataset` into `cache_dir` (default `default_cache_dir()`)."""
+    """Read the corpus, fix the run's tokenizer (`run_tokenizer`, trained on the first of `splits`)
+    and tokenize `splits` into the token cache; return them opened, in blocks of `seq_len`.
+    `data_dir`: a folder `load_corpus` reads (or `corpus`, it read already); None downloads
+    `dataset` into `cache_dir` (default `default_cache_dir()`)."""
     run_dir = Path(run_dir)
     data_dir = data_dir or download_wikitext(dataset, cache_dir=cache_dir)
     if corpus is None:
@@ -106,8 +104,7 @@ def save_prepared(run_dir: PathLike, data: PreparedCorpus) -> None:
 
 def check_splits(corpus: Corpus, splits: Sequence[str], data_dir: PathLike,
                  flags: Sequence[str] = ()) -> None:
-    """Refuse a split the corpus does not have, naming those it has and `flags`, the options
-    that choose `splits`."""
+    """Refuse a split the corpus lacks, naming those it has and `flags`, the flags for `splits`."""
     for s in splits:
         if s not in corpus.splits:
             how = (f"choose among those with {' and '.join(flags)}" if flags else
@@ -161,8 +158,7 @@ def run_tokenizer(run_dir: PathLike, train_texts: Union[Documents, Iterable[str]
 
 def token_file(tok: Tokenizer, key: str, cache_dir: Optional[PathLike] = None) -> Path:
     """Where the text of key `key` tokenized by `tok` is cached, for whichever run asks."""
-    cache = cache_dir or default_cache_dir()
-    return Path(cache) / "tokens" / f"{tok.fingerprint[:16]}-{key}.tok"
+    return Path(cache_dir or default_cache_dir()) / "tokens" / f"{tok.fingerprint[:16]}-{key}.tok"
 
 
 def _nth(k: int) -> str:

@@ -66,9 +66,8 @@ def encode_qa(tok: "Tokenizer", examples: Sequence[QAExample], max_len: int = 38
             ids = [tok.cls_id, *question, tok.sep_id, *ctx_ids[ws:we], tok.sep_id]
             offsets = np.zeros((len(ids), 2), dtype=np.int64)  # (T, 2)
             offsets[before:before + n] = ctx_offsets[ws:we]
-            is_context = np.zeros(len(ids), dtype=bool)
+            is_context, max_context = np.zeros((2, len(ids)), dtype=bool)  # (T,) each
             is_context[before:before + n] = True
-            max_context = np.zeros(len(ids), dtype=bool)
             max_context[before:before + n] = best_window[ws:we] == w
             start = end = 0
             if answer is not None and ws <= answer[0] and answer[1] < we:

@@ -56,8 +56,7 @@ class ShardedSampler(torch.utils.data.Sampler):
     `sampler` (with `batch_size` the micro-batch); call `set_epoch` before each epoch.
     global_batch_size: examples per optimizer step over all ranks, a multiple of
         `world_size`. shuffle: False keeps the dataset order (evaluation).
-    drop_last: drop the final partial global batch; else it is split as evenly as possible.
-    """
+    drop_last: drop the final partial global batch; else it is split as evenly as possible."""
 
     def __init__(self, num_examples: int, global_batch_size: int, *, rank: int = 0,
                  world_size: int = 1, seed: int = 0, shuffle: bool = True,
@@ -155,8 +154,7 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
     def __iter__(self) -> Iterator[list[int]]:
         batches = self.batches()
         per_rank = len(batches) // self.world_size
-        mine = batches[self.rank:per_rank * self.world_size:self.world_size]
-        yield from mine[self.start:]
+        yield from batches[self.rank:per_rank * self.world_size:self.world_size][self.start:]
 
     def __len__(self) -> int:  # the number of batches does not depend on the shuffle
         full, rest = divmod(len(self.lengths), self.batch_size * self.group_batches)
@@ -241,11 +239,9 @@ class TaskMixtureBatches:
     with `GlobalBatches`' protocol (`next`, `position`, `seek`). Task `t` holds the indices
     `sum(sizes[:t]) ... sum(sizes[:t + 1]) - 1`; a batch is its with probability ∝ `sqrt(sizes[t])`,
     temperature-scaled mixing with T = 2 (Raffel et al. 2020, T5, section 3.5.2; docs/multitask.md).
-    Batch `b`'s draw is entry `b % 1024` of the stream keyed by (seed, b // 1024), so `seek` counts
-    tasks in blocks; each task has its own shuffle per epoch, keyed by (seed, task, epoch).
-    `position()` is always epoch 0 and the examples drawn; `next()` returns the epoch of the batch's
-    own task."""
-
+    Batch `b`'s task is drawn from a stream keyed by (seed, b // BLOCK), each task's shuffle per
+    epoch by (seed, task, epoch); `position()` is always epoch 0 and the examples drawn, and
+    `next()` returns the epoch of the batch's own task."""
     BLOCK = 1024  # draws per random stream; any fixed value gives a pure function of (seed, b)
 
     def __init__(self, sizes: Sequence[int], batch_size: int, *, seed: int = 0, rank: int = 0,

@@ -13,7 +13,6 @@ Early steps cost less and the loss leaves its plateau sooner (benchmarks/RESULTS
 alike, so the masking stays that of the full block, and a resume truncates as the original
 did; blocks lose their closing [SEP] meanwhile, and evaluation uses full blocks.
 """
-
 from __future__ import annotations
 
 import math

@@ -28,8 +28,7 @@ def _check_is_file(path: Path) -> None:
         files = sorted(p.name for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
         held = (f"it holds {', '.join(files[:5])}{', ...' if len(files) > 5 else ''}"
                 if files else "it holds no files")
-        raise IsADirectoryError(f"{path} is a folder, not a file ({held}); name the file to "
-                                f"read")
+        raise IsADirectoryError(f"{path} is a folder, not a file ({held}); name the file to read")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found")
 
@@ -52,7 +51,6 @@ def _read_utf8(path: Path, expected: str, line_ends: bool = True) -> str:
 
 
 # ---------------------------------------------------------------- tables and class labels
-
 def read_table(path: PathLike, columns: list[str]) -> list[tuple[int, list[str]]]:
     """(line number, [value of each requested column]) for every data row of a TSV/CSV file:
     TSV without quoting (GLUE's convention), CSV as RFC 4180. An empty value is an error."""
@@ -87,9 +85,7 @@ def read_table(path: PathLike, columns: list[str]) -> list[tuple[int, list[str]]
 def _tsv_rows(text: str) -> list[tuple[int, list[str]]]:
     """(line number, fields) of every line of a TSV text, blank lines as no fields (split
     by hand: csv would refuse a text longer than its field limit)."""
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()  # the text ends with a line end: no line after it
+    lines = text.removesuffix("\n").split("\n")  # a last line end has no line after it
     return [(n, line.split("\t") if line else [])
             for n, line in enumerate((x.removesuffix("\r") for x in lines), start=1)]
 
@@ -203,7 +199,6 @@ class LabelMap:
 
 
 # ---------------------------------------------------------------- CoNLL
-
 _SPACE = " \t\r\f\v"  # ASCII whitespace within a line
 
 
@@ -247,7 +242,6 @@ def read_conll(path: PathLike) -> list[Sentence]:
 
 
 # ---------------------------------------------------------------- SQuAD
-
 class QAExample(NamedTuple):
     id: str
     question: str
@@ -279,8 +273,7 @@ def read_squad(path: PathLike, version_2: bool = False) -> list[QAExample]:
             for q, qa in enumerate(_field(para, "qas", list, path, where)):
                 qid = str(_field(qa, "id", (str, int), path, f"{where}.qas[{q}]"))
                 if qid in seen:
-                    raise ValueError(f"{path}: question {qid!r} appears twice; ids must be "
-                                     f"unique")
+                    raise ValueError(f"{path}: question {qid!r} appears twice; ids must be unique")
                 seen.add(qid)
                 examples.append(_question(qa, qid, context, version_2, path))
     if not examples:
@@ -340,10 +333,8 @@ class _Object(dict):
     @classmethod
     def from_pairs(cls, pairs: list[tuple[str, object]]) -> "_Object":
         obj = cls(pairs)
-        obj.repeated = {}
-        if len(obj) < len(pairs):
-            counts = Counter(key for key, _ in pairs)
-            obj.repeated = {k: n for k, n in counts.items() if n > 1}
+        counts = Counter(key for key, _ in pairs) if len(obj) < len(pairs) else {}
+        obj.repeated = {k: n for k, n in counts.items() if n > 1}
         return obj
 
 

@@ -42,7 +42,6 @@ def _check_max_len(max_len: int, least: int) -> None:
 
 
 # ---------------------------------------------------------------- sequence classification
-
 def encode_classification(tok: "Tokenizer", texts: Sequence[str],
                           labels: Optional[Sequence[Any]] = None,
                           pairs: Optional[Sequence[str]] = None, max_len: int = 128) -> list[dict]:
@@ -66,7 +65,6 @@ def encode_classification(tok: "Tokenizer", texts: Sequence[str],
 
 
 # ---------------------------------------------------------------- token classification
-
 def encode_token_classification(tok: "Tokenizer", sentences: Sequence[Sequence[str]],
                                 labels: Optional[Sequence[Sequence[int]]] = None,
                                 max_len: int = 128) -> list[dict]:
@@ -150,7 +148,6 @@ def word_predictions(features: Sequence[Mapping], token_predictions: Sequence[Se
 
 
 # ---------------------------------------------------------------- batches
-
 class TaskCollator:
     """Pad a list of task features into a batch of tensors (dynamic padding). Returns `(B, T)` int64
     `input_ids`, `attention_mask` and `token_type_ids` (unless `segments=False`:
@@ -161,16 +158,13 @@ class TaskCollator:
     def __init__(self, pad_id: int, label_pad: int = IGNORE_INDEX,
                  pad_to_multiple_of: Optional[int] = None, *, segments: bool = True) -> None:
         check_pad_multiple(pad_to_multiple_of)
-        self.pad_id = pad_id
-        self.label_pad = label_pad
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.segments = bool(segments)
+        self.pad_id, self.label_pad = pad_id, label_pad
+        self.pad_to_multiple_of, self.segments = pad_to_multiple_of, bool(segments)
 
     def __call__(self, examples: Sequence[Mapping], epoch: int = 0) -> dict[str, torch.Tensor]:
         multiple = self.pad_to_multiple_of
         ids, lengths = pad_batch([e["input_ids"] for e in examples], self.pad_id, multiple)
-        T = ids.shape[1]
-        mask = np.arange(T)[None, :] < lengths[:, None]  # (B, T), True on tokens
+        mask = np.arange(ids.shape[1])[None, :] < lengths[:, None]  # (B, T), True on tokens
         batch = {"input_ids": torch.from_numpy(ids),
                  "attention_mask": torch.from_numpy(mask.astype(np.int64))}
         if self.segments:
@@ -204,11 +198,9 @@ class TaskCollator:
 
 
 # ---------------------------------------------------------------- whole tasks
-
 @dataclass
 class SequenceSplit:
     """The rows of one file of a sequence-classification task, in the file's order."""
-
     texts: list[str]
     pairs: Optional[list[str]]  # the second text of each row, for sentence pairs
     labels: list[int]  # class ids, into TaskData.names
@@ -229,7 +221,6 @@ class SequenceSplit:
 @dataclass
 class TokenSplit:
     """The sentences of one file of a token-classification task, in the file's order."""
-
     sentences: list[Sentence]
     labels: list[list[int]]  # per sentence, per word: a tag id, into TaskData.names
 
@@ -249,7 +240,6 @@ class TokenSplit:
 class TaskData:
     """A labelled task read from a training and an evaluation file: `kind` "sequence" or
     "token", the training file's class names in id order, and the two splits as ids."""
-
     kind: str
     names: list[str]
     train: Union[SequenceSplit, TokenSplit]

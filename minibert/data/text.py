@@ -111,10 +111,7 @@ def _fixed(path: Path) -> Path:
 def iter_lines(path: PathLike) -> Iterator[str]:
     """Yield the lines of `path` without their line terminator."""
     for chunk in iter_text_chunks(path):
-        lines = chunk.split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()  # the chunk ended with "\n": no extra empty line
-        for line in lines:
+        for line in chunk.removesuffix("\n").split("\n"):  # no empty line after a last "\n"
             yield line.rstrip("\r")
 
 
@@ -124,8 +121,7 @@ def read_text(path: PathLike, *, line_ends: bool = True) -> str:
 
 
 def iter_documents(path: PathLike) -> Iterator[str]:
-    """Documents of a text file: runs of non-blank lines separated by blank lines (the
-    format of BERT's own pretraining data)."""
+    """Documents of a text file: runs of non-blank lines between blank lines (as BERT's data)."""
     current: list[str] = []
     for line in iter_lines(path):
         if line.strip():
@@ -144,8 +140,7 @@ def load_text_folder(path: PathLike, holdout_every: int = 20) -> dict[str, list[
     root = Path(path).expanduser()
     check_readable(root)  # a loop, a link to nothing, a folder that may not be entered
     if not root.is_dir():
-        raise NotADirectoryError(f"{root} is a file; load_text_folder reads a folder of .txt "
-                                 f"files")
+        raise NotADirectoryError(f"{root} is a file; load_text_folder reads a folder of .txt files")
     files = text_folder_files(root)
     if not files:
         raise FileNotFoundError(f"no .txt files in {root}")

@@ -50,10 +50,9 @@ def truncated_lengths(n_a: int, n_b: int, budget: int,
     """How many tokens of texts a and b to keep so that together they fit in `budget`.
 
     `longest_first` is BERT's rule as `tokenizers` (and so transformers) applies it: take from the
-    longer text until it is as short as the other, then from both in turn. In closed form: the
-    shorter stays whole when the longer can keep as many, else each keeps half the budget and the
-    longer (b on a tie) the odd token. `only_first` / `only_second` cut that text and raise when it
-    would lose every token. Texts are cut at their end."""
+    longer text until it is as short as the other, then from both in turn (in closed form below;
+    the longer, b on a tie, keeps the odd token). `only_first` / `only_second` cut that text and
+    raise when it would lose every token. Texts are cut at their end."""
     if truncation not in TRUNCATION:
         raise ValueError(f"truncation={truncation!r}; choose one of {', '.join(TRUNCATION)}")
     if n_a + n_b <= budget:
@@ -108,10 +107,7 @@ class Tokenizer:
                        chinese_chars: bool = True) -> tokenizers.Tokenizer:
         """An untrained (or vocab-loaded) `tokenizers.Tokenizer` wired like BERT."""
         backend = tokenizers.Tokenizer(
-            models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100)
-            if vocab is not None
-            else models.WordPiece(unk_token=UNK, max_input_chars_per_word=100)
-        )
+            models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100))
         # strip_accents=None means "follow lowercase", BERT's own convention.
         backend.normalizer = normalizers.BertNormalizer(
             clean_text=True, handle_chinese_chars=chinese_chars, strip_accents=strip_accents,
@@ -164,14 +160,12 @@ class Tokenizer:
                     f"no tokenizer in {path}: looked for tokenizer.json and vocab.txt")
         elif not path.is_file():
             raise FileNotFoundError(f"tokenizer file not found: {path}")
-
         if path.suffix == ".json":
             try:
                 backend = tokenizers.Tokenizer.from_file(str(path))
             except Exception as e:  # the Rust side raises plain Exception on bad JSON
                 raise ValueError(f"{path} is not a valid tokenizers JSON file: {e}") from e
             return _named(cls, backend, path)
-
         vocab = read_vocab_txt(path)
         config = read_tokenizer_config(path.parent / "tokenizer_config.json")
         strip_accents = None
@@ -179,9 +173,8 @@ class Tokenizer:
             lowercase = config.get("do_lower_case")
             strip_accents = config.get("strip_accents")
         lowercase = True if lowercase is None else lowercase
-        chinese_chars = config.get("tokenize_chinese_chars")
         backend = cls._bert_pipeline(vocab, lowercase, strip_accents,
-                                     True if chinese_chars is None else chinese_chars)
+                                     config.get("tokenize_chinese_chars") is not False)
         # BertTokenizerFast registers the specials as added tokens, so they are
         # matched whole in the raw text ("[MASK]" in a sentence stays one token).
         backend.add_special_tokens([t for t in SPECIAL_TOKENS if t in vocab])
@@ -205,8 +198,7 @@ class Tokenizer:
         return directory
 
     def _save_atomically(self, directory: Path) -> None:
-        """Publish the cache entry `directory` whole (`atomic.publish_folder`); one another
-        process published first is the same, and kept."""
+        """Publish the cache entry `directory` whole (`atomic.publish_folder`)."""
         publish_folder(directory, self.save)
 
     # ------------------------------------------------------------------ using
@@ -246,8 +238,7 @@ class Tokenizer:
         return_token_type_ids: pass `model.config.has_segments` to leave them out (ModernBERT).
 
         Returns a `BatchEncoding` equal to transformers' from the folder `save` writes (but an
-        empty text_pair beside one text stays an empty second segment).
-        """
+        empty text_pair beside one text stays an empty second segment)."""
         options = CallOptions.read(padding, truncation, max_length, return_tensors,
                                    return_token_type_ids)
         inputs, single = text_inputs(text, text_pair)
@@ -281,8 +272,7 @@ class Tokenizer:
 
     def _encoding(self, enc: tokenizers.Encoding, max_length: Optional[int],
                   truncation: str) -> Encoding:
-        """`enc` as an `Encoding`, its texts truncated to fit `max_length` (here, not in the
-        backend, whose settings every caller shares)."""
+        """`enc` as an `Encoding`, its texts cut to fit `max_length` (here: not in the backend)."""
         seq = enc.sequence_ids
         n = [seq.count(0), seq.count(1)]
         n_special = len(seq) - n[0] - n[1]
@@ -310,8 +300,7 @@ class Tokenizer:
             raise TypeError("encode_batch expects a list of strings; use encode() for one string")
         # encode_batch_fast (tokenizers >= 0.20): the same ids, without character offsets.
         encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
-        encs = encode(list(texts), add_special_tokens=add_special_tokens)
-        return [e.ids for e in encs]
+        return [e.ids for e in encode(list(texts), add_special_tokens=add_special_tokens)]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """Text for `ids`, with `##` pieces joined back into words."""

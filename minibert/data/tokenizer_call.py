@@ -28,7 +28,6 @@ class BatchEncoding(dict):
     def to(self, device: Any) -> "BatchEncoding":
         """The same encoding with its torch tensors on `device` (transformers' `.to`)."""
         import torch
-
         if not all(isinstance(v, torch.Tensor) for v in self.values()):
             raise TypeError("BatchEncoding.to moves torch tensors, and this encoding holds "
                             "lists or numpy arrays: call the tokenizer with return_tensors='pt'")
@@ -39,7 +38,6 @@ class BatchEncoding(dict):
 class CallOptions:
     """A call's padding ("longest", "max_length", "do_not_pad") and truncation (one of
     `TRUNCATION`, or None), read as transformers reads them (`Tokenizer.__call__`)."""
-
     padding: str
     truncation: Optional[str]
     max_length: Optional[int]
@@ -144,8 +142,6 @@ def pad_rows(rows: Sequence[tuple[list[int], list[int]]], pad_id: int, options: 
                          f"than max_length)")
     if options.return_tensors == "np":
         import numpy as np
-
         return BatchEncoding({k: np.asarray(v, dtype=np.int64) for k, v in out.items()})
     import torch
-
     return BatchEncoding({k: torch.tensor(v, dtype=torch.long) for k, v in out.items()})

@@ -45,10 +45,8 @@ def read_tokenizer_config(path: Path) -> dict:
 
 def _json_type(value: object) -> str:
     """The JSON name of a parsed value's type, for error messages."""
-    if isinstance(value, bool):
-        return "boolean"
     if isinstance(value, (int, float)):
-        return "number"
+        return "boolean" if isinstance(value, bool) else "number"
     return {str: "string", list: "list", dict: "object"}.get(type(value), "null")
 
 
@@ -70,8 +68,7 @@ def read_vocab_txt(path: Path) -> dict[str, int]:
             f"number, so a repeated token has no single id. If the file belongs to a trained "
             f"model, replace the earlier line(s) with an unused placeholder such as "
             f"[unused99] so that no other id moves (transformers maps the token to its last "
-            f"line); otherwise delete the extra line(s)."
-        )
+            f"line); otherwise delete the extra line(s).")
     return {t: ids[0] for t, ids in lines.items()}
 
 

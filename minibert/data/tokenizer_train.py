@@ -32,8 +32,7 @@ TokenizerT = TypeVar("TokenizerT")
 logger = logging.getLogger(__name__)
 
 
-# Bumped whenever training changes so that cached vocabularies are stale. 2: no over-long
-# words trained on; 3: the same vocabulary in every process (no hash-order ties)
+# Bumped whenever training changes, so that cached vocabularies are stale.
 _CACHE_FORMAT = 3
 
 CONTINUING = "##"  # WordPiece's mark of a piece that continues a word
@@ -106,7 +105,6 @@ def _train(cls: type[TokenizerT], make_texts: Callable[[], Iterable[str]],
         if (cache_path / "tokenizer.json").is_file():
             logger.info("reusing cached tokenizer %s", cache_path)
             return cls.from_pretrained(cache_path)
-
     backend = cls._bert_pipeline(None, lowercase, None)
     stats = _TrainingInput(backend)
     with tempfile.TemporaryDirectory(prefix="minibert-tokenizer-") as tmp:

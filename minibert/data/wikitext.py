@@ -30,7 +30,6 @@ WIKITEXT_VARIANTS = {"wikitext-2-raw-v1": ("wikitext-2-raw", ".raw"),
                      "wikitext-2-v1": ("wikitext-2", ".tokens"),
                      "wikitext-103-v1": ("wikitext-103", ".tokens")}
 SPLITS = ("train", "valid", "test")
-# The three ways a WikiText folder names its splits (see the module docstring).
 WIKITEXT_LAYOUTS = ({s: f"wiki.{s}.raw" for s in SPLITS}, {s: f"wiki.{s}.tokens" for s in SPLITS},
                     {s: f"{s}.txt" for s in SPLITS})
 
@@ -56,7 +55,6 @@ def download_wikitext(name: str = "wikitext-2-raw-v1", cache_dir: Optional[PathL
     if all((target / f).is_file() for f in expected):
         logger.info("WikiText %s already at %s", name, target)
         return target
-
     base = os.environ.get("MINIBERT_WIKITEXT_URL") or BASE_URL
     url = url or f"{base.rstrip('/')}/{name}.zip"
     zip_path = cache / f"{name}.zip"
@@ -98,9 +96,7 @@ def _zip_ok(path: Path, folder: str, expected: list[str]) -> bool:
     try:
         with zipfile.ZipFile(path) as zf:
             names = set(zf.namelist())
-            if any(f"{folder}/{f}" not in names for f in expected):
-                return False
-            return zf.testzip() is None
+            return all(f"{folder}/{f}" in names for f in expected) and zf.testzip() is None
     except Exception:  # BadZipFile, zlib.error, EOFError, ...: any of them means "not ok"
         return False
 
@@ -122,7 +118,6 @@ def _fetch(url: str, part: Path, timeout: float, name: str, expected: list[str])
     except (urllib.error.URLError, OSError) as e:
         raise DownloadError(_offline_message(url, name, expected,
                                              str(getattr(e, "reason", e)))) from e
-
     with response:
         resumed = offset > 0 and response.status == 206
         if offset and not resumed:
@@ -163,8 +158,7 @@ def _offline_message(url: str, name: str, expected: list[str], reason: str) -> s
 
 
 class _Progress:
-    """Download progress: a tqdm bar on a terminal when tqdm is installed, else log lines
-    every 10%."""
+    """Download progress: a tqdm bar on a terminal when tqdm is installed, else a log line a 10%."""
 
     def __init__(self, name: str, total: Optional[int], initial: int) -> None:
         self.name, self.total, self.done, self.next_log, self.bar = name, total, initial, 0.1, None
