@@ -153,3 +153,33 @@ def test_attention_dropout_on_a_cpu_is_the_formula_with_minibert_dropout(monkeyp
     layer.attend(q, k, v, keep, 0.0)  # evaluation: the fused kernel
     layer.attend(*(t.bfloat16() for t in (q, k, v)), keep, 0.1)
     assert calls == [1, 1]
+
+
+def test_the_encoder_alone_then_the_head_alone_keep_every_gradient():
+    """The lookup and the decoder share a gradient only within one forward of the whole
+    model: the encoder run alone (a probe's forward) and then the head alone on other rows
+    must each give the plain model's gradients, none handed to a lookup that is gone."""
+    plain, fast = _pair(hidden_dropout=0.0, attention_dropout=0.0)
+    ids, mask = random_batch()
+    h = torch.randn(5, 32, generator=torch.Generator().manual_seed(1))
+    for model in (plain, fast):
+        model.bert(ids, mask).last_hidden_state.sum().backward()
+        model.head(h, model.bert.embeddings.word.weight).sum().backward()
+    for (name, a), b in zip(fast.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_fast_model_saves_and_checkpoints_as_its_plain_class(tmp_path):
+    import json
+
+    from minibert.training.state import TrainState
+
+    pytest.importorskip("safetensors")
+    _, fast = _pair()
+    fast.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["BertForMaskedLM"]
+    assert type(minibert.BertForMaskedLM.from_pretrained(tmp_path)) is minibert.BertForMaskedLM
+    opt = torch.optim.AdamW(fast.parameters())
+    saved = TrainState(optimizer=opt, scaler=torch.amp.GradScaler("cpu", enabled=False))
+    assert saved.state_dict(fast, minibert.TrainConfig(), {})["model_class"] == "BertForMaskedLM"

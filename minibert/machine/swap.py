@@ -13,8 +13,8 @@ equivalents in kernels.py that compute the same thing (docs/machine-room.md, §2
 
 `fast` gives each module that makes one of those calls a subclass of its own class that
 makes the kernel's call instead, in place, as `torch.nn.utils.parametrize` swaps a class:
-parameters, buffers, hooks, devices and the state_dict stay as they are. Elsewhere (a GPU,
-a graph that torch.compile or torch.export traces) each subclass makes the plain call.
+parameters, buffers, your hooks, devices and the state_dict stay as they are. Elsewhere
+(a GPU, a graph that torch.compile or torch.export traces) each subclass makes the plain call.
 `train()` calls `fast` (training/run.py); a loop of your own calls it once, before
 `torch.compile` and DDP. tests/test_fast.py checks it against the plain model.
 """
@@ -46,7 +46,9 @@ def fast(model: nn.Module) -> nn.Module:
             m.__class__ = FastSelfAttention
         if isinstance(m, BertForMaskedLM) and type(m.head) is MLMHead \
                 and type(m.bert.embeddings.word) is nn.Embedding:
-            tie = _Tie()  # the decoder and the lookup of one model share it
+            tie = _Tie()  # the model's forward opens it for its decoder and its lookup
+            m.register_forward_pre_hook(tie.open_hook)
+            m.register_forward_hook(tie.close_hook, always_call=True)
             m.head.__class__, m.head.tie = FastMLMHead, tie
             m.bert.embeddings.word.__class__, m.bert.embeddings.word.tie = TiedLookup, tie
     return model
@@ -75,10 +77,20 @@ class FastSelfAttention(SelfAttention):
 
 
 class _Tie:
-    """The `TiedWordGradient` of the forward pass in flight, from the lookup to the decoder."""
+    """The `TiedWordGradient` of the model's forward in flight, from the lookup to the
+    decoder. Only a call of the whole model opens it (hooks, which also hold where a forward
+    is replaced on the instance): the encoder or the head called alone makes the plain
+    calls, and no gradient waits for a lookup that is not coming."""
 
     def __init__(self) -> None:
+        self.open = False
         self.current: Optional[TiedWordGradient] = None
+
+    def open_hook(self, module: nn.Module, args: tuple) -> None:
+        self.open = not torch.compiler.is_compiling()  # a traced graph keeps to autograd
+
+    def close_hook(self, module: nn.Module, args: tuple, output: object) -> None:
+        self.open, self.current = False, None
 
     def take(self) -> Optional[TiedWordGradient]:
         current, self.current = self.current, None
@@ -92,7 +104,7 @@ class TiedLookup(nn.Embedding):
     tie: _Tie
 
     def forward(self, ids: Tensor) -> Tensor:
-        if torch.compiler.is_compiling():
+        if not self.tie.open or torch.compiler.is_compiling():
             return super().forward(ids)
         tied = self.tie.current = tied_word_gradient(self.weight)
         if tied is None:
@@ -107,7 +119,7 @@ class FastMLMHead(MLMHead):
     tie: _Tie
 
     def forward(self, h: Tensor, word_embeddings: Tensor) -> Tensor:
-        tied = None if torch.compiler.is_compiling() else self.tie.take()
+        tied = self.tie.take() if self.tie.open and not torch.compiler.is_compiling() else None
         if tied is None:
             return super().forward(h, word_embeddings)
         return tied.decoder(Transform.forward(self, h), word_embeddings, self.bias)
