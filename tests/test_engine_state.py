@@ -367,3 +367,16 @@ def test_the_log_reader_skips_a_row_cut_short(tmp_path):
     assert read_rows(log) == [{"step": 1, "loss": None, "lr": 0.1},
                               {"step": 2, "eval_loss": 3.0}]
     assert read_rows(tmp_path / "none.jsonl") == []
+
+
+def test_one_process_sums_and_maxes_over_ranks_without_a_device_tensor(monkeypatch):
+    """Reading a device tensor back waits for every kernel queued on a GPU: in one process
+    the counts the engine takes over ranks stay plain integers."""
+    from minibert.training import distributed
+
+    def no_tensor(*args, **kwargs):
+        raise AssertionError("a tensor was made in one process")
+
+    monkeypatch.setattr(distributed.torch, "tensor", no_tensor)
+    ctx = distributed.DistContext()
+    assert distributed.sum_over_ranks(7, ctx) == 7 and distributed.max_over_ranks(7, ctx) == 7

@@ -48,7 +48,7 @@ from ..data.seq_warmup import cut_for_step
 from ..machine.memory import release_freed_memory
 from ..machine.meters import say_if_beaten
 from ..machine.precision import autocast_context
-from .distributed import DistContext, all_reduce_sum, max_over_ranks
+from .distributed import DistContext, all_reduce_sum, max_over_ranks, sum_over_ranks
 from .evaluation import to_device
 from .optim import set_lr
 from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.training.engine.TrainingError)
@@ -192,8 +192,7 @@ def _global_batch(run: Run, state: TrainState, step: int) -> tuple[dict, list, l
         if new_length and run.cfg.release_memory:  # the blocks kept for the old shape are stale
             release_freed_memory()
     counts = [count_targets(b) for b in micros]
-    n_global = int(all_reduce_sum(torch.tensor(float(sum(counts)), device=run.ctx.device),
-                                  run.ctx))
+    n_global = sum_over_ranks(sum(counts), run.ctx)
     return position, micros, counts, n_global
 
 
