@@ -13,8 +13,11 @@ trains the same model on the same batches twice, in one process, alternating:
     python benchmarks/bench_engine_overhead.py --device cuda --preset base --precision bf16 \
         --batch-size 128 --peak-flops 989e12     # MFU against a datasheet peak (H200, dense)
 
-`--compile` compiles both, the bare model with `torch.compile` and the engine through
-`TrainConfig.compile` (the scripts' `--compile`); the compiling steps fall in the warm-up.
+`--profile` then runs the engine once more under cProfile and prints its own functions by
+cumulative time, per step: where the host's time goes around the model (cutting a batch,
+the step's syncs). `--compile` compiles both, the bare model with `torch.compile` and the
+engine through `TrainConfig.compile` (the scripts' `--compile`); the compiling steps fall in
+the warm-up.
 
 bf16 on a CPU that emulates bf16 matmuls (no AMX or AVX512-BF16) runs, as asked, but far
 slower than fp32; the table's header then says "bf16 (emulated)".
@@ -100,6 +103,23 @@ def engine_tokens_per_s(model, tok, ds, args, out: Path, peak: float,
             statistics.median(r["mfu"] for r in rows[1:]))
 
 
+def profile_engine(model, tok, ds, args, out: Path, peak: float, device) -> None:
+    """cProfile over one engine run: the engine's own functions, ms per step, cumulative."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    engine_tokens_per_s(model, tok, ds, args, out, peak, device)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    rows = sorted(((cum, f"{Path(file).name}:{name}") for (file, _, name), (_, _, _, cum, _)
+                   in stats.items() if "/minibert/" in file), reverse=True)
+    print(f"\nengine functions, cumulative ms per step over {args.steps} steps:")
+    for cum, name in rows[:15]:
+        print(f"  {cum / args.steps * 1000:8.2f}  {name}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="mini")
@@ -113,6 +133,8 @@ def main() -> None:
     p.add_argument("--peak-flops", type=float, default=None,
                    help="the MFU ceiling in FLOP/s (a datasheet number); default: measured")
     p.add_argument("--compile", action="store_true", help="torch.compile the model, both ways")
+    p.add_argument("--profile", action="store_true",
+                   help="then profile one more engine run: its functions' time per step")
     args = p.parse_args()
     device = torch.device(args.device)
     # One ceiling for both, measured here and handed to the engine (its peak_flops).
@@ -139,6 +161,9 @@ def main() -> None:
             engine_mfu.append(m)
             print(f"round {r}: bare {bare[-1]:,.0f} tok/s, engine {engine[-1]:,.0f} tok/s",
                   file=sys.stderr)
+        if args.profile:
+            profile_engine(model_for(tok, args.preset), tok, ds, args, tmp / "profiled",
+                           peak, device)
     b, e = statistics.median(bare), statistics.median(engine)
     from minibert.machine.precision import cpu_bf16_native
 
