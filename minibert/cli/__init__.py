@@ -89,22 +89,15 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(description=description, formatter_class=_DefaultsHelp)
 
     def parse_args(self, args: Optional[Sequence[str]] = None, namespace=None):
-        argv = list(sys.argv[1:] if args is None else args)
-        return super().parse_args(self._join_negative_values(argv), namespace)
-
-    def _join_negative_values(self, argv: list[str]) -> list[str]:
         takes_number = {s for a in self._actions if a.type in (int, float) and a.nargs is None
                         for s in a.option_strings}
-        out: list[str] = []
-        i = 0
-        while i < len(argv):
-            if argv[i] in takes_number and i + 1 < len(argv) and _negative_number(argv[i + 1]):
-                out.append(f"{argv[i]}={argv[i + 1]}")
-                i += 2
+        argv: list[str] = []
+        for arg in sys.argv[1:] if args is None else args:
+            if argv and argv[-1] in takes_number and _negative_number(arg):
+                argv[-1] += "=" + arg
             else:
-                out.append(argv[i])
-                i += 1
-        return out
+                argv.append(arg)
+        return super().parse_args(argv, namespace)
 
 
 def _negative_number(text: str) -> bool:
@@ -127,18 +120,10 @@ class Job:
     preset: str = "mini"
     vocab_size: int = 8192
     seq_len: int = 128
-    # hidden and attention dropout from random weights; None: the preset's own
-    dropout: Optional[float] = None
+    dropout: Optional[float] = None  # from random weights; None: the preset's own
     epochs: Optional[int] = None
     lr_init_from: Optional[float] = None
-    # --keep-freed-memory's default (apply_keep_freed_memory)
-    keep_freed_memory: Optional[bool] = None
-
-    def learning_rate(self, lr: Optional[float], init_from: Any) -> float:
-        """--lr, or this job's default for a start from a checkpoint or from random weights."""
-        if lr is not None:
-            return lr
-        return self.lr_init_from if init_from and self.lr_init_from is not None else self.train.lr
+    keep_freed_memory: Optional[bool] = None  # None: on a CPU (apply_keep_freed_memory)
 
     def flags(self) -> dict[str, str]:
         """TrainConfig's fields as the flags that set them, for its messages."""
@@ -166,9 +151,8 @@ PLAIN_FLAGS: dict[str, dict] = {
                      help="auto: cuda when available"),
     "--cache-dir": dict(type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert"),
     "--allow-vocab-mismatch": dict(action="store_true", help="with a checkpoint: accept a "
-                                   "tokenizer whose ids or special tokens are not the "
-                                   "model's (deliberate vocabulary surgery); refused by "
-                                   "default"),
+                                   "tokenizer whose ids or special tokens are not the model's "
+                                   "(deliberate vocabulary surgery); refused by default"),
 }
 
 
@@ -360,7 +344,11 @@ class Script:
         self._folder = open_run(args.out, args.resume, main=ctx.is_main)
         self._folder.check()  # what --out holds (the rank that writes it)
         steps = [(check_resume(plan, ctx.device), plan.cfg.max_steps) for plan in runs]
-        if args.resume and _finished(args.out, self._folder, steps, ctx):
+        if args.resume and all_gather_objects(self._folder.finished(steps), ctx)[0]:
+            if ctx.is_main:  # [0]: rank 0's word, which every rank follows
+                _said.info("--resume: the run in %s is complete, at step %d, where it stops, "
+                           "with its outputs written; nothing is done and nothing is written "
+                           "(a larger --max-steps trains it further)", args.out, steps[0][1])
             return False
         self._folder.__enter__()
         self._holding = True
@@ -406,17 +394,6 @@ def name_outputs(error: BaseException, outputs: Mapping[str, Path]) -> BaseExcep
             if (named := error.as_output(flag, path)) is not None:
                 return named
     return error
-
-
-def _finished(out: Path, folder: RunFolder, steps: list[tuple[Optional[int], int]],
-              ctx: DistContext) -> bool:
-    """Whether --resume found the run finished (rank 0's word): said, and nothing written."""
-    finished = all_gather_objects(folder.finished(steps), ctx)[0]
-    if finished and ctx.is_main:
-        _said.info("--resume: the run in %s is complete, at step %d, where it stops, with its "
-                   "outputs written; nothing is done and nothing is written (a larger "
-                   "--max-steps trains it further)", out, steps[0][1])
-    return finished
 
 
 def exit_status(error: BaseException, received: Optional[int], flags: Mapping[str, str] = {},

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -32,8 +31,7 @@ from ..tasks.predict import Predictions
 from ..interop.pretrained import PretrainedMixin, check_tokenizer_fits
 from ..training.state import TrainConfig
 from ..data.tokenizer import Tokenizer
-
-log = logging.getLogger(__name__)
+from .pretrain import write_json
 
 # The fine-tuning scripts' defaults: BERT's recipe (a few epochs, a short linear warmup,
 # 5e-5 from a checkpoint); from random weights the model learns faster with a higher rate.
@@ -53,21 +51,22 @@ def flag_names(args: Any) -> dict[str, str]:
 def add_args(p: argparse.ArgumentParser, *, out: str, unit: str = "examples",
              job: Job = FINETUNE, epoch: str = "passes over the training data") -> None:
     """The model, training and output flags of every fine-tuning script (`cli.flag_specs`)."""
-    m = p.add_argument_group("model")
-    add_flags(m, job, ["--init-from", "--preset", "--vocab-size", "--cache-dir", "--dropout",
-                       "--allow-vocab-mismatch", "--gradient-checkpointing"])
-    t = p.add_argument_group("training")
-    add_flags(t, job, ["--epochs", "--max-steps", "--decay-steps", "--batch-size",
-                       "--micro-batch-size", "--lr", "--min-lr", "--warmup-ratio",
-                       "--weight-decay", "--precision", "--seed", "--device",
-                       "--keep-freed-memory"], unit=unit, epoch=epoch)
-    r = p.add_argument_group("logging and checkpoints")
-    add_flags(r, job, ["--out", "--log-every", "--resume", "--no-progress"], out=out)
+    add_flags(p.add_argument_group("model"), job, [
+        "--init-from", "--preset", "--vocab-size", "--cache-dir", "--dropout",
+        "--allow-vocab-mismatch", "--gradient-checkpointing"])
+    add_flags(p.add_argument_group("training"), job, [
+        "--epochs", "--max-steps", "--decay-steps", "--batch-size", "--micro-batch-size", "--lr",
+        "--min-lr", "--warmup-ratio", "--weight-decay", "--precision", "--seed", "--device",
+        "--keep-freed-memory"], unit=unit, epoch=epoch)
+    add_flags(p.add_argument_group("logging and checkpoints"), job,
+              ["--out", "--log-every", "--resume", "--no-progress"], out=out)
 
 
-def learning_rate(args: Any, job: Job = FINETUNE) -> float:
-    """--lr, or its default: `job`'s from a checkpoint (--init-from) or from random weights."""
-    return job.learning_rate(args.lr, args.init_from)
+def learning_rate(args: Any) -> float:
+    """--lr, or its default: FINETUNE's from a checkpoint (--init-from) or from random weights."""
+    if args.lr is not None:
+        return args.lr
+    return FINETUNE.lr_init_from if args.init_from else FINETUNE.train.lr
 
 
 def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> TrainConfig:
@@ -78,21 +77,19 @@ def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> Tra
             check_readable(getattr(args, flag), f"--{flag}")
     if args.init_from:
         check_readable(args.init_from, "--init-from", MODEL_FOLDER)
-    if not args.init_from and args.preset not in ALL_PRESETS:
+    elif args.preset not in ALL_PRESETS:
         raise ValueError(f"unknown --preset {args.preset!r}; choose one of "
                          f"{', '.join(ALL_PRESETS)}")
     require_safetensors()  # the model is saved at the end: said now, not after training
-    for flag in ("epochs", *positive):  # the rest of the integers are TrainConfig's
-        if (value := getattr(args, flag)) is not None and value < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
     finite_flags(args, ["lr", "min_lr", "weight_decay"])
     check_columns(args)
-    # Said here rather than by TrainConfig, whose message offers a step count instead.
-    check_numbers(args, [("warmup_ratio", lambda v: 0 <= v < 1,
-                          "a fraction of the schedule in [0, 1), e.g. 0.1")])
+    check_numbers(args, [
+        # the rest of the integers are TrainConfig's
+        *((flag, lambda v: v >= 1, "at least 1") for flag in ("epochs", *positive)),
+        ("dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+        # Said here rather than by TrainConfig, whose message offers a step count instead.
+        ("warmup_ratio", lambda v: 0 <= v < 1, "a fraction of the schedule in [0, 1), e.g. 0.1")])
     cfg = train_config(args, steps_per_epoch=1)
-    if args.dropout is not None and not 0 <= args.dropout < 1:
-        raise ValueError(f"--dropout {args.dropout} must lie in [0, 1)")
     in_flag_names(lambda: cfg.split_batch(ctx.world_size), FLAGS)
     resolve_precision(args.precision, ctx.device)  # e.g. fp16 on a CPU
     if args.init_from:
@@ -128,8 +125,7 @@ def check_columns(args: Any) -> None:
 def epoch_config(args: Any, ctx: DistContext, n_train: int, what: str) -> TrainConfig:
     """The settings once the training set is encoded; `what` names it, if short of a batch."""
     if n_train < args.batch_size:
-        raise ValueError(f"{what}, fewer than one batch; lower --batch-size to {n_train} or "
-                         f"less")
+        raise ValueError(f"{what}, fewer than one batch; lower --batch-size to {n_train} or less")
     return train_config(args, batches_per_epoch(n_train, args.batch_size, ctx.world_size))
 
 
@@ -158,10 +154,8 @@ def prepare_tokenizer(args: Any, ctx: DistContext, texts: Iterable[str]) -> Toke
                 raise
             error = e
     made, message = all_gather_objects((made, error and str(error)), ctx)[0]
-    if error is not None:
-        raise error
-    if message is not None:
-        raise ValueError(message)
+    if message is not None:  # rank 0 raises its own error, the other ranks its message
+        raise error or ValueError(message)
     # Every rank, rank 0 too, uses the serialized pipeline: what --out/tokenizer will hold.
     return Tokenizer(tokenizers.Tokenizer.from_str(made))
 
@@ -179,29 +173,25 @@ def build_model(cls: Any, args: Any, tok: Tokenizer, **head: Any) -> nn.Module:
     `head["id2label"]` gets a new head (its classifier would score the wrong classes)."""
     dropout = {} if args.dropout is None else {"hidden_dropout": args.dropout,
                                                "attention_dropout": args.dropout}
-    model = _read_or_build(cls, args, tok, dropout, head)
+    if args.init_from:
+        config = config_from_hf(read_config(args.init_from))
+    else:
+        config = BertConfig.preset(args.preset, vocab_size=tok.vocab_size,
+                                   pad_token_id=tok.pad_id, **dropout)
+    in_flag_names(lambda: config.check_fits(args.seq_len, tok.vocab_size,
+                                            what=model_source(args)), SEQ_LEN_FLAG)
+    if args.init_from:
+        check_tokenizer_fits(config, tok, source=args.init_from,
+                             allow_vocab_mismatch=args.allow_vocab_mismatch)
+        options: dict[str, Any] = {"allow_vocab_mismatch": args.allow_vocab_mismatch}
+        if issubclass(cls, PretrainedMixin) and "id2label" in head:  # BertMultiTask: no head read
+            options["on_other_labels"] = "new_head"
+        model = cls.from_pretrained(args.init_from, **options, **head, **dropout)
+    else:
+        model = cls(config, **head)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model
-
-
-def _read_or_build(cls: Any, args: Any, tok: Tokenizer, dropout: dict[str, float],
-                   head: dict[str, Any]) -> nn.Module:
-    if not args.init_from:
-        model = cls(BertConfig.preset(args.preset, vocab_size=tok.vocab_size,
-                                      pad_token_id=tok.pad_id, **dropout), **head)
-        in_flag_names(lambda: model.config.check_fits(args.seq_len, tok.vocab_size,
-                                                      what=model_source(args)), SEQ_LEN_FLAG)
-        return model
-    config = config_from_hf(read_config(args.init_from))
-    in_flag_names(lambda: config.check_fits(args.seq_len, tok.vocab_size,
-                                            what=model_source(args)), SEQ_LEN_FLAG)
-    check_tokenizer_fits(config, tok, source=args.init_from,
-                         allow_vocab_mismatch=args.allow_vocab_mismatch)
-    options: dict[str, Any] = {"allow_vocab_mismatch": args.allow_vocab_mismatch}
-    if issubclass(cls, PretrainedMixin) and "id2label" in head:  # BertMultiTask: no head read
-        options["on_other_labels"] = "new_head"
-    return cls.from_pretrained(args.init_from, **options, **head, **dropout)
 
 
 def check_labels(args: Any, names: list[str], what: str = "labels") -> None:
@@ -216,9 +206,7 @@ def check_labels(args: Any, names: list[str], what: str = "labels") -> None:
 def save_labels(args: Any, names: list[str]) -> None:
     """labels.json, written by a new run (rank 0); a resumed one keeps its own."""
     if not (args.resume and (args.out / "labels.json").is_file()):
-        with writing(args.out / "labels.json"):
-            write_files_atomically(args.out, {"labels.json": json.dumps({"id2label": names},
-                                                                        indent=2) + "\n"})
+        write_json(args.out / "labels.json", {"id2label": names})
 
 
 def task_scores(task: TaskData, pred: Predictions, features: Sequence[Mapping],

@@ -41,12 +41,10 @@ class PretrainJob(Job):
     eval_mask_prob: float = 0.15  # share masked for evaluation, apart from the training rate
 
 
-# The main job, examples/pretrain_wikitext.py: every default of its flags (the measurements
-# behind them: benchmarks/RESULTS.md).
-# - 30% masking reaches a given loss in fewer steps than BERT's 15% (Wettig et al. 2023).
-# - Sequence-length warmup from 16 positions over half the schedule (Li et al. 2022).
-# - No dropout from random weights, as in Cramming and ModernBERT.
-# - The peak learning rate is TrainConfig's own default, which says why (training/state.py).
+# The main job, examples/pretrain_wikitext.py: every default of its flags. Where it leaves
+# BERT's recipe (30% masking, sequence-length warmup, no dropout), the flag's help says why;
+# the measurements are in benchmarks/RESULTS.md. The peak learning rate is TrainConfig's own
+# default, which says why (training/state.py).
 MAIN_JOB = PretrainJob(
     train=TrainConfig(batch_size=32, max_steps=1000, min_lr=1e-5, warmup=0.1,
                       schedule="linear", weight_decay=0.01, adam_eps=1e-6, max_grad_norm=1.0,
@@ -66,8 +64,7 @@ FLAGS = MAIN_JOB.flags()  # TrainConfig's fields as their flags
 MODEL_FLAGS = {**ARCHITECTURE_FLAGS, "attention": "--attention", "hidden_dropout": "--dropout",
                "attention_dropout": "--dropout"}
 
-# The numeric flags no setting checks itself, in the flag's name.
-NUMBER_RULES = [
+NUMBER_RULES = [  # for cli.check_numbers, which says them in the flag's name
     ("seq_len", lambda v: v >= 3, "at least 3 ([CLS], one token, [SEP])"),
     ("vocab_size", lambda v: v >= 16, "at least 16 (the special tokens and some words)"),
     ("seq_len_start", lambda v: v >= 8, "at least 8"),
@@ -122,23 +119,19 @@ def add_data_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB
     return d
 
 
-def add_training_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB
-                      ) -> argparse._ArgumentGroup:
-    t = p.add_argument_group("training")
-    add_flags(t, job, ["--batch-size", "--micro-batch-size", "--max-steps", "--decay-steps",
-                       "--lr", "--min-lr", "--warmup-steps", "--schedule", "--weight-decay",
-                       "--adam-eps", "--max-grad-norm", "--precision", "--seed",
-                       "--deterministic", "--device", "--keep-freed-memory",
-                       "--allow-vocab-mismatch"])
-    return t
+def add_training_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB) -> None:
+    add_flags(p.add_argument_group("training"), job, [
+        "--batch-size", "--micro-batch-size", "--max-steps", "--decay-steps", "--lr", "--min-lr",
+        "--warmup-steps", "--schedule", "--weight-decay", "--adam-eps", "--max-grad-norm",
+        "--precision", "--seed", "--deterministic", "--device", "--keep-freed-memory",
+        "--allow-vocab-mismatch"])
 
 
 def add_run_args(p: argparse.ArgumentParser, default_out: Path, job: PretrainJob = MAIN_JOB
-                 ) -> argparse._ArgumentGroup:
-    r = p.add_argument_group("logging and checkpoints")
-    add_flags(r, job, ["--out", "--log-every", "--eval-every", "--eval-batches", "--save-every",
-                       "--resume", "--no-progress"], out=str(default_out))
-    return r
+                 ) -> None:
+    add_flags(p.add_argument_group("logging and checkpoints"), job, [
+        "--out", "--log-every", "--eval-every", "--eval-batches", "--save-every", "--resume",
+        "--no-progress"], out=str(default_out))
 
 
 def add_architecture_args(group: argparse._ArgumentGroup) -> None:
