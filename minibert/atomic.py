@@ -129,12 +129,10 @@ def atomic_file(path: PathLike, mode: str = "wb") -> Iterator[IO]:
     """`with atomic_file(path) as f:` `f` is renamed over `path` when the block ends, removed
     if it raises. A failed write is a `WriteError`; the block's other errors pass."""
     path = Path(path)
-    try:
+    with reported(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         sweep(path.parent)
         tmp, fd = _temporary(path)
-    except OSError as e:
-        raise _failure(e, path, str(path)) from None
     ours = True  # whether an error comes from this writer, not from the block
     try:
         with os.fdopen(fd, mode, closefd=False) as f:
@@ -212,10 +210,9 @@ def _lock(fd: int) -> Optional[bool]:
 
 def _same_file(fd: int, path: Path) -> bool:
     try:
-        st, at = os.fstat(fd), os.stat(path, follow_symlinks=False)
+        return os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
     except OSError:
         return False
-    return (st.st_dev, st.st_ino) == (at.st_dev, at.st_ino)
 
 
 def is_temporary(name: str) -> bool:
@@ -253,10 +250,9 @@ def sweep(folder: PathLike) -> list[Path]:
             else:
                 path.unlink(missing_ok=True)
             removed.append(path)
+            logger.info("removed %s, left by a writer that is gone", path)
         finally:
             os.close(fd)
-    for path in removed:
-        logger.info("removed %s, left by a writer that is gone", path)
     return removed
 
 
@@ -445,9 +441,8 @@ def write_failure(error: BaseException, what: str, folder: PathLike, then: str,
     `folder` that failed with `error` is put in words, the cause deciding the fix. No errno
     (torch's "unexpected pos") is taken for a full disk, the usual cause."""
     code, filename, said = _os_error(error)
-    folder = Path(folder)
-    where = _place(filename, folder)
-    name = errno.errorcode.get(code, str(code)) if code is not None else None
+    where = _place(filename, Path(folder))
+    name = errno.errorcode.get(code, str(code))
     if code == errno.EFBIG:
         limit = _file_size_limit()
         problem = (f"the file reached this process's file-size limit"
@@ -497,30 +492,26 @@ def _os_error(error: BaseException) -> tuple[Optional[int], Optional[str], str]:
 
 
 def _place(filename: Optional[str], folder: Path) -> Path:
-    """The path a failed write is about, as the user knows it (a temporary's folder)."""
-    if filename is None:
-        return _existing(folder)
+    """The path a failed write is about, as the user knows it: the nearest one that exists."""
+    path = folder if filename is None else _known(filename)
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _known(filename: str) -> Path:
+    """`filename` as the user knows it: up to a writer's temporary in it, that one's folder."""
     path = Path(filename)
     for i, part in enumerate(path.parts):
         if _TEMPORARY.match(part):
             return Path(*path.parts[:i])
-    return path if os.path.lexists(path) else _existing(path.parent)
-
-
-def _existing(path: Path) -> Path:
-    while not os.path.lexists(path) and path != path.parent:
-        path = path.parent
     return path
 
 
 def _on_the_way(filename: str, code: int) -> tuple[Optional[str], Optional[str]]:
     """(problem, fix) where the way to `filename` meets a link loop, a link to nothing or a
     file (`filename` itself, for EEXIST); else (None, None)."""
-    path = Path(filename)
-    for i, part in enumerate(path.parts):
-        if _TEMPORARY.match(part):  # a writer's own: its folder is what the user knows
-            path = Path(*path.parts[:i])
-            break
+    path = _known(filename)
     for step in [*reversed(path.parents), path][1:]:
         if step.is_symlink():
             try:

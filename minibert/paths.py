@@ -20,8 +20,6 @@ from typing import Optional
 
 from .atomic import PathLike
 
-_MAX_HOPS = 8  # links followed to show a chain or a loop; more is noise in a message
-
 
 def check_readable(path: PathLike, name: Optional[str] = None,
                    expected: Optional[str] = None) -> os.stat_result:
@@ -46,7 +44,7 @@ def check_readable(path: PathLike, name: Optional[str] = None,
 def _unreachable(path: Path, shown: str, error: OSError, expected: Optional[str]) -> OSError:
     """What `os.stat(path)` failing with `error` means, as the error to raise."""
     # The part of the path where the way ends (`path` itself if none now does).
-    at = next((p for p in _prefixes(path) if not os.path.exists(p)), path)
+    at = next((p for p in (*reversed(path.parents), path) if not os.path.exists(p)), path)
     it = f"{shown} is" if at == path else f"{shown} cannot be reached: {at} on the way is"
     if error.errno == errno.ELOOP:
         return OSError(f"{it} a loop of symbolic links ({_chain(at)}), which leads back to "
@@ -57,7 +55,7 @@ def _unreachable(path: Path, shown: str, error: OSError, expected: Optional[str]
                                f"folder {at.parent} on the way to it; give that folder "
                                f"execute permission (chmod +x), or run as a user who has it")
     if error.errno == errno.ENOTDIR:
-        file = next((p for p in _prefixes(path)[:-1] if os.path.isfile(p)), path.parent)
+        file = next((p for p in reversed(path.parents) if os.path.isfile(p)), path.parent)
         return NotADirectoryError(f"{shown} not found: {file} is a file, "
                                   f"not a folder, so nothing lies under it")
     if error.errno == errno.ENOENT and os.path.islink(at):
@@ -72,17 +70,11 @@ def _unreachable(path: Path, shown: str, error: OSError, expected: Optional[str]
     return OSError(f"{shown} cannot be read: {error.strerror}")
 
 
-def _prefixes(path: Path) -> list[Path]:
-    """`a`, `a/b`, `a/b/c` for `a/b/c`: each part of the path, from the first."""
-    parts = path.parts
-    return [Path(*parts[:i]) for i in range(1, len(parts) + 1)]
-
-
 def _chain(link: Path) -> str:
     """`link -> target -> ...`, as written, until a target is not a link or comes round."""
     hops, p = [str(link)], str(link)
     seen = {os.path.normpath(p)}
-    while os.path.islink(p) and len(hops) <= _MAX_HOPS:
+    while os.path.islink(p) and len(hops) <= 8:  # more links are noise in a message
         target = os.readlink(p)
         hops.append(target)
         p = os.path.normpath(os.path.join(os.path.dirname(p), target))
@@ -95,6 +87,4 @@ def _chain(link: Path) -> str:
 def file_present(path: PathLike) -> bool:
     """Whether an optional file (a model folder's weights) is there: False for nothing (or a
     folder). A link to nothing or a file that may not be read raises (`check_readable`)."""
-    if not (os.path.islink(path) or os.path.exists(path)):
-        return False
-    return stat.S_ISREG(check_readable(path).st_mode)
+    return os.path.lexists(path) and stat.S_ISREG(check_readable(path).st_mode)
