@@ -1,12 +1,12 @@
 """Run directories: one training run at a time in each, and whether a run already lives there.
 
 A run holds `RunLock(out)`, an exclusive `fcntl.flock` on `out/.lock`, so that a second run
-with the same --out stops at once with `RunLockedError`, naming the first. The kernel drops
-the lock with the process, however it ends: there is never a stale lock to delete
-(docs/runs.md, "One run per folder: the lock"). Check, then write: `check_run_folder` says,
-reading only, whether the folder can take the start; `open_run` holds it (`RunFolder`),
-looks again under the lock, and takes back what a start made if it ends before it trained.
-The module needs only the standard library.
+with the same --out stops at once with `RunLockedError`, naming the first (docs/runs.md, "One
+run per folder: the lock"). Check, then write: `check_run_folder` says, reading only, whether
+the folder can take the start; `open_run` holds it (`RunFolder`), looks again under the lock,
+and takes back what a start made if it ends before it trained. The module needs only the
+standard library, so that it loads by its path alone: minibert's own modules are imported
+inside the functions that use them.
 """
 
 from __future__ import annotations
@@ -58,8 +58,6 @@ class RunLock:
         self._fd: Optional[int] = None
 
     def acquire(self) -> RunLock:
-        if self._fd is not None:
-            raise RuntimeError(f"this RunLock on {self.out_dir} is already held")
         if fcntl is None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             log.warning("cannot lock %s on this platform (no fcntl): nothing stops another run "
@@ -84,7 +82,11 @@ class RunLock:
             # A file opened just before another start removed it (`release(remove=True)`) and
             # locked just after is one nobody else will find: the lock counts only on the
             # file the path still names (after ten tries, the file system is taken at its word).
-            if _same_file(fd, self.path) or attempt == 9:
+            try:
+                named = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                named = False
+            if named or attempt == 9:
                 break
             os.close(fd)
         self._fd = fd
@@ -154,7 +156,6 @@ def run_exists(out_dir: PathLike) -> list[str]:
 def check_run_folder(out_dir: PathLike, resume: bool) -> None:
     """Refuse a start that `out_dir` cannot take, reading only: without `resume`, it must
     hold no run (`run_exists`); with it, an intact checkpoint under `checkpoints/`."""
-    # here, so the module alone stays stdlib-only
     from .checkpoint import checkpoint_written, latest_checkpoint
     out_dir = Path(out_dir)
     if resume and not out_dir.is_dir():
@@ -176,22 +177,6 @@ def check_run_folder(out_dir: PathLike, resume: bool) -> None:
         raise FileExistsError(f"{out_dir} already holds a run ({', '.join(found)})"
                               + (stuck or "; pass --resume to continue it, or choose "
                                  "another --out"))
-
-
-def run_finished(out_dir: PathLike, steps: list[tuple[Optional[int], int]]) -> bool:
-    """Whether `out_dir` holds a finished run: each training's newest intact checkpoint is
-    at its max_steps (`steps`: per training, (the checkpoint's step or None, max_steps)),
-    and eval.json, written last, records those steps (not those of an earlier finish)."""
-    if not steps or any(step is None or step != last for step, last in steps):
-        return False
-    try:
-        record = json.loads((Path(out_dir) / "eval.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    # eval.json's `steps`, or its rows' (distillation: one row per student trained)
-    rows = [record, *record.values()] if isinstance(record, dict) else []
-    recorded = {row["steps"] for row in rows if isinstance(row, dict) and "steps" in row}
-    return bool(recorded) and recorded == {last for _, last in steps}
 
 
 class RunFolder:
@@ -220,14 +205,26 @@ class RunFolder:
         missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
         self._first_made = missing[-1] if missing else None
         self._before = _listing(self.path)
-        self._had_lock = LOCK_FILE in self._before
+        self._had_lock = os.path.lexists(self.path / LOCK_FILE)
         # A live run's folder is refused by its lock before what it holds is judged.
         self._lock.check_free()
         check_run_folder(self.path, self.resume)
 
     def finished(self, steps: list[tuple[Optional[int], int]]) -> bool:
-        """Whether the folder holds a finished run no other run holds (main rank)."""
-        if not self.main or not run_finished(self.path, steps):
+        """Whether the folder holds a finished run that no other run holds (main rank): each
+        training's newest intact checkpoint is at its max_steps (`steps`: per training, (the
+        checkpoint's step or None, max_steps)), and eval.json, written last, records those
+        steps (not those of an earlier finish)."""
+        if not self.main or not steps or any(step != last for step, last in steps):
+            return False
+        try:
+            record = json.loads((self.path / "eval.json").read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return False
+        # eval.json's `steps`, or its rows' (distillation: one row per student trained)
+        rows = [record, *record.values()] if isinstance(record, dict) else []
+        recorded = {row["steps"] for row in rows if isinstance(row, dict) and "steps" in row}
+        if recorded != {last for _, last in steps}:
             return False
         self._lock.check_free()
         return True
@@ -235,7 +232,6 @@ class RunFolder:
     def __enter__(self) -> RunFolder:
         if not self.main:
             return self
-        # here, not above: the module loads alone too, by its path, outside its package
         from ..atomic import reported
         if self._before is None:
             self.check()
@@ -244,7 +240,7 @@ class RunFolder:
                 self._lock.acquire()
             # Another start may have come and gone since the check: look, and check, again.
             now = _listing(self.path)
-            if _without_lock(now) != _without_lock(self._before):
+            if now != self._before:
                 self._before = now
                 check_run_folder(self.path, self.resume)
         except BaseException:
@@ -258,7 +254,7 @@ class RunFolder:
         if exc_type is None:
             self._lock.release()
         else:
-            from ..atomic import could_not_write  # here: the module loads on its own (above)
+            from ..atomic import could_not_write
             self._leave(error is not None and could_not_write(error))
 
     def _leave(self, write_failed: bool = False) -> None:
@@ -270,11 +266,10 @@ class RunFolder:
 
     def _put_back(self, write_failed: bool) -> None:
         before, now = self._before or {}, _listing(self.path)
-        changed = [rel for rel, entry in now.items() if before.get(rel) != entry
-                   and rel != LOCK_FILE]
+        changed = [rel for rel, entry in now.items() if before.get(rel) != entry]
         self.trained = any(_training_output(rel) for rel in changed)
         if write_failed:
-            from .checkpoint import latest_checkpoint  # here: the module stays stdlib-only
+            from .checkpoint import latest_checkpoint
             self.resume_from = latest_checkpoint(self.path / "checkpoints")
         self.kept = self.trained and not (write_failed and self.resume_from is None)
         if self.kept:
@@ -283,8 +278,12 @@ class RunFolder:
             if rel in before:  # a file that was there, written over
                 self.left.append(rel)
             elif "/" not in rel or rel.rsplit("/", 1)[0] in before:  # new, its parent not
+                path = self.path / rel
                 try:
-                    _remove(self.path / rel)
+                    if path.is_dir() and not path.is_symlink():
+                        shutil.rmtree(path)
+                    else:
+                        path.unlink(missing_ok=True)
                 except OSError:
                     self.left.append(rel)
 
@@ -312,7 +311,7 @@ def open_run(out_dir: PathLike, resume: bool, main: bool = True) -> RunFolder:
 
 
 def _listing(folder: Path) -> dict[str, tuple]:
-    """Every path under `folder`, relative: ("dir",) for a folder, else (size, mtime)."""
+    """Every path under `folder` but the lock file, relative: ("dir",) or a file's (size, mtime)."""
     found: dict[str, tuple] = {}
     for root, dirs, files in os.walk(folder):
         base = Path(root).relative_to(folder)
@@ -324,11 +323,8 @@ def _listing(folder: Path) -> dict[str, tuple]:
             except OSError:
                 continue
             found[(base / name).as_posix()] = (st.st_size, st.st_mtime_ns)
+    found.pop(LOCK_FILE, None)
     return found
-
-
-def _without_lock(listing: dict[str, tuple]) -> dict[str, tuple]:
-    return {rel: entry for rel, entry in listing.items() if rel != LOCK_FILE}
 
 
 _STEP_DIR = re.compile(r"(^|/)checkpoints/step_\d+(/|$)")
@@ -338,23 +334,6 @@ def _training_output(rel: str) -> bool:
     """Whether the path (relative to a run folder) is what training writes: a log or a
     checkpoint, of the run or of one in a subfolder (distillation's baseline)."""
     return rel.rsplit("/", 1)[-1] == "metrics.jsonl" or bool(_STEP_DIR.search(rel))
-
-
-def _remove(path: Path) -> None:
-    try:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    except FileNotFoundError:
-        pass
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        return os.fstat(fd).st_ino == os.stat(path).st_ino
-    except FileNotFoundError:
-        return False
 
 
 def _read_holder(fd: int, wait: bool = False) -> dict:
