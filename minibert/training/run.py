@@ -1,14 +1,6 @@
-"""The run around the loop: what `train` (engine.py) sets up before its first step, reads
-while it steps, and returns after its last.
-
-* `start_run`: check the settings, build AdamW and the grad scaler, settle the precision,
-  then resume from the newest checkpoint (resume.py) or claim the folder (rundir.py), seed
-  each rank, and wire the log, the progress bar and the meter.
-* `Run`: that wiring, fixed for the run; its `evaluate` and `save` are the loop's calls.
-* `finish_run`: the run's totals and its final evaluation.
-
-A student reading the loop can take these as named steps; nothing here changes what a step
-computes.
+"""The run around the loop (engine.py): `start_run` sets up what `train` reads before its
+first step, `Run` holds that wiring for the run (its `evaluate` and `save` are the loop's
+calls), and `finish_run` gives the result. Nothing here changes what a step computes.
 """
 
 from __future__ import annotations
@@ -95,8 +87,7 @@ class Run:
         self.batches.seek(**position)  # the same global batch again, in smaller pieces
 
     def lr(self, step: int) -> float:
-        """The rate of `step`: linear warmup over `warmup` steps, then the schedule's decay
-        to min_lr at the horizon fixed at the run's start (optim.lr_at), min_lr past it."""
+        """The rate of `step` (optim.lr_at), on the horizon fixed at the run's start."""
         cfg = self.cfg
         if step > cfg.decay_steps and step in (self.start_step + 1, cfg.decay_steps + 1):
             logger.info("step %d is past the schedule's horizon (decay_steps=%d): the "
@@ -113,9 +104,8 @@ class Run:
         return tokens * per_token
 
     def wall_seconds(self) -> float:
-        """The run's wall time until now: this start's, after what its earlier starts took up
-        to the checkpoint it resumed from (the time a killed start ran past it is lost, as
-        its steps are)."""
+        """The run's wall time until now: this start's, after its earlier starts' up to the
+        checkpoint it resumed from (docs/runs.md, "Resume")."""
         return self.wall_before + time.perf_counter() - self.started
 
     def save(self, state: TrainState) -> None:
@@ -125,9 +115,7 @@ class Run:
 
     def evaluate(self, state: TrainState) -> Mapping[str, Any]:
         """One evaluation: `evaluate`'s MLM metrics (in micro-batches of the training
-        micro-batch in use), or whatever `eval_fn` scores: a mapping whose numbers are
-        logged; the rest (per-class tables, predictions) is kept for the caller in `train`'s
-        result["scores"]."""
+        micro-batch in use), or whatever `eval_fn` scores (train's docstring says how)."""
         ctx = self.ctx
         try:
             if self.eval_fn is None:
@@ -251,9 +239,8 @@ def finish_run(run: Run, state: TrainState, scores: Optional[Mapping[str, Any]],
 
 
 def checked_batch(batch: Any) -> dict:
-    """A micro-batch as `collate` made it, refused by name unless it is a dict holding
-    `input_ids` (B, T), from which the engine counts tokens and reads the length; its
-    `labels` are `count_targets`' to check."""
+    """A micro-batch as `collate` made it, refused by name unless a dict holding `input_ids`
+    (B, T), which train counts tokens from; its `labels` are `count_targets`' to check."""
     ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
     if not (torch.is_tensor(ids) and ids.dim() == 2):
         held = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
@@ -275,9 +262,8 @@ def loss_of(out: Any, model: nn.Module) -> Tensor:
 
 
 def _own_flops(raw: nn.Module, say: bool) -> Optional[float]:
-    """FLOPs per token of a model without a BertConfig, from its weight matrices
-    (meters.parameter_flops_per_token), and the log says once what they leave out; None
-    for a model whose config gives them (flops_per_token, each step's length)."""
+    """FLOPs per token of a model without a BertConfig, from its weight matrices; None for a
+    model whose config gives them (flops_per_token, each step's length)."""
     if bert_config(raw) is not None:
         return None
     # Counted rather than left out: every row keeps its `mfu` column (which plots and the
