@@ -29,14 +29,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         raise ValueError(f"weight_decay={weight_decay!r} must be a number >= 0")
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
-    seen: set[int] = set()
-    # named_parameters already skips a tensor registered under two names; the id() set
-    # also covers the same tensor reached through two different modules.
-    for _, p in model.named_parameters():
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        (decay if p.ndim >= 2 else no_decay).append(p)
+    for p in model.parameters():  # a tensor shared by two modules comes once
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": float(weight_decay)},
               {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
@@ -77,20 +72,15 @@ def resolve_warmup(warmup: Union[int, float], total_steps: int, name: str = "war
     """Warmup length in steps from a step count (int, in [0, total_steps]) or a fraction of
     the run (float in [0, 1), rounded: RoBERTa's 0.06 of 10,000 steps is 600). `name` is the
     setting's name in error messages."""
-    if not isinstance(total_steps, numbers.Integral) or isinstance(total_steps, bool) \
-            or total_steps < 0:
-        raise ValueError(f"total_steps={total_steps!r} must be an integer >= 0")
-    if isinstance(warmup, bool):
+    if isinstance(warmup, bool) or not isinstance(warmup, numbers.Real):
         raise ValueError(f"{name}={warmup!r} must be a step count (int) or a fraction (float)")
     if isinstance(warmup, numbers.Integral):
         steps = int(warmup)
-    elif isinstance(warmup, numbers.Real):
+    else:
         if not 0.0 <= warmup < 1.0:
             raise ValueError(f"{name}={warmup!r}: a float is a fraction of the run and must "
                              f"be in [0, 1); pass an int for a number of steps")
         steps = round(float(warmup) * total_steps)
-    else:
-        raise ValueError(f"{name}={warmup!r} must be a step count (int) or a fraction (float)")
     if steps < 0:
         raise ValueError(f"{name}={warmup!r} must be >= 0")
     if steps > total_steps:

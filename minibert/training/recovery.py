@@ -1,22 +1,18 @@
 """What the training loop does when a step goes wrong, kept apart so the loop reads as its
-normal path: `skip_step` (a non-finite loss or gradient: no update; `max_bad_steps` in a row
-stop the run), `back_off` (out of memory: halve the micro-batch to a divisor of the per-rank
-batch, so the gradient stays exact, and retry) and `optimizer_out_of_memory` (no way back).
+normal path: `skip_step` (non-finite: no update), `back_off` (out of memory: retry in smaller
+micro-batches, the gradient still exact) and `optimizer_out_of_memory` (no way back).
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from .checkpoint import latest_checkpoint
 from ..machine.memory import peak_memory_mb
-
-if TYPE_CHECKING:  # only for the annotations
-    from .state import TrainConfig, TrainState
+from .state import TrainConfig, TrainState
 
 logger = logging.getLogger(__name__)
 

@@ -37,17 +37,15 @@ def rng_state() -> dict[str, Any]:
     """Every RNG state a training step draws from: python, numpy (its array as a tensor, for
     `torch.load(weights_only=True)`), torch CPU and CUDA."""
     name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
+    return {
         "python": random.getstate(),  # (version, tuple of 625 ints, gauss_next)
         "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)),
                   "pos": int(pos), "has_gauss": int(has_gauss),
                   "cached_gaussian": float(cached_gaussian)},
         "torch": torch.get_rng_state(),
-        "cuda": [],
+        # one ByteTensor per device
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()  # one ByteTensor per device
-    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -63,17 +61,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
                          n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch"].cpu())
     cuda = list(state.get("cuda") or [])
-    if cuda:
-        if not torch.cuda.is_available():
-            logger.warning("the RNG state has %d CUDA device state(s) but CUDA is not "
-                           "available; CUDA random draws will not repeat", len(cuda))
-            return
-        count = torch.cuda.device_count()
-        if count != len(cuda):
-            logger.warning("the RNG state has %d CUDA device state(s), this machine has %d; "
-                           "restoring the first %d", len(cuda), count, min(count, len(cuda)))
-        for i, s in enumerate(cuda[:count]):
-            torch.cuda.set_rng_state(s.cpu(), i)
+    count = torch.cuda.device_count()  # 0 where CUDA is not available
+    if cuda and count != len(cuda):
+        logger.warning("the RNG state has %d CUDA device state(s), this machine has %d; "
+                       "restoring the first %d", len(cuda), count, min(count, len(cuda)))
+    for i, s in enumerate(cuda[:count]):
+        torch.cuda.set_rng_state(s.cpu(), i)
 
 
 def rank_seed(seed: int, rank: int) -> int:

@@ -73,11 +73,9 @@ class StopFlag:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "StopFlag":
-        for sig in STOP_SIGNALS if self.enabled else ():
-            try:
+        if self.enabled and threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:  # off the main thread, signals are not ours to take
                 self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
         return self
 
     def _handle(self, signum, frame) -> None:

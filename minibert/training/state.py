@@ -64,7 +64,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "max_steps", "log_every", "eval_batches", "keep_checkpoints",
-                     "max_bad_steps"):
+                     "max_bad_steps", "seq_len_start"):
             check_int("TrainConfig", name, getattr(self, name), 1)
         for name in ("eval_every", "save_every"):
             check_int("TrainConfig", name, getattr(self, name), 0)
@@ -94,7 +94,6 @@ class TrainConfig:
         horizon = self.decay_steps if self.decay_steps is not None else 2**62
         resolve_warmup(self.warmup, horizon)  # raises on a bad one
         resolve_warmup(self.seq_len_warmup, horizon, name="TrainConfig.seq_len_warmup")
-        check_int("TrainConfig", "seq_len_start", self.seq_len_start, 1)
 
     def split_batch(self, world_size: int) -> tuple[int, int]:
         """(sequences per rank, per micro-batch) of a global batch over `world_size` ranks;
@@ -141,7 +140,6 @@ class TrainState:
         `scaler`, `rng`: `rngs`, else this process's), the run identity and `rounding`."""
         raw = unwrap(model)
         names = getattr(raw, "id2label", None)
-        # The class export rebuilds: minibert's own, for a user's subclass of it.
         return {"model": raw.state_dict(), "model_class": minibert_class(type(raw)).__name__,
                 "train_state": self.counters(), "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict(),
@@ -258,8 +256,7 @@ def check_identity(saved: dict, now: dict, path: Path) -> None:
     # deep in load_state_dict, or load an encoder under a head it was not trained with.
     if saved["model_class"] != now["model_class"]:
         diffs.append(("model class", repr(saved["model_class"]), repr(now["model_class"])))
-    for section, label in (("model_config", "model "), ("train_config", ""),
-                           ("data_identity", "")):
+    for section, label in (("model_config", "model "), ("train_config", ""), ("data_identity", "")):
         old = saved[section] if section != "train_config" else \
             {k: v for k, v in saved[section].items() if k not in RESUME_MAY_CHANGE}
         new = now[section]
