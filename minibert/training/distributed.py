@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class DistContext:
     rank: int = 0
+    local_rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")
 
@@ -50,14 +51,14 @@ def resolve_device(device: str = "auto", local_rank: int = 0) -> torch.device:
 def init_distributed(device: str = "auto") -> DistContext:
     """Join the torchrun process group if there is one; return this process's context."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    dev = resolve_device(device, int(os.environ.get("LOCAL_RANK", "0")))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    dev = resolve_device(device, local_rank)
     if world_size > 1 and not dist.is_initialized():
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
         logger.info("rank %d of %d on %s", rank, world_size, dev)
-    return DistContext(rank, world_size, dev)
+    return DistContext(rank, local_rank, world_size, dev)
 
 
 def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
