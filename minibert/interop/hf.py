@@ -1,11 +1,9 @@
 """Checkpoints in transformers' layout: name translation and safe loading.
 
-A transformers folder (`config.json`, `model.safetensors` or a pickled `pytorch_model.bin`)
-loads with the same outputs, and transformers loads what minibert saves (README, "The model in
-a few lines"). Names translate through `_RENAMES`; a mix of switches transformers has no class
-for gets a minibert-only `model_type`. Loading never runs pickled code (`weights_only=True`); a
-damaged file, a shard outside its folder, or NaN or infinity (`NonFiniteWeightsError`: bad
-bytes still parse as floats) is one error naming the file. Imports neither model nor heads.
+Which folders load with the same outputs, which transformers loads, and how loading stays
+safe: README, "The model in a few lines". Names translate through `_RENAMES`; a damaged file,
+a shard outside its folder, or NaN or infinity (`NonFiniteWeightsError`) is one error naming
+the file. Imports neither model nor heads.
 """
 
 from __future__ import annotations
@@ -30,13 +28,16 @@ logger = logging.getLogger(__name__)
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 
-# minibert name -> transformers name, the first match applied. The heads without a pooler
+# minibert name -> transformers name(s), the first match applied. The heads without a pooler
 # have no "bert.pooler." weights (transformers' add_pooling_layer=False); a stored one is unread.
 _RENAMES = [
     (r"^bert\.embeddings\.word\.", "bert.embeddings.word_embeddings."),
     (r"^bert\.embeddings\.position\.", "bert.embeddings.position_embeddings."),
     (r"^bert\.embeddings\.token_type\.", "bert.embeddings.token_type_embeddings."),
     (r"^bert\.embeddings\.norm\.", "bert.embeddings.LayerNorm."),
+    # minibert's fused QKV is transformers' query, key and value: three rows of it, in order.
+    (r"^bert\.blocks\.(\d+)\.attn\.qkv\.", [rf"bert.encoder.layer.\1.attention.self.{p}."
+                                            for p in ("query", "key", "value")]),
     (r"^bert\.blocks\.(\d+)\.attn\.out\.", r"bert.encoder.layer.\1.attention.output.dense."),
     (r"^bert\.blocks\.(\d+)\.attn_norm\.", r"bert.encoder.layer.\1.attention.output.LayerNorm."),
     (r"^bert\.blocks\.(\d+)\.ffn\.up\.", r"bert.encoder.layer.\1.intermediate.dense."),
@@ -52,7 +53,6 @@ _RENAMES = [
     (r"^classifier\.", "classifier."),
     (r"^qa_outputs\.", "qa_outputs."),
 ]
-_QKV = re.compile(r"^bert\.blocks\.(\d+)\.attn\.qkv\.(weight|bias)$")
 
 # The same for ModernBERT, whose encoder is "model.", with Q, K and V fused as in minibert,
 # only its tied decoder's bias stored, and every classifier called "classifier".
@@ -81,14 +81,9 @@ def is_modernbert(model: torch.nn.Module) -> bool:
 
 def hf_names(name: str, modern: bool = False) -> list[str]:
     """transformers' name(s) for a minibert name (three for BERT's QKV; `modern`: ModernBERT's)."""
-    m = None if modern else _QKV.match(name)
-    if m:
-        layer, kind = m.groups()
-        return [f"bert.encoder.layer.{layer}.attention.self.{p}.{kind}"
-                for p in ("query", "key", "value")]
     for pattern, repl in _MODERN_RENAMES if modern else _RENAMES:
         if re.match(pattern, name):
-            return [re.sub(pattern, repl, name)]
+            return [re.sub(pattern, r, name) for r in ([repl] if isinstance(repl, str) else repl)]
     return [name]
 
 
@@ -109,10 +104,7 @@ def _canonical(sd: dict[str, Tensor], modern: bool = False) -> dict[str, Tensor]
 
 def minibert_class(cls: type) -> type:
     """The minibert class `cls` is or derives from: a user's subclass saves as its base."""
-    for c in cls.__mro__:
-        if c.__module__.split(".")[0] == "minibert":
-            return c
-    return cls
+    return next((c for c in cls.__mro__ if c.__module__.split(".")[0] == "minibert"), cls)
 
 
 def model_prefix(model: torch.nn.Module) -> str:
@@ -122,8 +114,6 @@ def model_prefix(model: torch.nn.Module) -> str:
 
 def _maps(name: str, modern: bool) -> bool:
     """Whether a table gives `name` a place: a pattern matches, then only weight or bias."""
-    if not modern and _QKV.match(name):
-        return True
     table = _MODERN_RENAMES if modern else _RENAMES
     m = next(filter(None, (re.match(pattern, name) for pattern, _ in table)), None)
     return m is not None and name[m.end():] in ("", "weight", "bias")
@@ -193,9 +183,8 @@ def load_hf_state_dict(model: torch.nn.Module, sd: dict[str, Tensor]) -> None:
                          f"does, and cannot compute an untied model. Load it as a BertModel "
                          f"or a classifier to use its encoder")
     prefix = model_prefix(model)
-    own = model.state_dict()
     new, missing = {}, []
-    for name, param in own.items():
+    for name, param in model.state_dict().items():
         names = hf_names(prefix + name, modern)
         if not all(n in sd for n in names):
             missing.append(name)
@@ -286,9 +275,8 @@ def read_config(path: PathLike) -> dict[str, Any]:
         steps = sorted(p.name for p in path.glob("step_*") if (p / META_FILE).is_file())
         if steps:
             raise FileNotFoundError(f"{path} holds training checkpoints ({', '.join(steps[-2:])}"
-                                    f"), not a model folder; export one with "
-                                    f"minibert.interop.export."
-                                    f"export_checkpoint({str(path / steps[-1])!r}, OUT)")
+                                    f"), not a model folder; export one with minibert.interop."
+                                    f"export.export_checkpoint({str(path / steps[-1])!r}, OUT)")
         raise FileNotFoundError(f"{cfg} not found; a checkpoint directory holds config.json")
     try:
         d = json.loads(cfg.read_text(encoding="utf-8"))
@@ -299,26 +287,23 @@ def read_config(path: PathLike) -> dict[str, Any]:
     return d
 
 
-def read_weights(path: PathLike) -> dict[str, Tensor]:
+def read_weights(path: PathLike, *, header_only: bool = False) -> dict[str, Tensor]:
     """The tensors of a model folder; a missing file is a FileNotFoundError, a damaged one a
-    ValueError, NaN or infinity a NonFiniteWeightsError (a ValueError), each naming it."""
-    return _read_weights(Path(path), header_only=False)
-
-
-def check_weights(path: PathLike) -> None:
-    """Raise what `read_weights` would for missing or damaged files, reading only safetensors'
-    headers (byte ranges against the file's size): cheap, before a script's other work."""
-    _read_weights(Path(path), header_only=True)
-
-
-def _read_weights(path: Path, header_only: bool) -> dict[str, Tensor]:
-    files = _weight_files(path)
+    ValueError, NaN or infinity a NonFiniteWeightsError (a ValueError), each naming it.
+    `header_only`: read safetensors' headers alone, and return no tensor (`check_weights`)."""
+    files = _weight_files(Path(path))
     if files[0].suffix != ".safetensors":
         return _load_torch_file(files[0])
     sd: dict[str, Tensor] = {}
     for file in files:
         sd.update(_load_safetensors(file, header_only))
     return sd
+
+
+def check_weights(path: PathLike) -> None:
+    """Raise what `read_weights` would for missing or damaged files, reading only safetensors'
+    headers (byte ranges against the file's size): cheap, before a script's other work."""
+    read_weights(path, header_only=True)
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -342,8 +327,7 @@ def _shard_files(index: Path) -> list[Path]:
         raise ValueError(f"{index} is not valid JSON ({e}); download or export the "
                          f"checkpoint again") from None
     weight_map = d.get("weight_map") if isinstance(d, dict) else None
-    if not isinstance(weight_map, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ValueError(f"{index} has no weight_map of tensor name -> shard file name; it is "
                          f"damaged or not a safetensors index")
     shards = []
@@ -369,17 +353,12 @@ def _load_safetensors(file: Path, header_only: bool = False) -> dict[str, Tensor
     except ImportError:
         raise ImportError(f"reading {file} needs the safetensors package: "
                           f"pip install 'minibert[hf]'") from None
-    sd: dict[str, Tensor] = {}
     try:
-        with safe_open(str(file), framework="pt") as f:
-            if header_only:
-                return {}
-            for name in f.keys():  # what safetensors' load_file does, with the check
-                t = f.get_tensor(name)
-                check_finite({name: t}, file)
-                sd[name] = t
+        with safe_open(str(file), framework="pt") as f:  # the header is read on opening
+            sd = {} if header_only else {name: f.get_tensor(name) for name in f.keys()}
     except SafetensorError as e:
         raise _damaged(file, "safetensors file", e) from None
+    check_finite(sd, file)
     return sd
 
 
@@ -427,11 +406,10 @@ MODERNBERT_MODEL_TYPE = "modernbert"
 def model_type(config: BertConfig) -> str:
     """config.json's model_type: "bert" for classic BERT, "modernbert" for every modern switch
     as ModernBERT has it, else a minibert-only type that transformers refuses."""
-    modern = {k: getattr(config, k) for k in MODERN if k not in _MODERN_FREE}
-    if modern == {k: v for k, v in MODERN.items() if k not in _MODERN_FREE}:
+    if all(getattr(config, k) == v for k, v in MODERN.items() if k not in _MODERN_FREE):
         return MODERNBERT_MODEL_TYPE
-    classic = {k: getattr(config, k) for k in _SWITCH_DEFAULTS}
-    if classic == _SWITCH_DEFAULTS and config.type_vocab_size >= 1:
+    classic = all(getattr(config, k) == v for k, v in _SWITCH_DEFAULTS.items())
+    if classic and config.type_vocab_size >= 1:
         return PRE_LN_MODEL_TYPE if config.norm_position == "pre" else "bert"
     return MINIBERT_MODEL_TYPE
 
@@ -467,10 +445,7 @@ def config_from_hf(d: dict[str, Any], **overrides: Any) -> BertConfig:
                              f"{' over a second sequence' if key != 'is_decoder' else ''}); "
                              f"minibert implements a bidirectional encoder only")
     if kind == MODERNBERT_MODEL_TYPE:
-        fields = _from_modernbert(d)
-        fields.update({k: d[k] for k in ("attention", "attention_chunk_size") if k in d})
-        fields.update(overrides)
-        return BertConfig(**known_fields(fields, "config_from_hf"))
+        return BertConfig(**known_fields({**_from_modernbert(d), **overrides}, "config_from_hf"))
     if kind not in ("bert", PRE_LN_MODEL_TYPE, MINIBERT_MODEL_TYPE):
         raise ValueError(f"config.json has model_type={kind!r}; minibert reads BERT "
                          f"and ModernBERT checkpoints (model_type 'bert', 'modernbert', "
@@ -494,8 +469,7 @@ def config_from_hf(d: dict[str, Any], **overrides: Any) -> BertConfig:
         fields.update({k: d[k] for k in _SWITCHES if k in d})
     if kind == PRE_LN_MODEL_TYPE:
         fields["norm_position"] = "pre"
-    fields.update(overrides)
-    return BertConfig(**known_fields(fields, "config_from_hf"))
+    return BertConfig(**known_fields({**fields, **overrides}, "config_from_hf"))
 
 
 def config_to_hf(config: BertConfig) -> dict[str, Any]:
@@ -518,6 +492,19 @@ _SWITCH_DEFAULTS = dict(position="learned", mlp="gelu", bias=True, first_block_a
 _MODERN_FREE = frozenset({"bias", "layer_norm_eps", "local_window", "global_every", "rope_theta",
                           "rope_local_theta", "max_position_embeddings", "hidden_dropout",
                           "attention_dropout"})
+
+# transformers' ModernBERT name -> minibert's, for the fields both have as they are (and
+# minibert's attention fields); one a config.json lacks keeps its MODERN or BertConfig default.
+_MODERN_NAMES = dict(
+    vocab_size="vocab_size", hidden_size="hidden_size", num_hidden_layers="num_layers",
+    num_attention_heads="num_heads", intermediate_size="intermediate_size",
+    max_position_embeddings="max_position_embeddings", pad_token_id="pad_token_id",
+    norm_eps="layer_norm_eps", initializer_range="initializer_range",
+    # minibert has one dropout rate for the residual branches, the embeddings and the
+    # classifiers (placed as BERT places it), and one for the attention probabilities.
+    mlp_dropout="hidden_dropout", attention_dropout="attention_dropout",
+    classifier_pooling="classifier_pooling", attention="attention",
+    attention_chunk_size="attention_chunk_size")
 
 
 def _layer_types(n_layers: int, global_every: int) -> list[str]:
@@ -570,30 +557,17 @@ def _from_modernbert(d: dict[str, Any]) -> dict[str, Any]:
         if len(types) != layers or _layer_types(layers, every) != list(types):
             raise refuse("layer_types", types, "every n-th layer global from the first, the "
                          "others sliding_attention")
-    return dict(
-        MODERN, vocab_size=d["vocab_size"], hidden_size=hidden, num_layers=layers,
-        num_heads=heads, intermediate_size=d["intermediate_size"],
-        max_position_embeddings=d.get("max_position_embeddings", 8192),
-        pad_token_id=d.get("pad_token_id", 0), layer_norm_eps=d.get("norm_eps", 1e-5),
-        initializer_range=d.get("initializer_range", 0.02), bias=biases["attention_bias"],
-        global_every=every, local_window=window,
-        rope_theta=float(rope["full_attention"]["rope_theta"]),
-        rope_local_theta=float(rope["sliding_attention"]["rope_theta"]),
-        # minibert has one dropout rate for the residual branches, the embeddings and the
-        # classifiers (placed as BERT places it), and one for the attention probabilities.
-        hidden_dropout=d.get("mlp_dropout", 0.0), attention_dropout=d.get("attention_dropout",
-                                                                          0.0),
-        classifier_pooling=d.get("classifier_pooling", "cls"))
+    fields = {ours: d[theirs] for theirs, ours in _MODERN_NAMES.items() if theirs in d}
+    return dict(MODERN, **fields, bias=biases["attention_bias"], global_every=every,
+                local_window=window, rope_theta=float(rope["full_attention"]["rope_theta"]),
+                rope_local_theta=float(rope["sliding_attention"]["rope_theta"]))
 
 
 def _to_modernbert(c: BertConfig) -> dict[str, Any]:
     """transformers' ModernBERT config.json for a config with every modern switch turned."""
     return {
-        "model_type": MODERNBERT_MODEL_TYPE, "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size, "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads, "intermediate_size": c.intermediate_size,
-        "max_position_embeddings": c.max_position_embeddings, "pad_token_id": c.pad_token_id,
-        "norm_eps": c.layer_norm_eps, "initializer_range": c.initializer_range,
+        "model_type": MODERNBERT_MODEL_TYPE,
+        **{theirs: getattr(c, ours) for theirs, ours in _MODERN_NAMES.items()},
         "hidden_activation": "gelu", "classifier_activation": "gelu",
         "attention_bias": c.bias, "mlp_bias": c.bias, "norm_bias": c.bias,
         "classifier_bias": c.bias, "decoder_bias": True, "tie_word_embeddings": True,
@@ -603,7 +577,4 @@ def _to_modernbert(c: BertConfig) -> dict[str, Any]:
             "full_attention": {"rope_type": "default", "rope_theta": c.rope_theta},
             "sliding_attention": {"rope_type": "default", "rope_theta": c.rope_local_theta}},
         "global_rope_theta": c.rope_theta, "local_rope_theta": c.rope_local_theta,
-        "embedding_dropout": c.hidden_dropout, "mlp_dropout": c.hidden_dropout,
-        "classifier_dropout": c.hidden_dropout, "attention_dropout": c.attention_dropout,
-        "classifier_pooling": c.classifier_pooling,
-        "attention": c.attention, "attention_chunk_size": c.attention_chunk_size}
+        "embedding_dropout": c.hidden_dropout, "classifier_dropout": c.hidden_dropout}
