@@ -65,9 +65,8 @@ def export_checkpoint(checkpoint_dir: PathLike, out_dir: PathLike,
     cls, kwargs = classes[name], {}
     if issubclass(cls, heads.Labelled) and "classifier.weight" in weights:
         kwargs["num_labels"] = weights["classifier.weight"].shape[0]  # (C, H)
-        names = state.id2label
-        if names and len(names) == kwargs["num_labels"]:
-            kwargs["id2label"] = names
+        if state.id2label and len(state.id2label) == kwargs["num_labels"]:
+            kwargs["id2label"] = state.id2label
     model = cls(bert_config, **kwargs)
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
@@ -98,8 +97,7 @@ def _run_tokenizer(checkpoint_dir: Path, state: Saved, given: Union[Tokenizer, P
                    config: BertConfig) -> Optional[Tokenizer]:
     """`given`, else RUN/tokenizer (or the outer run's, for distill.py's baseline/), checked
     against the fingerprint the checkpoint's run recorded; None when there is none."""
-    identity = state.data_identity
-    recorded = identity.get("tokenizer") if isinstance(identity, dict) else None
+    recorded = (state.data_identity or {}).get("tokenizer")
     if isinstance(given, Tokenizer):
         candidates = [(given, "the tokenizer given")]
     elif given is not None:

@@ -43,20 +43,19 @@ class GradientCheckpointing:
     """transformers' gradient-checkpointing switch: blocks recomputed in backward, not kept."""
 
     def gradient_checkpointing_enable(self) -> None:
-        _set_checkpointing(self, True)
+        self._switch_checkpointing(True)
 
     def gradient_checkpointing_disable(self) -> None:
-        _set_checkpointing(self, False)
+        self._switch_checkpointing(False)
 
     @property
     def is_gradient_checkpointing(self) -> bool:
         return any(getattr(m, "gradient_checkpointing", False) for m in self.modules())
 
-
-def _set_checkpointing(model: Any, on: bool) -> None:
-    for m in model.modules():
-        if hasattr(m, "gradient_checkpointing"):
-            m.gradient_checkpointing = on
+    def _switch_checkpointing(self, on: bool) -> None:
+        for m in self.modules():
+            if hasattr(m, "gradient_checkpointing"):
+                m.gradient_checkpointing = on
 
 
 class PretrainedMixin(GradientCheckpointing):
@@ -105,22 +104,20 @@ class PretrainedMixin(GradientCheckpointing):
         own_head = not stored or bool({architecture(cls, False), architecture(cls, True)}
                                       & set(stored))
         own_head = own_head and any(k.startswith("classifier.") for k in sd)
-        names: list[str] = []  # the checkpoint's classes, when its head would be kept
-        now: list[str] = []
-        if own_head and asked_labels:
+        if own_head and asked_labels:  # the checkpoint's classes against those asked for
             names, now = stored_labels(hf_config), list(model.id2label)
-        # Classes nobody named (LABEL_i) may be named now; other names are other classes.
-        renamed = names == default_labels(len(names)) and len(names) == len(now)
-        if names and names != now and not renamed:
-            if on_other_labels == "error":
-                raise ValueError(
-                    f"{path} holds a {name} trained for the labels {names}, not "
-                    f"{now}: its classifier would score the wrong classes. "
-                    f"Pass on_other_labels='new_head' to keep its encoder under a new "
-                    f"classifier, or leave num_labels and id2label out to load its own")
-            logger.info("%s classifies other labels (%s); its classifier head is replaced",
-                        path, ", ".join(names[:10]))
-            own_head = False
+            # Classes nobody named (LABEL_i) may be named now; other names are other classes.
+            renamed = names == default_labels(len(names)) and len(names) == len(now)
+            if names != now and not renamed:
+                if on_other_labels == "error":
+                    raise ValueError(
+                        f"{path} holds a {name} trained for the labels {names}, not "
+                        f"{now}: its classifier would score the wrong classes. "
+                        f"Pass on_other_labels='new_head' to keep its encoder under a new "
+                        f"classifier, or leave num_labels and id2label out to load its own")
+                logger.info("%s classifies other labels (%s); its classifier head is replaced",
+                            path, ", ".join(names[:10]))
+                own_head = False
         if not own_head:
             sd = {k: t for k, t in sd.items() if not k.startswith("classifier.")}
         load_hf_state_dict(model, sd)
@@ -147,7 +144,6 @@ class PretrainedMixin(GradientCheckpointing):
                 config.update(cls_token_id=tokenizer.cls_id, sep_token_id=tokenizer.sep_id,
                               bos_token_id=tokenizer.cls_id, eos_token_id=tokenizer.sep_id)
         state = to_hf_state_dict(self)
-        # A minibert-only model's weights go under a name transformers never looks for.
         weights = WEIGHTS_FILE if kind in ("bert", MODERNBERT_MODEL_TYPE) else PRE_LN_WEIGHTS_FILE
 
         def write(folder: Path) -> None:
@@ -188,10 +184,9 @@ def vocab_sha256(tokenizer: "Tokenizer") -> str:
 def check_tokenizer_fits(config: BertConfig, tokenizer: "Tokenizer", *,
                          source: Optional[PathLike] = None, what: str = "the model",
                          allow_vocab_mismatch: bool = False) -> None:
-    """Refuse, before any training, a tokenizer that is not the model's: more ids than rows
-    (an index error mid-run); another vocabulary, or special ids, than `config` or `source`'s
-    config.json records; fewer ids than rows beyond padding (`ROW_MULTIPLES`). `what` names
-    the model; `allow_vocab_mismatch` (vocabulary surgery) waives all but the first rule."""
+    """Refuse, before any training, a tokenizer that is not the model's (docs/finetune.md),
+    or whose special ids are not those `config` or `source`'s config.json records. `what` names
+    the model; `allow_vocab_mismatch` waives all but the first rule (more ids than rows)."""
     rows, ids = config.vocab_size, tokenizer.vocab_size
     if ids > rows:
         raise ValueError(f"vocabulary mismatch: the tokenizer has {ids} tokens but {what} only "
