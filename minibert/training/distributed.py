@@ -73,9 +73,7 @@ def sum_over_ranks(x: int, ctx: DistContext) -> int:
     one back would wait for the kernels queued on a GPU)."""
     if not ctx.distributed:
         return x
-    t = torch.tensor(x, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return int(t)
+    return int(all_reduce_sum(torch.tensor(x, device=ctx.device), ctx))
 
 
 def max_over_ranks(x: int, ctx: DistContext) -> int:

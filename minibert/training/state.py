@@ -256,7 +256,8 @@ def check_identity(saved: dict, now: dict, path: Path) -> None:
     # deep in load_state_dict, or load an encoder under a head it was not trained with.
     if saved["model_class"] != now["model_class"]:
         diffs.append(("model class", repr(saved["model_class"]), repr(now["model_class"])))
-    for section, label in (("model_config", "model "), ("train_config", ""), ("data_identity", "")):
+    for section, label in (("model_config", "model "), ("train_config", ""),
+                           ("data_identity", "")):
         old = saved[section] if section != "train_config" else \
             {k: v for k, v in saved[section].items() if k not in RESUME_MAY_CHANGE}
         new = now[section]
