@@ -3,6 +3,7 @@
     __init__.py  the parser, the shared flags, a script's start and its exit status (here)
     pretrain.py  the masked-LM jobs' flags, checks and data (pretrain_wikitext.py, distill.py)
     finetune.py  the fine-tuning scripts' flags, model, settings and evaluation
+    glue.py      GLUE's one recipe, a task fine-tuned and scored, the results gathered
 
 The scripts' layer sits on top: it may import every other package, and none imports it. It
 logs the scripts' one-line errors to stderr and says the settings' fields as flag names.
@@ -242,11 +243,12 @@ def _number(x: float) -> str:
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
-def add_flags(group: Any, job: Optional[Job], names: Sequence[str], **wording: str) -> None:
-    """Add `flag_specs(job, **wording)`'s `names` to `group` (without a job, `PLAIN_FLAGS`)."""
+def add_flags(group: Any, job: Optional[Job], names: Sequence[str], **wording: str
+              ) -> list[argparse.Action]:
+    """Add `flag_specs(job, **wording)`'s `names` to `group` (without a job, `PLAIN_FLAGS`);
+    their actions, for a script whose flag means a little more (a required --init-from)."""
     specs = flag_specs(job, **wording) if job is not None else PLAIN_FLAGS
-    for name in names:
-        group.add_argument(name, **specs[name])
+    return [group.add_argument(name, **specs[name]) for name in names]
 
 
 # ---- settings in flag names ------------------------------------------------------------------
@@ -337,14 +339,17 @@ class Script:
                              f"checkpoints, logs and final model)")
         return self.ctx
 
-    def claim(self, runs: Sequence[Any]) -> bool:
+    def claim(self, runs: Sequence[Any], resume: Optional[bool] = None) -> bool:
         """Check --out and each run's checkpoint against its `resume.RunPlan`, then hold --out
-        by its lock: True; False for a --resume of a finished run (nothing written)."""
+        by its lock: True; False for a --resume of a finished run (nothing written).
+        `resume`: the folder's rule, --resume's unless given; a script whose runs each live
+        in a subfolder of --out (examples/glue.py) checks them itself and passes False."""
         args, ctx = self.args, self.ctx
-        self._folder = open_run(args.out, args.resume, main=ctx.is_main)
+        resume = args.resume if resume is None else resume
+        self._folder = open_run(args.out, resume, main=ctx.is_main)
         self._folder.check()  # what --out holds (the rank that writes it)
         steps = [(check_resume(plan, ctx.device), plan.cfg.max_steps) for plan in runs]
-        if args.resume and all_gather_objects(self._folder.finished(steps), ctx)[0]:
+        if resume and all_gather_objects(self._folder.finished(steps), ctx)[0]:
             if ctx.is_main:  # [0]: rank 0's word, which every rank follows
                 _said.info("--resume: the run in %s is complete, at step %d, where it stops, "
                            "with its outputs written; nothing is done and nothing is written "

@@ -14,7 +14,7 @@ import re
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Sequence, Union
 
 from ..atomic import PathLike
 from ..paths import check_readable
@@ -51,29 +51,44 @@ def _read_utf8(path: Path, expected: str, line_ends: bool = True) -> str:
 
 
 # ---------------------------------------------------------------- tables and class labels
-def read_table(path: PathLike, columns: list[str]) -> list[tuple[int, list[str]]]:
+def read_table(path: PathLike, columns: Sequence[Union[str, int]], header: bool = True
+               ) -> list[tuple[int, list[str]]]:
     """(line number, [value of each requested column]) for every data row of a TSV/CSV file:
-    TSV without quoting (GLUE's convention), CSV as RFC 4180. An empty value is an error."""
+    TSV without quoting (GLUE's convention), CSV as RFC 4180. An empty value is an error.
+
+    `columns` are names in the header row, or, with `header=False` (a file of data rows only,
+    as GLUE's CoLA), 0-based positions; every row then has the first row's width."""
     path = Path(path)
     _check_is_file(path)  # before its name's extension: a folder has none to tell
     kind = path.suffix.lower()
     if kind not in (".tsv", ".csv"):
         raise ValueError(f"{path}: cannot tell the format from the extension {path.suffix!r}; "
                          f"name the file .tsv (tab-separated) or .csv (comma-separated)")
-    text = _read_utf8(path, "a header row naming the columns, then one example per row")
+    text = _read_utf8(path, "a header row naming the columns, then one example per row"
+                      if header else "one example per row")
     lines = _tsv_rows(text) if kind == ".tsv" else _csv_rows(text, path)
-    header = [h.strip() for h in lines[0][1]]
-    where = _columns(header, columns, path)
+    if header:
+        head = [h.strip() for h in lines[0][1]]
+        where, width, lines = _columns(head, list(columns), path), len(head), lines[1:]
+        names = [str(c) for c in columns]
+    else:
+        width = len(next(fields for _, fields in lines if fields))  # the first data row's
+        for c in columns:
+            if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < width:
+                raise ValueError(f"{path}: column {c!r} is not a position in its rows of "
+                                 f"{width} fields (0 to {width - 1})")
+        where, names = list(columns), [f"column {c + 1}" for c in columns]
     rows = []
-    for start, fields in lines[1:]:
+    for start, fields in lines:
         if not fields or (len(fields) == 1 and not fields[0].strip()):
             continue  # a blank line, or one of spaces only
-        if len(fields) != len(header):
+        if len(fields) != width:
             hint = "a tab inside a text?" if kind == ".tsv" else "quote a text that holds commas"
-            raise ValueError(f"{path}, line {start}: {len(fields)} field(s) but the header "
-                             f"has {len(header)} ({hint})")
+            what = f"the header has {width}" if header else f"the first row has {width}"
+            raise ValueError(f"{path}, line {start}: {len(fields)} field(s) but {what} "
+                             f"({hint})")
         values = [fields[i].strip() for i in where]
-        for name, value in zip(columns, values):
+        for name, value in zip(names, values):
             if not value:
                 raise ValueError(f"{path}, line {start}: the {name!r} field is empty")
         rows.append((start, values))

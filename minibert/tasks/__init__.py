@@ -5,6 +5,7 @@
     distill.py    knowledge distillation: the loss, and the module the engine drives
     predict.py    batched prediction over a list of encoded examples
     metrics.py    each task's metric, computed the way its benchmark does
+    glue.py       GLUE's nine tasks: their files, metrics and the benchmark's average
 
 What it may import: the model, the data pipeline, interop and the machine room. Never the
 engine's run (`training`) or the scripts (`cli`).

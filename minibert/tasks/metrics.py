@@ -1,8 +1,9 @@
 """Evaluation metrics for the fine-tuning tasks, each computed the way its benchmark does.
 
 Scores compare with published ones only under the same rules, so each follows a named
-reference: scikit-learn (classification), seqeval's default mode (entity spans), the official
-SQuAD v2.0 script (QA). Only numpy is needed; those are the tests' references.
+reference: scikit-learn (classification, Matthews correlation), scipy (Pearson and
+Spearman), seqeval's default mode (entity spans), the official SQuAD v2.0 script (QA). Only
+numpy is needed; those are the tests' references.
 """
 
 from __future__ import annotations
@@ -78,6 +79,76 @@ def classification_scores(y_true: Sequence[int], y_pred: Sequence[int], num_labe
     scikit-learn's `f1_score(average="macro")`), the number the fine-tuning example logs."""
     s = f1_scores(y_true, y_pred, num_labels)
     return {"accuracy": s["accuracy"], "f1": s["macro_f1_observed"], "per_class": s["per_class"]}
+
+
+def binary_f1(y_true: Sequence[int], y_pred: Sequence[int], positive: int = 1) -> float:
+    """F1 of the `positive` class alone, 2TP / (2TP + FP + FN), 0 when the class is neither
+    gold nor predicted: scikit-learn's `f1_score(average="binary")`, the F1 GLUE reports for
+    MRPC and QQP (a paraphrase being the positive class)."""
+    y_true, y_pred = _labels(y_true, y_pred)
+    tp = int(((y_true == positive) & (y_pred == positive)).sum())
+    fp_fn = int(((y_true == positive) != (y_pred == positive)).sum())  # FP + FN
+    return 2 * tp / max(2 * tp + fp_fn, 1)
+
+
+def matthews_corrcoef(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
+    """The Matthews correlation between gold and predicted classes, CoLA's metric: in [-1, 1],
+    0 for a constant or chance prediction, however unbalanced the classes (accuracy is not).
+
+    For two classes, (TP·TN - FP·FN) / sqrt((TP+FP)(TP+FN)(TN+FP)(TN+FN)). The form here is
+    Gorodkin's (2004) for K classes, which reduces to it and is scikit-learn's
+    `matthews_corrcoef`: with C the confusion matrix, t_k the gold and p_k the predicted count
+    of class k, c the correct count and s the number of examples,
+    MCC = (c·s - Σ t_k p_k) / sqrt((s² - Σ p_k²)(s² - Σ t_k²)); 0 where the denominator is 0.
+    """
+    y_true, y_pred = _labels(y_true, y_pred)
+    classes = np.union1d(y_true, y_pred)
+    t = (y_true[:, None] == classes).sum(0).astype(np.float64)  # (K,) gold count per class
+    p = (y_pred[:, None] == classes).sum(0).astype(np.float64)  # (K,) predicted count
+    c, s = float((y_true == y_pred).sum()), float(len(y_true))
+    denominator = np.sqrt((s * s - p @ p) * (s * s - t @ t))
+    return float((c * s - t @ p) / denominator) if denominator > 0 else 0.0
+
+
+def _scores(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Both score sequences as float64 arrays, after checking they pair up and are finite."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"expected two flat sequences of the same length, got shapes "
+                         f"{x.shape} and {y.shape}")
+    if len(x) < 2:
+        raise ValueError(f"a correlation needs at least 2 pairs, got {len(x)}")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        raise ValueError("the scores hold NaN or infinity; a correlation of them is undefined")
+    return x, y
+
+
+def pearson(x: Sequence[float], y: Sequence[float]) -> float:
+    """Pearson's r, cov(x, y) / (std(x) std(y)): how well a line through the points fits;
+    STS-B's first metric. 0 where either side is constant (scipy returns NaN there)."""
+    x, y = _scores(x, y)
+    dx, dy = x - x.mean(), y - y.mean()
+    denominator = np.sqrt((dx @ dx) * (dy @ dy))
+    return float(np.clip(dx @ dy / denominator, -1.0, 1.0)) if denominator > 0 else 0.0
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties given the mean of the ranks they span (scipy's `rankdata`)."""
+    order = np.argsort(x, kind="stable")
+    sorted_x = x[order]
+    # Each run of equal values [start, end) gets the mean rank (start + 1 + end) / 2.
+    starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])
+    ends = np.r_[starts[1:], len(x)]
+    ranks = np.empty(len(x))
+    ranks[order] = np.repeat((starts + 1 + ends) / 2, ends - starts)
+    return ranks
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rho: Pearson's r of the ranks (ties ranked by their mean), how well any
+    increasing curve fits; STS-B's second metric."""
+    x, y = _scores(x, y)
+    return pearson(_ranks(x), _ranks(y))
 
 
 # ---- entity spans for sequence labelling ------------------------------------------------------

@@ -1,0 +1,169 @@
+"""GLUE in one command (examples/glue.py): one recipe for every task, each task fine-tuned
+from the same model folder, seed by seed, and the scores gathered as the benchmark does.
+
+The recipe follows Cramming's "GLUE-sane" rules (Geiping & Goldstein 2022): the same
+hyperparameters for every task, at most 5 epochs, and the last epoch's score, with no choice
+of the best epoch or rate on the dev set (docs/quality.md gives the numbers and why).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch.nn as nn
+
+from . import Job, finished, in_flag_names
+from ..atomic import write_files_atomically, writing
+from ..data.sampler import batches_per_epoch
+from ..data.tasks import TaskCollator
+from ..data.tokenizer import Tokenizer
+from ..interop.hf import config_from_hf, read_config
+from ..model.heads import BertForSequenceClassification
+from ..tasks.glue import GlueData, glue_average, glue_task_scores
+from ..tasks.predict import predict
+from ..training.distributed import DistContext
+from ..training.engine import train
+from ..training.rng import set_seed
+from ..training.state import TrainConfig
+from .pretrain import write_json
+
+log = logging.getLogger(__name__)
+
+# The one recipe: 3 epochs of batches of 32, AdamW at 1e-4 (a small encoder fine-tunes best
+# above BERT-base's 2e-5 - 5e-5; Turc et al. 2019), 10% warmup then linear decay to 0, and
+# BERT's dropout of 0.1, which a pretraining run without dropout does not hand down.
+GLUE = Job(train=TrainConfig(batch_size=32, lr=1e-4, min_lr=0.0, warmup=0.1, weight_decay=0.01,
+                             eval_every=0, save_every=0),
+           seq_len=128, dropout=0.1, epochs=3, keep_freed_memory=False)
+MAX_EPOCHS = 5  # GLUE-sane: a longer fine-tuning would stand in for pretraining
+
+FLAGS = GLUE.flags()
+
+
+def glue_model(init_from: Path, data: GlueData, dropout: float, random_weights: bool
+               ) -> nn.Module:
+    """A classifier (a regression for STS-B) on `init_from`'s encoder, or, with
+    `random_weights`, on a new encoder of the same config: the baseline that differs from
+    the pretrained start in the weights alone. Draws from torch's generator: seed first."""
+    task = data.task
+    head = {"num_labels": task.num_labels,
+            "id2label": list(task.labels) if task.labels else None}
+    dropout_fields = {"hidden_dropout": dropout, "attention_dropout": dropout}
+    if random_weights:
+        config = config_from_hf(read_config(init_from), **dropout_fields)
+        return BertForSequenceClassification(config, **head)
+    return BertForSequenceClassification.from_pretrained(
+        init_from, on_other_labels="new_head", **head, **dropout_fields)
+
+
+def finetune_task(data: GlueData, tok: Tokenizer, init_from: Path, cfg: TrainConfig,
+                  seq_len: int, dropout: float, epochs: int, out: Path,
+                  ctx: DistContext = DistContext(), *, random_weights: bool = False,
+                  overwrite: bool = False) -> dict[str, Any]:
+    """Fine-tune one task with `cfg` (its seed, rate and batch) for `epochs` and score the
+    final model on every dev split: `glue_task_scores`' numbers, and `predictions`, per dev
+    split, one class id (or score) per row. The run's files go to `out`."""
+    task = data.task
+    train_set = data.train.encode(tok, seq_len)
+    evals = {name: split.encode(tok, seq_len) for name, split in data.evals.items()}
+    if len(train_set) < cfg.batch_size:
+        raise ValueError(f"{task.name} has {len(train_set)} training examples, fewer than one "
+                         f"batch; lower --batch-size to {len(train_set)} or less")
+    steps = epochs * batches_per_epoch(len(train_set), cfg.batch_size, ctx.world_size)
+    cfg = in_flag_names(lambda: replace(cfg, max_steps=steps), FLAGS)
+    set_seed(cfg.seed)  # the head (and, with random_weights, the encoder) drawn from it
+    model = glue_model(init_from, data, dropout, random_weights)
+    collate = TaskCollator(tok.pad_id, segments=model.config.has_segments)
+    eval_batch = cfg.micro_batch_size or cfg.batch_size // ctx.world_size
+
+    def eval_fn(m: nn.Module, precision: str) -> dict[str, Any]:
+        results = {}
+        for name, features in evals.items():
+            pred = predict(m, features, collate, eval_batch, precision, ctx.device)
+            if task.labels is None:  # a regression's one output per example
+                predicted: list = [float(x[0]) for x in pred.outputs["logits"]]
+            else:
+                predicted = [int(c) for c in pred.argmax()]
+            results[name] = (data.evals[name].labels, predicted)
+        return {**glue_task_scores(task, results),
+                "predictions": {name: predicted for name, (_, predicted) in results.items()}}
+
+    identity = {"task": task.name, "train examples": len(train_set), "--seq-len": seq_len,
+                "tokenizer": tok.fingerprint, "random weights": random_weights}
+    result = train(model, train_set, collate, cfg, out, ctx=ctx, overwrite=overwrite,
+                   lengths=[len(f["input_ids"]) for f in train_set], eval_fn=eval_fn,
+                   data_identity=identity)
+    finished(result, ctx, cfg.lr, model, out, what=f"{task.name}'s fine-tuning")
+    return result["scores"]
+
+
+def run_task(data: GlueData, tok: Tokenizer, init_from: Path, cfg: TrainConfig, seq_len: int,
+             dropout: float, epochs: int, out: Path, ctx: DistContext, *,
+             random_weights: bool, resume: bool) -> dict[str, float]:
+    """`finetune_task` into `out`, recorded in `out/scores.json`, with each dev split's rows
+    beside it (`predictions_SPLIT.tsv`: line, label, prediction), from which any tool can
+    score it again. A --resume reads a task run already recorded, and starts again one that
+    was not. A finished run's checkpoints are removed: GLUE's result is its scores."""
+    record = out / "scores.json"
+    if resume and record.is_file():
+        log.info("%s, seed %d: already scored in %s", data.task.name, cfg.seed, record)
+        return _read_scores(record)
+    result = finetune_task(data, tok, init_from, cfg, seq_len, dropout, epochs, out, ctx,
+                           random_weights=random_weights, overwrite=resume)
+    scores = {k: v for k, v in result.items() if isinstance(v, float)}
+    if ctx.is_main:
+        names = data.task.labels
+        files = {}
+        for split, predicted in result["predictions"].items():
+            rows = ["line\tlabel\tprediction"] + [
+                f"{line}\t{names[y] if names else y}\t{names[p] if names else p}"
+                for line, y, p in zip(data.evals[split].lines, data.evals[split].labels,
+                                      predicted)]
+            files[f"predictions_{split}.tsv"] = "\n".join(rows) + "\n"
+        with writing(f"the predictions in {out}"):
+            write_files_atomically(out, files)
+        write_json(record, scores)  # last: it marks the task run complete
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    return scores
+
+
+def _read_scores(path: Path) -> dict[str, float]:
+    return {k: float(v) for k, v in json.loads(path.read_text()).items()}
+
+
+def summarize(per_task: dict[str, list[dict[str, float]]], seeds: list[int]) -> dict[str, Any]:
+    """Each task's metrics over the seeds (mean, and the sample std where there are several),
+    and the GLUE score: the benchmark's average of the task scores, computed for each seed,
+    then its mean and std over the seeds."""
+    def spread(values: list[float]) -> dict[str, Optional[float]]:
+        return {"mean": float(np.mean(values)),
+                "std": float(np.std(values, ddof=1)) if len(values) > 1 else None}
+
+    tasks = {name: {"seeds": runs, **{metric: spread([r[metric] for r in runs])
+                                      for metric in runs[0]}}
+             for name, runs in per_task.items()}
+    per_seed = [glue_average({name: runs[i]["score"] for name, runs in per_task.items()})
+                for i in range(len(seeds))]
+    return {"tasks": tasks, "glue": {"tasks": list(per_task), "per_seed": per_seed,
+                                     **spread(per_seed)}}
+
+
+def markdown(summary: dict[str, Any], title: str) -> str:
+    """The results as a table: each task's metrics as mean ± std, then the GLUE score."""
+    def cell(s: dict[str, Optional[float]]) -> str:
+        return f"{s['mean']:.1f}" + (f" ± {s['std']:.1f}" if s["std"] is not None else "")
+
+    lines = [f"## {title}", "", "| task | metric | score |", "|---|---|---|"]
+    for name, t in summary["tasks"].items():
+        metrics = [m for m in t if m not in ("seeds", "score")]
+        lines.append(f"| {name} | {', '.join(metrics)} | "
+                     f"{' / '.join(cell(t[m]) for m in metrics)} |")
+    g = summary["glue"]
+    lines.append(f"| **GLUE** | average of {len(g['tasks'])} task scores | **{cell(g)}** |")
+    return "\n".join(lines) + "\n"
