@@ -107,7 +107,7 @@ def hf_model_and_collator(tok):
     return model, collator
 
 
-def hf_optimizer(model, steps: int):
+def hf_optimizer(model, steps: int, warmup: int = HF_RECIPE["warmup"]):
     import torch
     import transformers
 
@@ -116,7 +116,7 @@ def hf_optimizer(model, steps: int):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": HF_RECIPE["weight_decay"]},
                              {"params": rest, "weight_decay": 0.0}], lr=HF_RECIPE["lr"],
                             betas=HF_RECIPE["betas"], eps=HF_RECIPE["eps"], fused=True)
-    sched = transformers.get_linear_schedule_with_warmup(opt, HF_RECIPE["warmup"], steps)
+    sched = transformers.get_linear_schedule_with_warmup(opt, warmup, steps)
     return opt, sched
 
 
@@ -146,14 +146,15 @@ def hf_evaluate(model, batches, precision: str) -> float:
 
 
 def run_transformers(tok, train_set, evals, steps: int, eval_every: int, precision: str,
-                     horizon: int = HF_RECIPE["steps"]) -> dict:
+                     horizon: int = HF_RECIPE["steps"], warmup: int = HF_RECIPE["warmup"],
+                     keep_model: bool = False) -> dict:
     """Train with transformers' recipe for `steps` steps of a `horizon`-step schedule in
     `precision` (fp32 or bf16 autocast); evaluate every `eval_every` steps (0: never).
-    Returns the curve and the step times."""
+    Returns the curve and the step times, and with `keep_model` the trained `model`."""
     import torch
 
     model, collator = hf_model_and_collator(tok)
-    opt, sched = hf_optimizer(model, horizon)
+    opt, sched = hf_optimizer(model, horizon, warmup)
     g = torch.Generator().manual_seed(0)
     order: list[int] = []
     curve, step_seconds, trained = [], [], 0.0
@@ -179,7 +180,8 @@ def run_transformers(tok, train_set, evals, steps: int, eval_every: int, precisi
             print(f"transformers step {step}: eval loss {curve[-1]['eval_loss']:.4f}, "
                   f"{trained:.0f} s of training", flush=True)
     return {"curve": curve, "step_seconds": step_seconds, "steps": steps,
-            "train_seconds": round(trained, 2), "precision": precision}
+            "train_seconds": round(trained, 2), "precision": precision,
+            **({"model": model} if keep_model else {})}
 
 
 def hf_step_seconds(data_dir: Path, out: Path, steps: int, precision: str,
