@@ -5,6 +5,7 @@
     distill.py    knowledge distillation: the loss, and the module the engine drives
     predict.py    batched prediction over a list of encoded examples
     metrics.py    each task's metric, computed the way its benchmark does
+    blimp.py      zero-shot grammar: BLiMP's minimal pairs scored by pseudo-log-likelihood
 
 What it may import: the model, the data pipeline, interop and the machine room. Never the
 engine's run (`training`) or the scripts (`cli`).
