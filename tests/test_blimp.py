@@ -4,7 +4,6 @@ answers are known, the reader's refusals, and examples/blimp.py end to end."""
 
 import gzip
 import json
-import math
 
 import pytest
 import torch
@@ -133,6 +132,16 @@ def test_pll_runs_in_eval_mode_and_puts_training_mode_back(tok):
     assert a == b and model.training  # dropout off while scoring, on again after
 
 
+def test_pll_under_bf16_autocast_is_near_fp32(bert_dir, tok):
+    model = minibert.BertForMaskedLM.from_pretrained(bert_dir)
+    exact = pseudo_log_likelihood(model, tok, SENTENCES[:3])
+    bf16 = pseudo_log_likelihood(model, tok, SENTENCES[:3], precision="bf16")
+    assert bf16 != exact  # the forward did run in bf16
+    assert max(abs(a - b) / abs(a) for a, b in zip(exact, bf16)) < 0.05
+    with raises(ValueError, "fp16", "CUDA"):
+        pseudo_log_likelihood(model, tok, SENTENCES[:1], precision="fp16")
+
+
 def test_pll_refuses_what_it_cannot_score(bert_dir, tok):
     model = minibert.BertForMaskedLM.from_pretrained(bert_dir)
     with raises(ValueError, "sentence 1", "65 tokens", "max_position_embeddings=64"):
@@ -215,7 +224,7 @@ def _line(good="The cat sat.", bad="The cat sit.", **extra):
 
 
 def _write(folder, name, lines):
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path
@@ -340,8 +349,17 @@ def test_bad_input_exits_2_before_out_is_made(script, bert_dir, blimp_dir, tmp_p
     assert_carries(err, *facts)
 
 
-def test_plls_are_finite_sums_of_log_probabilities(bert_dir, tok):
-    """A sentence of n words adds n log-probabilities, each below 0 and above -log(V) - 30."""
-    model = minibert.BertForMaskedLM.from_pretrained(bert_dir)
-    pll = pseudo_log_likelihood(model, tok, ["home", "the cat"])
-    assert all(math.isfinite(x) and x < 0 for x in pll)
+def test_the_docs_snippet_runs(bert_dir, tok, tmp_path, monkeypatch):
+    """docs/quality.md's BLiMP section, its python run on a folder of the paradigms it names."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "quality.md").read_text()
+    section = text.split("## BLiMP: zero-shot minimal pairs")[1].split("\n## ")[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path / "blimp" / "data", "passive_1.jsonl",
+           [_line("the cat sat", "the cat sat sat", field="syntax", UID="passive_1")])
+    namespace = {"model": minibert.BertForMaskedLM.from_pretrained(bert_dir), "tokenizer": tok}
+    exec(compile(block, "docs/quality.md", "exec"), namespace)
+    assert namespace["result"].pairs == {"passive_1": 1} and len(namespace["pll"]) == 2

@@ -33,7 +33,7 @@ import json
 import logging
 import math
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from typing import Mapping, NamedTuple, Optional, Sequence
 
@@ -42,6 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..atomic import PathLike
+from ..data.task_files import _Object
 from ..data.text import read_text
 from ..data.tokenizer import Tokenizer
 from ..machine.precision import autocast_context, resolve_precision
@@ -103,18 +104,18 @@ def read_paradigm(path: PathLike) -> list[MinimalPair]:
     for n, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        try:
-            item = json.loads(line, object_pairs_hook=_once)
+        try:  # an _Object records the keys given twice, of which json.loads keeps the last
+            item = json.loads(line, object_pairs_hook=_Object.from_pairs)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}, line {n}: not JSON ({e.msg}, column {e.colno}); "
                              f"expected one JSON object per line") from None
-        except _Repeated as e:
-            raise ValueError(f"{path}, line {n}: the key {e.key!r} is given twice; JSON "
-                             f"keeps only the last, so delete the one that is wrong") from None
         if not isinstance(item, dict):
             raise ValueError(f"{path}, line {n}: a JSON {type(item).__name__} where a pair's "
                              f"object is expected ({{\"sentence_good\": ..., "
                              f"\"sentence_bad\": ...}})")
+        if item.repeated:
+            raise ValueError(f"{path}, line {n}: the key {min(item.repeated)!r} is given "
+                             f"twice; JSON keeps only the last, so delete the one that is wrong")
         good, bad = (_sentence(item, key, path, n) for key in ("sentence_good", "sentence_bad"))
         if isinstance(item.get("UID"), str):
             if uid is None:
@@ -128,20 +129,6 @@ def read_paradigm(path: PathLike) -> list[MinimalPair]:
         raise ValueError(f"{path} holds no pairs; expected one JSON object per line with "
                          f"sentence_good and sentence_bad")
     return pairs
-
-
-class _Repeated(Exception):
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-
-def _once(pairs: list[tuple[str, object]]) -> dict:
-    """A JSON object whose keys are each given once (json.loads keeps the last silently)."""
-    counts = Counter(k for k, _ in pairs)
-    for key, n in counts.items():
-        if n > 1:
-            raise _Repeated(key)
-    return dict(pairs)
 
 
 def _sentence(item: dict, key: str, path: Path, line: int) -> str:
