@@ -113,7 +113,7 @@ def _slug(heading: str) -> str:
 @pytest.mark.parametrize("doc", ["README.md", "docs/walkthrough.md", "docs/finetune.md",
                                  "docs/qa.md", "docs/multitask.md", "docs/distill.md",
                                  "docs/machine-room.md", "docs/runs.md", "docs/research.md",
-                                 "docs/results-map.md"])
+                                 "docs/results-map.md", "docs/quality.md"])
 def test_local_links_point_at_files_and_headings_that_exist(doc):
     path = ROOT / doc
     for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):

@@ -30,9 +30,10 @@ FINETUNE_REQUIRED = {
 # a script reads its data (--seq-len truncates a text, or cuts a sentence into windows).
 OWN_MEANING = {"--seq-len", "--train", "--eval", "--text-column", "--text-pair-column",
                "--label-column", "--max-train-examples", "--scheme"}
-# embed.py computes, it does not train: its own parser, where --batch-size counts texts
-# and --out names a .npy file.
-EMBED = "embed.py"
+# embed.py and blimp.py compute, they do not train: each has its own parser, where
+# --batch-size counts texts (or masked copies), --out names their output and --precision
+# defaults to fp32.
+SCORERS = {"embed.py", "blimp.py"}
 
 
 def _differs(cfg: TrainConfig, preset: TrainConfig) -> dict:
@@ -122,15 +123,16 @@ def _declared(path: Path) -> list[str]:
 
 def test_no_flag_is_declared_twice():
     files = [path for path in sorted((ROOT / "minibert").rglob("*.py"))
-             + sorted((ROOT / "examples").glob("*.py")) if path.name != EMBED]
+             + sorted((ROOT / "examples").glob("*.py")) if path.name not in SCORERS]
     declared = Counter(flag for path in files for flag in _declared(path))
     shared = cli.flag_specs(pretrain.MAIN_JOB).keys()
     assert not shared & declared.keys(), "declared beside cli.flag_specs"
     twice = {flag for flag, n in declared.items() if n > 1}
     assert twice <= OWN_MEANING, twice - OWN_MEANING
     assert declared["--mask-prob"] == 1 and declared["--seq-len-warmup"] == 1
-    # embed.py's own flags mean their own things; the plain ones it shares, it takes from cli
-    assert not set(_declared(ROOT / "examples" / EMBED)) & cli.PLAIN_FLAGS.keys()
+    # the scorers' own flags mean their own things; the plain ones they share, they take from cli
+    for name in SCORERS:
+        assert not set(_declared(ROOT / "examples" / name)) & cli.PLAIN_FLAGS.keys(), name
 
 
 def test_every_shared_flag_is_used():

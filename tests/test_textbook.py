@@ -74,11 +74,6 @@ def test_the_textbook_and_the_loop_come_to_at_most_1750_lines():
     assert total + len(LOOP.read_text().splitlines()) <= 1750
 
 
-def test_the_package_is_at_most_12000_lines():
-    total = sum(len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py"))
-    assert total <= 12000, total
-
-
 def test_the_main_job_reads_top_to_bottom():
     """examples/pretrain_wikitext.py's `main` is one `with cli.Script(...)` block that goes
     flags -> data -> model -> --out -> train -> outputs in that order, and hands no function
