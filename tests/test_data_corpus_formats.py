@@ -1,13 +1,15 @@
 """A corpus in any of the formats a folder may hold: .txt, .txt.gz, .jsonl and .jsonl.gz,
 read as text folders or as split files, and refused, naming file and line, where it is not
-text."""
+text; then the main job run end to end on such a folder."""
 import gzip
 import json
+import random
 from pathlib import Path
 
 import pytest
 
-from facts import raises
+from engine_utils import WORDS, load_example, quick_runs  # noqa: F401 (fixture)
+from facts import assert_carries, raises
 from minibert.data import load_corpus
 from minibert.data.text import iter_text_chunks
 
@@ -173,3 +175,79 @@ def test_bytes_that_are_not_utf8_in_a_gzipped_file_are_named_with_the_line(tmp_p
                 str(tmp_path / "corpus.utf8.txt.gz")):
         load_corpus(tmp_path)
 
+
+# ---- the main job ---------------------------------------------------------------------------
+pretrain = load_example("pretrain_wikitext")
+
+
+def _args(data_dir: Path, out: Path, cache: Path, *extra: str) -> list[str]:
+    return ["--data-dir", str(data_dir), "--out", str(out), "--cache-dir", str(cache),
+            "--preset", "tiny", "--vocab-size", "200", "--seq-len", "32", "--batch-size", "8",
+            "--max-steps", "2", "--no-progress", "--eval-batches", "1", "--precision", "fp32",
+            *extra]
+
+
+def _documents(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(30, 90))) for _ in range(n)]
+
+
+def test_the_main_job_trains_on_gzipped_split_files_with_a_text_field(tmp_path):
+    folder = tmp_path / "corpus"
+    write(folder / "train.jsonl.gz", as_jsonl(_documents(80, 0), "content"))
+    write(folder / "valid.txt.gz", as_txt(_documents(10, 1)))
+    out = tmp_path / "run"
+    assert pretrain.main(_args(folder, out, tmp_path / "cache", "--text-field", "content")) == 0
+    assert json.loads((out / "eval.json").read_text())["steps"] == 2
+
+
+def test_a_corpus_that_is_not_text_exits_2_before_out_is_made(tmp_path, capsys):
+    folder = tmp_path / "corpus"
+    write(folder / "train.jsonl.gz", as_jsonl(_documents(80, 0), "content"))
+    write(folder / "valid.txt.gz", as_txt(_documents(10, 1)))
+    out = tmp_path / "run"
+    cases = [([], [str(folder / "train.jsonl.gz"), "line 1", "no 'text' field", "id, content",
+                   "--text-field"]),
+             (["--text-field", "id"], ["line 1", "'id' field", "a number", "--text-field"])]
+    for extra, facts in cases:
+        assert pretrain.main(_args(folder, out, tmp_path / "cache", *extra)) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err, err
+        assert_carries(err, *facts)
+        assert "text_field=" not in err
+    (folder / "valid.txt.gz").write_bytes(b"\x1f\x8b\x08\x00 cut")
+    assert pretrain.main(_args(folder, out, tmp_path / "cache", "--text-field", "content")) == 2
+    assert_carries(capsys.readouterr().err, str(folder / "valid.txt.gz"), "gzip")
+    assert not out.exists()
+
+
+def test_text_field_has_help(capsys):
+    with pytest.raises(SystemExit):
+        pretrain.parse_args(["--help"])
+    assert_carries(capsys.readouterr().out, "--text-field", "jsonl")
+
+
+def test_split_files_without_the_eval_split_say_how_to_hold_one_out(tmp_path, capsys):
+    folder = tmp_path / "corpus"
+    write(folder / "train.jsonl", as_jsonl(_documents(80, 0)))
+    assert pretrain.main(_args(folder, tmp_path / "run", tmp_path / "cache")) == 2
+    assert_carries(capsys.readouterr().err, "'valid'", "found: train", "--eval-split",
+                   "corpus.jsonl")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_resume_compares_the_documents_that_text_field_chose(tmp_path, capsys):
+    """--text-field is part of the run only through the text it reads: another field with
+    other documents is refused, a field of the same documents under another name is not."""
+    folder, cache, out = tmp_path / "corpus", tmp_path / "cache", tmp_path / "run"
+    docs, other = _documents(80, 0), _documents(80, 2)
+    write(folder / "train.jsonl.gz", "".join(json.dumps({"a": d, "b": o, "c": d}) + "\n"
+                                             for d, o in zip(docs, other)))
+    write(folder / "valid.txt.gz", as_txt(_documents(10, 1)))
+    assert pretrain.main(_args(folder, out, cache, "--text-field", "a")) == 0
+    assert pretrain.main(_args(folder, out, cache, "--text-field", "b", "--resume",
+                               "--max-steps", "3")) == 2
+    assert_carries(capsys.readouterr().err, "--train-split train", "--text-field")
+    assert pretrain.main(_args(folder, out, cache, "--text-field", "c", "--resume",
+                               "--max-steps", "3")) == 0
+    assert json.loads((out / "eval.json").read_text())["steps"] == 3
