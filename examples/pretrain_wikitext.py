@@ -2,6 +2,7 @@
 
     python examples/pretrain_wikitext.py --out runs/mini            # downloads WikiText-2
     python examples/pretrain_wikitext.py --data-dir DIR --out runs/mini --precision bf16
+    python examples/pretrain_wikitext.py --data-dir enwiki/ --out runs/wiki  # train.txt.gz, ...
     python examples/pretrain_wikitext.py --out runs/mini --resume   # continue a stopped run
     torchrun --nproc_per_node 2 examples/pretrain_wikitext.py --out runs/ddp
 

@@ -19,6 +19,7 @@ from . import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_fla
 from ..model.config import ALL_PRESETS, BertConfig
 from ..data.corpus import CORPUS_FOLDER, Corpus, load_corpus
 from ..data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_corpus
+from ..data.text import TEXT_FIELD
 from ..data.wikitext import SPLITS as WIKITEXT_SPLITS, WIKITEXT_VARIANTS
 from ..training.distributed import DistContext, all_gather_objects
 from ..interop.hf import (MODEL_FOLDER, check_tied_decoder, check_weights, config_from_hf,
@@ -83,7 +84,8 @@ def flag_names(args: Any, model: Optional[str] = None) -> dict[str, str]:
         chose.setdefault(split, []).append(flag)
     model = model or ("--init-from" if args.init_from else "--preset")
     return {**FLAGS, **model_flag_names(model, MODEL_FLAGS),
-            **{f"corpus {split}": f"the text of {' and '.join(flags)} {split}"
+            **{f"corpus {split}": f"the text of {' and '.join(flags)} {split} (as "
+               f"--data-dir and --text-field give it)"
                for split, flags in chose.items()}}
 
 
@@ -92,8 +94,13 @@ def add_data_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB
     warmup, start = job.train.seq_len_warmup, job.train.seq_len_start
     d = p.add_argument_group("data")
     d.add_argument("--data-dir", type=Path, help="WikiText folder (raw or tokenized layout), "
-                   "or any folder of .txt files (documents separated by blank lines; every "
-                   "20th held out as the valid split); default: download --dataset")
+                   "or any folder of .txt, .txt.gz, .jsonl and .jsonl.gz files (documents "
+                   "separated by blank lines, or one JSON object a line), read as they "
+                   "stream: files named by their split (train.txt.gz, valid.jsonl, ...) "
+                   "are those splits, other files are the corpus, every 20th document held "
+                   "out as the valid split; default: download --dataset")
+    d.add_argument("--text-field", default=TEXT_FIELD, help="the field of each JSON object "
+                   "that holds its document, in --data-dir's .jsonl and .jsonl.gz files")
     d.add_argument("--dataset", default=job.dataset, choices=sorted(WIKITEXT_VARIANTS),
                    help="downloaded once into --cache-dir; $MINIBERT_WIKITEXT_URL names a mirror")
     add_flags(d, job, ["--cache-dir"])
@@ -244,7 +251,9 @@ def read_corpus(args: Any, ctx: DistContext) -> Optional[Corpus]:
                                  f"{', '.join(WIKITEXT_SPLITS)}")
     if not ctx.is_main or args.data_dir is None:
         return None
-    corpus = load_corpus(args.data_dir)  # refuses a folder whose text files it would not read
+    # Refuses a folder whose files it would not all read, and a line of JSON without its text.
+    corpus = in_flag_names(lambda: load_corpus(args.data_dir, text_field=args.text_field),
+                           {"text_field": "--text-field"})
     # (WikiText found offline may hold valid and test alone: the message names the flags.)
     check_splits(corpus, (args.train_split, args.eval_split), args.data_dir,
                  flags=("--train-split", "--eval-split"))

@@ -9,8 +9,10 @@
 * `mlm`         pack it into `[CLS] ... [SEP]` blocks; pad and mask batches
 * `sampler`     deterministic, shardable, resumable batch order
 * `seq_warmup`  sequence-length warmup: early batches cut to fewer positions
-* `text`        strict UTF-8 reading of every text file; a folder of `.txt` files
-* `corpus`      `load_corpus`: a folder read as WikiText or as text files by its layout
+* `text`        strict UTF-8 reading of every text file, gzipped or not; JSON Lines
+                documents; a folder of `.txt` files
+* `corpus`      `load_corpus`: a folder read by its layout, as WikiText, split files or
+                a text folder
 * `tasks`       fine-tuning: readers (`task_files`: TSV/CSV, CoNLL, SQuAD), encoders for
                 classification, token labels and QA (`qa`), `TaskCollator`, `TaskData`
 * `prepare`     a pretraining corpus made ready once (import `minibert.data.prepare`)

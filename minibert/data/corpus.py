@@ -1,11 +1,17 @@
 """A corpus folder, read the way its layout means, with a report of what was read.
 
-Two layouts: WikiText's split files (`wikitext`), read as articles, and a text folder of
-other `*.txt` files (`text`), every `holdout_every`-th document held out as `valid`. A
-folder is WikiText only when its text files are exactly WikiText splits (a `valid.txt`
-beside a `corpus_a.txt` must not leave the corpus unread), one whose files would not all be
-read is refused, and what each file gave is reported. A split is a `Documents` stream, read
-from disk at each pass, so a corpus may be far bigger than memory.
+A corpus file holds documents separated by blank lines (`.txt`, `.txt.gz`) or one JSON
+object a line whose `text_field` is the document (`.jsonl`, `.jsonl.gz`). Three layouts:
+- `wikitext`: WikiText's uncompressed split files (`wiki.train.raw`, `train.txt`, ...),
+  read as articles, as WikiText is;
+- `split files`: compressed or JSON Lines files named by their split (`train.txt.gz`,
+  `valid.jsonl`, `validation.jsonl.gz`, `test.txt.gz`), each file's documents its split's;
+- `text folder`: any other corpus files, every `holdout_every`-th document held out as
+  `valid`.
+A folder is of one layout only: one whose files would not all be read (a `valid.txt` beside
+a `corpus_a.txt`, a `train.jsonl` beside a `notes.txt`) is refused, naming them, and what
+each file gave is reported. A split is a `Documents` stream, read from disk at each pass
+(decompressing as it goes), so a corpus may be far bigger than memory.
 """
 from __future__ import annotations
 
@@ -17,13 +23,17 @@ from typing import Iterable, Iterator, NamedTuple, Optional
 
 from ..atomic import PathLike
 from ..paths import check_readable
-from .text import (TEXT_SUFFIXES, check_enough_documents, check_holdout_every, files_named,
-                   iter_documents, iter_lines, text_folder_files)
+from .text import (CORPUS_SUFFIXES, TEXT_FIELD, TEXT_SUFFIXES, check_enough_documents,
+                   check_holdout_every, corpus_suffix, files_named, iter_documents,
+                   iter_jsonl_documents, iter_lines)
 from .wikitext import SPLITS, WIKITEXT_LAYOUTS, iter_articles
 
-WIKITEXT, TEXT_FOLDER = "wikitext", "text folder"
+WIKITEXT, SPLIT_FILES, TEXT_FOLDER = "wikitext", "split files", "text folder"
 # What a path given for a corpus is expected to be, for the message that finds nothing there.
-CORPUS_FOLDER = "a WikiText folder or a folder of .txt files"
+CORPUS_FOLDER = "a WikiText folder or a folder of .txt, .txt.gz, .jsonl or .jsonl.gz files"
+_SUFFIXES = tuple(dict.fromkeys(CORPUS_SUFFIXES + TEXT_SUFFIXES))  # every file a layout reads
+# The split a split file's name (without its suffixes) gives it.
+SPLIT_NAMES = {"train": "train", "valid": "valid", "validation": "valid", "test": "test"}
 
 
 class CorpusFile(NamedTuple):
@@ -41,13 +51,14 @@ class Documents:
     token cache's key) come from `load_corpus`'s scan."""
 
     def __init__(self, files: list[Path], layout: str, split: str,
-                 holdout_every: Optional[int] = None) -> None:
+                 holdout_every: Optional[int] = None, text_field: str = TEXT_FIELD) -> None:
         self.files, self.layout, self.split = list(files), layout, split
         self.holdout_every = holdout_every  # None: every document of the files
+        self.text_field = text_field  # the field of a JSON Lines object that holds its text
         self.n_documents, self.n_chars, self.fingerprint = 0, 0, ""
 
     def __iter__(self) -> Iterator[str]:
-        docs = (doc for path in self.files for doc in _read(path, self.layout))
+        docs = (doc for path in self.files for doc in _read(path, self))
         for i, doc in enumerate(docs):  # both splits' documents, for a text folder
             if self.keeps(i):
                 yield doc
@@ -83,7 +94,7 @@ class _Every:
 class Corpus(NamedTuple):
     """What `load_corpus` read: `splits` maps a split name to its `Documents`."""
     path: Path  # the folder the files are in
-    layout: str  # "wikitext" or "text folder"
+    layout: str  # "wikitext", "split files" or "text folder"
     splits: dict[str, Documents]
     files: list[CorpusFile]
 
@@ -97,11 +108,14 @@ class Corpus(NamedTuple):
         return lines
 
 
-def load_corpus(path: PathLike, *, holdout_every: int = 20) -> Corpus:
-    """Read the corpus in folder `path` (or in its one subfolder with text files), as
-    WikiText (exactly the splits of one layout) or as a text folder (only other `.txt`
-    files, split as `load_text_folder`); anything else, where some files would go unread,
-    raises a `ValueError` listing them. `corpus.report()` gives the log lines."""
+def load_corpus(path: PathLike, *, holdout_every: int = 20,
+                text_field: str = TEXT_FIELD) -> Corpus:
+    """Read the corpus in folder `path` (or in its one subfolder with corpus files), as
+    WikiText (exactly the splits of one layout), as split files (only files named by their
+    split) or as a text folder (only other corpus files, every `holdout_every`-th document
+    held out as `valid`); anything else, where some files would go unread, raises a
+    `ValueError` listing them. `text_field`: the field of a JSON Lines object that holds its
+    document. `corpus.report()` gives the log lines."""
     root = Path(path).expanduser()
     check_readable(root, expected=CORPUS_FOLDER)  # a loop, a link to nothing, ... named
     if not root.is_dir():
@@ -116,8 +130,8 @@ def load_corpus(path: PathLike, *, holdout_every: int = 20) -> Corpus:
         if not subfolders:
             raise FileNotFoundError(
                 f"no text files in {root} nor in its subfolders: looked for "
-                f"{', '.join('*' + s for s in TEXT_SUFFIXES)} (WikiText's "
-                f"{', '.join(WIKITEXT_LAYOUTS[0].values())}, ... or any .txt files)")
+                f"{', '.join('*' + s for s in _SUFFIXES)} (WikiText's "
+                f"{', '.join(WIKITEXT_LAYOUTS[0].values())}, ... or any corpus files)")
         if len(subfolders) > 1:
             raise ValueError(
                 f"{root} holds no text files itself, but several of its subfolders do: "
@@ -129,22 +143,26 @@ def load_corpus(path: PathLike, *, holdout_every: int = 20) -> Corpus:
             f"({'; '.join(f'{d.name}/: ' + _names(_text_files(d), d) for d in subfolders)}); "
             f"load_corpus reads one folder, not its subfolders: move the files so that one "
             f"folder holds the whole corpus, or pass the folder to read")
-    layout = _wikitext_layout(root, files)
-    if layout is not None:
-        splits = {s: Documents([layout[s]], WIKITEXT, s) for s in SPLITS if s in layout}
+    named = _split_files(root, files)  # {split: its files}, where they are named so
+    layout = SPLIT_FILES if named else WIKITEXT
+    named = named or {s: [p] for s, p in (_wikitext_layout(root, files) or {}).items()}
+    if named:
+        splits = {s: Documents(named[s], layout, s, text_field=text_field)
+                  for s in SPLITS if s in named}
         read = _scan(list(splits.values()))
         if not any(len(d) for d in splits.values()):
-            raise ValueError(f"the WikiText files in {root} hold no text: "
-                             f"{_names(list(layout.values()), root)}")
-        return Corpus(root, WIKITEXT, splits, read)
-    splits = {s: Documents(files, TEXT_FOLDER, s, holdout_every) for s in ("train", "valid")}
+            raise ValueError(f"the {layout} corpus in {root} holds no text: "
+                             f"{_names([f.path for f in read], root)}")
+        return Corpus(root, layout, splits, read)
+    splits = {s: Documents(files, TEXT_FOLDER, s, holdout_every, text_field)
+              for s in ("train", "valid")}
     read = _scan(list(splits.values()))
     check_enough_documents(sum(f.n_documents for f in read), holdout_every, root, len(files))
     return Corpus(root, TEXT_FOLDER, splits, read)
 
 
 def _text_files(folder: Path) -> list[Path]:
-    return files_named(folder, TEXT_SUFFIXES)
+    return files_named(folder, _SUFFIXES)
 
 
 def _names(paths: list[Path], root: Path, limit: int = 8, suffix: str = "") -> str:
@@ -160,12 +178,13 @@ def _wikitext_layout(root: Path, files: list[Path]) -> dict[str, Path] | None:
     found = [{s: root / n for s, n in layout.items() if n in names} for layout in WIKITEXT_LAYOUTS]
     found = [f for f in found if f]
     if not found:
-        stray = [p for p in files if p not in text_folder_files(root)]
+        stray = [p for p in files if not corpus_suffix(p)]
         if stray:
             raise ValueError(
-                f"{root} looks like a text folder (.txt files), but also holds "
-                f"{_names(stray, root)}, which is neither .txt nor a WikiText split and would "
-                f"not be read: rename it to .txt, or move it out")
+                f"{root} looks like a text folder (.txt, .txt.gz, .jsonl or .jsonl.gz "
+                f"files), but also holds {_names(stray, root)}, which is neither a corpus "
+                f"file nor a WikiText split and would not be read: rename it to .txt, or "
+                f"move it out")
         return None
     wiki = [p for f in found for p in f.values()]
     others = [p for p in files if p not in wiki]
@@ -175,19 +194,48 @@ def _wikitext_layout(root: Path, files: list[Path]) -> dict[str, Path] | None:
             f"{root} mixes WikiText layouts ({layouts}), so some files would go unread: "
             f"keep one layout per folder")
     if others:
-        splits = _names(list(found[0].values()), root)
-        first = next(iter(found[0].values())).name
-        raise ValueError(
-            f"{root} mixes corpus layouts, so some files would go unread: the WikiText "
-            f"split file(s) {splits} beside the other text file(s) {_names(others, root)}. "
-            f"Move the WikiText splits into a folder of their own, or rename them (e.g. "
-            f"{first} to my_{first}) to read every .txt file as one text folder")
+        raise _mixed(root, "WikiText split", list(found[0].values()), others)
     return found[0]
 
 
-def _read(path: Path, layout: str) -> Iterator[str]:
-    """The documents of one file: WikiText articles, or blank-line separated documents."""
-    return iter_articles(iter_lines(path)) if layout == WIKITEXT else iter_documents(path)
+def _split_files(root: Path, files: list[Path]) -> dict[str, list[Path]]:
+    """`{split: files}` when `files` are compressed or JSON Lines files named by their split
+    (`SPLIT_NAMES`), {} when none are; a ValueError when they lie beside other files, which
+    no split would read. WikiText's names uncompressed (`train.txt`) are WikiText's."""
+    named: dict[str, list[Path]] = {}
+    for p in files:
+        suffix = corpus_suffix(p) or ""
+        if suffix not in ("", ".txt") and p.name[:-len(suffix)] in SPLIT_NAMES:
+            named.setdefault(SPLIT_NAMES[p.name[:-len(suffix)]], []).append(p)
+    others = [p for p in files if not any(p in paths for paths in named.values())]
+    if named and others:
+        plain = [p.name for p in others if corpus_suffix(p) == ".txt" and p.name[:-4] in
+                 SPLIT_NAMES]  # WikiText's name: gzipped, it is a split file
+        raise _mixed(root, "split", sorted(p for paths in named.values() for p in paths),
+                     others, f"; or gzip the plain split file(s) {', '.join(plain)} too"
+                     if plain else "")
+    return named
+
+
+def _mixed(root: Path, kind: str, named: list[Path], others: list[Path],
+           hint: str = "") -> ValueError:
+    """The refusal of a folder where the `kind` files `named` lie beside `others`."""
+    first = named[0].name
+    return ValueError(
+        f"{root} mixes corpus layouts, so some files would go unread: the {kind} file(s) "
+        f"{_names(named, root)} beside the other file(s) {_names(others, root)}. Move the "
+        f"{kind} files into a folder of their own, or rename them (e.g. {first} to "
+        f"my_{first}) to read every file as one text folder{hint}")
+
+
+def _read(path: Path, docs: Documents) -> Iterator[str]:
+    """The documents of one file of `docs`: WikiText articles, JSON Lines objects' texts, or
+    blank-line separated documents."""
+    if docs.layout == WIKITEXT:
+        return iter_articles(iter_lines(path))
+    if corpus_suffix(path) in (".jsonl", ".jsonl.gz"):
+        return iter_jsonl_documents(path, docs.text_field)
+    return iter_documents(path)
 
 
 def _scan(splits: list[Documents]) -> list[CorpusFile]:
@@ -202,7 +250,7 @@ def _scan(splits: list[Documents]) -> list[CorpusFile]:
         i = 0  # the document's index over all the group's files, as `keeps` counts it
         for path in paths:
             n_file = chars_file = 0
-            for doc in _read(path, group[0].layout):
+            for doc in _read(path, group[0]):
                 for d in group:
                     if d.keeps(i):
                         d.n_documents += 1

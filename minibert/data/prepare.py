@@ -20,7 +20,7 @@ from typing import Iterable, Optional, Sequence, Union
 
 from ..atomic import PathLike, write_files_atomically, writing
 from .tokenizer import Tokenizer, default_cache_dir
-from .corpus import Corpus, Documents, load_corpus
+from .corpus import SPLIT_FILES, Corpus, Documents, load_corpus
 from .mlm import PackedMLMDataset
 from .tokens import TokenFile, TokenFileError, tokenize_to_memmap
 from .wikitext import download_wikitext
@@ -109,6 +109,9 @@ def check_splits(corpus: Corpus, splits: Sequence[str], data_dir: PathLike,
         if s not in corpus.splits:
             how = (f"choose among those with {' and '.join(flags)}" if flags else
                    "choose the training and evaluation splits among those")
+            if corpus.layout == SPLIT_FILES:  # a train.jsonl alone: its name says "train only"
+                how += (", or name the files for no split (corpus.jsonl, ...) to hold every "
+                        "20th document out as valid")
             raise FileNotFoundError(f"split {s!r} not found in {data_dir} (found: "
                                     f"{', '.join(sorted(corpus.splits))}); {how}")
 
