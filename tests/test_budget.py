@@ -3,13 +3,48 @@
 The measured times are injected (a clock that advances by a fixed amount each time it is
 read), so what these tests choose does not depend on this machine's speed."""
 
+import itertools
+import json
+import logging
+
+import pytest
 import torch
 
 from minibert.data.seq_warmup import seq_len_at
 from minibert.training import budget
+from minibert.training.checkpoint import latest_checkpoint, load_checkpoint
 from minibert.training.state import TrainConfig
 
-from facts import raises
+from engine_utils import load_example, wikitext_folder
+from facts import assert_carries, raises, without
+
+pretrain = load_example("pretrain_wikitext")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return wikitext_folder(tmp_path_factory.mktemp("wikitext"))
+
+
+def _args(data_dir, out, cache, *extra):
+    return ["--data-dir", str(data_dir), "--out", str(out), "--cache-dir", str(cache),
+            "--preset", "tiny", "--vocab-size", "200", "--seq-len", "32", "--batch-size", "8",
+            "--log-every", "1", "--no-progress", "--eval-batches", "2",
+            "--precision", "fp32", *extra]
+
+
+def _clock(monkeypatch, seconds: float) -> list:
+    """Every timed step (and evaluation batch) takes `seconds`: the clock advances by that
+    much each time it is read. Returns the list of readings, to see it was read."""
+    readings = []
+    ticks = itertools.count()
+
+    def clock() -> float:
+        readings.append(None)
+        return next(ticks) * seconds
+
+    monkeypatch.setattr(budget, "clock", clock)
+    return readings
 
 
 # ---- the duration -----------------------------------------------------------------------------
@@ -101,3 +136,115 @@ def test_measuring_leaves_the_model_and_every_generator_as_they_were(tmp_path):
     assert all(t > 0 for t in times.by_length.values())
     assert budget.measured_lengths(128, 16) == [16, 72, 128]
     assert budget.measured_lengths(32, 32) == [32] and budget.measured_lengths(32, 48) == [32]
+
+
+# ---- the main job -----------------------------------------------------------------------------
+
+def _error_line(capsys, argv):
+    code = pretrain.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+def test_refusals_name_the_flags_and_leave_no_out(data_dir, tmp_path, capsys, monkeypatch):
+    readings = _clock(monkeypatch, 1.0)
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    cases = [
+        (["--time-budget", "1h", "--max-steps", "6"], ["--time-budget", "--max-steps"]),
+        (["--time-budget", "1h", "--decay-steps", "6"], ["--time-budget", "--decay-steps"]),
+        (["--time-budget", "soon"], ["--time-budget", "'soon'", "1.5h"]),
+        (["--time-budget", "0"], ["--time-budget", "'0'", "more than 0"]),
+        (["--time-budget=-1h"], ["--time-budget", "'-1h'"]),
+        # measured, then refused: one step and the final evaluation take 1 + 2 s
+        (["--time-budget", "2s"], ["--time-budget 2s", "one step"]),
+        # a warmup in steps longer than the steps the budget fits (9)
+        (["--time-budget", "12s", "--warmup-steps", "10"], ["--warmup-steps", "10 steps",
+                                                             "--time-budget"]),
+    ]
+    for extra, facts in cases:
+        assert_carries(without(_error_line(capsys, _args(data_dir, out, cache, *extra)), out),
+                       *facts)
+        assert not out.exists(), extra
+    assert readings  # the last two were measured before they were refused
+
+
+def _run(data_dir, out, cache, *extra) -> None:
+    assert pretrain.main(_args(data_dir, out, cache, *extra)) == 0
+
+
+def _saved_config(out) -> dict:
+    saved = load_checkpoint(latest_checkpoint(out / "checkpoints"))
+    return saved["train_config"], saved["data_identity"]
+
+
+def test_the_budget_sets_the_steps_and_the_schedule_fits_them(data_dir, tmp_path, monkeypatch,
+                                                              caplog):
+    """Each step measures 1 s and each evaluation batch 1 s: 23.2 s less 5% is 22.04 s, the
+    final evaluation of 2 batches takes 2, so 20 steps fit. The main job's fractions then
+    apply to 20: a learning-rate warmup of 2 steps and a sequence-length warmup of 10."""
+    _clock(monkeypatch, 1.0)
+    out = tmp_path / "run"
+    with caplog.at_level(logging.INFO):
+        _run(data_dir, out, tmp_path / "cache", "--time-budget", "23.2s")
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert_carries(said, "--time-budget 23.2s", "20 steps", "--max-steps 20",
+                   "warmup 2 steps", "sequence-length warmup 10 steps")
+    train_config, identity = _saved_config(out)
+    assert train_config["max_steps"] == train_config["decay_steps"] == 20
+    assert identity["--time-budget"] == {"seconds": 23.2, "steps": 20}
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    lr = {r["step"]: r["lr"] for r in rows if "lr" in r}
+    assert lr[1] == pytest.approx(1e-3 / 2) and lr[2] == pytest.approx(1e-3)
+    assert lr[20] == pytest.approx(1e-5)  # decayed to --min-lr at the budget's last step
+    summary = json.loads((out / "eval.json").read_text())
+    # 16 + 32 * (s - 1) / 10 ... in multiples of 8 over steps 1-10, then 32
+    lengths = [seq_len_at(s, 32, 16, 10) for s in range(1, 21)]
+    assert summary["steps"] == 20 and summary["tokens_seen"] == 8 * sum(lengths)
+
+
+def test_a_budget_run_is_a_max_steps_run_of_its_steps_bit_for_bit(data_dir, tmp_path,
+                                                                   monkeypatch):
+    """Measuring trains a copy, and puts every generator back: with dropout drawing from
+    torch's generator, the budget's 20 steps give the very weights --max-steps 20 gives."""
+    readings = _clock(monkeypatch, 1.0)
+    cache = tmp_path / "cache"
+    _run(data_dir, tmp_path / "budget", cache, "--time-budget", "23.2s", "--dropout", "0.1")
+    assert readings
+    _run(data_dir, tmp_path / "steps", cache, "--max-steps", "20", "--dropout", "0.1")
+    for name in ("model.safetensors", "config.json"):
+        assert (tmp_path / "budget" / "final" / name).read_bytes() == \
+            (tmp_path / "steps" / "final" / name).read_bytes(), name
+
+
+def test_a_resume_keeps_the_steps_and_never_measures_again(data_dir, tmp_path, monkeypatch,
+                                                           capsys):
+    """A budget run cut short after its checkpoint at step 15, resumed on a machine now ten
+    times slower, goes on to its 20 steps and ends with the uninterrupted run's weights."""
+    _clock(monkeypatch, 1.0)
+    cache, out, whole = tmp_path / "cache", tmp_path / "run", tmp_path / "whole"
+    flags = ["--time-budget", "23.2s", "--save-every", "5"]
+    _run(data_dir, whole, cache, *flags)
+    _run(data_dir, out, cache, *flags)
+    # What a stop after step 15's checkpoint leaves: no step 20, no outputs.
+    for path in ("checkpoints/step_00000020", "final", "eval.json"):
+        target = out / path
+        for child in sorted(target.rglob("*"), reverse=True) if target.is_dir() else []:
+            child.unlink() if child.is_file() else child.rmdir()
+        target.rmdir() if target.is_dir() else target.unlink()
+
+    readings = _clock(monkeypatch, 10.0)  # measured now, 20 steps would not fit
+    _run(data_dir, out, cache, *flags, "--resume")
+    assert not readings  # nothing measured
+    assert _saved_config(out)[0]["max_steps"] == 20
+    assert (out / "final" / "model.safetensors").read_bytes() == \
+        (whole / "final" / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    # A finished budget run resumed: nothing to do, at its own 20 steps.
+    _run(data_dir, out, cache, *flags, "--resume")
+    assert_carries(capsys.readouterr().out, "complete", "step 20")
+    # Another budget, or none, is another run: refused by name.
+    for extra, facts in [(["--time-budget", "1h"], ["--time-budget", "23.2", "3600"]),
+                         ([], ["--time-budget", "not set"])]:
+        err = _error_line(capsys, _args(data_dir, out, cache, "--resume", *extra))
+        assert_carries(err, *facts)
