@@ -316,15 +316,23 @@ def fit_budget(args: Any, cfg: TrainConfig, model: nn.Module, train_set: Dataset
     identity[BUDGET] = {"seconds": seconds, "steps": fit.steps}
     if ctx.is_main:
         log.info("--time-budget %s (%g s): a step takes %s (measured in %.1f s, not counted); "
-                 "%d steps fit, estimated at %.1f s with %d evaluation(s), %.0f%% of the budget "
-                 "held back for checkpoints and the log", text, seconds, budget.describe(times),
-                 took, fit.steps, fit.estimate, fit.evaluations, budget.RESERVE * 100)
-        log.info("the schedule fits the %d steps: learning-rate warmup %d steps, then decay to "
-                 "--min-lr at step %d; sequence-length warmup %d steps. The run stops at step "
-                 "%d, not at a time, and a resume keeps it; --max-steps %d repeats this run "
-                 "exactly", fit.steps, resolve_warmup(cfg.warmup, fit.steps), fit.steps,
-                 resolve_warmup(cfg.seq_len_warmup, fit.steps), fit.steps, fit.steps)
+                 "%s fit, estimated at %.1f s with %s, %.0f%% of the budget held back for "
+                 "checkpoints and the log", text, seconds, budget.describe(times), took,
+                 _counted(fit.steps, "step"), fit.estimate,
+                 _counted(fit.evaluations, "evaluation"), budget.RESERVE * 100)
+        log.info("the schedule fits the %s: learning-rate warmup %s, then decay to --min-lr "
+                 "at step %d; sequence-length warmup %s. The run stops at step %d, not at a "
+                 "time, and a resume keeps it; --max-steps %d repeats this run exactly",
+                 _counted(fit.steps, "step"),
+                 _counted(resolve_warmup(cfg.warmup, fit.steps), "step"), fit.steps,
+                 _counted(resolve_warmup(cfg.seq_len_warmup, fit.steps), "step"), fit.steps,
+                 fit.steps)
     return cfg
+
+
+def _counted(n: int, word: str) -> str:
+    """`n` of `word`, as said: 1 step, 20 steps."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
 def recorded_budget(out: Path) -> Optional[dict[str, Any]]:
