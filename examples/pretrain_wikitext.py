@@ -30,6 +30,7 @@ if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
     # traceback.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
+import argparse
 import logging
 import sys
 from pathlib import Path
@@ -60,8 +61,11 @@ def parse_args(argv=None):
     cli.add_flags(m, job, ["--attention", "--dropout", "--init-from", "--compile",
                            "--gradient-checkpointing"])
     pretrain.add_training_args(p, job)
+    pretrain.add_budget_args(p.add_argument_group("compute budget"))
     pretrain.add_run_args(p, default_out=Path("runs/pretrain"), job=job)
-    return p.parse_args(argv)
+    # --max-steps left out stays None (train_config fills in the job's), so that
+    # --time-budget can tell it from one given: argparse fills only what a namespace lacks.
+    return p.parse_args(argv, argparse.Namespace(max_steps=None))
 
 
 def main(argv=None) -> int:
@@ -90,6 +94,13 @@ def main(argv=None) -> int:
                  args.init_from or args.preset, sum(p.numel() for p in model.parameters()) / 1e6,
                  len(train_set), args.seq_len)
 
+        # Training: dynamic masking of each batch as it is drawn.
+        collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed,
+                              whole_word_mask=args.whole_word_mask)
+        # --time-budget: the steps that fit it, measured on a copy of the model at a fresh
+        # start, kept from the run's start on a --resume (docs/runs.md, "A compute budget").
+        cfg = pretrain.fit_budget(args, cfg, model, train_set, collate, ctx, identity)
+
         # --out: a fresh start, or a --resume of this very run (its data, tokenizer and
         # settings compared with the checkpoint's).
         if not script.claim([RunPlan(model, cfg, identity, args.out, args.resume)]):
@@ -97,9 +108,6 @@ def main(argv=None) -> int:
         if ctx.is_main:
             save_prepared(args.out, data)  # the run's tokenizer and its corpus keys
 
-        # Training: dynamic masking of each batch as it is drawn.
-        collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed,
-                              whole_word_mask=args.whole_word_mask)
         # Evaluation always masks single tokens at --eval-mask-prob, so that eval losses
         # compare across runs with and without --whole-word-mask (predicting a whole word is
         # the harder task) and across training masking rates (a 40% rate leaves less context

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import tokenizers
+import torch.nn as nn
+from torch.utils.data import Dataset
 
 from ..atomic import write_files_atomically, writing
 from . import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names,
@@ -21,14 +25,19 @@ from ..data.corpus import CORPUS_FOLDER, Corpus, load_corpus
 from ..data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_corpus
 from ..data.text import TEXT_FIELD
 from ..data.wikitext import SPLITS as WIKITEXT_SPLITS, WIKITEXT_VARIANTS
+from ..training import budget
+from ..training.checkpoint import latest_checkpoint, load_checkpoint
 from ..training.distributed import DistContext, all_gather_objects
 from ..interop.hf import (MODEL_FOLDER, check_tied_decoder, check_weights, config_from_hf,
                           read_config, require_safetensors)
 from ..paths import check_readable
 from ..machine.precision import resolve_precision
 from ..interop.pretrained import check_tokenizer_fits
-from ..training.state import TrainConfig
+from ..training.optim import resolve_warmup
+from ..training.state import Saved, TrainConfig
 from ..data.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -134,6 +143,15 @@ def add_training_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB) -
         "--allow-vocab-mismatch"])
 
 
+def add_budget_args(group: argparse._ArgumentGroup) -> None:
+    """--time-budget, the main job's: its length as a time (`fit_budget`)."""
+    group.add_argument("--time-budget", metavar="DURATION", help="train for as many steps "
+                       "as fit this time (90s, 45m, 1h, 1.5h, or seconds), measured at the "
+                       "start and kept on --resume; warmup and decay fit those steps, and the "
+                       "run stops at the last of them, whatever the clock says (docs/runs.md, "
+                       "'A compute budget'). Instead of --max-steps and --decay-steps")
+
+
 def add_run_args(p: argparse.ArgumentParser, default_out: Path, job: PretrainJob = MAIN_JOB
                  ) -> None:
     add_flags(p.add_argument_group("logging and checkpoints"), job, [
@@ -170,6 +188,7 @@ def check_args(args: Any, ctx: DistContext) -> TrainConfig:
                          f"{', '.join(ALL_PRESETS)}")
     check_numbers(args, NUMBER_RULES)
     finite_flags(args, ["lr", "min_lr", "weight_decay", "adam_eps", "max_grad_norm"])
+    budget_seconds(args)  # a duration, and the only length given
     cfg = train_config(args)
     require_safetensors()  # the model is saved at the end: said now, not after training
     in_flag_names(lambda: cfg.split_batch(ctx.world_size), FLAGS)
@@ -220,17 +239,20 @@ def architecture_flag(field: str, value: Any) -> str:
 def train_config(args: Any) -> TrainConfig:
     """The flags as the engine's settings; TrainConfig's own checks, said in flag names.
     A fresh start's horizon is --decay-steps or --max-steps (a warmup longer than it is
-    refused now); a resume keeps the checkpoint's, so --max-steps may shrink."""
+    refused now); a resume keeps the checkpoint's, so --max-steps may shrink. Under
+    --time-budget the steps and the horizon are `fit_budget`'s, after a measurement."""
+    job = MAIN_JOB.train  # what an unset flag leaves; distillation trains as the main job
+    # --max-steps unset is None where the script tells it from given (--time-budget refuses it)
+    max_steps = args.max_steps if args.max_steps is not None else job.max_steps
     # --decay-steps 0 is given, not unset: TrainConfig refuses it.
     horizon = args.decay_steps if args.decay_steps is not None else (
-        None if args.resume else args.max_steps)
+        None if args.resume or budget_seconds(args) is not None else max_steps)
     # The horizon a warmup is measured against, as the flag that set it.
     flags = {**FLAGS, "total_steps": "--max-steps" if args.decay_steps is None else
              "--decay-steps"}
-    job = MAIN_JOB.train  # what an unset flag leaves; distillation trains as the main job
     return in_flag_names(lambda: replace(
         job, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
-        max_steps=args.max_steps, decay_steps=horizon, lr=args.lr, min_lr=args.min_lr,
+        max_steps=max_steps, decay_steps=horizon, lr=args.lr, min_lr=args.min_lr,
         warmup=args.warmup_steps if args.warmup_steps is not None else job.warmup,
         schedule=args.schedule, weight_decay=args.weight_decay, adam_eps=args.adam_eps,
         max_grad_norm=args.max_grad_norm, precision=args.precision, seed=args.seed,
@@ -239,6 +261,94 @@ def train_config(args: Any) -> TrainConfig:
         seq_len_warmup=(args.seq_len_warmup if args.seq_len_warmup is not None
                         else job.seq_len_warmup),
         seq_len_start=args.seq_len_start or job.seq_len_start), flags)
+
+
+# ---- the compute budget (training/budget.py) --------------------------------------------------
+
+BUDGET = "--time-budget"  # its record in the run's identity: {"seconds": ..., "steps": N}
+
+
+def budget_seconds(args: Any) -> Optional[float]:
+    """--time-budget in seconds (None: not given), refused with another length of the run."""
+    text = getattr(args, "time_budget", None)  # the main job's flag alone: distill.py has none
+    if text is None:
+        return None
+    for flag, value in (("--max-steps", args.max_steps), ("--decay-steps", args.decay_steps)):
+        if value is not None:
+            raise ValueError(f"--time-budget {text} and {flag} {value} both set the run's "
+                             f"length: give one of them")
+    try:
+        return budget.parse_duration(text)
+    except ValueError as e:
+        raise ValueError(f"--time-budget {e}") from None
+
+
+def fit_budget(args: Any, cfg: TrainConfig, model: nn.Module, train_set: Dataset,
+               collate: Callable, ctx: DistContext, identity: dict[str, Any]) -> TrainConfig:
+    """`cfg` with the steps --time-budget fits (without the flag, `cfg` itself), before
+    --out is touched. A fresh start measures its step time (budget.measure_step_times, on a
+    copy of `model`: the run is as it would be unmeasured) and fits the steps and the
+    schedule's horizon to the budget; a resume keeps the steps of the run's start, measuring
+    nothing. `identity` (the data's, which a resume compares) records the budget and its
+    steps, so that a resume under another budget, or none, is refused by name."""
+    seconds = budget_seconds(args)
+    if seconds is None:
+        return cfg
+    text = args.time_budget
+    if args.resume:
+        record = recorded_budget(args.out)
+        if record is None:  # no checkpoint, or a run without a budget: check_resume says which
+            identity[BUDGET] = {"seconds": seconds}
+            return cfg
+        identity[BUDGET] = {"seconds": seconds, "steps": record["steps"]}
+        if ctx.is_main:
+            log.info("--time-budget %s: the run keeps the %d steps fitted at its start, "
+                     "measured then and not again", text, record["steps"])
+        return replace(cfg, max_steps=record["steps"])
+
+    full = args.seq_len
+    start = cfg.seq_len_start if cfg.seq_len_warmup else full
+    began = time.perf_counter()
+    times = budget.measure_step_times(model, train_set, collate, cfg, ctx,
+                                      budget.measured_lengths(full, start),
+                                      resolve_precision(cfg.precision, ctx.device))
+    took = time.perf_counter() - began
+    try:
+        fit = budget.fit_steps(seconds, times, cfg, full)
+    except ValueError as e:
+        raise ValueError(f"--time-budget {text}: {e}") from None
+    # A warmup in steps longer than the steps that fit, said as the budget's
+    cfg = in_flag_names(lambda: replace(cfg, max_steps=fit.steps, decay_steps=fit.steps),
+                        {**FLAGS, "total_steps": f"the steps --time-budget {text} fits:"})
+    identity[BUDGET] = {"seconds": seconds, "steps": fit.steps}
+    if ctx.is_main:
+        log.info("--time-budget %s (%g s): a step takes %s (measured in %.1f s, not counted); "
+                 "%s fit, estimated at %.1f s with %s, %.0f%% of the budget held back for "
+                 "checkpoints and the log", text, seconds, budget.describe(times), took,
+                 _counted(fit.steps, "step"), fit.estimate,
+                 _counted(fit.evaluations, "evaluation"), budget.RESERVE * 100)
+        log.info("the schedule fits the %s: learning-rate warmup %s, then decay to --min-lr "
+                 "at step %d; sequence-length warmup %s. The run stops at step %d, not at a "
+                 "time, and a resume keeps it; --max-steps %d repeats this run exactly",
+                 _counted(fit.steps, "step"),
+                 _counted(resolve_warmup(cfg.warmup, fit.steps), "step"), fit.steps,
+                 _counted(resolve_warmup(cfg.seq_len_warmup, fit.steps), "step"), fit.steps,
+                 fit.steps)
+    return cfg
+
+
+def _counted(n: int, word: str) -> str:
+    """`n` of `word`, as said: 1 step, 20 steps."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def recorded_budget(out: Path) -> Optional[dict[str, Any]]:
+    """The budget recorded by the run in `out` (its newest intact checkpoint's), or None."""
+    last = latest_checkpoint(Path(out) / "checkpoints")
+    if last is None:
+        return None
+    saved = Saved.of(load_checkpoint(last, mmap=True, verify=False))  # tensors not read
+    return (saved.data_identity or {}).get(BUDGET)
 
 
 def read_corpus(args: Any, ctx: DistContext) -> Optional[Corpus]:

@@ -29,7 +29,9 @@ CEILINGS_FILE = "mfu_ceilings.json"
 logger = logging.getLogger(__name__)
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on `device` (a GPU runs it after the call returns), so
+    that a clock read next times it; nothing to wait for on a CPU."""
     module = getattr(torch, device.type, None) if device.type != "cpu" else None
     if module is not None and hasattr(module, "synchronize"):
         module.synchronize(device)
@@ -53,13 +55,13 @@ def measure_peak_flops(device: Device, dtype: torch.dtype = torch.float32,
     def seconds(a: torch.Tensor, b: torch.Tensor) -> float:
         t0 = time.perf_counter()
         torch.mm(a, b)
-        _synchronize(device)
+        synchronize(device)
         return max(time.perf_counter() - t0, 1e-9)
 
     n = 128
     a, b = matrices(n)
     torch.mm(a, b)  # warm-up: kernel selection, lazy initialisation, caches
-    _synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     last = seconds(a, b)
     while 2 * n <= max_n and last < budget_s / 8:

@@ -18,6 +18,7 @@ What attaches to the loop at named points, each skippable on a first reading:
     signals.py      SIGTERM and Ctrl-C end the step in progress, save, and return
     runlog.py       metrics.jsonl, each step in it once, and the progress shown
     rundir.py       one run per folder: the lock, and what a refused start leaves
+    budget.py       a run's length from a time: its step time measured once, its steps fitted
 
 What it may import: the model, the data pipeline, the machine room and interop. Never `cli`
 or `tasks`: the engine trains any module, and knows no script.
