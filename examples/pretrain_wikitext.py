@@ -46,6 +46,7 @@ from minibert.training.evaluation import eval_batches, evaluate
 from minibert.training.resume import RunPlan
 from minibert.atomic import writing
 from minibert.training.runlog import read_rows
+from minibert.tasks.blimp import evaluate_blimp
 
 log = logging.getLogger("pretrain")
 
@@ -63,6 +64,7 @@ def parse_args(argv=None):
     pretrain.add_training_args(p, job)
     pretrain.add_budget_args(p.add_argument_group("compute budget"))
     pretrain.add_run_args(p, default_out=Path("runs/pretrain"), job=job)
+    pretrain.add_eval_blimp_args(p.add_argument_group("quality beside the loss"))
     # --max-steps left out stays None (train_config fills in the job's), so that
     # --time-budget can tell it from one given: argparse fills only what a namespace lacks.
     return p.parse_args(argv, argparse.Namespace(max_steps=None))
@@ -87,6 +89,9 @@ def main(argv=None) -> int:
         minibert.set_seed(args.seed, deterministic=args.deterministic)
         data, identity = pretrain.prepare_data(args, ctx, corpus)
         tok = data.tokenizer
+        blimp = pretrain.read_eval_blimp(args)  # the pairs scored at each evaluation, or None
+        if blimp is not None:
+            identity["--eval-blimp"] = pretrain.blimp_digest(blimp)
         train_set, eval_set = data.splits[args.train_split], data.splits[args.eval_split]
 
         model = build_model(args, tok)
@@ -115,8 +120,12 @@ def main(argv=None) -> int:
         eval_collate = MLMCollator(tok, mlm_probability=args.eval_mask_prob, seed=args.seed)
 
         def mlm_metrics(m, precision: str) -> dict:  # in the run's precision, kept on resume
-            return evaluate(m, eval_batches(eval_set, eval_collate, cfg, ctx), precision,
-                            ctx.device, ctx)
+            scores = evaluate(m, eval_batches(eval_set, eval_collate, cfg, ctx), precision,
+                              ctx.device, ctx)
+            if blimp is not None:  # zero-shot grammar, the same pairs every time
+                scores["blimp_accuracy"] = evaluate_blimp(m, tok, blimp,
+                                                          precision=precision).overall
+            return scores
 
         cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)  # on by default on a CPU
         result = train(model, train_set, collate, cfg, args.out, ctx=ctx, eval_fn=mlm_metrics,
@@ -171,15 +180,22 @@ def plot_loss(out: Path) -> None:
     rows = read_rows(out / "metrics.jsonl")
     train_rows = [r for r in rows if "loss" in r]
     eval_rows = [r for r in rows if "eval_loss" in r]
-    plt.figure(figsize=(6, 4))
-    plt.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], label="train")
+    blimp_rows = [r for r in rows if "blimp_accuracy" in r]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], label="train")
     if eval_rows:
-        plt.plot([r["step"] for r in eval_rows], [r["eval_loss"] for r in eval_rows], "o-",
-                 label="eval")
-    plt.xlabel("step")
-    plt.ylabel("MLM loss")
-    plt.legend()
-    plt.tight_layout()
+        ax.plot([r["step"] for r in eval_rows], [r["eval_loss"] for r in eval_rows], "o-",
+                label="eval")
+    ax.set_xlabel("step")
+    ax.set_ylabel("MLM loss")
+    ax.legend(loc="upper left")
+    if blimp_rows:  # the quality curve beside the loss, on its own axis
+        acc = ax.twinx()
+        acc.plot([r["step"] for r in blimp_rows], [100 * r["blimp_accuracy"] for r in blimp_rows],
+                 "s--", color="tab:green", label="BLiMP accuracy")
+        acc.set_ylabel("BLiMP accuracy (%)")
+        acc.legend(loc="upper right")
+    fig.tight_layout()
     with writing(out / "loss.png"), atomic_file(out / "loss.png") as f:  # whole, or not at all
         plt.savefig(f, format="png", dpi=110)
     plt.close()

@@ -6,6 +6,7 @@ rules here are those no setting checks itself; `TrainConfig`'s own are said in f
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import time
@@ -25,6 +26,7 @@ from ..data.corpus import CORPUS_FOLDER, Corpus, load_corpus
 from ..data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_corpus
 from ..data.text import TEXT_FIELD
 from ..data.wikitext import SPLITS as WIKITEXT_SPLITS, WIKITEXT_VARIANTS
+from ..tasks.blimp import read_blimp, sample_pairs
 from ..training import budget
 from ..training.checkpoint import latest_checkpoint, load_checkpoint
 from ..training.distributed import DistContext, all_gather_objects
@@ -150,6 +152,43 @@ def add_budget_args(group: argparse._ArgumentGroup) -> None:
                        "start and kept on --resume; warmup and decay fit those steps, and the "
                        "run stops at the last of them, whatever the clock says (docs/runs.md, "
                        "'A compute budget'). Instead of --max-steps and --decay-steps")
+
+
+def add_eval_blimp_args(group: argparse._ArgumentGroup) -> None:
+    """--eval-blimp: zero-shot grammar beside the loss, at each evaluation (`read_eval_blimp`)."""
+    group.add_argument("--eval-blimp", type=Path, metavar="DIR", help="a BLiMP folder (one "
+                       ".jsonl file per paradigm): at each evaluation, score the same sample of "
+                       "its minimal pairs by pseudo-log-likelihood and log blimp_accuracy, "
+                       "drawn beside the loss in loss.png (docs/quality.md)")
+    group.add_argument("--eval-blimp-pairs", type=int, default=EVAL_BLIMP_PAIRS,
+                       help="pairs of each paradigm in that sample, the same at every "
+                       "evaluation and on --resume")
+
+
+# Pairs per paradigm that --eval-blimp scores at each evaluation: over BLiMP's sample of 10
+# paradigms, 1,000 pairs, whose accuracy moves by about 1.6 points (one standard error,
+# sqrt(0.25 / 1000)) from sample to sample, at the cost of a few training steps (what it
+# costs: benchmarks/RESULTS.md, "BLiMP beside the loss").
+EVAL_BLIMP_PAIRS = 100
+
+
+def read_eval_blimp(args: Any) -> Optional[dict]:
+    """--eval-blimp's sample of minimal pairs, read and checked before --out is touched (None
+    without the flag); its digest joins the run identity, so a resume scores the same pairs."""
+    if args.eval_blimp is None:
+        return None
+    check_numbers(args, [("eval_blimp_pairs", lambda v: v >= 1, "at least 1")])
+    check_readable(args.eval_blimp, "--eval-blimp", "a BLiMP folder of .jsonl files")
+    return sample_pairs(read_blimp(args.eval_blimp), args.eval_blimp_pairs)
+
+
+def blimp_digest(sample: dict) -> str:
+    """What makes two --eval-blimp samples the same: their pairs' sentences, in order."""
+    h = hashlib.blake2b(digest_size=8)
+    for name, pairs in sorted(sample.items()):
+        for pair in pairs:
+            h.update(f"{name}\0{pair.good}\0{pair.bad}\0".encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
 
 
 def add_run_args(p: argparse.ArgumentParser, default_out: Path, job: PretrainJob = MAIN_JOB
