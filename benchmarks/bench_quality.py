@@ -113,7 +113,7 @@ def blimp(args, name: str, model: Path) -> dict:
     out = args.out / f"blimp-{name}"
     if not (out / "results.json").is_file():
         run([sys.executable, ROOT / "examples" / "blimp.py", "--model", model, "--blimp-dir",
-             args.blimp_dir, "--out", out, "--no-progress"])
+             args.blimp_dir, "--out", out])
     return json.loads((out / "results.json").read_text())
 
 
