@@ -341,3 +341,52 @@ def test_bad_input_is_refused_before_out_is_written(tmp_path, model_folder, caps
     assert glue_script.main(argv(model_folder, root, out, *extra)) == 2
     assert_carries(capsys.readouterr().err, *facts)
     assert not out.exists()
+
+
+# Every task's files as download_glue_data.py writes them: (header or None, a row).
+LAYOUTS = {
+    "CoLA": (None, ("gj04", "1", "", "The sailors rode the breeze clear of the rocks.")),
+    "SST-2": (("sentence", "label"), ("it 's a charming and often affecting journey . ", "1")),
+    "MRPC": (("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"),
+             ("1", "702876", "702977", "Amrozi accused his brother .", "Referring to him .")),
+    "STS-B": (("index", "genre", "filename", "year", "old_index", "source1", "source2",
+               "sentence1", "sentence2", "score"),
+              ("0", "main-captions", "MSRvid", "2012test", "0001", "none", "none",
+               "A plane is taking off.", "An air plane is taking off.", "5.000")),
+    "QQP": (("id", "qid1", "qid2", "question1", "question2", "is_duplicate"),
+            ("133273", "213221", "213222", "How is the life of a math student?",
+             "Which level of prepration is enough?", "0")),
+    "MNLI": (("index", "promptID", "pairID", "genre", "sentence1_binary_parse",
+              "sentence2_binary_parse", "sentence1_parse", "sentence2_parse", "sentence1",
+              "sentence2", "label1", "gold_label"),
+             ("0", "31193", "31193n", "government", "( ( x ) )", "( y )", "(ROOT x)", "(ROOT y)",
+              "Conceptually cream skimming has two basic dimensions.",
+              "Product and geography are what make cream skimming work.", "neutral",
+              "neutral")),
+    "QNLI": (("index", "question", "sentence", "label"),
+             ("0", "What came into force after the new constitution was herald?",
+              "As of that day, the new constitution heralding the Second Republic came into "
+              "force.", "entailment")),
+    "RTE": (("index", "sentence1", "sentence2", "label"),
+            ("0", "Dana Reeve died of lung cancer.", "Christopher Reeve had an accident.",
+             "not_entailment")),
+    "WNLI": (("index", "sentence1", "sentence2", "label"),
+             ("0", "I stuck a pin through a carrot.", "The carrot had a hole.", "1")),
+}
+
+
+@pytest.mark.parametrize("name", list(GLUE_TASKS))
+def test_every_task_reads_its_own_layout(tmp_path, name):
+    header, row = LAYOUTS[name]
+    task = GLUE_TASKS[name]
+    for file in (task.train, *task.evals.values()):
+        write(tmp_path / name / file, ([header] if header else []) + [row])
+    data = read_glue_task(task, tmp_path)
+    columns = header or range(len(row))
+    value = dict(zip(columns, row))
+    assert data.train.texts == [value[task.text].strip()]  # as every table is read
+    assert data.train.pairs == (None if task.pair is None else [value[task.pair]])
+    label = value[task.label]
+    assert data.train.labels == [float(label) if task.labels is None
+                                 else task.labels.index(label)]
+    assert list(data.evals) == list(task.evals)
