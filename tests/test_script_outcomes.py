@@ -341,7 +341,7 @@ def test_a_resume_on_other_data_is_refused_before_writing(inputs, finished_runs,
     args = script_argv("pretrain_wikitext", inputs, out, "--resume", "--max-steps", "2")
     args[args.index("--data-dir") + 1] = str(other)
     line = _one_line(capsys, "pretrain_wikitext", args)
-    assert "the text of --train-split train: checkpoint" in line, line  # the flag, the split
+    assert_carries(line, "the text of --train-split train", "checkpoint '")  # flag and split
     assert _files(out) == before
 
 
