@@ -62,8 +62,6 @@ def pretrain_minibert(args, name: str, budget: float) -> Path:
         cmd = [sys.executable, ROOT / "examples" / "pretrain_wikitext.py", "--data-dir",
                args.data_dir, "--time-budget", f"{budget:.0f}s", "--out", out, "--no-progress",
                "--cache-dir", args.out / "cache"]
-        if args.blimp_dir:
-            cmd += ["--eval-blimp", args.blimp_dir]
         run(cmd + (["--resume"] if (out / "checkpoints").is_dir() else []))
     return out / "final"
 
