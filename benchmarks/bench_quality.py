@@ -97,6 +97,20 @@ def pretrain_transformers(args, budget: float, tokenizer_folder: Path) -> Path:
     return folder
 
 
+def random_folder(args, like: Path) -> Path:
+    """A masked LM of `like`'s config and tokenizer with new weights (seed 0), for BLiMP; GLUE
+    draws a new encoder per seed itself (`--random-weights`)."""
+    import minibert
+    from minibert.interop.hf import config_from_hf, read_config
+
+    folder = args.out / "random" / "final"
+    if not (folder / "config.json").is_file():
+        minibert.set_seed(0)
+        model = minibert.BertForMaskedLM(config_from_hf(read_config(like)))
+        model.save_pretrained(folder, tokenizer=minibert.Tokenizer.from_pretrained(like))
+    return folder
+
+
 def glue(args, name: str, model: Path, random_weights: bool = False) -> dict:
     out = args.out / f"glue-{name}"
     if not (out / "results.json").is_file():
@@ -122,9 +136,11 @@ def main_run(args) -> None:
     folders = {"minibert": pretrain_minibert(args, "minibert", budget),
                "minibert-fifth": pretrain_minibert(args, "minibert-fifth", budget / 5)}
     folders["transformers"] = pretrain_transformers(args, budget, folders["minibert"])
-    folders["random"] = folders["minibert"]
+    folders["random"] = random_folder(args, folders["minibert"])
     for name in MODELS:
-        glue(args, name, folders[name], random_weights=name == "random")
+        # random: a new encoder per seed, of the main job's config, with its tokenizer
+        glue(args, name, folders["minibert"] if name == "random" else folders[name],
+             random_weights=name == "random")
         if args.blimp_dir:
             blimp(args, name, folders[name])
     print(f"done in {(time.time() - t0) / 3600:.1f} h; now: bench_quality.py report")
