@@ -280,8 +280,13 @@ def test_folders_and_files_without_pairs_are_refused(tmp_path):
         read_blimp(empty)
     zipped = tmp_path / "zipped"
     zipped.mkdir()
+    (zipped / "p.jsonl.xz").write_bytes(b"\xfd7zXZ")
+    with raises(FileNotFoundError, "no paradigm files", "p.jsonl.xz", "decompress"):
+        read_blimp(zipped)
     (zipped / "p.jsonl.gz").write_bytes(gzip.compress((_line() + "\n").encode()))
-    with raises(FileNotFoundError, "no paradigm files", "p.jsonl.gz", "gunzip"):
+    assert [p.good for p in read_blimp(zipped)["p"]] == [json.loads(_line())["sentence_good"]]
+    _write(zipped, "p.jsonl", [_line()])
+    with raises(ValueError, "'p'", "twice"):
         read_blimp(zipped)
     blank = _write(tmp_path / "blank", "p.jsonl", ["", "  "])
     with raises(ValueError, str(blank), "no pairs"):

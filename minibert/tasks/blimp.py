@@ -50,7 +50,7 @@ from ..paths import check_readable, file_present
 
 logger = logging.getLogger(__name__)
 
-SUFFIX = ".jsonl"
+SUFFIXES = (".jsonl", ".jsonl.gz")  # a paradigm file, plain or gzipped (read as a stream)
 # Rows (masked copies) per forward: BLiMP's sentences are short (about 8 tokens), so 256
 # copies are about 30 sentences, a few MB of activations for the mini preset.
 DEFAULT_BATCH_SIZE = 256
@@ -80,23 +80,35 @@ def read_blimp(folder: PathLike) -> dict[str, list[MinimalPair]]:
     if not root.is_dir():
         raise NotADirectoryError(f"{root} is a file; give the folder of BLiMP's paradigm "
                                  f"files (one *.jsonl file per paradigm)")
-    files = sorted(p for p in root.iterdir() if p.name.endswith(SUFFIX) and file_present(p))
+    files = sorted(p for p in root.iterdir() if p.name.endswith(SUFFIXES) and file_present(p))
     if not files:
         shown = sorted(p.name for p in root.iterdir() if not p.name.startswith("."))
-        zipped = [n for n in shown if n.endswith((".jsonl.gz", ".jsonl.bz2", ".jsonl.xz"))]
+        zipped = [n for n in shown if n.endswith((".jsonl.bz2", ".jsonl.xz"))]
         held = (f"it holds {', '.join(shown[:5])}{', ...' if len(shown) > 5 else ''}"
                 if shown else "it is empty")
-        fix = "; decompress them first (gunzip)" if zipped else ""
-        raise FileNotFoundError(f"{root} holds no paradigm files (*.jsonl, one paradigm a "
-                                f"file, one pair a line); {held}{fix}")
-    return {p.name[:-len(SUFFIX)]: read_paradigm(p) for p in files}
+        fix = "; decompress them first, or gzip them" if zipped else ""
+        raise FileNotFoundError(f"{root} holds no paradigm files (*.jsonl or *.jsonl.gz, one "
+                                f"paradigm a file, one pair a line); {held}{fix}")
+    paradigms: dict[str, list[MinimalPair]] = {}
+    for p in files:
+        name = _paradigm_name(p)
+        if name in paradigms:
+            raise ValueError(f"{root} holds paradigm {name!r} twice, plain and gzipped; keep "
+                             f"one of the two files")
+        paradigms[name] = read_paradigm(p)
+    return paradigms
+
+
+def _paradigm_name(path: Path) -> str:
+    """A paradigm file's name without its suffix: BLiMP names each file by its UID."""
+    return path.name.removesuffix(".gz").removesuffix(".jsonl")
 
 
 def read_paradigm(path: PathLike) -> list[MinimalPair]:
     """The pairs of one paradigm file, one JSON object a line (blank lines are skipped).
     Every line must carry the same `UID` where it has one: a file is one paradigm."""
     path = Path(path)
-    name = path.name.removesuffix(SUFFIX)
+    name = _paradigm_name(path)
     pairs: list[MinimalPair] = []
     uid: Optional[tuple[str, int]] = None  # the first line's UID, and that line
     # JSON: a \r alone is whitespace between tokens, no line end to refuse.
