@@ -31,7 +31,7 @@ from pathlib import Path
 
 import minibert
 from minibert import cli
-from minibert.atomic import NO_ROOM, WriteError, write_files_atomically
+from minibert.atomic import write_files_atomically
 from minibert.interop.hf import MODEL_FOLDER
 from minibert.interop.pretrained import check_tokenizer_fits
 from minibert.machine.precision import PRECISIONS
@@ -121,14 +121,7 @@ def main(argv=None) -> int:
                      100 * result.overall, len(result.paradigms), len(result.scores))
         except BaseException as e:
             signals.settle()
-            said = cli.name_outputs(e, {"--out": args.out})  # a write error, in the flag's terms
-            return cli.exit_status(said, signals.received, left=lambda: (
-                f"; {args.out} is written" if written else f" before {args.out} was written"),
-                # no room for the results (a full disk, a quota): status 3; an --out that
-                # cannot be a folder (under a file, read-only) is bad input
-                unwritten=lambda error: (f"{said}; {args.out} is as it was"
-                                         if isinstance(said, WriteError)
-                                         and said.errno in NO_ROOM else None))
+            return cli.one_output_status(e, signals.received, args.out, written)
     return 0
 
 

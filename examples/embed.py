@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from minibert import cli
-from minibert.atomic import NO_ROOM, WriteError, atomic_file
+from minibert.atomic import atomic_file
 from minibert.training.signals import StopOnSignals
 from minibert.data.text import iter_lines
 from minibert.interop.hf import MODEL_FOLDER
@@ -148,14 +148,7 @@ def main(argv=None) -> int:
                     print(f"{score:.4f}\tline {numbers[row]}\t{texts[row]}")
         except BaseException as e:
             signals.settle()
-            said = cli.name_outputs(e, {"--out": args.out})  # a write error, in the flag's terms
-            return cli.exit_status(said, signals.received, left=lambda: (
-                f"; {args.out} is written" if written else f" before {args.out} was written"),
-                # no room for the vectors (a full disk, a quota, a file-size limit): status
-                # 3; an --out that cannot be a file (under a file, read-only) is bad input
-                unwritten=lambda error: (f"{said}; {args.out} is as it was"
-                                         if isinstance(said, WriteError)
-                                         and said.errno in NO_ROOM else None))
+            return cli.one_output_status(e, signals.received, args.out, written)
     return 0
 
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 import torch.nn as nn
 
 from ..machine import memory
-from ..atomic import WriteError, could_not_write, write_failure
+from ..atomic import NO_ROOM, WriteError, could_not_write, write_failure
 from ..training.checkpoint import CheckpointError
 from ..model.config import ALL_PRESETS, BertConfig
 from ..data.tokens import TokenFileError
@@ -399,6 +399,20 @@ def name_outputs(error: BaseException, outputs: Mapping[str, Path]) -> BaseExcep
             if (named := error.as_output(flag, path)) is not None:
                 return named
     return error
+
+
+def one_output_status(error: BaseException, received: Optional[int], out: Path,
+                      written: bool) -> int:
+    """The exit status of a script that trains nothing and writes one output, --out
+    (embed.py, blimp.py), after `error`: where no room was left for the output (a full disk,
+    a quota, a file-size limit), status 3 and --out as it was; an --out that cannot be
+    written (under a file, read-only) is bad input, status 2."""
+    said = name_outputs(error, {"--out": out})  # a write error, in the flag's terms
+    return exit_status(said, received, left=lambda: (
+        f"; {out} is written" if written else f" before {out} was written"),
+        unwritten=lambda e: (f"{said}; {out} is as it was"
+                             if isinstance(said, WriteError) and said.errno in NO_ROOM
+                             else None))
 
 
 def exit_status(error: BaseException, received: Optional[int], flags: Mapping[str, str] = {},
