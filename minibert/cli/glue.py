@@ -1,7 +1,7 @@
 """GLUE in one command (examples/glue.py): one recipe for every task, each task fine-tuned
 from the same model folder, seed by seed, and the scores gathered as the benchmark does.
 
-The recipe follows Cramming's "GLUE-sane" rules (Geiping & Goldstein 2022): the same
+The recipe follows Cramming's "GLUE-sane" rules (Geiping & Goldstein 2023): the same
 hyperparameters for every task, at most 5 epochs, and the last epoch's score, with no choice
 of the best epoch or rate on the dev set (docs/quality.md gives the numbers and why).
 """
