@@ -167,8 +167,8 @@ def add_eval_blimp_args(group: argparse._ArgumentGroup) -> None:
 
 # Pairs per paradigm that --eval-blimp scores at each evaluation: over BLiMP's sample of 10
 # paradigms, 1,000 pairs, whose accuracy moves by about 1.6 points (one standard error,
-# sqrt(0.25 / 1000)) from sample to sample, at the cost of a few training steps (what it
-# costs: benchmarks/RESULTS.md, "BLiMP beside the loss").
+# sqrt(0.25 / 1000)) from sample to sample. What scoring costs: benchmarks/RESULTS.md,
+# "BLiMP: the main job's model against random weights".
 EVAL_BLIMP_PAIRS = 100
 
 
