@@ -60,8 +60,7 @@ def parse_args(argv=None):
                    "task folders")
     d.add_argument("--tasks", help=f"a comma-separated subset of {', '.join(GLUE_TASKS)}; "
                    "default every task found")
-    d.add_argument("--random-weights", action="store_true", help="start from a new encoder "
-                   "of --init-from's config, with its tokenizer: the untrained baseline")
+    cli.add_flags(d, job, ["--random-weights"])
     d.add_argument("--max-train-examples", type=int, help="a random subset of each task's "
                    "training rows (fixed by the seed), for a quick look; not GLUE's score")
     r = p.add_argument_group("the recipe, the same for every task")

@@ -1,6 +1,7 @@
 """examples/finetune_classification.py end to end: a learnable task, --init-from, bad input."""
 
 import csv
+import dataclasses
 import json
 import random
 import sys
@@ -203,7 +204,50 @@ def test_init_from_a_minibert_checkpoint(pair_task, tmp_path, allocator_calls):
                                     "1")) == 0
     again = minibert.BertForSequenceClassification.from_pretrained(out2 / "final")
     assert again.num_labels == 2
-    assert again.config.hidden_dropout == again.config.attention_dropout == 0.05  # the checkpoint's
+    # BERT's fine-tuning dropout, not the checkpoint's 0.05
+    assert again.config.hidden_dropout == again.config.attention_dropout == 0.1
+
+
+def test_random_weights_beside_init_from_change_the_weights_alone(pair_task, tmp_path):
+    """The untrained baseline for a checkpoint: its config, tokenizer and settings, new
+    weights drawn from --seed, and the fine-tuning dropout whichever the start."""
+    ckpt = tmp_path / "mlm"
+    texts = [t for t, _ in sentences(64, 2, ("neg", "pos"))]
+    tok = minibert.Tokenizer.train_from_iterator(texts, vocab_size=150, use_cache=False)
+    config = minibert.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=2,
+                                 num_heads=4, intermediate_size=64, max_position_embeddings=64,
+                                 hidden_dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(1)
+    mlm = minibert.BertForMaskedLM(config)
+    mlm.save_pretrained(ckpt)
+    tok.save(ckpt)
+    steps = ("--max-steps", "2", "--lr", "1e-7", "--seed", "3")
+    runs = {}
+    for name, extra in (("pretrained", ()), ("random", ("--random-weights",))):
+        assert finetune.main(_pair_args(pair_task, tmp_path / name, ckpt, *steps, *extra)) == 0
+        runs[name] = minibert.BertForSequenceClassification.from_pretrained(
+            tmp_path / name / "final")
+        assert minibert.Tokenizer.from_pretrained(
+            tmp_path / name / "final").fingerprint == tok.fingerprint
+    for model in runs.values():  # the checkpoint's shape; BERT's fine-tuning dropout, not its 0
+        assert model.config.hidden_size == 32 and model.config.num_layers == 2
+        assert model.config.hidden_dropout == model.config.attention_dropout == 0.1
+    # What --seed 3 draws for a new classifier of that config: the random run's start, which
+    # two steps at 1e-7 hardly move; the pretrained run kept the checkpoint's encoder.
+    minibert.set_seed(3)
+    fresh = minibert.BertForSequenceClassification(
+        dataclasses.replace(config, hidden_dropout=0.1, attention_dropout=0.1), 2,
+        id2label=["2", "10"])
+    weight = lambda m: m.bert.blocks[1].ffn.up.weight  # noqa: E731
+    torch.testing.assert_close(weight(runs["random"]), weight(fresh), atol=1e-4, rtol=0)
+    torch.testing.assert_close(weight(runs["pretrained"]), weight(mlm), atol=1e-4, rtol=0)
+    assert (weight(runs["random"]) - weight(mlm)).abs().max() > 1e-2
+
+
+def test_random_weights_need_a_checkpoint(task, tmp_path, capsys):
+    err = _error_line(capsys, _args(task, tmp_path / "out", "--random-weights"))
+    assert_carries(err, "--random-weights", "--init-from", "--preset")
+    assert not (tmp_path / "out").exists()
 
 
 def test_init_from_a_transformers_checkpoint_with_vocab_txt(pair_task, tmp_path):

@@ -87,11 +87,12 @@ def test_finetuning_defaults_are_the_preset(script):
     assert _differs(finetune.train_config(args, steps_per_epoch=1), job.train) == {
         "max_steps": (job.epochs, job.train.max_steps),
         "eval_every": (1, job.train.eval_every), "save_every": (1, job.train.save_every)}
-    assert (args.epochs, args.seq_len, args.preset, args.vocab_size, args.dropout,
-            args.keep_freed_memory) == (job.epochs, job.seq_len, job.preset, job.vocab_size,
-                                        job.dropout, job.keep_freed_memory)
+    assert (args.epochs, args.seq_len, args.preset, args.vocab_size, args.keep_freed_memory
+            ) == (job.epochs, job.seq_len, job.preset, job.vocab_size, job.keep_freed_memory)
+    assert finetune.dropout_rate(args) == job.dropout
     from_checkpoint = module.parse_args(FINETUNE_REQUIRED[script] + ["--init-from", "m"])
     assert finetune.learning_rate(from_checkpoint) == job.lr_init_from
+    assert finetune.dropout_rate(from_checkpoint) == job.dropout_init_from
 
 
 def test_flag_names_name_every_field():

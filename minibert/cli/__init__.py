@@ -115,7 +115,8 @@ def _negative_number(text: str) -> bool:
 class Job:
     """A kind of run's defaults, which `flag_specs` gives its flags (`pretrain.MAIN_JOB`,
     `finetune.FINETUNE`). A run in `epochs` warms up by a share (--warmup-ratio), one in
-    steps (`epochs` None) by a count. `lr_init_from`: --lr's default with --init-from."""
+    steps (`epochs` None) by a count. `lr_init_from`: --lr's default with --init-from;
+    `dropout_init_from`: --dropout's (None: the checkpoint's own)."""
 
     train: TrainConfig
     preset: str = "mini"
@@ -124,6 +125,7 @@ class Job:
     dropout: Optional[float] = None  # from random weights; None: the preset's own
     epochs: Optional[int] = None
     lr_init_from: Optional[float] = None
+    dropout_init_from: Optional[float] = None
     keep_freed_memory: Optional[bool] = None  # None: on a CPU (apply_keep_freed_memory)
 
     def flags(self) -> dict[str, str]:
@@ -172,11 +174,18 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
         "--init-from": dict(type=Path, help="start from a minibert or transformers checkpoint "
                             "(a folder with config.json, weights and tokenizer); default: "
                             "random weights and a new tokenizer"),
+        "--random-weights": dict(action="store_true", help="with --init-from: a new model of "
+                                 "its config, with its tokenizer and every other setting as "
+                                 "given; the untrained baseline that differs from the "
+                                 "pretrained start in the weights alone"),
         "--preset": dict(default=job.preset,
                          help=f"without --init-from: one of {', '.join(ALL_PRESETS)}"),
         "--vocab-size": dict(type=int, default=job.vocab_size, help="without --init-from"),
-        "--dropout": dict(type=float, help="hidden and attention dropout; default from "
-                          f"random weights {scratch_dropout}, from a checkpoint its own"),
+        "--dropout": dict(type=float, help="hidden and attention dropout; default " + (
+            f"from random weights {scratch_dropout}, from a checkpoint its own"
+            if job.dropout_init_from is None else
+            f"{job.dropout_init_from:g} from a checkpoint too, as BERT fine-tunes: a "
+            "checkpoint's own rate is its pretraining's (0 after the main job)")),
         "--attention": dict(choices=["sdpa", "math", "chunked"]),
         "--compile": dict(action="store_true", help="torch.compile the model (distillation: "
                           "the student and the teacher); on the CPUs measured it did not pay: "

@@ -34,10 +34,11 @@ from ..data.tokenizer import Tokenizer
 from .pretrain import write_json
 
 # The fine-tuning scripts' defaults: BERT's recipe (a few epochs, a short linear warmup,
-# 5e-5 from a checkpoint); from random weights the model learns faster with a higher rate.
+# 5e-5 from a checkpoint, dropout 0.1 whatever the start); from random weights the model
+# learns faster with a higher rate.
 FINETUNE = Job(train=TrainConfig(batch_size=32, lr=5e-4, min_lr=0.0, warmup=0.1, weight_decay=0.01),
-               preset="mini", vocab_size=8192, seq_len=128, dropout=None, epochs=3,
-               lr_init_from=5e-5, keep_freed_memory=False)
+               preset="mini", vocab_size=8192, seq_len=128, dropout=0.1, epochs=3,
+               lr_init_from=5e-5, dropout_init_from=0.1, keep_freed_memory=False)
 
 FLAGS = FINETUNE.flags()  # TrainConfig's fields as their flags
 
@@ -52,7 +53,7 @@ def add_args(p: argparse.ArgumentParser, *, out: str, unit: str = "examples",
              job: Job = FINETUNE, epoch: str = "passes over the training data") -> None:
     """The model, training and output flags of every fine-tuning script (`cli.flag_specs`)."""
     add_flags(p.add_argument_group("model"), job, [
-        "--init-from", "--preset", "--vocab-size", "--cache-dir", "--dropout",
+        "--init-from", "--random-weights", "--preset", "--vocab-size", "--cache-dir", "--dropout",
         "--allow-vocab-mismatch", "--gradient-checkpointing"])
     add_flags(p.add_argument_group("training"), job, [
         "--epochs", "--max-steps", "--decay-steps", "--batch-size", "--micro-batch-size", "--lr",
@@ -69,6 +70,13 @@ def learning_rate(args: Any) -> float:
     return FINETUNE.lr_init_from if args.init_from else FINETUNE.train.lr
 
 
+def dropout_rate(args: Any) -> float:
+    """--dropout, or its default: FINETUNE's from a checkpoint or from random weights."""
+    if args.dropout is not None:
+        return args.dropout
+    return FINETUNE.dropout_init_from if args.init_from else FINETUNE.dropout
+
+
 def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> TrainConfig:
     """The mistakes in the shared flags worth one clear line, before any work; the settings
     (`epoch_config` adds the epochs). `positive`: the script's flags that must be >= 1."""
@@ -77,6 +85,10 @@ def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> Tra
             check_readable(getattr(args, flag), f"--{flag}")
     if args.init_from:
         check_readable(args.init_from, "--init-from", MODEL_FOLDER)
+    elif args.random_weights:
+        raise ValueError("--random-weights needs --init-from: it starts from new weights of "
+                         "that checkpoint's config and tokenizer (without --init-from the "
+                         "weights are new already, of --preset)")
     elif args.preset not in ALL_PRESETS:
         raise ValueError(f"unknown --preset {args.preset!r}; choose one of "
                          f"{', '.join(ALL_PRESETS)}")
@@ -170,11 +182,12 @@ def save_tokenizer(args: Any, ctx: DistContext, tok: Tokenizer) -> None:
 def build_model(cls: Any, args: Any, tok: Tokenizer, **head: Any) -> nn.Module:
     """`cls(config, **head)` from --init-from or --preset, checked against --seq-len and
     `tok` before the weights are read. A checkpoint trained for other labels than
-    `head["id2label"]` gets a new head (its classifier would score the wrong classes)."""
-    dropout = {} if args.dropout is None else {"hidden_dropout": args.dropout,
-                                               "attention_dropout": args.dropout}
+    `head["id2label"]` gets a new head (its classifier would score the wrong classes).
+    --random-weights: new weights of --init-from's config, drawn from torch's generator."""
+    rate = dropout_rate(args)
+    dropout = {"hidden_dropout": rate, "attention_dropout": rate}
     if args.init_from:
-        config = config_from_hf(read_config(args.init_from))
+        config = config_from_hf(read_config(args.init_from), **dropout)
     else:
         config = BertConfig.preset(args.preset, vocab_size=tok.vocab_size,
                                    pad_token_id=tok.pad_id, **dropout)
@@ -183,6 +196,7 @@ def build_model(cls: Any, args: Any, tok: Tokenizer, **head: Any) -> nn.Module:
     if args.init_from:
         check_tokenizer_fits(config, tok, source=args.init_from,
                              allow_vocab_mismatch=args.allow_vocab_mismatch)
+    if args.init_from and not args.random_weights:
         options: dict[str, Any] = {"allow_vocab_mismatch": args.allow_vocab_mismatch}
         if issubclass(cls, PretrainedMixin) and "id2label" in head:  # BertMultiTask: no head read
             options["on_other_labels"] = "new_head"
