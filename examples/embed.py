@@ -50,12 +50,15 @@ def parse_args(argv=None):
     p.add_argument("--model", type=Path, required=True, help="model folder with its tokenizer")
     p.add_argument("--input", type=Path, required=True, help="UTF-8 text, one text per line")
     p.add_argument("--out", type=Path, required=True, help="the .npy file to write")
-    p.add_argument("--pooling", choices=POOLINGS, default="mean")
+    p.add_argument("--pooling", choices=POOLINGS, default="mean", help="how a text's token "
+                   "vectors become one: their mean, the [CLS] vector, or their element-wise "
+                   "maximum")
     p.add_argument("--normalize", action="store_true", help="L2-normalise every vector")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass")
     p.add_argument("--max-length", type=int, help="tokens per text; default the model's limit")
     p.add_argument("--query", help="print the lines nearest to this text by cosine similarity")
-    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--top-k", type=int, default=5, help="with --query: how many of the "
+                   "nearest lines to print")
     cli.add_flags(p, None, ["--device", "--allow-vocab-mismatch"])
     return p.parse_args(argv)
 

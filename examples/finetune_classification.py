@@ -60,9 +60,11 @@ def parse_args(argv=None):
     d = p.add_argument_group("data")
     d.add_argument("--train", type=Path, required=True, help=".tsv or .csv with a header row")
     d.add_argument("--eval", type=Path, required=True, help=".tsv or .csv with a header row")
-    d.add_argument("--text-column", required=True)
+    d.add_argument("--text-column", required=True, help="the header of the column that "
+                   "holds each row's text")
     d.add_argument("--text-pair-column", help="a second text, for sentence-pair tasks")
-    d.add_argument("--label-column", required=True)
+    d.add_argument("--label-column", required=True, help="the header of the column that "
+                   "holds each row's label (strings or integers)")
     d.add_argument("--max-train-examples", type=int, help="a random subset (fixed by --seed)")
     d.add_argument("--seq-len", type=int, default=finetune.FINETUNE.seq_len,
                    help="longer inputs are truncated")

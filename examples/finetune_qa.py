@@ -68,7 +68,8 @@ def parse_args(argv=None):
         "overlap, as transformers' stride (BERT's run_squad.py gave the name to the step "
         "between windows); default --seq-len // 3, 128 at 384")
     arg("--max-question-len", type=int, default=64, help="longer questions are cut (tokens)")
-    arg("--max-answer-length", type=int, default=30, help="tokens")
+    arg("--max-answer-length", type=int, default=30, help="the longest answer span "
+        "predicted, in tokens")
     arg("--n-best", type=int, default=20, help="start and end candidates per window")
     arg("--null-score-diff-threshold", type=float, default=0.0, help="with --version-2: no "
         "answer when the [CLS] score beats the best span's by more than this")

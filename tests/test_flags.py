@@ -145,3 +145,49 @@ def test_every_shared_flag_is_used():
         args = module.parse_args(parser_args)
         used |= {"--" + name.replace("_", "-") for name in vars(args)}
     assert set(cli.flag_specs(pretrain.MAIN_JOB)) <= used | {"--warmup-ratio", "--epochs"}
+
+
+# ---- every flag of every script: its help, and the same negative forms ---------------------
+
+SCRIPTS = sorted(path.stem for path in (ROOT / "examples").glob("*.py"))
+
+
+class _Built(Exception):
+    """Raised in place of parsing, carrying the parser a script's parse_args built."""
+
+    def __init__(self, parser):
+        self.parser = parser
+
+
+def _parser(script: str, monkeypatch):
+    """The parser `script`'s parse_args builds, caught as it would start parsing (so no
+    required flag needs a value, and nothing after the parse runs)."""
+    import argparse
+
+    def caught(parser, *args, **kwargs):
+        raise _Built(parser)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", caught)
+    with pytest.raises(_Built) as built:
+        load_example(script).parse_args([])
+    return built.value.parser
+
+
+def test_every_script_is_walked():
+    assert {"pretrain_wikitext", "distill", "glue", "embed", "blimp",
+            *FINETUNE_REQUIRED} == set(SCRIPTS)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_flag_says_what_it_does(script, monkeypatch):
+    """--help gives each flag a line of its own words, not only "(default: ...)", which the
+    formatter writes for a flag without help."""
+    import argparse
+
+    parser = _parser(script, monkeypatch)
+    bare = [", ".join(a.option_strings) for a in parser._actions
+            if a.option_strings and not isinstance(a, argparse._HelpAction)
+            and (a.help is None or a.help == argparse.SUPPRESS or not a.help.strip()
+                 or a.help.strip().startswith("(default"))]
+    assert not bare, f"{script}: flags without help: {bare}"
+

@@ -151,8 +151,10 @@ _DETERMINISTIC = (
 # The flags whose meaning and default are the same in every script, training or not.
 PLAIN_FLAGS: dict[str, dict] = {
     "--device": dict(choices=["auto", "cpu", "cuda"], default="auto",
-                     help="auto: cuda when available"),
-    "--cache-dir": dict(type=Path, help="default $MINIBERT_CACHE or ~/.cache/minibert"),
+                     help="where the model runs; auto: cuda when available"),
+    "--cache-dir": dict(type=Path, help="where downloads, trained tokenizers and token files "
+                        "are kept for later runs to reuse; default $MINIBERT_CACHE or "
+                        "~/.cache/minibert"),
     "--allow-vocab-mismatch": dict(action="store_true", help="with a checkpoint: accept a "
                                    "tokenizer whose ids or special tokens are not the model's "
                                    "(deliberate vocabulary surgery); refused by default"),
@@ -180,13 +182,18 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
                                  "pretrained start in the weights alone"),
         "--preset": dict(default=job.preset,
                          help=f"without --init-from: one of {', '.join(ALL_PRESETS)}"),
-        "--vocab-size": dict(type=int, default=job.vocab_size, help="without --init-from"),
+        "--vocab-size": dict(type=int, default=job.vocab_size, help="the size of the "
+                             "WordPiece vocabulary trained for the run, without --init-from"),
         "--dropout": dict(type=float, help="hidden and attention dropout; default " + (
             f"from random weights {scratch_dropout}, from a checkpoint its own"
             if job.dropout_init_from is None else
             f"{job.dropout_init_from:g} from a checkpoint too, as BERT fine-tunes: a "
             "checkpoint's own rate is its pretraining's (0 after the main job)")),
-        "--attention": dict(choices=["sdpa", "math", "chunked"]),
+        "--attention": dict(choices=["sdpa", "math", "chunked"], help="how attention is "
+                            "computed, the same numbers each way: sdpa, torch's fused kernel; "
+                            "math, the formula written out, to read; chunked, exact attention "
+                            "in memory linear in the length; default the model's own (sdpa "
+                            "for a new one)"),
         "--compile": dict(action="store_true", help="torch.compile the model (distillation: "
                           "the student and the teacher); on the CPUs measured it did not pay: "
                           "no faster on packed batches, slower on padded ones, after a compile "
@@ -206,23 +213,38 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
                               "the whole run; steps past it run at --min-lr (default: the "
                               "steps of the run's first start)"),
         "--batch-size": dict(type=int, default=t.batch_size, help=f"global: {unit} per step"),
-        "--micro-batch-size": dict(type=int, help="per rank; default batch / world size"),
-        "--lr": (dict(type=float, help=f"default {_number(job.lr_init_from)} with --init-from, "
+        "--micro-batch-size": dict(type=int, help=f"{unit} per forward pass on each rank, "
+                                   "whose gradients add up to the global batch's; default "
+                                   "batch / world size"),
+        "--lr": (dict(type=float, help="the peak learning rate, reached at the end of the "
+                      f"warmup; default {_number(job.lr_init_from)} with --init-from, "
                       f"{_number(t.lr)} without") if job.lr_init_from is not None
-                 else dict(type=float, default=t.lr)),
+                 else dict(type=float, default=t.lr, help="the peak learning rate, reached "
+                           "at the end of the warmup")),
         "--min-lr": dict(type=float, default=t.min_lr, help="the rate at the horizon and after"),
         # A share of a schedule whose length is not known yet, or a step count.
-        "--warmup-ratio": dict(type=float, default=t.warmup, help="fraction of --decay-steps"),
-        "--warmup-steps": dict(type=int, help=f"default {t.warmup * 100:.0f}%% of --decay-steps"),
-        "--schedule": dict(choices=["linear", "cosine"], default=t.schedule),
-        "--weight-decay": dict(type=float, default=t.weight_decay),
-        "--adam-eps": dict(type=float, default=t.adam_eps),
-        "--max-grad-norm": dict(type=float, default=t.max_grad_norm),
+        "--warmup-ratio": dict(type=float, default=t.warmup, help="the learning rate's "
+                               "linear warmup, as a fraction of --decay-steps"),
+        "--warmup-steps": dict(type=int, help="steps of the learning rate's linear warmup; "
+                               f"default {t.warmup * 100:.0f}%% of --decay-steps"),
+        "--schedule": dict(choices=["linear", "cosine"], default=t.schedule,
+                           help="the learning rate's decay after the warmup, down to --min-lr "
+                           "at the horizon"),
+        "--weight-decay": dict(type=float, default=t.weight_decay, help="AdamW's decoupled "
+                               "weight decay, on the weight matrices only (not on biases and "
+                               "LayerNorm gains)"),
+        "--adam-eps": dict(type=float, default=t.adam_eps, help="AdamW's epsilon, which bounds "
+                           "an update where the gradient's second moment is tiny (RoBERTa's "
+                           "1e-6; PyTorch's 1e-8 lets such updates explode)"),
+        "--max-grad-norm": dict(type=float, default=t.max_grad_norm, help="clip the gradient's "
+                                "global norm to this before each step"),
         "--precision": dict(choices=["auto", "fp32", "bf16", "fp16"], default=t.precision,
                             help="auto: bf16 on a CUDA GPU that has it and on a CPU whose "
                             "flags name bf16 matrix instructions (AMX, AVX512-BF16, Arm "
                             "BF16); fp32 elsewhere"),
-        "--seed": dict(type=int, default=t.seed),
+        "--seed": dict(type=int, default=t.seed, help="seeds every random choice of the "
+                       "run: new weights, the data's order, dropout, and a masked LM's "
+                       "masking"),
         "--deterministic": dict(action="store_true", help=_DETERMINISTIC),
         "--keep-freed-memory": (
             dict(action=argparse.BooleanOptionalAction,
@@ -233,14 +255,20 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
                      when="off by default here: fine-tuning heads refill smaller buffers than "
                      "pretraining's vocabulary-wide logits"))),
         # logging and checkpoints
-        "--out": dict(type=Path, default=Path(out)),
-        "--log-every": dict(type=int, default=t.log_every),
-        "--eval-every": dict(type=int, default=t.eval_every, help="0 = only at the end"),
+        "--out": dict(type=Path, default=Path(out), help="the run's folder: its "
+                      "checkpoints, metrics.jsonl and outputs"),
+        "--log-every": dict(type=int, default=t.log_every, help="steps between two rows of "
+                            "metrics.jsonl and of the log (loss, learning rate, gradient norm, "
+                            "tokens/s, MFU, peak memory)"),
+        "--eval-every": dict(type=int, default=t.eval_every, help="steps between two "
+                             "evaluations; 0 = only at the end"),
         "--eval-batches": dict(type=int, default=t.eval_batches, help="global batches of the "
                                "evaluation split scored at each evaluation; fixed for the run, "
                                "as the split is (a resume with another value is refused), so "
                                "that every eval_loss is on the same text"),
-        "--save-every": dict(type=int, default=t.save_every),
+        "--save-every": dict(type=int, default=t.save_every, help="steps between two "
+                             f"checkpoints (the newest {t.keep_checkpoints} are kept); 0 = "
+                             "only at the end"),
         "--resume": dict(action="store_true", help="continue from the last checkpoint"),
         "--no-progress": dict(action="store_true", help="no tqdm progress bar"),
     }

@@ -115,9 +115,14 @@ def add_data_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB
     d.add_argument("--dataset", default=job.dataset, choices=sorted(WIKITEXT_VARIANTS),
                    help="downloaded once into --cache-dir; $MINIBERT_WIKITEXT_URL names a mirror")
     add_flags(d, job, ["--cache-dir"])
-    d.add_argument("--train-split", default=job.train_split)
-    d.add_argument("--eval-split", default=job.eval_split)
-    d.add_argument("--seq-len", type=int, default=job.seq_len)
+    d.add_argument("--train-split", default=job.train_split, help="the corpus split to "
+                   f"train on: one of WikiText's ({', '.join(WIKITEXT_SPLITS)}) or of "
+                   "--data-dir's")
+    d.add_argument("--eval-split", default=job.eval_split, help="the corpus split each "
+                   "evaluation scores (its first --eval-batches batches)")
+    d.add_argument("--seq-len", type=int, default=job.seq_len, help="tokens per training "
+                   "block, [CLS] and [SEP] included: the documents are packed into blocks "
+                   "of this length")
     d.add_argument("--mask-prob", type=float, default=job.mask_prob, help="share of tokens "
                    "masked for training; 30%% reaches a given loss in fewer steps than BERT's "
                    "15%% (Wettig et al. 2023; measured in benchmarks/RESULTS.md)")
