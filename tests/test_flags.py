@@ -191,3 +191,19 @@ def test_every_flag_says_what_it_does(script, monkeypatch):
                  or a.help.strip().startswith("(default"))]
     assert not bare, f"{script}: flags without help: {bare}"
 
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_keep_freed_memory_has_both_forms_wherever_it_is(script, monkeypatch):
+    """--keep-freed-memory / --no-keep-freed-memory in every script that has the flag, each
+    script keeping its default (on a CPU for pretraining: None; off for fine-tuning)."""
+    parser = _parser(script, monkeypatch)
+    if "--keep-freed-memory" not in parser._option_string_actions:
+        pytest.skip(f"{script} has no --keep-freed-memory")
+    monkeypatch.undo()  # parse for real
+    module = load_example(script)
+    required = FINETUNE_REQUIRED.get(script) or (["--teacher", "t"] if script == "distill"
+                                                 else [])
+    default = module.parse_args(required).keep_freed_memory
+    assert default == (None if script in ("pretrain_wikitext", "distill") else False)
+    assert module.parse_args(required + ["--keep-freed-memory"]).keep_freed_memory is True
+    assert module.parse_args(required + ["--no-keep-freed-memory"]).keep_freed_memory is False

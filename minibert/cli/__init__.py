@@ -246,14 +246,14 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
                        "run: new weights, the data's order, dropout, and a masked LM's "
                        "masking"),
         "--deterministic": dict(action="store_true", help=_DETERMINISTIC),
-        "--keep-freed-memory": (
-            dict(action=argparse.BooleanOptionalAction,
-                 help=_KEEP_FREED_MEMORY.format(when="on by default on a CPU"))
-            if job.keep_freed_memory is None else
-            dict(action="store_true", default=job.keep_freed_memory,
-                 help=_KEEP_FREED_MEMORY.format(
-                     when="off by default here: fine-tuning heads refill smaller buffers than "
-                     "pretraining's vocabulary-wide logits"))),
+        # Both forms in every script, whatever its default: a command line that turns the
+        # setting off explicitly works the same in pretraining and fine-tuning.
+        "--keep-freed-memory": dict(
+            action=argparse.BooleanOptionalAction, default=job.keep_freed_memory,
+            help=_KEEP_FREED_MEMORY.format(
+                when="on by default on a CPU" if job.keep_freed_memory is None else
+                "off by default here: fine-tuning heads refill smaller buffers than "
+                "pretraining's vocabulary-wide logits")),
         # logging and checkpoints
         "--out": dict(type=Path, default=Path(out), help="the run's folder: its "
                       "checkpoints, metrics.jsonl and outputs"),
