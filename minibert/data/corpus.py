@@ -98,13 +98,15 @@ class Corpus(NamedTuple):
     splits: dict[str, Documents]
     files: list[CorpusFile]
 
-    def report(self) -> list[str]:
-        """Lines for a log: the folder, one line per file read, then one per split."""
+    def report(self, splits: bool = True) -> list[str]:
+        """Lines for a log: the folder, one line per file read, then one per split (unless
+        not `splits`: prepare.py says each split once, when it knows its tokens too)."""
         lines = [f"{self.layout} corpus in {self.path}: {len(self.files)} files"]
         lines += [f"  {f.path} -> {f.split}: {f.n_documents:,} documents, "
                   f"{f.n_chars:,} characters" for f in self.files]
-        lines += [f"  split {name}: {len(docs):,} documents, {docs.n_chars:,} characters"
-                  for name, docs in self.splits.items()]
+        if splits:
+            lines += [f"  split {name}: {len(docs):,} documents, {docs.n_chars:,} characters"
+                      for name, docs in self.splits.items()]
         return lines
 
 

@@ -54,7 +54,7 @@ def prepare_corpus(run_dir: PathLike, splits: Sequence[str], seq_len: int = 128,
     data_dir = data_dir or download_wikitext(dataset, cache_dir=cache_dir)
     if corpus is None:
         corpus = load_corpus(data_dir)  # refuses a folder whose text files it would not read
-    for line in corpus.report():
+    for line in corpus.report(splits=False):  # the splits below, once, with their tokens
         log.info(line)
     check_splits(corpus, splits, data_dir)
     tok = run_tokenizer(run_dir, corpus.splits[splits[0]], init_from=init_from,
@@ -75,7 +75,9 @@ def prepare_corpus(run_dir: PathLike, splits: Sequence[str], seq_len: int = 128,
             tokenize_to_memmap(docs, tok, path)
     data = open_prepared(tok, keys, seq_len, cache_dir)
     for s, block in data.splits.items():
-        log.info("split %s: %d documents, %d tokens", s, block.tokens.n_docs, block.tokens.n_tokens)
+        log.info("split %s: %s documents, %s characters, %s tokens", s,
+                 f"{block.tokens.n_docs:,}", f"{corpus.splits[s].n_chars:,}",
+                 f"{block.tokens.n_tokens:,}")
     return data
 
 
