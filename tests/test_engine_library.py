@@ -314,25 +314,52 @@ def test_logging_set_up_by_the_caller_is_left_as_it_is(corpus, tmp_path, monkeyp
     assert capfd.readouterr() == ("", "")
 
 
-def test_progress_false_prints_nothing(corpus, tmp_path, monkeypatch, capfd):
+def test_progress_false_drops_the_bar_alone(corpus, tmp_path, monkeypatch, capfd):
+    """progress=False (--no-progress): no bar, on a terminal or not, and the rows still
+    logged, a line each, with tqdm or without."""
     tok, ds = corpus
     cfg = train_config(max_steps=4, log_every=2, progress=False)
     with as_in_a_notebook():
+        monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # where a bar would draw
         minibert.train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "tqdm")
         _without_tqdm(monkeypatch)
         minibert.train(tiny_model(tok), ds, collator(tok), cfg, tmp_path / "no-tqdm")
-    assert capfd.readouterr() == ("", "")
+    out, err = capfd.readouterr()
+    assert out == "" and "\r" not in err and "|#" not in err and "█" not in err
+    assert [line.split(" |")[0] for line in _rows_in(err)] == ["step 2", "step 4"] * 2
 
 
-def test_with_tqdm_a_call_draws_a_bar(corpus, tmp_path, capfd):
+def test_on_a_terminal_a_call_draws_a_bar_and_writes_each_line_above_it(corpus, tmp_path,
+                                                                          monkeypatch, capfd):
+    """On a terminal, the bar on stderr, the rows above it on stdout, and each notice of
+    the log on a line of its own above the bar, never drawn into its frame."""
+    pytest.importorskip("tqdm")
+    tok, ds = corpus
+    with as_in_a_notebook():
+        monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+        minibert.train(tiny_model(tok), ds, collator(tok),
+                       train_config(max_steps=4, log_every=2, save_every=2, progress=True),
+                       tmp_path)
+    out, err = capfd.readouterr()
+    assert "4/4" in err  # the bar, on stderr
+    assert len(_rows_in(out)) == 2  # the rows, written above it
+    # tqdm clears the bar's line ("\r", blanks, "\r") and writes a notice from its start
+    saved = [line.split("\r")[-1] for line in err.split("\n") if "saved checkpoint" in line]
+    assert len(saved) == 2 and all(line.startswith("saved checkpoint ") for line in saved), err
+
+
+def test_without_a_terminal_a_call_draws_no_bar(corpus, tmp_path, capfd):
+    """Into a file (here pytest's), a bar's frames would join into one line of carriage
+    returns: the rows are log lines instead, with the notices."""
     pytest.importorskip("tqdm")
     tok, ds = corpus
     with as_in_a_notebook():
         minibert.train(tiny_model(tok), ds, collator(tok),
                        train_config(max_steps=4, log_every=2, progress=True), tmp_path)
     out, err = capfd.readouterr()
-    assert "4/4" in err and "step" in err  # the bar, on stderr
-    assert len(_rows_in(out)) == 2  # the rows, written above it
+    assert out == "" and "\r" not in err and "4/4" not in err
+    assert [line.split(" |")[0] for line in _rows_in(err)] == ["step 2", "step 4"]
+    assert "saved checkpoint" in err
 
 
 def test_only_rank_0_shows_progress(corpus, tmp_path, monkeypatch, capfd):

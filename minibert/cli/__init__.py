@@ -270,7 +270,9 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
                              f"checkpoints (the newest {t.keep_checkpoints} are kept); 0 = "
                              "only at the end"),
         "--resume": dict(action="store_true", help="continue from the last checkpoint"),
-        "--no-progress": dict(action="store_true", help="no tqdm progress bar"),
+        "--no-progress": dict(action="store_true", help="no progress bar; the rows of "
+                              "--log-every are logged all the same (a run whose stderr is not "
+                              "a terminal draws no bar either)"),
     }
 
 

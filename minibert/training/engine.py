@@ -110,11 +110,13 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     - `peak_flops` (None): MFU's ceiling, else measured once per machine (`meters.mfu_ceiling`).
     - `release_memory` (on): glibc's free memory goes back to the kernel at each new
       sequence length and every RELEASE_EVERY steps (`memory.release_freed_memory`).
-    - `progress` (on): rank 0 draws a tqdm bar, or logs a line every `log_every` steps.
+    - `progress` (on): rank 0 draws a tqdm bar where one draws in place (a terminal, a
+      notebook). The rows are logged every `log_every` steps whatever it is: above the bar,
+      else a line each (runlog.shown).
     Random generators are seeded per rank, or put back on resume. No environment variable
     or global torch flag is written.
     """
-    with shown(cfg.progress and ctx.is_main):  # runlog.shown: log lines a notebook sees
+    with shown(cfg.progress, ctx.is_main):  # runlog.shown: a bar, or a log line a row
         run, state = start_run(model, train_set, collate, cfg, Path(out_dir), ctx, eval_set,
                                eval_fn, resume, overwrite, dict(data_identity or {}),
                                lengths, batches)

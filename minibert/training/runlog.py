@@ -1,7 +1,8 @@
 """A run's log: `metrics.jsonl` in its folder, one strict-JSON object per line (`null` for
 a non-finite number): a row per logged step and one per evaluation (no `lr`), across all the
 run's starts (docs/runs.md, "What the folder holds"). Rank 0 shows the rows as it trains:
-above a tqdm bar where tqdm is installed, else as log lines (`shown`).
+above a tqdm bar where one draws in place (a terminal, a notebook), else as log lines, one
+a row, that a file holds and grep finds (`shown`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import contextlib
 import json
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -52,32 +54,70 @@ class RunLog:
         return any(row.get("step") == step and "lr" not in row for row in read_rows(self.path))
 
 
-def _tqdm() -> Any:
-    """tqdm's bar class (`tqdm.auto`), or None where tqdm, an optional extra, is missing."""
+def _bar_class(enabled: bool) -> Any:
+    """tqdm's bar class (`tqdm.auto`) where a bar is `enabled` and draws in place: on a
+    terminal, or as a notebook's widget. Else None, and the rows are log lines: written
+    into a file, each frame of a text bar follows the last after a carriage return, and a
+    whole run becomes one line in which rows and notices are lost."""
+    if not enabled:
+        return None
     try:
         from tqdm.auto import tqdm
-    except ImportError:
+    except ImportError:  # tqdm is an optional extra
         return None
-    return tqdm
+    widget = any(c.__module__ == "tqdm.notebook" for c in tqdm.__mro__)  # auto's pick in Jupyter
+    isatty = getattr(sys.stderr, "isatty", None)  # tqdm draws on stderr; None under pythonw
+    return tqdm if widget or (isatty is not None and isatty()) else None
 
 
 def progress_bar(enabled: bool, total: int, initial: int) -> Any:
-    """A bar of the run's steps, from `initial` to `total`, or None: not enabled, or no tqdm."""
-    bar = _tqdm() if enabled else None
+    """A bar of the run's steps, from `initial` to `total`, or None (`_bar_class` says when)."""
+    bar = _bar_class(enabled)
     return bar(total=total, initial=initial, unit="step", dynamic_ncols=True) if bar else None
 
 
 @contextlib.contextmanager
-def shown(enabled: bool) -> Iterator[None]:
-    """While a run shows its progress (`enabled`) without a tqdm bar, and nobody has set
-    logging up: a handler writing INFO and up to stderr (Python's fallback would show
-    warnings alone, and a run silent for minutes looks hung)."""
-    package = logging.getLogger(__name__.partition(".")[0])  # "minibert", above every module's
-    if (not enabled or _tqdm() is not None or package.hasHandlers()
-            or package.level != logging.NOTSET):
+def shown(progress: bool, main: bool = True) -> Iterator[None]:
+    """How a run shows itself while it trains, on rank 0 (`main`): its rows and notices as
+    log lines, and a bar where `progress` asks for one and `_bar_class` draws one. Where
+    nobody has set logging up, a handler writes INFO and up to stderr for the call (Python's
+    fallback would show warnings alone, and a run silent for minutes looks hung); logging
+    set up is left as it is. Beside a bar, the lines go above it, each on a line of its own,
+    never into its frame."""
+    if not main:
         yield
         return
-    handler = logging.StreamHandler()  # sys.stderr, where tqdm and Python's fallback write
+    bar = _bar_class(progress)
+    with _logged(), (_above(bar) if bar is not None else contextlib.nullcontext()):
+        yield
+
+
+@contextlib.contextmanager
+def _above(bar: Any) -> Iterator[None]:
+    """Console handlers of the root and "minibert" loggers write through `bar.write`, which
+    clears the bar, writes the line and draws the bar again (tqdm's logging_redirect_tqdm,
+    for the loggers that have such a handler: it would add one to those without)."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    def console(handler: logging.Handler) -> bool:
+        return (isinstance(handler, logging.StreamHandler)
+                and handler.stream in (sys.stdout, sys.stderr))
+
+    loggers = [logger for logger in (logging.getLogger(), _package())
+               if any(console(h) for h in logger.handlers)]
+    with logging_redirect_tqdm(loggers, tqdm_class=bar):
+        yield
+
+
+@contextlib.contextmanager
+def _logged() -> Iterator[None]:
+    """A handler writing INFO and up to stderr on the "minibert" logger, where nobody has
+    set logging up, taken off after."""
+    package = _package()
+    if package.hasHandlers() or package.level != logging.NOTSET:
+        yield
+        return
+    handler = logging.StreamHandler()  # sys.stderr, where Python's fallback writes
     handler.setFormatter(logging.Formatter("%(message)s"))
     package.addHandler(handler)
     package.setLevel(logging.INFO)
@@ -86,6 +126,10 @@ def shown(enabled: bool) -> Iterator[None]:
     finally:
         package.removeHandler(handler)
         package.setLevel(logging.NOTSET)
+
+
+def _package() -> logging.Logger:
+    return logging.getLogger(__name__.partition(".")[0])  # "minibert", above every module's
 
 
 def read_rows(metrics_file: Path) -> list[dict[str, Any]]:

@@ -1,0 +1,98 @@
+"""A run's log as a file holds it: a run whose output goes to a file (`> run.log 2>&1`, as
+a practitioner keeps one) draws no progress bar, whose frames joined by carriage returns
+would make one long line of the whole run; each logged step and each notice is a line of
+its own, and nothing is said twice. `--no-progress` (`progress=False`) drops the bar alone."""
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from engine_utils import wikitext_folder
+from minibert.training.runlog import read_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "pretrain_wikitext.py"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return wikitext_folder(tmp_path_factory.mktemp("wikitext"))
+
+
+def _logged(argv: list, log: Path) -> list:
+    """Run `argv` with stdout and stderr into the file `log` (no terminal), and its lines."""
+    with open(log, "w") as f:
+        done = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              timeout=300)
+    text = log.read_bytes().decode()  # as written: read_text() would turn "\r" into "\n"
+    assert done.returncode == 0, text
+    assert "\r" not in text, "a carriage return: bar frames, or a line drawn over"
+    return text.split("\n")
+
+
+def _step_lines(lines: list, rows: list) -> None:
+    """Each row of metrics.jsonl is one line of the log, `step N | ...`, in order."""
+    said = [line for line in lines if "train_seconds" in line]
+    assert all(line.startswith("step ") for line in said), said
+    for key in ("loss", "eval_loss"):
+        logged = [int(line.split()[1]) for line in said if f" | {key} " in line]
+        assert logged == [row["step"] for row in rows if key in row], (key, lines)
+
+
+def _said_once(lines: list) -> None:
+    twice = [line for line, n in Counter(lines).items() if n > 1 and line.strip()]
+    assert not twice, twice
+
+
+@pytest.mark.parametrize("extra", [[], ["--no-progress"]])
+def test_a_redirected_pretraining_logs_a_line_per_step_and_per_notice(data_dir, tmp_path,
+                                                                      extra):
+    out = tmp_path / "run"
+    lines = _logged([sys.executable, str(SCRIPT), "--data-dir", str(data_dir), "--out",
+                     str(out), "--cache-dir", str(tmp_path / "cache"), "--preset", "tiny",
+                     "--vocab-size", "200", "--seq-len", "32", "--batch-size", "8",
+                     "--max-steps", "4", "--log-every", "1", "--eval-every", "2",
+                     "--save-every", "2", "--eval-batches", "2", "--precision", "fp32",
+                     *extra], tmp_path / "run.log")
+    rows = read_rows(out / "metrics.jsonl")
+    assert [row["step"] for row in rows if "loss" in row] == [1, 2, 3, 4]
+    _step_lines(lines, rows)
+    # notices: a line each, never glued to something else
+    saved = [line for line in lines if "saved checkpoint" in line]
+    assert len(saved) == 2 and all(line.startswith("saved checkpoint ") for line in saved)
+    final = [line for line in lines if "perplexity" in line and "train_seconds" not in line]
+    assert len(final) == 1 and final[0].startswith("eval loss "), lines
+    # each split said once: its documents, characters and tokens on one line
+    for split in ("train", "valid"):
+        said = [line for line in lines if f"split {split}" in line]
+        assert len(said) == 1, said
+        assert "documents" in said[0] and "characters" in said[0] and "tokens" in said[0]
+    _said_once(lines)
+
+
+LIBRARY_RUN = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+import minibert
+from engine_utils import collator, tiny_corpus, tiny_model, train_config
+tmp = Path(sys.argv[2])
+tok, data = tiny_corpus(tmp)
+minibert.train(tiny_model(tok), data, collator(tok),
+               train_config(max_steps=3, save_every=2, progress=sys.argv[3] == "on"),
+               tmp / "run")
+"""
+
+
+@pytest.mark.parametrize("progress", ["on", "off"])
+def test_a_library_run_logs_its_steps_without_a_terminal_bar_or_not(tmp_path, progress):
+    """`train` where nobody set logging up, its output in a file: progress on or off, each
+    step is a line (no bar without a terminal; progress=False drops the bar alone)."""
+    lines = _logged([sys.executable, "-c", LIBRARY_RUN, str(ROOT / "tests"), str(tmp_path),
+                     progress], tmp_path / "run.log")
+    _step_lines(lines, read_rows(tmp_path / "run" / "metrics.jsonl"))
+    assert [line.split()[1] for line in lines if line.startswith("step ")] == ["1", "2", "3"]
+    _said_once(lines)
