@@ -65,7 +65,7 @@ def test_main_job_numbers():
     assert (job.preset, job.train.lr, job.train.min_lr, job.train.batch_size,
             job.train.max_steps, job.seq_len, job.mask_prob, job.eval_mask_prob,
             job.train.seq_len_warmup, job.train.seq_len_start, job.dropout) == (
-        "mini", 1e-3, 1e-5, 32, 1000, 128, 0.3, 0.15, 0.5, 16, 0.0)
+        "modernbert-mini", 1e-3, 1e-5, 32, 1000, 128, 0.3, 0.15, 0.5, 16, 0.0)
 
 
 def test_each_learning_rate_default_is_set_once():
@@ -75,7 +75,7 @@ def test_each_learning_rate_default_is_set_once():
     assert pretrain.MAIN_JOB.train.lr == TrainConfig().lr == 1e-3
     source = (ROOT / "minibert" / "cli" / "pretrain.py").read_text()
     assert not re.search(r"\blr=", source.split("MAIN_JOB = ")[1].split("\n\n")[0])
-    assert (finetune.FINETUNE.train.lr, finetune.FINETUNE.lr_init_from) == (5e-4, 5e-5)
+    assert (finetune.FINETUNE.train.lr, finetune.FINETUNE.lr_init_from) == (5e-4, 1e-4)
 
 
 @pytest.mark.parametrize("script", sorted(FINETUNE_REQUIRED))

@@ -217,7 +217,8 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
                                    "whose gradients add up to the global batch's; default "
                                    "batch / world size"),
         "--lr": (dict(type=float, help="the peak learning rate, reached at the end of the "
-                      f"warmup; default {_number(job.lr_init_from)} with --init-from, "
+                      f"warmup; default {_number(job.lr_init_from)} with --init-from (a "
+                      "small encoder's rate; BERT-base and larger fine-tune at 2e-5 to 5e-5), "
                       f"{_number(t.lr)} without") if job.lr_init_from is not None
                  else dict(type=float, default=t.lr, help="the peak learning rate, reached "
                            "at the end of the warmup")),
