@@ -1,17 +1,16 @@
 """What a CPU-hour of pretraining buys downstream: the main job against transformers' own MLM
 recipe and against random weights, judged by GLUE and BLiMP.
 
-Every model has the same size (4 layers, hidden 256, 4 heads, about 5.4M parameters), the same
+Every model has the same shape (the `mini` preset: 4 layers, hidden 256, 4 heads), the same
 tokenizer (the one the main job trains on the corpus), the same corpus (the Wikipedia slice,
 its `train` split) and the same CPU budget of pretraining:
 
 * `minibert`: `examples/pretrain_wikitext.py --data-dir DATA --time-budget BUDGET`, with the
-  main job's defaults (`modernbert-mini`); and the same with a fifth of the budget
-  (`minibert-fifth`), which tells whether transformers' recipe needs 5x the time to reach
-  the main job's scores;
-* `transformers`: `BertForMaskedLM` (classic BERT of the same size) trained as
-  `bench_time_to_loss.py`'s recipe trains it (its MLM collator at 15%, AdamW, linear warmup
-  and decay, clipping at 1.0, dropout 0.1), for as many steps as fit the budget at the step time measured here, on the main job's packed
+  main job's defaults; and the same with a fifth of the budget (`minibert-fifth`), which
+  tells whether transformers' recipe needs 5x the time to reach the main job's scores;
+* `transformers`: `BertForMaskedLM` trained as `bench_time_to_loss.py`'s recipe trains it
+  (its MLM collator at 15%, AdamW, linear warmup and decay, clipping at 1.0, dropout 0.1), for
+  as many steps as fit the budget at the step time measured here, on the main job's packed
   128-token blocks of the same split, in --hf-precision (fp32; bf16 autocast is its faster
   precision on a CPU with native bf16, as `bench_time_to_loss.py` measures);
 * `random`: no pretraining: the GLUE command's `--random-weights` on the main job's folder.

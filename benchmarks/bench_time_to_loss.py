@@ -14,8 +14,7 @@ masked tokens.
   1500 steps, in its faster precision on the machine at hand: fp32, or bf16 autocast
   (`--precision auto` times a few steps of each and takes the faster; both are recorded).
   Its final test loss is the target.
-* minibert: `examples/pretrain_wikitext.py` with its own defaults and `--preset mini`, the
-  same classic BERT as transformers' (plus any flags given, which may name another preset).
+* minibert: `examples/pretrain_wikitext.py` with its own defaults (plus any flags given).
 
 Training time excludes evaluation for both: transformers' loop times its steps only, and
 the main job logs `train_seconds`, the same measure. The step at which a run reaches the
@@ -61,7 +60,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BERT = ["--preset", "mini"]  # the main job's recipe on transformers' BertForMaskedLM shape
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "wikitext-2"
 SEQ_LEN, BATCH, VOCAB = 128, 32, 8192
 HF_RECIPE = dict(steps=1500, lr=5e-4, warmup=100, betas=(0.9, 0.98), eps=1e-6,
@@ -234,7 +232,7 @@ def run_minibert(data_dir: Path, cache: Path, out: Path, extra: list[str],
            "--data-dir", str(data_dir), "--cache-dir", str(cache), "--out", str(out),
            "--train-split", "valid", "--eval-split", "test", "--eval-every", str(eval_every),
            "--eval-batches", "1000000", "--save-every", "0", "--log-every", "50",
-           "--no-progress", *BERT, *extra]
+           "--no-progress", *extra]
     print("running", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
@@ -308,7 +306,7 @@ class StepCost:
                    "--data-dir", str(data_dir), "--cache-dir", str(cache), "--out",
                    str(out / "run"), "--train-split", "valid", "--eval-split", "test",
                    "--eval-batches", "1", "--save-every", "0", "--log-every", "1",
-                   "--no-progress", *BERT, *args, "--max-steps", str(steps),
+                   "--no-progress", *args, "--max-steps", str(steps),
                    # the run's own warmup, whatever the main job's default is now
                    "--seq-len-warmup", str(self.warmup), "--seq-len-start", str(start)]
             if "--decay-steps" not in args:

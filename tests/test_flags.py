@@ -65,7 +65,7 @@ def test_main_job_numbers():
     assert (job.preset, job.train.lr, job.train.min_lr, job.train.batch_size,
             job.train.max_steps, job.seq_len, job.mask_prob, job.eval_mask_prob,
             job.train.seq_len_warmup, job.train.seq_len_start, job.dropout) == (
-        "modernbert-mini", 1e-3, 1e-5, 32, 1000, 128, 0.3, 0.15, 0.5, 16, 0.0)
+        "mini", 1e-3, 1e-5, 32, 1000, 128, 0.3, 0.15, 0.5, 16, 0.0)
 
 
 def test_each_learning_rate_default_is_set_once():

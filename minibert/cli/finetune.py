@@ -36,7 +36,7 @@ from .pretrain import write_json
 # The fine-tuning scripts' defaults: BERT's recipe (a few epochs, a short linear warmup,
 # dropout 0.1 whatever the start). From a checkpoint the rate is 1e-4, the GLUE recipe's: a
 # small encoder takes more than BERT-base's 2e-5 - 5e-5 (Turc et al. 2019 tuned theirs over
-# 3e-5 - 3e-4), and on the main job's model 1e-4 beat 5e-5 on every task measured
+# 3e-5 - 3e-4), and from a pretrained `mini` 1e-4 beat 5e-5 on every task measured
 # (benchmarks/RESULTS.md, "Fine-tuning's defaults from a checkpoint"). From random weights
 # the model learns faster with a higher rate.
 FINETUNE = Job(train=TrainConfig(batch_size=32, lr=5e-4, min_lr=0.0, warmup=0.1, weight_decay=0.01),

@@ -56,16 +56,12 @@ class PretrainJob(Job):
 # The main job, examples/pretrain_wikitext.py: every default of its flags. Where it leaves
 # BERT's recipe (30% masking, sequence-length warmup, no dropout), the flag's help says why;
 # the measurements are in benchmarks/RESULTS.md. The peak learning rate is TrainConfig's own
-# default, which says why (training/state.py). The model is ModernBERT's encoder at the
-# `mini` size: with BERT's learned positions, a run of this length on a real corpus stays
-# near the loss of word frequencies alone, and what it learns is worth little downstream;
-# rotary positions leave that plateau within a few hundred steps (RESULTS.md, "What
-# pretraining buys"). transformers loads it as ModernBERT.
+# default, which says why (training/state.py).
 MAIN_JOB = PretrainJob(
     train=TrainConfig(batch_size=32, max_steps=1000, min_lr=1e-5, warmup=0.1,
                       schedule="linear", weight_decay=0.01, adam_eps=1e-6, max_grad_norm=1.0,
                       eval_batches=20, save_every=100, seq_len_warmup=0.5, seq_len_start=16),
-    preset="modernbert-mini", vocab_size=8192, seq_len=128, dropout=0.0, mask_prob=0.3)
+    preset="mini", vocab_size=8192, seq_len=128, dropout=0.0, mask_prob=0.3)
 
 # Distillation (examples/distill.py): the main job's training, a `tiny` student.
 DISTILL = replace(MAIN_JOB, preset="tiny", dropout=None)
