@@ -168,6 +168,33 @@ def test_bad_masks_and_labels():
         minibert.BertForSequenceClassification(tiny_config(), num_labels=0)
 
 
+@pytest.mark.parametrize("pad, said", [
+    (-10000.0, ["-10000.0", "1 = token, 0 = padding", "additive", "(mask == 0)"]),
+    (float("-inf"), ["-inf", "additive", "(mask == 0)"]),
+    (float("nan"), ["nan", "1 = token, 0 = padding"]),
+    (2.0, ["2.0", "1 = token, 0 = padding"]),
+])
+def test_a_mask_in_another_form_is_refused_not_inverted(pad, said):
+    """transformers' additive mask (0 keep, a large negative number at padding) read as
+    1 = token would attend to the padding alone; a NaN was read as a token."""
+    ids, _ = random_batch(B=2, T=6)
+    mask = torch.zeros(2, 6)
+    mask[1, 4:] = pad  # row 1's last two positions, in that form
+    if pad == 2.0 or pad != pad:  # 2 and NaN beside 1s and 0s: another number in a 0/1 mask
+        mask = torch.ones(2, 6)
+        mask[1, 4] = pad
+    models = [minibert.BertModel(tiny_config()),
+              minibert.BertForSequenceClassification(tiny_config(), 3)]  # reads position 0
+    for model in models:
+        with raises(ValueError, "attention_mask", *said):
+            model(ids, mask)
+    for ok in (torch.ones(2, 6), torch.ones(2, 6, dtype=torch.long),
+               torch.ones(2, 6, dtype=torch.bool)):  # the forms the docs name
+        ok[1, 4:] = 0
+        for model in models:
+            model(ids, ok)
+
+
 def test_from_pretrained_missing_directory_names_it(tmp_path):
     missing = tmp_path / "no-such-model"
     with pytest.raises(FileNotFoundError, match="no-such-model"):
