@@ -101,6 +101,16 @@ class ArgumentParser(argparse.ArgumentParser):
         return super().parse_args(argv, namespace)
 
 
+def path_flag(text: str) -> Path:
+    """A path flag's value (`type=path_flag`), one way in every script: `~` expanded, as the
+    shell does not after `=` (`--out=~/run` would be the folder ./~/run), and an empty path
+    refused, which would be the current folder and is never meant."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path; give a file or folder (\".\" for "
+                                         "the current folder)")
+    return Path(text).expanduser()
+
+
 def _negative_number(text: str) -> bool:
     try:
         float(text)
@@ -152,7 +162,7 @@ _DETERMINISTIC = (
 PLAIN_FLAGS: dict[str, dict] = {
     "--device": dict(choices=["auto", "cpu", "cuda"], default="auto",
                      help="where the model runs; auto: cuda when available"),
-    "--cache-dir": dict(type=Path, help="where downloads, trained tokenizers and token files "
+    "--cache-dir": dict(type=path_flag, help="where downloads, trained tokenizers and token files "
                         "are kept for later runs to reuse; default $MINIBERT_CACHE or "
                         "~/.cache/minibert"),
     "--allow-vocab-mismatch": dict(action="store_true", help="with a checkpoint: accept a "
@@ -173,7 +183,7 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
     return {
         **PLAIN_FLAGS,
         # model
-        "--init-from": dict(type=Path, help="start from a minibert or transformers checkpoint "
+        "--init-from": dict(type=path_flag, help="start from a minibert or transformers checkpoint "
                             "(a folder with config.json, weights and tokenizer); default: "
                             "random weights and a new tokenizer"),
         "--random-weights": dict(action="store_true", help="with --init-from: a new model of "
@@ -255,7 +265,7 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
                 "off by default here: fine-tuning heads refill smaller buffers than "
                 "pretraining's vocabulary-wide logits")),
         # logging and checkpoints
-        "--out": dict(type=Path, default=Path(out), help="the run's folder: its "
+        "--out": dict(type=path_flag, default=Path(out), help="the run's folder: its "
                       "checkpoints, metrics.jsonl and outputs"),
         "--log-every": dict(type=int, default=t.log_every, help="steps between two rows of "
                             "metrics.jsonl and of the log (loss, learning rate, gradient norm, "

@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from ..atomic import write_files_atomically, writing
 from . import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names,
-                  model_flag_names, model_source)
+                  model_flag_names, model_source, path_flag)
 from ..model.config import ALL_PRESETS, BertConfig
 from ..data.corpus import CORPUS_FOLDER, Corpus, load_corpus
 from ..data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_corpus
@@ -104,7 +104,7 @@ def add_data_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB
                   ) -> argparse._ArgumentGroup:
     warmup, start = job.train.seq_len_warmup, job.train.seq_len_start
     d = p.add_argument_group("data")
-    d.add_argument("--data-dir", type=Path, help="WikiText folder (raw or tokenized layout), "
+    d.add_argument("--data-dir", type=path_flag, help="WikiText folder (raw or tokenized layout), "
                    "or any folder of .txt, .txt.gz, .jsonl and .jsonl.gz files (documents "
                    "separated by blank lines, or one JSON object a line), read as they "
                    "stream: files named by their split (train.txt.gz, valid.jsonl, ...) "
@@ -161,7 +161,7 @@ def add_budget_args(group: argparse._ArgumentGroup) -> None:
 
 def add_eval_blimp_args(group: argparse._ArgumentGroup) -> None:
     """--eval-blimp: zero-shot grammar beside the loss, at each evaluation (`read_eval_blimp`)."""
-    group.add_argument("--eval-blimp", type=Path, metavar="DIR", help="a BLiMP folder (one "
+    group.add_argument("--eval-blimp", type=path_flag, metavar="DIR", help="a BLiMP folder (one "
                        ".jsonl file per paradigm): at each evaluation, score the same sample of "
                        "its minimal pairs by pseudo-log-likelihood and log blimp_accuracy, "
                        "drawn beside the loss in loss.png (docs/quality.md)")
