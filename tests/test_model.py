@@ -129,6 +129,10 @@ def test_attention_dropout_is_active_in_training_only():
     (lambda: torch.ones(1, 65, dtype=torch.long), ValueError, ["65", "max_position_embeddings"]),
     (lambda: torch.tensor([[1, 99]]), ValueError, ["vocab_size=99", "99"]),
     (lambda: torch.tensor([[-1, 2]]), ValueError, ["vocab_size", "-1"]),
+    # The embedding looks up long or int32 ids alone: another integer type was said to be
+    # out of range, or failed in torch's words
+    (lambda: torch.tensor([[1, 2]], dtype=torch.uint8), TypeError, ["torch.uint8", ".long()"]),
+    (lambda: torch.tensor([[1, 2]], dtype=torch.int16), TypeError, ["torch.int16", ".long()"]),
 ])
 def test_bad_input_ids(make, exc, words):
     model = minibert.BertForMaskedLM(tiny_config())
@@ -155,6 +159,9 @@ def test_bad_masks_and_labels():
         model(ids, token_type_ids=torch.zeros(1, 5, dtype=torch.long))
     with raises(ValueError, "token_type_ids", "type_vocab_size=2"):
         model(ids, token_type_ids=torch.full((2, 5), 2))
+    for dtype in (torch.uint8, torch.float32):
+        with raises(TypeError, "token_type_ids", str(dtype), ".long()"):
+            model(ids, token_type_ids=torch.zeros(2, 5, dtype=dtype))
     with raises(ValueError, "labels", "(2, 4)", "(2, 5)"):
         model(ids, labels=torch.ones(2, 4, dtype=torch.long))
     clf = minibert.BertForSequenceClassification(tiny_config(), num_labels=3)

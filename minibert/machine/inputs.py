@@ -22,9 +22,7 @@ def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional
     mask that is not bool cost (a pass over each, and the wait for its answer)."""
     if not isinstance(input_ids, Tensor):
         raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids)}")
-    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-        raise TypeError(f"input_ids must hold integer token ids (torch.long), got "
-                        f"{input_ids.dtype}")
+    check_lookup_ids("input_ids", input_ids, "token ids")
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be 2-D (batch, tokens), got shape "
                          f"{tuple(input_ids.shape)}; for one sequence use input_ids[None]")
@@ -41,6 +39,8 @@ def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional
             shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"{name} has shape {shape} but input_ids has {(B, T)}; they must "
                              f"match")
+    if token_type_ids is not None:
+        check_lookup_ids("token_type_ids", token_type_ids, "segment ids")
     if torch.compiler.is_compiling():
         return  # the checks of values below would stop a traced graph: it has no values
     check_mask(attention_mask)
@@ -77,6 +77,17 @@ def check_cls_first(attention_mask: Optional[Tensor]) -> None:
         raise ValueError(f"attention_mask is 0 at position 0 in row(s) {rows[:8]}: the "
                          f"[CLS] token the classifier reads is padding there (padded on the "
                          f"left?); pad on the right, [CLS] first")
+
+
+# The dtypes an embedding looks up. Another integer type (uint8, int16) fails there in torch's
+# words, after the id range was checked in values a uint8 cannot hold (-1 wraps to 255).
+LOOKUP_DTYPES = (torch.long, torch.int32)
+
+
+def check_lookup_ids(name: str, ids: Tensor, what: str) -> None:
+    if ids.dtype not in LOOKUP_DTYPES:
+        raise TypeError(f"{name} must hold integer {what} as torch.long (or torch.int32, the "
+                        f"types an embedding looks up), got {ids.dtype}; pass {name}.long()")
 
 
 def check_mask(attention_mask: Optional[Tensor]) -> None:
