@@ -290,7 +290,10 @@ def read_config(path: PathLike) -> dict[str, Any]:
 
 def check_stored_config(d: dict[str, Any], file: Path) -> None:
     """Refuse, naming `file`, a config.json whose fields BertConfig refuses: a loader checks
-    them as the constructor does (Infinity and NaN parse as JSON numbers), before any use."""
+    them as the constructor does (Infinity and NaN parse as JSON numbers), before any use;
+    and a classifier's `id2label` whose keys are not its class ids."""
+    if d.get("id2label") is not None:
+        check_id2label(d["id2label"], file)
     try:
         config_from_hf(d)
     except KeyError as e:  # a field ModernBERT's config cannot do without
@@ -303,6 +306,22 @@ def check_stored_config(d: dict[str, Any], file: Path) -> None:
         theirs = field and _stored_names(d).get(field.group(1), field.group(1))
         where = f" ({theirs} in the file)" if field and theirs != field.group(1) else ""
         raise ValueError(f"{file}: {message}{where}; repair the file") from None
+
+
+def check_id2label(labels: Any, file: Path) -> None:
+    """Refuse an `id2label` whose keys are not the class ids 0 ... n-1 (JSON writes them as
+    strings): a classifier's class i is named by key "i", and other keys name no class, or
+    (with a gap) the wrong one."""
+    example = '{"0": "neg", "1": "pos"}'
+    if not isinstance(labels, dict):
+        raise ValueError(f"{file}: id2label is a {type(labels).__name__}; it must map each "
+                         f"class id to its name, as {example}; repair the file")
+    ids = [str(i) for i in range(len(labels))]
+    for key in labels:
+        if key not in ids:
+            raise ValueError(f"{file}: id2label has the key {key!r}, which is not a class id: "
+                             f"its keys are the ids 0 to {len(labels) - 1}, each mapped to "
+                             f"its class's name, as {example}; repair the file")
 
 
 def _stored_names(d: dict[str, Any]) -> dict[str, str]:
