@@ -27,7 +27,6 @@ if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
 import json
 import logging
 import sys
-from pathlib import Path
 
 import minibert
 from minibert import cli
@@ -45,11 +44,12 @@ log = logging.getLogger("blimp")
 
 def parse_args(argv=None):
     p = cli.ArgumentParser(__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, required=True, help="masked-LM folder with its "
+    p.add_argument("--model", type=cli.path_flag, required=True, help="masked-LM folder with its "
                    "tokenizer")
-    p.add_argument("--blimp-dir", type=Path, required=True, help="folder of *.jsonl files, "
-                   "one paradigm each")
-    p.add_argument("--out", type=Path, required=True, help="the folder to write the results to")
+    p.add_argument("--blimp-dir", type=cli.path_flag, required=True, help="folder of *.jsonl "
+                   "files, one paradigm each")
+    p.add_argument("--out", type=cli.path_flag, required=True, help="the folder to write the "
+                   "results to")
     p.add_argument("--max-pairs", type=int, help="score at most this many pairs of each "
                    "paradigm, the same sample every run; default every pair")
     p.add_argument("--batch-size", type=int, default=blimp.DEFAULT_BATCH_SIZE,

@@ -63,8 +63,8 @@ def parse_args(argv=None):
     p = cli.ArgumentParser(__doc__.split("\n")[0])
     job = pretrain.DISTILL  # the main job's defaults, for a tiny student
     k = p.add_argument_group("distillation")
-    k.add_argument("--teacher", type=Path, required=True, help="a minibert or transformers "
-                   "checkpoint folder (config.json, weights, tokenizer)")
+    k.add_argument("--teacher", type=cli.path_flag, required=True, help="a minibert or "
+                   "transformers checkpoint folder (config.json, weights, tokenizer)")
     k.add_argument("--student-preset", default=job.preset,
                    help=f"one of {', '.join(ALL_PRESETS)}")
     k.add_argument("--alpha", type=float, default=0.5, help="weight of the soft (teacher) loss")

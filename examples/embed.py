@@ -47,9 +47,11 @@ log = logging.getLogger("embed")
 
 def parse_args(argv=None):
     p = cli.ArgumentParser(__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, required=True, help="model folder with its tokenizer")
-    p.add_argument("--input", type=Path, required=True, help="UTF-8 text, one text per line")
-    p.add_argument("--out", type=Path, required=True, help="the .npy file to write")
+    p.add_argument("--model", type=cli.path_flag, required=True,
+                   help="model folder with its tokenizer")
+    p.add_argument("--input", type=cli.path_flag, required=True,
+                   help="UTF-8 text, one text per line")
+    p.add_argument("--out", type=cli.path_flag, required=True, help="the .npy file to write")
     p.add_argument("--pooling", choices=POOLINGS, default="mean", help="how a text's token "
                    "vectors become one: their mean, the [CLS] vector, or their element-wise "
                    "maximum")

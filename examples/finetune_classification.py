@@ -39,7 +39,6 @@ import csv
 import io
 import logging
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import minibert
@@ -58,8 +57,10 @@ log = logging.getLogger("finetune")
 def parse_args(argv=None):
     p = cli.ArgumentParser(__doc__.split("\n")[0])
     d = p.add_argument_group("data")
-    d.add_argument("--train", type=Path, required=True, help=".tsv or .csv with a header row")
-    d.add_argument("--eval", type=Path, required=True, help=".tsv or .csv with a header row")
+    d.add_argument("--train", type=cli.path_flag, required=True,
+                   help=".tsv or .csv with a header row")
+    d.add_argument("--eval", type=cli.path_flag, required=True,
+                   help=".tsv or .csv with a header row")
     d.add_argument("--text-column", required=True, help="the header of the column that "
                    "holds each row's text")
     d.add_argument("--text-pair-column", help="a second text, for sentence-pair tasks")

@@ -97,10 +97,12 @@ def parse_tasks(specs: list[str]) -> list[dict]:
         if name in names:
             raise ValueError(f"--task {spec!r}: the task name {name!r} is used twice")
         names.add(name)
+        # `~` expanded as every path flag's is (cli.path_flag): the shell leaves it inside a value
+        train_file, eval_file = Path(train_file).expanduser(), Path(eval_file).expanduser()
         for part, path in (("TRAIN", train_file), ("EVAL", eval_file)):
             check_readable(path, f"--task {name}'s {part}")  # there to read, or said why not
-        tasks.append({"name": name, "kind": kind, "train_file": Path(train_file),
-                      "eval_file": Path(eval_file)})
+        tasks.append({"name": name, "kind": kind, "train_file": train_file,
+                      "eval_file": eval_file})
     return tasks
 
 

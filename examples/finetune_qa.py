@@ -31,7 +31,6 @@ import json
 import logging
 import sys
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 
 import minibert
@@ -58,8 +57,8 @@ WINDOW_FLAGS = {"max_len": "--seq-len", "doc_stride": "--doc-stride",
 def parse_args(argv=None):
     p = cli.ArgumentParser(__doc__.split("\n")[0])
     arg = p.add_argument_group("data").add_argument
-    arg("--train", type=Path, required=True, help="SQuAD JSON")
-    arg("--eval", type=Path, required=True, help="SQuAD JSON")
+    arg("--train", type=cli.path_flag, required=True, help="SQuAD JSON")
+    arg("--eval", type=cli.path_flag, required=True, help="SQuAD JSON")
     arg("--version-2", action="store_true", help="SQuAD 2.0: unanswerable (is_impossible) "
         "questions are allowed, and an answer may be none")
     arg("--max-train-examples", type=int, help="a random subset of questions (by --seed)")

@@ -27,7 +27,6 @@ if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
 
 import logging
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import minibert
@@ -47,8 +46,10 @@ log = logging.getLogger("finetune_token")
 def parse_args(argv=None):
     p = cli.ArgumentParser(__doc__.split("\n")[0])
     d = p.add_argument_group("data")
-    d.add_argument("--train", type=Path, required=True, help="CoNLL-style: `word label` lines")
-    d.add_argument("--eval", type=Path, required=True, help="CoNLL-style, the training tags")
+    d.add_argument("--train", type=cli.path_flag, required=True,
+                   help="CoNLL-style: `word label` lines")
+    d.add_argument("--eval", type=cli.path_flag, required=True,
+                   help="CoNLL-style, the training tags")
     d.add_argument("--scheme", choices=list(SCHEMES), default="IOB2",
                    help="how tags form entities for the span F1 (BIO is IOB2)")
     d.add_argument("--max-train-examples", type=int, help="a random subset of sentences")

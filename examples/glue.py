@@ -56,7 +56,7 @@ def parse_args(argv=None):
     init_from, = cli.add_flags(d, job, ["--init-from"])
     init_from.required, init_from.help = True, ("a minibert or transformers model folder "
                                                 "(config.json, weights, tokenizer)")
-    d.add_argument("--glue-dir", type=Path, required=True, help="the folder of the GLUE "
+    d.add_argument("--glue-dir", type=cli.path_flag, required=True, help="the folder of the GLUE "
                    "task folders")
     d.add_argument("--tasks", help=f"a comma-separated subset of {', '.join(GLUE_TASKS)}; "
                    "default every task found")

@@ -93,6 +93,20 @@ def wikitext_folder(folder: Path, sizes=(("train", 120), ("valid", 20))) -> Path
     return folder
 
 
+def from_checkpoint(argv: list) -> list:
+    """`argv` without --preset and --vocab-size where it gives --init-from: the scripts refuse
+    the flags of a new model beside a checkpoint, which sets the model itself."""
+    if "--init-from" not in argv:
+        return list(argv)
+    out: list = []
+    for arg in argv:
+        if out and out[-1] in ("--preset", "--vocab-size"):
+            out.pop()
+        else:
+            out.append(arg)
+    return out
+
+
 def load_example(name: str):
     """Import examples/<name>.py as a module (the examples folder is not a package)."""
     import importlib.util

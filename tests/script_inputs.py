@@ -32,7 +32,9 @@ def make_inputs(d):
 def argv(script, d, model, out, *extra):
     """`script`'s argv on the inputs in `d`: from the checkpoint folder `model` (None: from
     scratch, where the script can), into `out`, one step; `extra` flags last."""
-    start = ["--init-from", str(model)] if model else ["--preset", "tiny", "--vocab-size", "100"]
+    # From a checkpoint (`model`, or --init-from among `extra`), the model is the checkpoint's
+    start = ["--init-from", str(model)] if model else [] if "--init-from" in extra else \
+        ["--preset", "tiny", "--vocab-size", "100"]
     fine = ["--out", str(out), "--cache-dir", str(d / "cache"), *start, "--seq-len", "16",
             "--batch-size", "4", "--max-steps", "1", "--no-progress", "--precision", "fp32",
             *extra]

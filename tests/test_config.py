@@ -1,5 +1,6 @@
 import copy
 import dataclasses
+import json
 import pickle
 
 import pytest
@@ -45,6 +46,45 @@ def test_preset_table_matches_compact_bert():
 def test_bad_values_name_the_field(kwargs, words):
     with raises(ValueError, *words):
         BertConfig(**kwargs)
+
+
+@pytest.mark.parametrize("name", ["layer_norm_eps", "initializer_range", "rope_theta",
+                                  "rope_local_theta", "hidden_dropout", "attention_dropout"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), float("-inf")])
+def test_a_number_that_is_not_finite_is_refused(name, value):
+    """An infinite epsilon or RoPE base passed `x > 0`: the model then computes NaN."""
+    with raises(ValueError, f"BertConfig.{name}={value}"):
+        BertConfig(**{name: value})
+
+
+@pytest.mark.parametrize("modern", [False, True])
+@pytest.mark.parametrize("field, text", [
+    ("layer_norm_eps", "Infinity"), ("rope_theta", "Infinity"), ("initializer_range", "NaN"),
+    ("hidden_dropout", "-Infinity"), ("num_layers", "0")])
+def test_a_config_json_with_a_number_out_of_range_names_the_field_and_the_file(
+        modern, field, text, tmp_path):
+    """json.loads reads Infinity and NaN; what BertConfig refuses, a loaded config.json
+    must not smuggle in, and the refusal says which file to repair."""
+    pytest.importorskip("safetensors")
+    config = BertConfig.preset("modernbert-tiny" if modern else "tiny", vocab_size=50)
+    minibert.BertModel(config).save_pretrained(tmp_path)
+    d = config_to_hf(config)
+    theirs = {"layer_norm_eps": "norm_eps" if modern else "layer_norm_eps",
+              "rope_theta": "global_rope_theta", "initializer_range": "initializer_range",
+              "hidden_dropout": "mlp_dropout" if modern else "hidden_dropout_prob",
+              "num_layers": "num_hidden_layers"}[field]
+    if modern and field == "rope_theta":
+        del d["rope_parameters"]  # the legacy key alone
+    if not modern and field == "rope_theta":
+        d.update(model_type="minibert", position="rope")  # a mix only minibert reads
+        theirs = "rope_theta"
+    d[theirs] = "@"
+    if field == "num_layers" and modern:
+        del d["layer_types"]
+    (tmp_path / "config.json").write_text(json.dumps(d).replace('"@"', text))
+    value = {"Infinity": "inf", "NaN": "nan", "-Infinity": "-inf", "0": "0"}[text]
+    with raises(ValueError, str(tmp_path / "config.json"), f"{field}={value}", theirs):
+        minibert.BertModel.from_pretrained(tmp_path)
 
 
 def test_unknown_preset_and_field():

@@ -9,7 +9,7 @@ import torch
 import minibert
 from minibert.data import TaskCollator, best_span, encode_qa, read_squad
 from minibert.tasks.metrics import squad_scores
-from engine_utils import load_example, quick_runs  # noqa: F401 (fixture)
+from engine_utils import from_checkpoint, load_example, quick_runs  # noqa: F401 (fixture)
 from facts import assert_carries, without
 
 finetune_qa = load_example("finetune_qa")
@@ -148,9 +148,8 @@ def test_init_from_a_minibert_checkpoint_keeps_its_encoder_and_tokenizer(data, t
     mlm = minibert.BertForMaskedLM(config)
     mlm.save_pretrained(ckpt, tokenizer=tok)
     out = tmp_path / "run"
-    args = [a for a in _args(data, out) if a not in ("--preset", "tiny")]
-    assert finetune_qa.main(args + ["--init-from", str(ckpt), "--max-steps", "2",
-                                    "--lr", "1e-7"]) == 0
+    assert finetune_qa.main(from_checkpoint(_args(data, out, "--init-from", str(ckpt),
+                                                  "--max-steps", "2", "--lr", "1e-7"))) == 0
     model = minibert.BertForQuestionAnswering.from_pretrained(out / "final")
     assert model.config.hidden_size == 32  # the checkpoint's shape, not a preset's
     assert minibert.Tokenizer.from_pretrained(out / "final").fingerprint == tok.fingerprint

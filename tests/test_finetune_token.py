@@ -9,7 +9,7 @@ import torch
 
 import minibert
 from minibert.tasks.metrics import accuracy, span_f1
-from engine_utils import load_example, quick_runs  # noqa: F401 (fixture)
+from engine_utils import from_checkpoint, load_example, quick_runs  # noqa: F401 (fixture)
 from facts import assert_carries, without
 
 script = load_example("finetune_token_classification")
@@ -59,10 +59,11 @@ def task(tmp_path_factory):
 
 
 def _args(task, out, *extra):
-    return ["--train", str(task["train"]), "--eval", str(task["eval"]), "--out", str(out),
-            "--cache-dir", str(task["cache"]), "--preset", "tiny", "--vocab-size", "150",
-            "--seq-len", str(SEQ_LEN), "--batch-size", "16", "--lr", "2e-3", "--log-every",
-            "5", "--no-progress", "--precision", "fp32", *extra]
+    return from_checkpoint([
+        "--train", str(task["train"]), "--eval", str(task["eval"]), "--out", str(out),
+        "--cache-dir", str(task["cache"]), "--preset", "tiny", "--vocab-size", "150",
+        "--seq-len", str(SEQ_LEN), "--batch-size", "16", "--lr", "2e-3", "--log-every",
+        "5", "--no-progress", "--precision", "fp32", *extra])
 
 
 @pytest.fixture(scope="module")

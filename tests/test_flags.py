@@ -14,6 +14,7 @@ from minibert import cli
 from minibert.cli import finetune, pretrain
 from minibert.training.state import TrainConfig
 from engine_utils import load_example
+from facts import assert_carries
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -207,3 +208,34 @@ def test_keep_freed_memory_has_both_forms_wherever_it_is(script, monkeypatch):
     assert default == (None if script in ("pretrain_wikitext", "distill") else False)
     assert module.parse_args(required + ["--keep-freed-memory"]).keep_freed_memory is True
     assert module.parse_args(required + ["--no-keep-freed-memory"]).keep_freed_memory is False
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_path_flag_expands_a_tilde_and_refuses_an_empty_path(script, monkeypatch,
+                                                                     tmp_path, capsys):
+    """`--out=~/run`: the shell leaves a `~` after `=` as it is, and the run went into
+    ./~/run. An empty path would be the current folder, which nobody means by it."""
+    parser = _parser(script, monkeypatch)
+    paths = [a for a in parser._actions if a.type in (Path, getattr(cli, "path_flag", Path))]
+    required = [x for a in parser._actions if a.required for x in (a.option_strings[0], "x")]
+    monkeypatch.undo()  # parse for real
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert paths
+    module = load_example(script)
+    for action in paths:
+        flag = action.option_strings[0]
+        args = module.parse_args([*required, f"{flag}=~/run"])
+        assert getattr(args, action.dest) == tmp_path / "run", flag
+        with pytest.raises(SystemExit) as e:
+            module.parse_args([*required, flag, ""])
+        assert e.value.code == 2
+        assert_carries(capsys.readouterr().err, flag, "empty")
+
+
+def test_a_task_s_files_expand_a_tilde(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("t.tsv", "e.tsv"):
+        (tmp_path / name).write_text("text\tlabel\na\tb\n")
+    tasks = load_example("finetune_multitask").parse_tasks(["a:sequence:~/t.tsv:~/e.tsv"])
+    assert (tasks[0]["train_file"], tasks[0]["eval_file"]) == (tmp_path / "t.tsv",
+                                                               tmp_path / "e.tsv")

@@ -316,6 +316,22 @@ def test_export_keeps_a_classifier_s_class_names(tmp_path):
         {0: "neg", 1: "neu", 2: "pos"}
 
 
+@pytest.mark.parametrize("id2label, said", [
+    ({"neg": "neg", "neu": "neu", "pos": "pos"}, "'neg'"),  # label2id's shape, by mistake
+    ({"0": "neg", "1": "neu", "5": "pos"}, "'5'"),  # ids with a gap: whose class is 2?
+    (["neg", "neu", "pos"], "list"),
+])
+def test_an_id2label_that_is_not_class_ids_names_the_field_and_the_file(id2label, said,
+                                                                         tmp_path):
+    """Keys that are not integers failed in int() with a bare ValueError, naming nothing."""
+    minibert.BertForSequenceClassification(tiny_config(), 3).save_pretrained(tmp_path)
+    stored = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**stored, "id2label": id2label}))
+    for cls in (minibert.BertForSequenceClassification, minibert.BertModel):
+        with raises(ValueError, "id2label", said, str(tmp_path / "config.json")):
+            cls.from_pretrained(tmp_path)
+
+
 def test_export_will_not_guess_between_classifiers_without_a_pooler(tmp_path):
     """A checkpoint that records no class (saved outside the training loop) is not guessed
     from its weight names: with task_head="transform" a sequence and a token classifier

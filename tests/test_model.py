@@ -129,6 +129,10 @@ def test_attention_dropout_is_active_in_training_only():
     (lambda: torch.ones(1, 65, dtype=torch.long), ValueError, ["65", "max_position_embeddings"]),
     (lambda: torch.tensor([[1, 99]]), ValueError, ["vocab_size=99", "99"]),
     (lambda: torch.tensor([[-1, 2]]), ValueError, ["vocab_size", "-1"]),
+    # The embedding looks up long or int32 ids alone: another integer type was said to be
+    # out of range, or failed in torch's words
+    (lambda: torch.tensor([[1, 2]], dtype=torch.uint8), TypeError, ["torch.uint8", ".long()"]),
+    (lambda: torch.tensor([[1, 2]], dtype=torch.int16), TypeError, ["torch.int16", ".long()"]),
 ])
 def test_bad_input_ids(make, exc, words):
     model = minibert.BertForMaskedLM(tiny_config())
@@ -155,6 +159,9 @@ def test_bad_masks_and_labels():
         model(ids, token_type_ids=torch.zeros(1, 5, dtype=torch.long))
     with raises(ValueError, "token_type_ids", "type_vocab_size=2"):
         model(ids, token_type_ids=torch.full((2, 5), 2))
+    for dtype in (torch.uint8, torch.float32):
+        with raises(TypeError, "token_type_ids", str(dtype), ".long()"):
+            model(ids, token_type_ids=torch.zeros(2, 5, dtype=dtype))
     with raises(ValueError, "labels", "(2, 4)", "(2, 5)"):
         model(ids, labels=torch.ones(2, 4, dtype=torch.long))
     clf = minibert.BertForSequenceClassification(tiny_config(), num_labels=3)
@@ -166,6 +173,33 @@ def test_bad_masks_and_labels():
         clf(ids, labels=torch.tensor([[0, 1, 1], [1, 0, 0]]))
     with pytest.raises(ValueError, match="num_labels"):
         minibert.BertForSequenceClassification(tiny_config(), num_labels=0)
+
+
+@pytest.mark.parametrize("pad, said", [
+    (-10000.0, ["-10000.0", "1 = token, 0 = padding", "additive", "(mask == 0)"]),
+    (float("-inf"), ["-inf", "additive", "(mask == 0)"]),
+    (float("nan"), ["nan", "1 = token, 0 = padding"]),
+    (2.0, ["2.0", "1 = token, 0 = padding"]),
+])
+def test_a_mask_in_another_form_is_refused_not_inverted(pad, said):
+    """transformers' additive mask (0 keep, a large negative number at padding) read as
+    1 = token would attend to the padding alone; a NaN was read as a token."""
+    ids, _ = random_batch(B=2, T=6)
+    mask = torch.zeros(2, 6)
+    mask[1, 4:] = pad  # row 1's last two positions, in that form
+    if pad == 2.0 or pad != pad:  # 2 and NaN beside 1s and 0s: another number in a 0/1 mask
+        mask = torch.ones(2, 6)
+        mask[1, 4] = pad
+    models = [minibert.BertModel(tiny_config()),
+              minibert.BertForSequenceClassification(tiny_config(), 3)]  # reads position 0
+    for model in models:
+        with raises(ValueError, "attention_mask", *said):
+            model(ids, mask)
+    for ok in (torch.ones(2, 6), torch.ones(2, 6, dtype=torch.long),
+               torch.ones(2, 6, dtype=torch.bool)):  # the forms the docs name
+        ok[1, 4:] = 0
+        for model in models:
+            model(ids, ok)
 
 
 def test_from_pretrained_missing_directory_names_it(tmp_path):

@@ -18,7 +18,7 @@ import torch
 
 import minibert
 
-from engine_utils import WORDS, load_example, wikitext_folder
+from engine_utils import WORDS, from_checkpoint, load_example, wikitext_folder
 from facts import assert_carries, raises, without
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "pretrain_wikitext.py"
@@ -31,10 +31,11 @@ def data_dir(tmp_path_factory):
 
 
 def _args(data_dir, out, cache, *extra):
-    return ["--data-dir", str(data_dir), "--out", str(out), "--cache-dir", str(cache),
-            "--preset", "tiny", "--vocab-size", "200", "--seq-len", "32", "--batch-size", "8",
-            "--max-steps", "6", "--log-every", "1", "--no-progress", "--eval-batches", "2",
-            "--precision", "fp32", *extra]
+    return from_checkpoint([
+        "--data-dir", str(data_dir), "--out", str(out), "--cache-dir", str(cache),
+        "--preset", "tiny", "--vocab-size", "200", "--seq-len", "32", "--batch-size", "8",
+        "--max-steps", "6", "--log-every", "1", "--no-progress", "--eval-batches", "2",
+        "--precision", "fp32", *extra])
 
 
 def test_end_to_end_outputs(data_dir, tmp_path, allocator_calls):

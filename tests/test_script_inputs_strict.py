@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_utils import load_example, quick_runs  # noqa: F401 (fixture)
+from engine_utils import from_checkpoint, load_example, quick_runs  # noqa: F401 (fixture)
 from facts import assert_carries
-from script_inputs import SCRIPTS, make_inputs_with_teacher, script_argv
+from script_inputs import SCRIPTS, argv, make_inputs_with_teacher, script_argv
 
 # The text file each script's argv (script_inputs.argv) reads, relative to the inputs folder.
 TEXT_INPUT = {"finetune_classification": "train.tsv", "finetune_token_classification":
@@ -123,7 +123,7 @@ def given(script, flag, path, inputs, out):
         args[args.index(flag) + 1] = str(path)
     else:
         args += [flag, str(path)]
-    return args, f"{flag} {path}"
+    return from_checkpoint(args), f"{flag} {path}"
 
 
 def real_input(script, flag, inputs):
@@ -258,7 +258,8 @@ def test_multitask_says_a_modern_model_in_the_flag_that_chose_it(inputs, tmp_pat
     assert_carries(err, "--preset modernbert-tiny", "--preset mini")
     assert "task_head" not in err and "BertMultiTask" not in err
     folder = modern_model(inputs, tmp_path / "modern")
-    err = one_line(capsys, "finetune_multitask", [*args, "--init-from", str(folder)])
+    err = one_line(capsys, "finetune_multitask",
+                   from_checkpoint([*args, "--init-from", str(folder)]))
     assert_carries(err, f"--init-from {folder}", "ModernBERT")
     assert "task_head" not in err
     assert not (tmp_path / "out").exists()
@@ -269,6 +270,7 @@ def test_multitask_says_a_modern_model_in_the_flag_that_chose_it(inputs, tmp_pat
     (["--no-bias"], ["--no-bias", "--bias"]),
     (["--position", "rope"], ["--position rope", "--position learned"]),
     (["--global-every", "3"], ["--global-every 3", "--global-every 1"]),
+    (["--norm", "post"], ["--norm post"]),  # the checkpoint's own: it sets it, not the flag
 ])
 def test_an_architecture_flag_against_init_from_is_said_in_flags(flags, said, inputs, tmp_path,
                                                                  capsys):
@@ -280,6 +282,34 @@ def test_an_architecture_flag_against_init_from_is_said_in_flags(flags, said, in
     assert_carries(err, *said, f"--init-from {inputs / 'teacher'}")
     assert not {"norm_position", "global_every", "bias is", "position is"} & set(
         err.replace("--", " ").split()), err
+
+
+FROM_A_CHECKPOINT = ["pretrain_wikitext", "finetune_classification",
+                     "finetune_token_classification", "finetune_qa", "finetune_multitask"]
+
+
+@pytest.mark.parametrize("script", FROM_A_CHECKPOINT)
+@pytest.mark.parametrize("flags,said", [
+    (["--preset", "mini"], ["--preset mini"]),  # the default, typed: given all the same
+    (["--vocab-size", "5000"], ["--vocab-size 5000"]),
+    (["--preset", "small", "--vocab-size=8192"], ["--preset small", "--vocab-size 8192"]),
+])
+def test_a_model_shaping_flag_beside_init_from_is_refused(script, flags, said, inputs,
+                                                          tmp_path, capsys):
+    """The checkpoint's config.json sets the model and its tokenizer the vocabulary: the
+    run went on with both flags ignored, as if the model were the one they describe."""
+    teacher = inputs / "teacher"
+    # argv gives --preset and --vocab-size only without a checkpoint: these are the test's
+    err = one_line(capsys, script, argv(script, inputs, teacher, tmp_path / "out", *flags))
+    assert_carries(err, *said, f"--init-from {teacher}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_flags_that_shape_no_weight_may_be_given_beside_init_from(inputs, tmp_path,
+                                                                       capsys):
+    args = argv("pretrain_wikitext", inputs, inputs / "teacher", tmp_path / "out",
+                "--dropout", "0.1", "--attention", "math")
+    assert load_example("pretrain_wikitext").main(args) == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("script,extra,said", [

@@ -16,7 +16,8 @@ from minibert.training.distributed import DistContext
 from minibert.training.engine import TrainingError
 from minibert.training.signals import Stopped
 
-from engine_utils import WORDS, load_example, quick_runs, wikitext_folder  # noqa: F401 (fixture)
+from engine_utils import (WORDS, from_checkpoint, load_example, quick_runs,  # noqa: F401
+                          wikitext_folder)
 from facts import assert_carries, raises, without
 from script_inputs import SCRIPTS, argv, make_inputs_with_teacher, script_argv
 
@@ -582,6 +583,6 @@ def test_a_model_folder_flag_given_a_file_says_it_is_a_file(script, flag, inputs
         args[args.index(flag) + 1] = str(weights)
     else:
         args += [flag, str(weights)]
-    err = _one_line(capsys, script, args)
+    err = _one_line(capsys, script, from_checkpoint(args))
     assert_carries(err, str(weights), "file")
     assert not out.exists()

@@ -84,7 +84,8 @@ class _DefaultsHelp(argparse.HelpFormatter):
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser with the defaults in --help, and a negative number after a flag
     taken as its value: argparse reads `--lr -1e-4` as two flags and says only "expected one
-    argument"; joined into `--lr=-1e-4`, the value reaches the flag's own check."""
+    argument"; joined into `--lr=-1e-4`, the value reaches the flag's own check. The parsed
+    namespace's `given_flags` holds the flags the command line gave (`given`)."""
 
     def __init__(self, description: str) -> None:
         super().__init__(description=description, formatter_class=_DefaultsHelp)
@@ -98,7 +99,38 @@ class ArgumentParser(argparse.ArgumentParser):
                 argv[-1] += "=" + arg
             else:
                 argv.append(arg)
-        return super().parse_args(argv, namespace)
+        parsed = super().parse_args(argv, namespace)
+        # A default reads the same as that value typed (`--preset mini`), so the flags given
+        # are found by parsing again with every default suppressed: argparse then sets the
+        # fields of the flags given alone, in every spelling it takes (`--flag=v`,
+        # `--no-flag`, a prefix of the flag).
+        defaults = [(a, a.default) for a in self._actions]
+        try:
+            for action, _ in defaults:
+                action.default = argparse.SUPPRESS
+            probe = super().parse_args(argv)
+        finally:
+            for action, default in defaults:
+                action.default = default
+        parsed.given_flags = frozenset(a.option_strings[0] for a in self._actions
+                                       if a.option_strings and hasattr(probe, a.dest))
+        return parsed
+
+
+def given(args: Any, flag: str) -> bool:
+    """Whether the command line gave `flag` (its first option string, e.g. "--bias" for
+    --no-bias too), rather than argparse filling in its default."""
+    return flag in args.given_flags
+
+
+def path_flag(text: str) -> Path:
+    """A path flag's value (`type=path_flag`), one way in every script: `~` expanded, as the
+    shell does not after `=` (`--out=~/run` would be the folder ./~/run), and an empty path
+    refused, which would be the current folder and is never meant."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path; give a file or folder (\".\" for "
+                                         "the current folder)")
+    return Path(text).expanduser()
 
 
 def _negative_number(text: str) -> bool:
@@ -152,7 +184,7 @@ _DETERMINISTIC = (
 PLAIN_FLAGS: dict[str, dict] = {
     "--device": dict(choices=["auto", "cpu", "cuda"], default="auto",
                      help="where the model runs; auto: cuda when available"),
-    "--cache-dir": dict(type=Path, help="where downloads, trained tokenizers and token files "
+    "--cache-dir": dict(type=path_flag, help="where downloads, trained tokenizers and token files "
                         "are kept for later runs to reuse; default $MINIBERT_CACHE or "
                         "~/.cache/minibert"),
     "--allow-vocab-mismatch": dict(action="store_true", help="with a checkpoint: accept a "
@@ -173,7 +205,7 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
     return {
         **PLAIN_FLAGS,
         # model
-        "--init-from": dict(type=Path, help="start from a minibert or transformers checkpoint "
+        "--init-from": dict(type=path_flag, help="start from a minibert or transformers checkpoint "
                             "(a folder with config.json, weights and tokenizer); default: "
                             "random weights and a new tokenizer"),
         "--random-weights": dict(action="store_true", help="with --init-from: a new model of "
@@ -256,7 +288,7 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
                 "off by default here: fine-tuning heads refill smaller buffers than "
                 "pretraining's vocabulary-wide logits")),
         # logging and checkpoints
-        "--out": dict(type=Path, default=Path(out), help="the run's folder: its "
+        "--out": dict(type=path_flag, default=Path(out), help="the run's folder: its "
                       "checkpoints, metrics.jsonl and outputs"),
         "--log-every": dict(type=int, default=t.log_every, help="steps between two rows of "
                             "metrics.jsonl and of the log (loss, learning rate, gradient norm, "
@@ -309,6 +341,36 @@ def in_flag_names(make: Callable[[], T], flags: Mapping[str, str]) -> T:
             message = re.sub(rf"(?<![\w-]){re.escape(field)}(=|\b)",
                              lambda m: flag + (" " if m.group(1) == "=" else ""), message)
         raise ValueError(message) from None
+
+
+# The flags that shape a new model. From a checkpoint (--init-from), its config.json and its
+# tokenizer decide what they would; --dropout and --attention change no weight, and may be
+# given beside it.
+SHAPING_FLAGS = ("--preset", "--vocab-size")
+
+
+def refuse_shaping_flags(args: Any, more: Sequence[str] = (), built: str = "") -> None:
+    """Refuse the flags of `SHAPING_FLAGS` and `more` that the command line gave beside
+    --init-from: they would be ignored, and the run taken for the model they describe.
+    `built`: what the checkpoint has instead, said as flags (`--norm post`)."""
+    typed = [flag for flag in (*SHAPING_FLAGS, *more) if given(args, flag)]
+    if not args.init_from or not typed:
+        return
+    said = [as_given(args, flag) for flag in typed]
+    listed = ", ".join(said[:-1]) + " and " + said[-1] if len(said) > 1 else said[0]
+    is_, it, them = ("is", "it", "it") if len(said) == 1 else ("are", "they", "them")
+    raise ValueError(f"{listed} {is_} given beside --init-from {args.init_from}, whose "
+                     f"config.json sets the model{f' (built with {built})' if built else ''} "
+                     f"and whose tokenizer the vocabulary, so {it} would be ignored: leave "
+                     f"{them} out (--dropout and --attention may be given with --init-from)")
+
+
+def as_given(args: Any, flag: str) -> str:
+    """`flag` with its value in `args`, as a command line gives it: `--preset mini`, `--no-bias`."""
+    value = getattr(args, flag[2:].replace("-", "_"))
+    if isinstance(value, bool):
+        return flag if value else f"--no-{flag[2:]}"
+    return f"{flag} {value}"
 
 
 def model_source(args: Any) -> str:

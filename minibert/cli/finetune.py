@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..atomic import write_files_atomically, writing
 from . import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names,
-                  model_flag_names, model_source)
+                  model_flag_names, model_source, refuse_shaping_flags)
 from ..model.config import ALL_PRESETS, BertConfig
 from ..data.sampler import batches_per_epoch
 from ..data.tasks import TaskData, word_predictions
@@ -87,6 +87,7 @@ def check_args(args: Any, ctx: DistContext, positive: Sequence[str] = ()) -> Tra
         if getattr(args, flag, None) is not None:
             check_readable(getattr(args, flag), f"--{flag}")
     if args.init_from:
+        refuse_shaping_flags(args)  # --preset and --vocab-size: the checkpoint's are its own
         check_readable(args.init_from, "--init-from", MODEL_FOLDER)
     elif args.random_weights:
         raise ValueError("--random-weights needs --init-from: it starts from new weights of "

@@ -19,8 +19,8 @@ import torch.nn as nn
 from torch.utils.data import Dataset
 
 from ..atomic import write_files_atomically, writing
-from . import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names,
-                  model_flag_names, model_source)
+from . import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, given, in_flag_names,
+                  model_flag_names, model_source, path_flag, refuse_shaping_flags)
 from ..model.config import ALL_PRESETS, BertConfig
 from ..data.corpus import CORPUS_FOLDER, Corpus, load_corpus
 from ..data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_corpus
@@ -104,7 +104,7 @@ def add_data_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB
                   ) -> argparse._ArgumentGroup:
     warmup, start = job.train.seq_len_warmup, job.train.seq_len_start
     d = p.add_argument_group("data")
-    d.add_argument("--data-dir", type=Path, help="WikiText folder (raw or tokenized layout), "
+    d.add_argument("--data-dir", type=path_flag, help="WikiText folder (raw or tokenized layout), "
                    "or any folder of .txt, .txt.gz, .jsonl and .jsonl.gz files (documents "
                    "separated by blank lines, or one JSON object a line), read as they "
                    "stream: files named by their split (train.txt.gz, valid.jsonl, ...) "
@@ -161,7 +161,7 @@ def add_budget_args(group: argparse._ArgumentGroup) -> None:
 
 def add_eval_blimp_args(group: argparse._ArgumentGroup) -> None:
     """--eval-blimp: zero-shot grammar beside the loss, at each evaluation (`read_eval_blimp`)."""
-    group.add_argument("--eval-blimp", type=Path, metavar="DIR", help="a BLiMP folder (one "
+    group.add_argument("--eval-blimp", type=path_flag, metavar="DIR", help="a BLiMP folder (one "
                        ".jsonl file per paradigm): at each evaluation, score the same sample of "
                        "its minimal pairs by pseudo-log-likelihood and log blimp_accuracy, "
                        "drawn beside the loss in loss.png (docs/quality.md)")
@@ -252,12 +252,10 @@ def check_model_fits(args: Any) -> None:
         stored = read_config(args.init_from)
         check_tied_decoder(stored)  # pretraining decodes: a masked LM
         config = config_from_hf(stored)
-        for field, value in architecture_overrides(args).items():
-            if getattr(config, field) != value:
-                raise ValueError(f"{architecture_flag(field, value)} contradicts --init-from "
-                                 f"{args.init_from}, built with "
-                                 f"{architecture_flag(field, getattr(config, field))}; leave "
-                                 f"the flag out to keep the checkpoint's")
+        # The architecture is the checkpoint's, even where a flag names the same value.
+        built = [architecture_flag(field, getattr(config, field))
+                 for field, flag in ARCHITECTURE_FLAGS.items() if given(args, flag)]
+        refuse_shaping_flags(args, ARCHITECTURE_FLAGS.values(), ", ".join(built))
         tok = Tokenizer.from_pretrained(args.init_from)
         in_flag_names(lambda: config.check_fits(args.seq_len, tok.vocab_size,
                                                 what=model_source(args)), SEQ_LEN_FLAG)

@@ -284,7 +284,52 @@ def read_config(path: PathLike) -> dict[str, Any]:
         raise ValueError(f"{cfg} is not valid JSON ({e}); re-export or repair the file") from None
     if not isinstance(d, dict):
         raise ValueError(f"{cfg} must hold a JSON object, found {type(d).__name__}")
+    check_stored_config(d, cfg)
     return d
+
+
+def check_stored_config(d: dict[str, Any], file: Path) -> None:
+    """Refuse, naming `file`, a config.json whose fields BertConfig refuses: a loader checks
+    them as the constructor does (Infinity and NaN parse as JSON numbers), before any use;
+    and a classifier's `id2label` whose keys are not its class ids."""
+    if d.get("id2label") is not None:
+        check_id2label(d["id2label"], file)
+    try:
+        config_from_hf(d)
+    except KeyError as e:  # a field ModernBERT's config cannot do without
+        raise ValueError(f"{file} lacks {e.args[0]}; re-export or repair the file") from None
+    except ValueError as e:
+        message = str(e)
+        if message.startswith(f"{CONFIG_FILE} "):  # config_from_hf's own: "config.json has ..."
+            raise ValueError(f"{file}{message[len(CONFIG_FILE):]}") from None
+        field = re.match(r"BertConfig\.(\w+)", message)
+        theirs = field and _stored_names(d).get(field.group(1), field.group(1))
+        where = f" ({theirs} in the file)" if field and theirs != field.group(1) else ""
+        raise ValueError(f"{file}: {message}{where}; repair the file") from None
+
+
+def check_id2label(labels: Any, file: Path) -> None:
+    """Refuse an `id2label` whose keys are not the class ids 0 ... n-1 (JSON writes them as
+    strings): a classifier's class i is named by key "i", and other keys name no class, or
+    (with a gap) the wrong one."""
+    example = '{"0": "neg", "1": "pos"}'
+    if not isinstance(labels, dict):
+        raise ValueError(f"{file}: id2label is a {type(labels).__name__}; it must map each "
+                         f"class id to its name, as {example}; repair the file")
+    ids = [str(i) for i in range(len(labels))]
+    for key in labels:
+        if key not in ids:
+            raise ValueError(f"{file}: id2label has the key {key!r}, which is not a class id: "
+                             f"its keys are the ids 0 to {len(labels) - 1}, each mapped to "
+                             f"its class's name, as {example}; repair the file")
+
+
+def _stored_names(d: dict[str, Any]) -> dict[str, str]:
+    """minibert's field -> its name in `d`, a config.json, where the two differ."""
+    if d.get("model_type") == MODERNBERT_MODEL_TYPE:
+        return {**{ours: theirs for theirs, ours in _MODERN_NAMES.items()},
+                "rope_theta": "global_rope_theta", "rope_local_theta": "local_rope_theta"}
+    return {ours: theirs for theirs, ours in _HF_NAMES.items()}
 
 
 def read_weights(path: PathLike, *, header_only: bool = False) -> dict[str, Tensor]:
@@ -557,6 +602,11 @@ def _from_modernbert(d: dict[str, Any]) -> dict[str, Any]:
         if len(types) != layers or _layer_types(layers, every) != list(types):
             raise refuse("layer_types", types, "every n-th layer global from the first, the "
                          "others sliding_attention")
+    for kind, params in rope.items():  # BertConfig checks the number; float() the type
+        if isinstance(params["rope_theta"], bool) or not isinstance(params["rope_theta"],
+                                                                     (int, float)):
+            raise refuse(f"rope_parameters[{kind!r}]['rope_theta'] (or its legacy key)",
+                         params["rope_theta"], "a number")
     fields = {ours: d[theirs] for theirs, ours in _MODERN_NAMES.items() if theirs in d}
     return dict(MODERN, **fields, bias=biases["attention_bias"], global_every=every,
                 local_window=window, rope_theta=float(rope["full_attention"]["rope_theta"]),

@@ -1,6 +1,7 @@
 """The models' input checks: the usual mistakes in what a forward is given (a wrong shape or
-dtype, an id outside the vocabulary or the classes, a batch padded on the left) as errors that
-name the tensor and the fix, not an IndexError deep in torch or a CUDA device-side assert.
+dtype, an id outside the vocabulary or the classes, a batch padded on the left, a mask in
+transformers' additive form) as errors that name the tensor and the fix, not an IndexError
+deep in torch, a CUDA device-side assert, or a mask read inverted.
 The checks of values are left out of a graph traced by torch.compile or torch.export.
 """
 
@@ -17,12 +18,11 @@ from ..labels import IGNORE_INDEX
 
 def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional[Tensor],
                  token_type_ids: Optional[Tensor]) -> None:
-    """Clear errors for the usual input mistakes, once per forward; only the id range costs."""
+    """Clear errors for the usual input mistakes, once per forward; only the id range and a
+    mask that is not bool cost (a pass over each, and the wait for its answer)."""
     if not isinstance(input_ids, Tensor):
         raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids)}")
-    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-        raise TypeError(f"input_ids must hold integer token ids (torch.long), got "
-                        f"{input_ids.dtype}")
+    check_lookup_ids("input_ids", input_ids, "token ids")
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be 2-D (batch, tokens), got shape "
                          f"{tuple(input_ids.shape)}; for one sequence use input_ids[None]")
@@ -39,8 +39,11 @@ def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional
             shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"{name} has shape {shape} but input_ids has {(B, T)}; they must "
                              f"match")
+    if token_type_ids is not None:
+        check_lookup_ids("token_type_ids", token_type_ids, "segment ids")
     if torch.compiler.is_compiling():
         return  # the checks of values below would stop a traced graph: it has no values
+    check_mask(attention_mask)
     lo, hi = torch.aminmax(input_ids)
     if lo < 0 or hi >= config.vocab_size:
         raise ValueError(f"input_ids must lie in [0, vocab_size={config.vocab_size}), found "
@@ -69,10 +72,42 @@ def check_cls_first(attention_mask: Optional[Tensor]) -> None:
     if attention_mask is None or torch.compiler.is_compiling():  # a traced graph has no values
         return
     if not bool(attention_mask[:, 0].all()):
+        check_mask(attention_mask)  # transformers' additive form has 0 at every token
         rows = (attention_mask[:, 0] == 0).nonzero().flatten().tolist()
         raise ValueError(f"attention_mask is 0 at position 0 in row(s) {rows[:8]}: the "
                          f"[CLS] token the classifier reads is padding there (padded on the "
                          f"left?); pad on the right, [CLS] first")
+
+
+# The dtypes an embedding looks up. Another integer type (uint8, int16) fails there in torch's
+# words, after the id range was checked in values a uint8 cannot hold (-1 wraps to 255).
+LOOKUP_DTYPES = (torch.long, torch.int32)
+
+
+def check_lookup_ids(name: str, ids: Tensor, what: str) -> None:
+    if ids.dtype not in LOOKUP_DTYPES:
+        raise TypeError(f"{name} must hold integer {what} as torch.long (or torch.int32, the "
+                        f"types an embedding looks up), got {ids.dtype}; pass {name}.long()")
+
+
+def check_mask(attention_mask: Optional[Tensor]) -> None:
+    """Refuse a mask in another form than the one minibert reads, 1 = token and 0 = padding
+    (bool, integers or floats): any other value would be read as a token. transformers'
+    additive form (0 at a token, a large negative number at padding) would be inverted."""
+    if attention_mask is None or attention_mask.dtype == torch.bool:
+        return
+    other = (attention_mask != 0) & (attention_mask != 1)  # NaN included: it equals nothing
+    if not bool(other.any()):
+        return
+    value = attention_mask[other][0].item()
+    said = (f"attention_mask holds {value}: minibert reads 1 = token, 0 = padding (bool, or "
+            f"integers or floats 0 and 1)")
+    if value != value:
+        raise ValueError(f"{said}; a NaN is neither: look at what computed the mask")
+    if value < 0:
+        raise ValueError(f"{said}; transformers' additive form (0 keep, large negative pad) is "
+                         f"not accepted: pass (mask == 0)")
+    raise ValueError(f"{said}; pass a mask of 1s and 0s")
 
 
 def check_shape(name: str, t: Tensor, shape: tuple, what: str) -> None:

@@ -28,6 +28,7 @@ The architecture switches, classic BERT (Devlin et al. 2019) by default and Mode
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,12 +133,15 @@ class BertConfig:
         for names, fits, what in ((("hidden_dropout", "attention_dropout"), lambda x: 0 <= x < 1,
                                    "a probability in [0, 1)"),
                                   (("layer_norm_eps", "initializer_range"), lambda x: x > 0,
-                                   "a positive number"),
+                                   "a positive, finite number"),
                                   (("rope_theta", "rope_local_theta"), lambda x: x > 1,
-                                   "a number > 1 (RoPE's base)")):
+                                   "a finite number > 1 (RoPE's base)")):
             for name in names:
                 x = getattr(self, name)
-                if not isinstance(x, (int, float)) or isinstance(x, bool) or not fits(x):
+                # Infinity passes `x > 0` (json.loads reads it in a config.json), and an
+                # infinite epsilon or RoPE base makes every output NaN.
+                if (not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x)
+                        or not fits(x)):
                     raise ValueError(f"BertConfig.{name}={x!r} must be {what}")
         if self.norm_position not in NORM_POSITIONS:
             raise ValueError(f"BertConfig.norm_position={self.norm_position!r} is not one of "

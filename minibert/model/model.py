@@ -263,6 +263,8 @@ class BertModel(PretrainedMixin, nn.Module):
                 token_type_ids: Optional[Tensor] = None, *, output_hidden_states: bool = False,
                 output_attentions: bool = False) -> BertOutput:
         """input_ids, attention_mask (1 = real token, 0 = padding), token_type_ids: (B, T).
+        The mask is bool, or integers or floats holding 1 and 0 alone: transformers' additive
+        form (0 at a token, a large negative number at padding) is refused, not inverted.
 
         Returns `last_hidden_state` (B, T, H), zero at padding positions, and
         `pooler_output` (B, H) or None. As in transformers, `output_hidden_states` adds the
