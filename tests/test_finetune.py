@@ -167,17 +167,23 @@ def _pair_args(pair_task, out, init_from, *extra):
             "--batch-size", "8", "--no-progress", "--precision", "fp32", *extra]
 
 
-def test_init_from_a_minibert_checkpoint(pair_task, tmp_path, allocator_calls):
-    ckpt = tmp_path / "mlm"
+def _mlm_checkpoint(ckpt, dropout):
+    """A small masked LM saved with its tokenizer in `ckpt`: (tokenizer, config, model)."""
     texts = [t for t, _ in sentences(64, 2, ("neg", "pos"))]
     tok = minibert.Tokenizer.train_from_iterator(texts, vocab_size=150, use_cache=False)
     config = minibert.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=2,
                                  num_heads=4, intermediate_size=64, max_position_embeddings=64,
-                                 hidden_dropout=0.05, attention_dropout=0.05)
+                                 hidden_dropout=dropout, attention_dropout=dropout)
     torch.manual_seed(1)
     mlm = minibert.BertForMaskedLM(config)
     mlm.save_pretrained(ckpt)
     tok.save(ckpt)
+    return tok, config, mlm
+
+
+def test_init_from_a_minibert_checkpoint(pair_task, tmp_path, allocator_calls):
+    ckpt = tmp_path / "mlm"
+    tok, config, mlm = _mlm_checkpoint(ckpt, dropout=0.05)
     out = tmp_path / "run"
     # A learning rate so small that two steps leave the encoder where the checkpoint put it.
     assert finetune.main(_pair_args(pair_task, out, ckpt, "--max-steps", "2", "--lr", "1e-7",
@@ -212,15 +218,7 @@ def test_random_weights_beside_init_from_change_the_weights_alone(pair_task, tmp
     """The untrained baseline for a checkpoint: its config, tokenizer and settings, new
     weights drawn from --seed, and the fine-tuning dropout whichever the start."""
     ckpt = tmp_path / "mlm"
-    texts = [t for t, _ in sentences(64, 2, ("neg", "pos"))]
-    tok = minibert.Tokenizer.train_from_iterator(texts, vocab_size=150, use_cache=False)
-    config = minibert.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=2,
-                                 num_heads=4, intermediate_size=64, max_position_embeddings=64,
-                                 hidden_dropout=0.0, attention_dropout=0.0)
-    torch.manual_seed(1)
-    mlm = minibert.BertForMaskedLM(config)
-    mlm.save_pretrained(ckpt)
-    tok.save(ckpt)
+    tok, config, mlm = _mlm_checkpoint(ckpt, dropout=0.0)
     steps = ("--max-steps", "2", "--lr", "1e-7", "--seed", "3")
     runs = {}
     for name, extra in (("pretrained", ()), ("random", ("--random-weights",))):
