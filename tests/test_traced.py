@@ -209,8 +209,9 @@ def test_gradient_checkpointing_switches_every_encoder_and_keeps_nothing_between
     assert saved[1] < saved[0] / 2, saved
 
 
-@pytest.mark.parametrize("head", ["BertForSequenceClassification", "BertForMaskedLM"])
-@pytest.mark.parametrize("preset", ["tiny", "modernbert-tiny"])
+# Each head and each architecture once, which every path of the trace goes through.
+@pytest.mark.parametrize("preset,head", [("tiny", "BertForSequenceClassification"),
+                                         ("modernbert-tiny", "BertForMaskedLM")])
 def test_compile_traces_a_fast_training_step_with_dropout_whole(preset, head):
     """Dropout on, as the presets train, and the CPU kernels swapped in, as `train()` does
     before compiling: the traced graph takes torch's dropout and plain autograd (minibert's
