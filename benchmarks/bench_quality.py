@@ -1,30 +1,37 @@
 """What a CPU-hour of pretraining buys downstream: the main job against transformers' own MLM
 recipe and against random weights, judged by GLUE and BLiMP.
 
-Every model has the same shape (the `mini` preset: 4 layers, hidden 256, 4 heads), the same
+Every model has the same size (4 layers, hidden 256, about 5.4M parameters), the same
 tokenizer (the one the main job trains on the corpus), the same corpus (the Wikipedia slice,
 its `train` split) and the same CPU budget of pretraining:
 
-* `minibert`: `examples/pretrain_wikitext.py --data-dir DATA --time-budget BUDGET`, with the
-  main job's defaults; and the same with a fifth of the budget (`minibert-fifth`), which
-  tells whether transformers' recipe needs 5x the time to reach the main job's scores;
-* `transformers`: `BertForMaskedLM` trained as `bench_time_to_loss.py`'s recipe trains it
-  (its MLM collator at 15%, AdamW, linear warmup and decay, clipping at 1.0, dropout 0.1), for
-  as many steps as fit the budget at the step time measured here, on the main job's packed
-  128-token blocks of the same split, in --hf-precision (fp32; bf16 autocast is its faster
-  precision on a CPU with native bf16, as `bench_time_to_loss.py` measures);
-* `random`: no pretraining: the GLUE command's `--random-weights` on the main job's folder.
+* each candidate of the main job (`--candidate NAME="FLAGS"`, default `minibert`: its
+  defaults): `examples/pretrain_wikitext.py --data-dir DATA --time-budget BUDGET FLAGS`;
+  and the same with a fifth of the budget (`NAME-fifth`), which tells whether transformers'
+  recipe needs 5x the time to reach the main job's scores;
+* `NAME-random`: no pretraining: the GLUE command's `--random-weights` on the candidate's
+  folder (a new encoder of its config per seed, with its tokenizer);
+* `transformers`: `BertForMaskedLM` of the `mini` shape trained as `bench_time_to_loss.py`'s
+  recipe trains it (its MLM collator at 15%, AdamW, linear warmup and decay, clipping at 1.0,
+  dropout 0.1), for as many steps as fit the budget at the step time measured here, on the
+  main job's packed 128-token blocks of the same split, in --hf-precision (fp32; bf16
+  autocast is its faster precision on a CPU with native bf16, as `bench_time_to_loss.py`
+  measures).
 
 Then each model gets `examples/glue.py` on every task in --glue-dir (3 seeds by default, the
-one recipe) and `examples/blimp.py` on --blimp-dir. Each stage is skipped when its output is
-there, so an interrupted run goes on where it stopped:
+one recipe) and `examples/blimp.py` on --blimp-dir. The stages run `--jobs` at a time, each
+on its share of the cores (`--jobs 2` on 2 cores: one core each, so that the budget is the
+time of one core); a stage whose output is there is skipped, so an interrupted run goes on
+where it stopped:
 
     python benchmarks/bench_quality.py run --budget 1h      # hours: pretraining, then GLUE
     python benchmarks/bench_quality.py report               # the table and quality.png
 
-Pretraining is timed, so run it on a quiet machine; GLUE and BLiMP are not timed. Outputs
-under --out (default benchmarks/out/quality): one folder per model and stage, `quality.json`,
-`quality.md` and `quality.png` (GLUE and BLiMP against pretraining CPU time).
+Each pretraining measures its step time when it starts and fixes its step count from it, so
+keep the machine quiet at those moments; after that, a busier machine makes a stage slower,
+not different. GLUE and BLiMP are not timed. Outputs under --out (default
+benchmarks/out/quality): one folder per model and stage, `quality.json`, `quality.md` and
+`quality.png` (GLUE and BLiMP against the pretraining budget).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -41,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 SHARED = ROOT.parent / "shared" / "data"
-MODELS = ("random", "minibert-fifth", "minibert", "transformers")
+HF = "transformers"
 
 
 def seconds(text: str) -> float:
@@ -50,33 +58,120 @@ def seconds(text: str) -> float:
     return parse_duration(text)
 
 
-def run(cmd: list[str]) -> None:
-    print("running", " ".join(map(str, cmd)), flush=True)
-    subprocess.run([str(c) for c in cmd], check=True)
+def candidates(args) -> dict[str, list[str]]:
+    """--candidate NAME="FLAGS", in order; none given: `minibert`, the main job's defaults."""
+    found = {}
+    for text in args.candidate or ["minibert="]:
+        name, sep, flags = text.partition("=")
+        if not sep or not name or name == HF or name.endswith(("-fifth", "-random")):
+            sys.exit(f"--candidate {text!r}: give NAME=\"FLAGS\", a NAME other than "
+                     f"{HF!r} and not ending in -fifth or -random")
+        found[name] = shlex.split(flags)
+    return found
 
 
-def pretrain_minibert(args, name: str, budget: float) -> Path:
-    """The main job with its defaults for `budget` seconds; its final/ model folder."""
-    out = args.out / name
-    if not (out / "eval.json").is_file():
-        cmd = [sys.executable, ROOT / "examples" / "pretrain_wikitext.py", "--data-dir",
-               args.data_dir, "--time-budget", f"{budget:.0f}s", "--out", out, "--no-progress",
-               "--cache-dir", args.out / "cache"]
-        run(cmd + (["--resume"] if (out / "checkpoints").is_dir() else []))
-    return out / "final"
+def model_names(args) -> list[str]:
+    """Every model the run judges: each candidate's random weights, fifth and full budget,
+    then transformers' recipe."""
+    return [f"{c}{end}" for c in candidates(args) for end in ("-random", "-fifth", "")] + [HF]
 
 
-def pretrain_transformers(args, budget: float, tokenizer_folder: Path) -> Path:
-    """transformers' recipe for as many steps as fit `budget` at the step time measured
+def tokenizer_folder(args) -> Path:
+    """The main job's tokenizer for the corpus, trained once (cached under --out/cache, where
+    every candidate's run finds it again) and saved where transformers' stage reads it."""
+    folder = args.out / "corpus"
+    if not (folder / "tokenizer" / "tokenizer.json").is_file():
+        from minibert.data.prepare import prepare_corpus
+        from minibert.cli.pretrain import MAIN_JOB
+        prepare_corpus(folder, ("train", "valid"), MAIN_JOB.seq_len, data_dir=args.data_dir,
+                       cache_dir=args.out / "cache", vocab_size=MAIN_JOB.vocab_size)
+    return folder / "tokenizer"
+
+
+def stages(args, budget: float) -> list[tuple[str, list, Path, list[str]]]:
+    """(name, command, the file it leaves when done, the stages it waits for), in order."""
+    me = [sys.executable, Path(__file__).resolve()]
+    common = ["--out", args.out, "--data-dir", args.data_dir, "--hf-precision",
+              args.hf_precision, "--budget", args.budget]
+    out = []
+    for name, flags in candidates(args).items():
+        for run, share in ((name, 1.0), (f"{name}-fifth", 0.2)):
+            folder = args.out / run
+            cmd = [sys.executable, ROOT / "examples" / "pretrain_wikitext.py", "--data-dir",
+                   args.data_dir, "--time-budget", f"{budget * share:.0f}s", "--out", folder,
+                   "--no-progress", "--cache-dir", args.out / "cache", *flags,
+                   *(["--resume"] if (folder / "checkpoints").is_dir() else [])]
+            out.append((f"pretrain {run}", cmd, folder / "eval.json", []))
+        out.append((f"pretrain {name}-random", me + ["random", "--like", args.out / name / "final",
+                                                      *common],
+                    args.out / f"{name}-random" / "final" / "config.json", [f"pretrain {name}"]))
+    out.append((f"pretrain {HF}", me + [HF, *common], args.out / HF / "final" / "config.json",
+                []))
+    for model in model_names(args):
+        random = model.endswith("-random")
+        init = args.out / (model[:-len("-random")] if random else model) / "final"
+        after = [f"pretrain {model}"]
+        glue_out = args.out / f"glue-{model}"
+        out.append((f"glue {model}", [
+            sys.executable, ROOT / "examples" / "glue.py", "--init-from", init, "--glue-dir",
+            args.glue_dir, "--seeds", str(args.seeds), "--out", glue_out, "--no-progress",
+            *(["--random-weights"] if random else []),
+            *(["--resume"] if glue_out.is_dir() else [])], glue_out / "results.json", after))
+        if args.blimp_dir:
+            out.append((f"blimp {model}", [
+                sys.executable, ROOT / "examples" / "blimp.py", "--model",
+                args.out / model / "final", "--blimp-dir", args.blimp_dir, "--out",
+                args.out / f"blimp-{model}"], args.out / f"blimp-{model}" / "results.json",
+                after))
+    return out
+
+
+def schedule(todo: list[tuple[str, list, Path, list[str]]], jobs: int, logs: Path) -> None:
+    """Run the stages `jobs` at a time, each once the stages it waits for are done, each with
+    the cores shared out (OMP_NUM_THREADS) and its output in `logs`; stop at the first
+    that fails."""
+    logs.mkdir(parents=True, exist_ok=True)
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    done = {name for name, _, made, _ in todo if made.is_file()}
+    waiting = [s for s in todo if s[0] not in done]
+    running: dict[str, subprocess.Popen] = {}
+    while waiting or running:
+        for stage in [s for s in waiting if all(a in done for a in s[3])]:
+            if len(running) == jobs:
+                break
+            name, cmd, _, _ = stage
+            waiting.remove(stage)
+            log = open(logs / f"{name.replace(' ', '-')}.log", "a")
+            print(f"{time.strftime('%H:%M:%S')} start {name}: {' '.join(map(str, cmd))}",
+                  flush=True)
+            running[name] = subprocess.Popen([str(c) for c in cmd], env=env, stdout=log,
+                                             stderr=subprocess.STDOUT)
+        time.sleep(2)
+        for name, proc in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[name]
+            print(f"{time.strftime('%H:%M:%S')} {name}: exit {proc.returncode}", flush=True)
+            if proc.returncode:
+                for other in running.values():
+                    other.wait()
+                sys.exit(f"{name} failed: see {logs}")
+            done.add(name)
+        if waiting and not running and not any(all(a in done for a in s[3]) for s in waiting):
+            sys.exit(f"stages that cannot start: {[s[0] for s in waiting]}")
+
+
+def pretrain_transformers(args) -> None:
+    """transformers' recipe for as many steps as fit the budget at the step time measured
     over 20 steps here; saved as a transformers folder with the main job's tokenizer."""
-    folder = args.out / "transformers" / "final"
-    if (folder / "config.json").is_file():
-        return folder
     import minibert
     from minibert.data import PackedMLMDataset, load_corpus, tokenize_to_memmap
     from bench_time_to_loss import HF_RECIPE, run_transformers
 
-    tok = minibert.Tokenizer.from_pretrained(tokenizer_folder)
+    budget = seconds(args.budget)
+    folder = args.out / HF / "final"
+    tok = minibert.Tokenizer.from_pretrained(tokenizer_folder(args))
     corpus = load_corpus(args.data_dir)
     tokens = tokenize_to_memmap(corpus.splits["train"], tok,
                                 args.out / "cache" / f"hf-{tok.fingerprint[:16]}-train.tok")
@@ -89,85 +184,61 @@ def pretrain_transformers(args, budget: float, tokenizer_folder: Path) -> Path:
           f"warmup {warmup}", flush=True)
     result = run_transformers(tok, blocks, [], steps, eval_every=0, precision=args.hf_precision,
                               horizon=steps, warmup=warmup, keep_model=True)
-    result["model"].save_pretrained(folder)
-    tok.save(folder)
-    (args.out / "transformers" / "train.json").write_text(json.dumps(
+    (args.out / HF / "train.json").parent.mkdir(parents=True, exist_ok=True)
+    (args.out / HF / "train.json").write_text(json.dumps(
         {k: result[k] for k in ("steps", "train_seconds", "precision")} |
-        {"seconds_per_step_probe": per_step}, indent=2))
-    return folder
+        {"seconds_per_step_probe": per_step, "budget_seconds": budget}, indent=2))
+    result["model"].save_pretrained(folder)  # config.json last: the stage's mark of done
+    tok.save(folder)
 
 
-def random_folder(args, like: Path) -> Path:
-    """A masked LM of `like`'s config and tokenizer with new weights (seed 0), for BLiMP; GLUE
+def random_folder(args) -> None:
+    """A masked LM of --like's config and tokenizer with new weights (seed 0), for BLiMP; GLUE
     draws a new encoder per seed itself (`--random-weights`)."""
     import minibert
     from minibert.interop.hf import config_from_hf, read_config
 
-    folder = args.out / "random" / "final"
-    if not (folder / "config.json").is_file():
-        minibert.set_seed(0)
-        model = minibert.BertForMaskedLM(config_from_hf(read_config(like)))
-        model.save_pretrained(folder, tokenizer=minibert.Tokenizer.from_pretrained(like))
-    return folder
-
-
-def glue(args, name: str, model: Path, random_weights: bool = False) -> dict:
-    out = args.out / f"glue-{name}"
-    if not (out / "results.json").is_file():
-        run([sys.executable, ROOT / "examples" / "glue.py", "--init-from", model, "--glue-dir",
-             args.glue_dir, "--seeds", str(args.seeds), "--out", out, "--no-progress",
-             *(["--random-weights"] if random_weights else []),
-             *(["--resume"] if out.is_dir() else [])])
-    return json.loads((out / "results.json").read_text())
-
-
-def blimp(args, name: str, model: Path) -> dict:
-    out = args.out / f"blimp-{name}"
-    if not (out / "results.json").is_file():
-        run([sys.executable, ROOT / "examples" / "blimp.py", "--model", model, "--blimp-dir",
-             args.blimp_dir, "--out", out])
-    return json.loads((out / "results.json").read_text())
+    minibert.set_seed(0)
+    model = minibert.BertForMaskedLM(config_from_hf(read_config(args.like)))
+    model.save_pretrained(args.like.parent.parent / f"{args.like.parent.name}-random" / "final",
+                          tokenizer=minibert.Tokenizer.from_pretrained(args.like))
 
 
 def main_run(args) -> None:
     budget = seconds(args.budget)
-    args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    folders = {"minibert": pretrain_minibert(args, "minibert", budget),
-               "minibert-fifth": pretrain_minibert(args, "minibert-fifth", budget / 5)}
-    folders["transformers"] = pretrain_transformers(args, budget, folders["minibert"])
-    folders["random"] = random_folder(args, folders["minibert"])
-    for name in MODELS:
-        # random: a new encoder per seed, of the main job's config, with its tokenizer
-        glue(args, name, folders["minibert"] if name == "random" else folders[name],
-             random_weights=name == "random")
-        if args.blimp_dir:
-            blimp(args, name, folders[name])
+    tokenizer_folder(args)  # once, before the stages that read its cache run side by side
+    schedule(stages(args, budget), args.jobs, args.out / "logs")
     print(f"done in {(time.time() - t0) / 3600:.1f} h; now: bench_quality.py report")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=["run", "report"])
-    p.add_argument("--budget", default="1h", help="pretraining CPU time per model")
+    p.add_argument("what", choices=["run", "report", HF, "random"],
+                   help="run: every stage; report: the table; transformers, random: one stage")
+    p.add_argument("--budget", default="1h", help="pretraining time per model, on its share "
+                   "of the cores (default 1h)")
+    p.add_argument("--candidate", action="append", metavar='NAME="FLAGS"',
+                   help="a main-job variant to judge, with the flags it adds to the main job's "
+                   "defaults; repeat for several (default: minibert=, the defaults alone)")
+    p.add_argument("--jobs", type=int, default=2, help="stages at a time (default 2)")
     p.add_argument("--data-dir", type=Path, default=SHARED / "enwiki-2015")
     p.add_argument("--glue-dir", type=Path, default=SHARED / "glue")
     p.add_argument("--blimp-dir", type=Path, default=SHARED / "blimp-sample")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--hf-precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--like", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "quality")
     args = p.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if args.what == "run":
-        main_run(args)
-    else:
-        report(args)
+    {"run": main_run, "report": report, HF: pretrain_transformers,
+     "random": random_folder}[args.what](args)
 
 
 def report(args) -> None:
     """quality.json, quality.md and quality.png from the stages that finished."""
     rows = {}
-    for name in MODELS:
+    for name in model_names(args):
         path = args.out / f"glue-{name}" / "results.json"
         if not path.is_file():
             continue
@@ -176,19 +247,19 @@ def report(args) -> None:
         b = args.out / f"blimp-{name}" / "results.json"
         if b.is_file():
             row["blimp"] = json.loads(b.read_text())["overall"]
-        row["pretraining_seconds"] = _pretraining_seconds(args.out, name)
+        row["budget_seconds"], row["train_seconds"] = _pretraining_seconds(args.out, name)
         rows[name] = row
     if not rows:
         sys.exit(f"nothing to report in {args.out}: run `bench_quality.py run` first")
     tasks = list(next(iter(rows.values()))["tasks"])
-    lines = ["| model | pretraining (CPU min) | " + " | ".join(tasks) + " | GLUE | BLiMP |",
+    lines = ["| model | budget (min) | " + " | ".join(tasks) + " | GLUE | BLiMP |",
              "|---|---|" + "---|" * (len(tasks) + 2)]
     for name, r in rows.items():
         cells = [f"{r['tasks'][t]['mean']:.1f}" for t in tasks]
         g = r["glue"]
         glue_cell = f"{g['mean']:.1f}" + (f" ± {g['std']:.1f}" if g.get("std") else "")
         blimp_cell = f"{100 * r['blimp']:.1f}" if "blimp" in r else "—"
-        lines.append(f"| {name} | {r['pretraining_seconds'] / 60:.0f} | {' | '.join(cells)} | "
+        lines.append(f"| {name} | {r['budget_seconds'] / 60:.0f} | {' | '.join(cells)} | "
                      f"{glue_cell} | {blimp_cell} |")
     table = "\n".join(lines) + "\n"
     (args.out / "quality.md").write_text(table)
@@ -197,13 +268,17 @@ def report(args) -> None:
     plot(args.out, rows)
 
 
-def _pretraining_seconds(out: Path, name: str) -> float:
-    """The pretraining's training seconds: 0 for random weights."""
-    if name == "random":
-        return 0.0
-    if name == "transformers":
-        return json.loads((out / "transformers" / "train.json").read_text())["train_seconds"]
-    return json.loads((out / name / "eval.json").read_text())["train_seconds"]
+def _pretraining_seconds(out: Path, name: str) -> tuple[float, float]:
+    """The pretraining's budget (the time its step count was fitted to) and the seconds its
+    steps took, which a busier machine makes longer: 0 and 0 for random weights."""
+    if name.endswith("-random"):
+        return 0.0, 0.0
+    if name == HF:
+        record = json.loads((out / HF / "train.json").read_text())
+        return record["budget_seconds"], record["train_seconds"]
+    from minibert.cli.pretrain import recorded_budget
+    return (recorded_budget(out / name)["seconds"],
+            json.loads((out / name / "eval.json").read_text())["train_seconds"])
 
 
 def plot(out: Path, rows: dict) -> None:
@@ -213,13 +288,13 @@ def plot(out: Path, rows: dict) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     for name, r in rows.items():
-        x = r["pretraining_seconds"] / 60
+        x = r["budget_seconds"] / 60
         axes[0].errorbar(x, r["glue"]["mean"], yerr=r["glue"].get("std") or 0, fmt="o",
                          label=name)
         if "blimp" in r:
             axes[1].plot(x, 100 * r["blimp"], "o", label=name)
     for ax, what in zip(axes, ("GLUE score (dev)", "BLiMP accuracy (%)")):
-        ax.set_xlabel("pretraining CPU minutes")
+        ax.set_xlabel("pretraining budget (minutes of one share of the cores)")
         ax.set_ylabel(what)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
