@@ -367,6 +367,46 @@ def test_training_time_leaves_out_evaluation_and_survives_resume(corpus, tmp_pat
     assert more["train_seconds"] < saved["train_seconds"] + more["wall_seconds"] - 0.4
 
 
+def test_eval_at_start_logs_step_0_and_changes_no_weight(corpus, tmp_path):
+    """`eval_at_start` scores the model before its first step (the "before" of a continued
+    training), in a row at step 0 on a fresh start only; the run trains as without it."""
+    tok, ds = corpus
+    cfg = train_config(max_steps=4, eval_every=2, save_every=2)
+    plain = tiny_model(tok, dropout=0.1)
+    train(plain, ds, collator(tok), cfg, tmp_path / "plain", eval_set=ds)
+    first = tiny_model(tok, dropout=0.1)
+    train(first, ds, collator(tok), replace(cfg, eval_at_start=True), tmp_path / "first",
+          eval_set=ds)
+    assert all(torch.equal(p, q) for p, q in zip(plain.state_dict().values(),
+                                                  first.state_dict().values()))
+    rows = [json.loads(line) for line in open(tmp_path / "first" / "metrics.jsonl")]
+    assert "eval_loss" in rows[0] and rows[0]["step"] == 0
+    assert [r["step"] for r in rows if "eval_loss" in r] == [0, 2, 4]
+    # a resume is not a start: no second row at step 0
+    train(tiny_model(tok, dropout=0.1), ds, collator(tok),
+          replace(cfg, max_steps=6, eval_at_start=True),
+          tmp_path / "first", eval_set=ds, resume=True)
+    rows = [json.loads(line) for line in open(tmp_path / "first" / "metrics.jsonl")]
+    assert [r["step"] for r in rows if "eval_loss" in r] == [0, 2, 4, 6]
+
+
+def test_the_time_left_counts_the_longer_steps_to_come():
+    """8 steps of a sequence-length warmup from 16 to 32 over 4: lengths 16 24 24 32 | 32 32
+    32 32 (seq_len_at). After step 4, 9.6 s for 96 positions is 0.1 s a position: the 128
+    positions left take 12.8 s, and the one evaluation left (the final; step 4's is done)
+    2 s. Counted in steps, as a tqdm bar counts, it would say 9.6 + 2."""
+    from types import SimpleNamespace
+    from minibert.training.run import Run
+    from minibert.training.state import TrainState
+
+    run = SimpleNamespace(cfg=train_config(max_steps=8, eval_every=4, seq_len_start=16),
+                          widest=32, seq_warmup=4, eval_seconds=2.0)
+    state = TrainState(step=4, train_seconds=9.6)
+    assert Run.time_left(run, state) == pytest.approx(14.8)
+    run.seq_warmup = 0  # no warmup: every step alike
+    assert Run.time_left(run, state) == pytest.approx(9.6 + 2.0)
+
+
 def test_bad_train_config():
     with pytest.raises(ValueError, match="precision"):
         TrainConfig(precision="fp8")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import numpy as np
 import torch
 
 
@@ -27,6 +28,18 @@ def seq_len_at(step: int, full: int, start: int, warmup_steps: int) -> int:
         return full
     raw = start + (full - start) * (step - 1) / warmup_steps
     return min(full, max(start, 8 * math.floor(raw / 8 + 0.5)))
+
+
+def schedule_lengths(steps: int, full: int, start: int, warmup_steps: int) -> np.ndarray:
+    """The sequence length of each of optimizer steps 1..`steps`: `seq_len_at`, step by
+    step, in one array (a budget and a run's time estimate sum over millions of steps)."""
+    if not warmup_steps or start >= full:
+        return np.full(steps, full, dtype=np.int64)
+    step = np.arange(1, steps + 1, dtype=np.int64)
+    # The very operations of seq_len_at, so that every length is the one the run will cut.
+    raw = start + (full - start) * (step - 1) / warmup_steps
+    cut = np.minimum(full, np.maximum(start, 8 * np.floor(raw / 8 + 0.5))).astype(np.int64)
+    return np.where(step > warmup_steps, full, cut)
 
 
 def truncate(batch: dict, length: int) -> dict:

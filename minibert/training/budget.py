@@ -40,7 +40,7 @@ import torch.nn as nn
 from torch.utils.data import Dataset
 
 from ..data.mlm import count_targets
-from ..data.seq_warmup import truncate
+from ..data.seq_warmup import schedule_lengths, truncate
 from ..machine.meters import synchronize
 from ..machine.precision import autocast_context
 from ..machine.swap import fast
@@ -115,18 +115,6 @@ def measured_lengths(full: int, start: int) -> list[int]:
         return [full]
     middle = min(full, max(start, 8 * round((start + full) / 16)))
     return sorted({start, middle, full})
-
-
-def schedule_lengths(steps: int, full: int, start: int, warmup_steps: int) -> np.ndarray:
-    """The sequence length of each of optimizer steps 1..`steps`: `seq_warmup.seq_len_at`,
-    step by step, in one array (a budget sums over millions of steps)."""
-    if not warmup_steps or start >= full:
-        return np.full(steps, full, dtype=np.int64)
-    step = np.arange(1, steps + 1, dtype=np.int64)
-    # The very operations of seq_len_at, so that every length is the one the run will cut.
-    raw = start + (full - start) * (step - 1) / warmup_steps
-    cut = np.minimum(full, np.maximum(start, 8 * np.floor(raw / 8 + 0.5))).astype(np.int64)
-    return np.where(step > warmup_steps, full, cut)
 
 
 def evaluations(steps: int, cfg: TrainConfig) -> int:

@@ -123,6 +123,8 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
         cfg = run.cfg  # with the run's horizon (decay_steps)
         scores: Optional[Mapping[str, Any]] = None  # the last evaluation's, returned whole
         stop_signal: Optional[int] = None
+        if run.evaluates and cfg.eval_at_start and state.step == 0:  # the "before" row
+            run.log_eval(state, run.evaluate(state))
         with StopFlag(enabled=cfg.handle_signals) as stop:
             upcoming = None  # the next step's batch, cut while this one computes
             while state.step < cfg.max_steps:
@@ -186,6 +188,7 @@ def _global_batch(run: Run, state: TrainState, step: int) -> tuple[dict, list, l
     # fewer or smaller, and the weights of `_accumulate` still make its gradient exact.
     micros = [checked_batch(run.collate(examples[i:i + micro], epoch=epoch))
               for i in range(0, len(examples), micro)]
+    run.widest = max([run.widest] + [b["input_ids"].shape[1] for b in micros])  # time_left's
     if run.seq_warmup and step <= run.seq_warmup + 1:  # data/seq_warmup.py
         # L(step) from the global batch's width, the same however it is split
         full = max_over_ranks(max(b["input_ids"].shape[1] for b in micros), run.ctx)

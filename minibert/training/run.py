@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from ..data.sampler import GlobalBatches
+from ..data.seq_warmup import schedule_lengths
 from ..interop.hf import decodes
 from ..machine.environment import log_environment
 from ..machine.swap import fast
@@ -30,7 +31,7 @@ from .optim import build_optimizer, lr_at, resolve_warmup
 from .recovery import TrainingError, back_off
 from .resume import claim_out_dir, resume_run, save_run
 from .rng import rank_seed, set_seed
-from .runlog import RunLog, progress_bar
+from .runlog import RunLog, progress_bar, spoken_seconds
 from .signals import StopFlag
 from .state import TrainConfig, TrainState, bert_config
 
@@ -70,6 +71,8 @@ class Run:
     start_step: int
     started: float  # perf_counter() at this start, for wall_seconds
     wall_before: float  # the run's wall time over its earlier starts (TrainState's)
+    widest: int = 0  # the widest batch so far, in positions: the full length, for time_left
+    eval_seconds: float = 0.0  # the last evaluation's, for time_left
 
     @property
     def evaluates(self) -> bool:
@@ -117,17 +120,19 @@ class Run:
         """One evaluation: `evaluate`'s MLM metrics (in micro-batches of the training
         micro-batch in use), or whatever `eval_fn` scores (train's docstring says how)."""
         ctx = self.ctx
+        began = time.perf_counter()
         try:
             if self.eval_fn is None:
                 batches = eval_batches(self.eval_set, self.collate, self.cfg, ctx,
                                        self.micro_batch(state))
-                return evaluate(self.model, batches, self.precision, ctx.device, ctx)
-            self.raw.eval()  # eval_fn is called in eval mode, without gradients, then back
-            try:
-                with torch.no_grad():
-                    scores = self.eval_fn(self.raw, self.precision)  # the run's precision
-            finally:
-                self.raw.train()
+                scores = evaluate(self.model, batches, self.precision, ctx.device, ctx)
+            else:
+                self.raw.eval()  # eval_fn is called in eval mode, without gradients, then back
+                try:
+                    with torch.no_grad():
+                        scores = self.eval_fn(self.raw, self.precision)  # the run's precision
+                finally:
+                    self.raw.train()
         except torch.OutOfMemoryError as error:
             first = (str(error).strip().splitlines() or ["out of memory"])[0]
             raise TrainingError(
@@ -135,13 +140,35 @@ class Run:
                 f"checkpoints saved before it are kept. Evaluate in smaller batches "
                 f"(eval_fn's own; the scripts evaluate in training micro-batches: lower "
                 f"--micro-batch-size) and resume") from None
+        self.eval_seconds = time.perf_counter() - began
         return checked_scores(scores)
 
     def log_eval(self, state: TrainState, scores: Mapping[str, Any]) -> None:
-        """An evaluation's numbers in a log row of their own (rank 0)."""
-        if self.ctx.is_main:
-            self.log.write({"step": state.step, "train_seconds": round(state.train_seconds, 3),
-                            **numbers(scores)}, self.bar)
+        """An evaluation's numbers in a log row of their own, then, within the run, the time
+        it is estimated to have left (rank 0)."""
+        if not self.ctx.is_main:
+            return
+        self.log.write({"step": state.step, "train_seconds": round(state.train_seconds, 3),
+                        **numbers(scores)}, self.bar)
+        if 0 < state.step < self.cfg.max_steps:
+            logger.info("step %d of %d: about %s left, at this run's speed so far (longer "
+                        "sequences to come counted)", state.step, self.cfg.max_steps,
+                        spoken_seconds(self.time_left(state)))
+
+    def time_left(self, state: TrainState) -> float:
+        """Seconds the steps after `state.step` and their evaluations are estimated to take.
+        A step costs about its tokens (attention's quadratic share aside, at these lengths),
+        so the seconds per position of the steps so far are scaled to the positions of the
+        steps left, the sequence-length warmup's growing ones included (a tqdm-style rate of
+        steps would miss those); each evaluation left takes the last one's time."""
+        cfg = self.cfg
+        lengths = schedule_lengths(cfg.max_steps, self.widest, cfg.seq_len_start,
+                                   self.seq_warmup)
+        done, left = lengths[:state.step].sum(), lengths[state.step:].sum()
+        evaluations_left = (cfg.max_steps - 1) // cfg.eval_every if cfg.eval_every else 0
+        evaluations_left += 1 - (state.step // cfg.eval_every if cfg.eval_every else 0)
+        return state.train_seconds * float(left) / float(done) + \
+            max(evaluations_left, 0) * self.eval_seconds
 
 
 def start_run(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainConfig,

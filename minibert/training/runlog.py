@@ -132,6 +132,15 @@ def _package() -> logging.Logger:
     return logging.getLogger(__name__.partition(".")[0])  # "minibert", above every module's
 
 
+def spoken_seconds(seconds: float) -> str:
+    """A duration as a log line says it: `40 s`, `14 min`, `2.5 h`."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def read_rows(metrics_file: Path) -> list[dict[str, Any]]:
     """The rows of a run's metrics.jsonl ([] without one), but a row a kill cut short."""
     if not metrics_file.is_file():

@@ -48,6 +48,7 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 0  # 0 = only at the end
     eval_batches: int = 50  # global batches of the evaluation set per evaluation
+    eval_at_start: bool = False  # also evaluate at step 0: where a continued training began
     save_every: int = 0  # 0 = only at the end
     keep_checkpoints: int = 3
     max_bad_steps: int = 5  # consecutive non-finite steps before the run is stopped
@@ -203,8 +204,8 @@ class Saved:
 # Settings that change nothing a run computes or logs (eval_batches does: each eval_loss's data).
 RESUME_MAY_CHANGE = frozenset({
     "max_steps", "micro_batch_size", "auto_micro_batch", "log_every", "eval_every",
-    "save_every", "keep_checkpoints", "max_bad_steps", "compile", "progress", "peak_flops",
-    "handle_signals", "release_memory"})
+    "eval_at_start", "save_every", "keep_checkpoints", "max_bad_steps", "compile", "progress",
+    "peak_flops", "handle_signals", "release_memory"})
 
 
 def run_identity(model: nn.Module, cfg: "TrainConfig") -> dict[str, Any]:
