@@ -38,14 +38,13 @@ from pathlib import Path
 import minibert
 from minibert import cli
 from minibert.cli import pretrain
-from minibert.atomic import atomic_file
 from minibert.data import MLMCollator
 from minibert.data.prepare import save_prepared
 from minibert.training.engine import train
 from minibert.training.evaluation import eval_batches, evaluate
 from minibert.training.resume import RunPlan
 from minibert.atomic import writing
-from minibert.training.runlog import read_rows
+from minibert.training.runlog import spoken_seconds
 from minibert.tasks.blimp import evaluate_blimp
 
 log = logging.getLogger("pretrain")
@@ -80,7 +79,7 @@ def main(argv=None) -> int:
 
         # The flags and the model's fit (positions, --init-from's tokenizer and weights);
         # nothing before script.claim writes to --out.
-        cfg = pretrain.check_args(args, ctx)
+        cfg = pretrain.check_args(args, ctx, continued=bool(args.init_from))
         pretrain.check_model_fits(args)
 
         # The data: the corpus, its tokenizer (trained once, cached) and its splits as
@@ -102,9 +101,10 @@ def main(argv=None) -> int:
         # Training: dynamic masking of each batch as it is drawn.
         collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed,
                               whole_word_mask=args.whole_word_mask)
-        # --time-budget: the steps that fit it, measured on a copy of the model at a fresh
-        # start, kept from the run's start on a --resume (docs/runs.md, "A compute budget").
-        cfg = pretrain.fit_budget(args, cfg, model, train_set, collate, ctx, identity)
+        # The plan, said in one summary: a few steps timed on a copy of the model give the
+        # run's time, and under --time-budget its steps, kept from the run's start on a
+        # --resume (docs/runs.md, "A compute budget").
+        cfg = pretrain.plan_run(args, cfg, model, train_set, collate, ctx, identity)
 
         # --out: a fresh start, or a --resume of this very run (its data, tokenizer and
         # settings compared with the checkpoint's).
@@ -135,14 +135,17 @@ def main(argv=None) -> int:
         if cli.finished(result, ctx, cfg.lr, model, args.out):
             with writing(args.out / "final"):
                 model.save_pretrained(args.out / "final", tokenizer=tok)
-            plot_loss(args.out)
+            pretrain.plot_losses(args.out, cfg, args)
             # Last: eval.json marks the run complete, which a --resume of it leaves alone.
             pretrain.write_json(args.out / "eval.json", {k: result[k] for k in (
                 "eval_loss", "eval_accuracy", "perplexity", "steps", "tokens_seen",
                 "wall_seconds", "train_seconds", "precision")})
-            log.info("eval loss %.4f, accuracy %.4f, perplexity %.1f; model in %s",
-                     result["eval_loss"], result["eval_accuracy"], result["perplexity"],
-                     args.out / "final")
+            log.info("eval loss %.4f, accuracy %.4f, perplexity %.1f", result["eval_loss"],
+                     result["eval_accuracy"], result["perplexity"])
+            log.info("done in %s (%s of it training); in %s: final/ (the model and its "
+                     "tokenizer, which transformers loads too), eval.json, metrics.jsonl, "
+                     "loss.png and checkpoints/", spoken_seconds(result["wall_seconds"]),
+                     spoken_seconds(result["train_seconds"]), args.out)
     return script.status
 
 
@@ -168,37 +171,6 @@ def build_model(args, tok) -> minibert.BertForMaskedLM:
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model
-
-
-def plot_loss(out: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    rows = read_rows(out / "metrics.jsonl")
-    train_rows = [r for r in rows if "loss" in r]
-    eval_rows = [r for r in rows if "eval_loss" in r]
-    blimp_rows = [r for r in rows if "blimp_accuracy" in r]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], label="train")
-    if eval_rows:
-        ax.plot([r["step"] for r in eval_rows], [r["eval_loss"] for r in eval_rows], "o-",
-                label="eval")
-    ax.set_xlabel("step")
-    ax.set_ylabel("MLM loss")
-    ax.legend(loc="upper left")
-    if blimp_rows:  # the quality curve beside the loss, on its own axis
-        acc = ax.twinx()
-        acc.plot([r["step"] for r in blimp_rows], [100 * r["blimp_accuracy"] for r in blimp_rows],
-                 "s--", color="tab:green", label="BLiMP accuracy")
-        acc.set_ylabel("BLiMP accuracy (%)")
-        acc.legend(loc="upper right")
-    fig.tight_layout()
-    with writing(out / "loss.png"), atomic_file(out / "loss.png") as f:  # whole, or not at all
-        plt.savefig(f, format="png", dpi=110)
-    plt.close()
 
 
 if __name__ == "__main__":

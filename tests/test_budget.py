@@ -190,7 +190,7 @@ def test_the_budget_sets_the_steps_and_the_schedule_fits_them(data_dir, tmp_path
         _run(data_dir, out, tmp_path / "cache", "--time-budget", "23.2s")
     said = " ".join(r.getMessage() for r in caplog.records)
     assert_carries(said, "--time-budget 23.2s", "20 steps", "--max-steps 20",
-                   "warmup 2 steps", "sequence-length warmup 10 steps")
+                   "warmup to 0.001 over 2 steps", "16 -> 32 tokens over steps 1-10")
     train_config, identity = _saved_config(out)
     assert train_config["max_steps"] == train_config["decay_steps"] == 20
     assert identity["--time-budget"] == {"seconds": 23.2, "steps": 20}
@@ -202,6 +202,18 @@ def test_the_budget_sets_the_steps_and_the_schedule_fits_them(data_dir, tmp_path
     # 16 + 32 * (s - 1) / 10 ... in multiples of 8 over steps 1-10, then 32
     lengths = [seq_len_at(s, 32, 16, 10) for s in range(1, 21)]
     assert summary["steps"] == 20 and summary["tokens_seen"] == 8 * sum(lengths)
+
+
+def test_every_fresh_start_says_its_plan_and_the_time_it_will_take(data_dir, tmp_path,
+                                                                   monkeypatch, caplog):
+    """Each step measures 1 s and each evaluation batch 1 s: 6 steps and the final evaluation
+    of 2 batches make 8 s (how the lengths count: test_the_step_count_integrates_...)."""
+    _clock(monkeypatch, 1.0)
+    with caplog.at_level(logging.INFO):
+        _run(data_dir, tmp_path / "run", tmp_path / "cache", "--max-steps", "6")
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert_carries(said, "plan: 6 steps of 8 sequences, about 8 s",
+                   "16 -> 32 tokens over steps 1-3", "decay to 1e-05 at step 6")
 
 
 def test_a_budget_run_is_a_max_steps_run_of_its_steps_bit_for_bit(data_dir, tmp_path,

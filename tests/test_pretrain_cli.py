@@ -280,7 +280,37 @@ def test_continued_pretraining_on_a_folder_of_text_files(data_dir, tmp_path, all
     assert allocator_calls == [True, True]  # asked by both runs (the first by default)
     base_tok = minibert.Tokenizer.from_pretrained(tmp_path / "base" / "final")
     assert minibert.Tokenizer.from_pretrained(out / "final").fingerprint == base_tok.fingerprint
-    assert json.loads((out / "eval.json").read_text())["steps"] == 3
+    # The before and after: an evaluation at step 0, then the sequences at their full length
+    # from the first step (the model learned it); --seq-len-warmup restarts the warmup.
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert rows[0]["step"] == 0 and "eval_loss" in rows[0]
+    assert json.loads((out / "eval.json").read_text())["tokens_seen"] == 3 * 8 * 32
+    again = tmp_path / "again"
+    assert pretrain.main(_args(domain, again, cache, "--init-from",
+                               str(tmp_path / "base" / "final"), "--max-steps", "3",
+                               "--seq-len-warmup", "2")) == 0
+    assert json.loads((again / "eval.json").read_text())["tokens_seen"] == 8 * (16 + 24 + 32)
+
+
+def test_the_plot_says_which_loss_is_which_and_marks_the_warmup():
+    """Training masks 30% of sequences that grow over the warmup, evaluation 15% of full
+    blocks: the legend says so of each curve, and the warmup's steps are shaded."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    matplotlib.use("Agg")
+    from minibert.cli.pretrain import loss_figure, train_config
+
+    args = pretrain.parse_args(["--max-steps", "100", "--eval-split", "test"])
+    rows = [{"step": s, "loss": 9.0 - s / 50} for s in range(10, 101, 10)] + \
+        [{"step": s, "eval_loss": 8.0 - s / 50} for s in (0, 50, 100)]
+    fig = loss_figure(rows, train_config(args), args)
+    ax = fig.axes[0]
+    labels = ax.get_legend_handles_labels()[1]
+    assert_carries(" | ".join(labels), "training loss (30% masked", "eval loss (15% masked",
+                   "128 tokens", "test split", "sequence-length warmup (16 -> 128 tokens)")
+    (span,) = ax.patches  # the warmup's steps, shaded
+    assert (span.get_x(), span.get_x() + span.get_width()) == (0, 50)
+    assert [list(line.get_xdata()) for line in ax.lines][1] == [0, 50, 100]
 
 
 def test_load_text_folder(tmp_path):

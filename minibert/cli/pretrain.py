@@ -18,7 +18,7 @@ import tokenizers
 import torch.nn as nn
 from torch.utils.data import Dataset
 
-from ..atomic import write_files_atomically, writing
+from ..atomic import atomic_file, write_files_atomically, writing
 from . import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, given, in_flag_names,
                   model_flag_names, model_source, path_flag, refuse_shaping_flags)
 from ..model.config import ALL_PRESETS, BertConfig
@@ -27,7 +27,7 @@ from ..data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_
 from ..data.text import TEXT_FIELD
 from ..data.wikitext import SPLITS as WIKITEXT_SPLITS, WIKITEXT_VARIANTS
 from ..tasks.blimp import read_blimp, sample_pairs
-from ..training import budget
+from ..training import budget, runlog
 from ..training.checkpoint import latest_checkpoint, load_checkpoint
 from ..training.distributed import DistContext, all_gather_objects
 from ..interop.hf import (MODEL_FOLDER, check_tied_decoder, check_weights, config_from_hf,
@@ -56,11 +56,13 @@ class PretrainJob(Job):
 # The main job, examples/pretrain_wikitext.py: every default of its flags. Where it leaves
 # BERT's recipe (30% masking, sequence-length warmup, no dropout), the flag's help says why;
 # the measurements are in benchmarks/RESULTS.md. The peak learning rate is TrainConfig's own
-# default, which says why (training/state.py).
+# default, which says why (training/state.py). Five evaluations over the default 1,000 steps
+# draw the eval curve in loss.png, at a cost docs/runs.md states.
 MAIN_JOB = PretrainJob(
     train=TrainConfig(batch_size=32, max_steps=1000, min_lr=1e-5, warmup=0.1,
                       schedule="linear", weight_decay=0.01, adam_eps=1e-6, max_grad_norm=1.0,
-                      eval_batches=20, save_every=100, seq_len_warmup=0.5, seq_len_start=16),
+                      eval_every=200, eval_batches=20, save_every=100, seq_len_warmup=0.5,
+                      seq_len_start=16),
     preset="mini", vocab_size=8192, seq_len=128, dropout=0.0, mask_prob=0.3)
 
 # Distillation (examples/distill.py): the main job's training, a `tiny` student.
@@ -134,8 +136,10 @@ def add_data_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB
     d.add_argument("--seq-len-warmup", type=int, help="sequence-length warmup: training "
                    "batches grow from --seq-len-start positions to --seq-len over this many "
                    f"steps (Li et al. 2022); default {warmup * 100:.0f}%% of the "
-                   "schedule (--decay-steps, else --max-steps), 0 = off. It is the largest "
-                   "lever on the time to a given loss (benchmarks/RESULTS.md)")
+                   "schedule (--decay-steps, else --max-steps), 0 = off; 0 with --init-from, "
+                   "whose model has learned its full length (give one to restart the "
+                   "warmup). It is the largest lever on the time to a given loss "
+                   "(benchmarks/RESULTS.md)")
     d.add_argument("--seq-len-start", type=int, help="positions per sequence at the first "
                    f"step of the sequence-length warmup; default {start} (no warmup "
                    f"for a --seq-len of {start} or less)")
@@ -151,7 +155,7 @@ def add_training_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB) -
 
 
 def add_budget_args(group: argparse._ArgumentGroup) -> None:
-    """--time-budget, the main job's: its length as a time (`fit_budget`)."""
+    """--time-budget, the main job's: its length as a time (`plan_run`)."""
     group.add_argument("--time-budget", metavar="DURATION", help="train for as many steps "
                        "as fit this time (90s, 45m, 1h, 1.5h, or seconds), measured at the "
                        "start and kept on --resume; warmup and decay fit those steps, and the "
@@ -223,8 +227,9 @@ def architecture_overrides(args: Any) -> dict[str, Any]:
             if getattr(args, flag, None) is not None}
 
 
-def check_args(args: Any, ctx: DistContext) -> TrainConfig:
-    """The mistakes worth one clear line, before any work; the run's settings."""
+def check_args(args: Any, ctx: DistContext, continued: bool = False) -> TrainConfig:
+    """The mistakes worth one clear line, before any work; the run's settings (`continued`:
+    `train_config`'s)."""
     if args.data_dir is not None:
         check_readable(args.data_dir, "--data-dir", CORPUS_FOLDER)  # or said why not
     if args.preset not in ALL_PRESETS:
@@ -233,7 +238,7 @@ def check_args(args: Any, ctx: DistContext) -> TrainConfig:
     check_numbers(args, NUMBER_RULES)
     finite_flags(args, ["lr", "min_lr", "weight_decay", "adam_eps", "max_grad_norm"])
     budget_seconds(args)  # a duration, and the only length given
-    cfg = train_config(args)
+    cfg = train_config(args, continued)
     require_safetensors()  # the model is saved at the end: said now, not after training
     in_flag_names(lambda: cfg.split_batch(ctx.world_size), FLAGS)
     if args.seq_len_warmup != 0 and (args.seq_len_start or 0) > args.seq_len:
@@ -278,11 +283,15 @@ def architecture_flag(field: str, value: Any) -> str:
     return f"{flag} {value}"
 
 
-def train_config(args: Any) -> TrainConfig:
+def train_config(args: Any, continued: bool = False) -> TrainConfig:
     """The flags as the engine's settings; TrainConfig's own checks, said in flag names.
+    `continued`: the run continues a pretrained model's training (the main job's
+    --init-from), which is evaluated at step 0, before it trains, and whose sequence length
+    is full from the start unless --seq-len-warmup restarts the warmup: the model has
+    learned its full length already.
     A fresh start's horizon is --decay-steps or --max-steps (a warmup longer than it is
     refused now); a resume keeps the checkpoint's, so --max-steps may shrink. Under
-    --time-budget the steps and the horizon are `fit_budget`'s, after a measurement."""
+    --time-budget the steps and the horizon are `plan_run`'s, after a measurement."""
     job = MAIN_JOB.train  # what an unset flag leaves; distillation trains as the main job
     # --max-steps unset is None where the script tells it from given (--time-budget refuses it)
     max_steps = args.max_steps if args.max_steps is not None else job.max_steps
@@ -301,7 +310,7 @@ def train_config(args: Any) -> TrainConfig:
         log_every=args.log_every, eval_every=args.eval_every, eval_batches=args.eval_batches,
         save_every=args.save_every, compile=args.compile, progress=not args.no_progress,
         seq_len_warmup=(args.seq_len_warmup if args.seq_len_warmup is not None
-                        else job.seq_len_warmup),
+                        else 0 if continued else job.seq_len_warmup), eval_at_start=continued,
         seq_len_start=args.seq_len_start or job.seq_len_start), flags)
 
 
@@ -325,28 +334,35 @@ def budget_seconds(args: Any) -> Optional[float]:
         raise ValueError(f"--time-budget {e}") from None
 
 
-def fit_budget(args: Any, cfg: TrainConfig, model: nn.Module, train_set: Dataset,
-               collate: Callable, ctx: DistContext, identity: dict[str, Any]) -> TrainConfig:
-    """`cfg` with the steps --time-budget fits (without the flag, `cfg` itself), before
-    --out is touched. A fresh start measures its step time (budget.measure_step_times, on a
-    copy of `model`: the run is as it would be unmeasured) and fits the steps and the
-    schedule's horizon to the budget; a resume keeps the steps of the run's start, measuring
-    nothing. `identity` (the data's, which a resume compares) records the budget and its
+def plan_run(args: Any, cfg: TrainConfig, model: nn.Module, train_set: Dataset,
+             collate: Callable, ctx: DistContext, identity: dict[str, Any]) -> TrainConfig:
+    """The run's settings once its length is known, said in one summary before --out is
+    touched: its steps, its schedules and the time it is estimated to take.
+
+    A fresh start times a few steps at the lengths of its sequence-length warmup
+    (budget.measure_step_times, on a copy of `model`: the run is as it would be unmeasured)
+    and integrates them over the schedule (budget.estimate_seconds), so the estimate counts
+    the longer steps to come. Under --time-budget the same measurement fits the steps and the
+    schedule's horizon to the budget; a resume keeps the steps of the run's start and
+    measures nothing (the engine says the time left at each evaluation, from the run's own
+    speed). `identity` (the data's, which a resume compares) records the budget and its
     steps, so that a resume under another budget, or none, is refused by name."""
     seconds = budget_seconds(args)
-    if seconds is None:
-        return cfg
-    text = args.time_budget
     if args.resume:
-        record = recorded_budget(args.out)
-        if record is None:  # no checkpoint, or a run without a budget: check_resume says which
-            identity[BUDGET] = {"seconds": seconds}
-            return cfg
-        identity[BUDGET] = {"seconds": seconds, "steps": record["steps"]}
+        record = recorded_budget(args.out) if seconds is not None else None
+        if seconds is not None:
+            # no checkpoint, or a run without a budget: check_resume says which
+            identity[BUDGET] = {"seconds": seconds, **({"steps": record["steps"]} if record
+                                                       else {})}
+        if record is not None:
+            cfg = replace(cfg, max_steps=record["steps"])
         if ctx.is_main:
-            log.info("--time-budget %s: the run keeps the %d steps fitted at its start, "
-                     "measured then and not again", text, record["steps"])
-        return replace(cfg, max_steps=record["steps"])
+            log.info("%s", describe_plan(cfg, args.seq_len, None))
+            if record is not None:
+                log.info("--time-budget %s: the run keeps the %s fitted at its start, "
+                         "measured then and not again", args.time_budget,
+                         _counted(record["steps"], "step"))
+        return cfg
 
     full = args.seq_len
     start = cfg.seq_len_start if cfg.seq_len_warmup else full
@@ -355,28 +371,60 @@ def fit_budget(args: Any, cfg: TrainConfig, model: nn.Module, train_set: Dataset
                                       budget.measured_lengths(full, start),
                                       resolve_precision(cfg.precision, ctx.device))
     took = time.perf_counter() - began
-    try:
-        fit = budget.fit_steps(seconds, times, cfg, full)
-    except ValueError as e:
-        raise ValueError(f"--time-budget {text}: {e}") from None
-    # A warmup in steps longer than the steps that fit, said as the budget's
-    cfg = in_flag_names(lambda: replace(cfg, max_steps=fit.steps, decay_steps=fit.steps),
-                        {**FLAGS, "total_steps": f"the steps --time-budget {text} fits:"})
-    identity[BUDGET] = {"seconds": seconds, "steps": fit.steps}
+    fitted = None
+    if seconds is not None:
+        text = args.time_budget
+        try:
+            fitted = budget.fit_steps(seconds, times, cfg, full)
+        except ValueError as e:
+            raise ValueError(f"--time-budget {text}: {e}") from None
+        # A warmup in steps longer than the steps that fit, said as the budget's
+        cfg = in_flag_names(lambda: replace(cfg, max_steps=fitted.steps,
+                                            decay_steps=fitted.steps),
+                            {**FLAGS, "total_steps": f"the steps --time-budget {text} fits:"})
+        identity[BUDGET] = {"seconds": seconds, "steps": fitted.steps}
     if ctx.is_main:
-        log.info("--time-budget %s (%g s): a step takes %s (measured in %.1f s, not counted); "
-                 "%s fit, estimated at %.1f s with %s, %.0f%% of the budget held back for "
-                 "checkpoints and the log", text, seconds, budget.describe(times), took,
-                 _counted(fit.steps, "step"), fit.estimate,
-                 _counted(fit.evaluations, "evaluation"), budget.RESERVE * 100)
-        log.info("the schedule fits the %s: learning-rate warmup %s, then decay to --min-lr "
-                 "at step %d; sequence-length warmup %s. The run stops at step %d, not at a "
-                 "time, and a resume keeps it; --max-steps %d repeats this run exactly",
-                 _counted(fit.steps, "step"),
-                 _counted(resolve_warmup(cfg.warmup, fit.steps), "step"), fit.steps,
-                 _counted(resolve_warmup(cfg.seq_len_warmup, fit.steps), "step"), fit.steps,
-                 fit.steps)
+        if fitted is not None:
+            log.info("--time-budget %s (%g s): %s fit, %.0f%% of the budget held back for "
+                     "checkpoints and the log. The run stops at step %d, not at a time, and a "
+                     "resume keeps it; --max-steps %d repeats this run exactly", text,
+                     seconds, _counted(fitted.steps, "step"), budget.RESERVE * 100,
+                     fitted.steps, fitted.steps)
+        log.info("%s\n  timed: a step takes %s (measured in %.1f s, not counted)",
+                 describe_plan(cfg, full, budget.estimate_seconds(cfg.max_steps, times, cfg,
+                                                                  full)),
+                 budget.describe(times), took)
     return cfg
+
+
+def describe_plan(cfg: TrainConfig, full: int, estimate: Optional[float]) -> str:
+    """The start-up summary, a few lines: steps, the two schedules, evaluations and
+    checkpoints, and the `estimate` of the run's time in seconds (None: a resume, which
+    measured nothing)."""
+    steps = cfg.max_steps
+    horizon = cfg.decay_steps or steps
+    seq_warmup = resolve_warmup(cfg.seq_len_warmup, horizon)
+    if estimate is None:
+        time_said = "resumed: the time left is said at each evaluation"
+    else:
+        time_said = (f"about {runlog.spoken_seconds(estimate)}, the longer steps to come "
+                     f"counted (said again at each evaluation)")
+    if seq_warmup and cfg.seq_len_start < full:
+        lengths = (f"{cfg.seq_len_start} -> {full} tokens over steps 1-{seq_warmup:,} "
+                   f"(--seq-len-warmup), then {full}")
+    else:
+        lengths = f"{full} tokens from the first step (no --seq-len-warmup)"
+    evaluations = budget.evaluations(steps, cfg) + cfg.eval_at_start
+    return "\n  ".join([
+        f"plan: {_counted(steps, 'step')} of {cfg.batch_size} sequences, {time_said}",
+        f"learning rate: {cfg.schedule} warmup to {cfg.lr:g} over "
+        f"{_counted(resolve_warmup(cfg.warmup, horizon), 'step')}, then {cfg.schedule} decay "
+        f"to {cfg.min_lr:g} at step {horizon:,}",
+        f"sequence length: {lengths}",
+        f"evaluations: {evaluations}" + (" (step 0 included)" if cfg.eval_at_start else "")
+        + f", {cfg.eval_batches} batches each (--eval-every, --eval-batches)"
+        + (f"; checkpoints every {cfg.save_every:,} steps" if 0 < cfg.save_every < steps
+           else "")])
 
 
 def _counted(n: int, word: str) -> str:
@@ -446,3 +494,55 @@ def write_json(path: Path, obj: Any) -> None:
     """Written whole (`write_files_atomically`): a crash keeps the previous file."""
     with writing(path):
         write_files_atomically(path.parent, {path.name: json.dumps(obj, indent=2) + "\n"})
+
+
+# ---- loss.png ---------------------------------------------------------------------------------
+
+def loss_figure(rows: list[dict[str, Any]], cfg: TrainConfig, args: Any) -> Any:
+    """The run's curves from its metrics.jsonl `rows`, each labelled with what it measures.
+    The training loss masks --mask-prob of sequences whose length grows during the
+    sequence-length warmup (shaded); the eval loss masks --eval-mask-prob of full blocks of
+    --eval-split. The two differ in what they ask, so each compares with itself only: a gap
+    between them is not overfitting. --eval-blimp's accuracy has an axis of its own."""
+    import matplotlib.pyplot as plt
+
+    train_rows = [r for r in rows if "loss" in r]
+    eval_rows = [r for r in rows if "eval_loss" in r]
+    blimp_rows = [r for r in rows if "blimp_accuracy" in r]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    seq_warmup = resolve_warmup(cfg.seq_len_warmup, cfg.decay_steps or cfg.max_steps)
+    if seq_warmup and cfg.seq_len_start < args.seq_len:
+        ax.axvspan(0, seq_warmup, color="0.9", label=f"sequence-length warmup "
+                   f"({cfg.seq_len_start} -> {args.seq_len} tokens)")
+    ax.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows],
+            label=f"training loss ({args.mask_prob:.0%} masked, training length)")
+    if eval_rows:
+        ax.plot([r["step"] for r in eval_rows], [r["eval_loss"] for r in eval_rows], "o-",
+                label=f"eval loss ({args.eval_mask_prob:.0%} masked, {args.seq_len} tokens, "
+                      f"{args.eval_split} split)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("MLM loss (each curve compares with itself)")
+    ax.legend(loc="upper right", fontsize=8)
+    if blimp_rows:  # the quality curve beside the loss, on its own axis
+        acc = ax.twinx()
+        acc.plot([r["step"] for r in blimp_rows], [100 * r["blimp_accuracy"] for r in blimp_rows],
+                 "s--", color="tab:green", label="BLiMP accuracy")
+        acc.set_ylabel("BLiMP accuracy (%)")
+        acc.legend(loc="center right", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_losses(out: Path, cfg: TrainConfig, args: Any) -> None:
+    """`out`/loss.png from `out`/metrics.jsonl (`loss_figure`), written whole or not at all;
+    nothing without matplotlib (an optional extra)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig = loss_figure(runlog.read_rows(out / "metrics.jsonl"), cfg, args)  # pyplot's current
+    with writing(out / "loss.png"), atomic_file(out / "loss.png") as f:
+        plt.savefig(f, format="png", dpi=110)
+    plt.close(fig)
