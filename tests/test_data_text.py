@@ -239,12 +239,16 @@ def test_a_corpus_file_with_carriage_returns_only_is_refused(tmp_path):
     from minibert.data.text import iter_lines
 
     f = tmp_path / "mac.txt"
-    f.write_bytes(b"the cat sat\r\rthe dog went\r")
-    with raises(ValueError, str(f), "\\r", "\\n"):  # the line end found, and the one read
-
-        list(iter_lines(f))
+    for mac in (b"the cat sat\r\rthe dog went\r",
+                b"the cat sat\r\rthe dog went\r\n",  # one \n at the end, from an editor
+                b"one\r\rtwo\r\rthree\nfour\r\rfive\n"):  # \r alone still the most
+        f.write_bytes(mac)
+        with raises(ValueError, str(f), "\\r", "\\n"):  # the line end found, and the one read
+            list(iter_lines(f))
     f.write_bytes(b"windows\r\n\r\nline ends\r\n")  # \r\n is fine
     assert list(iter_lines(f)) == ["windows", "", "line ends"]
+    f.write_bytes(b"a stray \r inside\n\nline ends\n")  # \n the most: read as it is
+    assert list(iter_lines(f)) == ["a stray \r inside", "", "line ends"]
 
 
 def test_bytes_that_are_not_utf8_are_refused_with_the_file_line_and_byte(tmp_path):

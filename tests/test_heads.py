@@ -462,3 +462,15 @@ def test_a_classifier_refuses_a_batch_padded_on_the_left():
 
             call(left)
         call(mask)  # padded on the right: fine
+
+
+def test_the_pooler_refuses_a_batch_padded_on_the_left_as_the_classifiers_do():
+    """`pooler_output` reads position 0 too: padded on the left, it came from the zero
+    vector the encoder leaves at padding. A model without a pooler reads no [CLS]."""
+    ids, mask = random_batch(pad_from=20)
+    left = torch.cat([mask[:, 20:], mask[:, :20]], dim=1)  # row 1's padding first
+    with raises(ValueError, "attention_mask", "position 0", "[1]", "pooler", "right"):
+        minibert.BertModel(tiny_config())(ids, left)
+    assert minibert.BertModel(tiny_config())(ids, mask).pooler_output.shape == (3, 32)
+    out = minibert.BertModel(tiny_config(), add_pooler=False)(ids, left)
+    assert out.pooler_output is None and out.last_hidden_state[1, :17].abs().sum() == 0

@@ -327,8 +327,10 @@ def test_the_encoder_keeps_the_mode_of_the_model_it_wraps(mlm_folder, tok):
 
 
 def test_cls_pooling_refuses_a_batch_padded_on_the_left(tok):
-    """[CLS] pooling reads position 0, padding in a left-padded row (a zero vector)."""
-    model = minibert.BertModel(tiny_config(vocab_size=tok.vocab_size))
+    """[CLS] pooling reads position 0, padding in a left-padded row (a zero vector). The
+    encoder has no pooler, as `from_pretrained` builds it: a pooler reads position 0 too,
+    and refuses such a batch itself."""
+    model = minibert.BertModel(tiny_config(vocab_size=tok.vocab_size), add_pooler=False)
     ids = torch.randint(5, tok.vocab_size, (2, 6))
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
     with raises(ValueError, "attention_mask", "position 0", "[1]"):

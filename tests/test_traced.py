@@ -72,6 +72,20 @@ def test_a_modern_model_exports_with_its_windows_and_rotations(name, kwargs):
         _assert_equal_outputs(program.module()(ids, mask), model(ids, mask))
 
 
+@pytest.mark.parametrize("preset,overrides", [
+    ("tiny", {}), ("modernbert-tiny", {"local_window": 4, "global_every": 2})])
+def test_a_chunked_model_exports_with_a_dynamic_length(preset, overrides):
+    """Chunked attention loops over tiles in Python, which a traced length cannot drive;
+    the exported program takes the plain path, and agrees with eager's tiles (tiles of 4,
+    so both lengths below span several, and the window cuts some)."""
+    model = _model("BertModel", {}, preset, attention="chunked", attention_chunk_size=4,
+                   **overrides)
+    program = torch.export.export(model, _batch(2, 9), dynamic_shapes=_dims(2))
+    for ids, mask in (_batch(3, 17, seed=1), _batch(1, 6, seed=2)):
+        with torch.no_grad():
+            _assert_equal_outputs(program.module()(ids, mask), model(ids, mask))
+
+
 def test_a_model_exports_without_a_mask():
     model = _model("BertModel", {})
     program = torch.export.export(model, _batch(2, 9, pad=False)[:1], dynamic_shapes=_dims(1))

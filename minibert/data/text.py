@@ -107,7 +107,11 @@ def _check_utf8_lines(path: Path, head: bytes, line_ends: bool = True) -> None:
         raise ValueError(f"{path} is not UTF-8 text: it looks like UTF-16 or UTF-32 (a byte "
                          f"order mark or many NUL bytes); save it as UTF-8, e.g. "
                          f"{_iconv(path, '-f utf-16 -t utf-8')}")
-    if line_ends and b"\r" in head and b"\n" not in head:
+    # \r alone ends more lines than \n: the file's lines are \r's, and a \n reader would
+    # run them together (one \n at the end, as an editor adds, changes nothing). A stray
+    # \r among \n line ends is text and is kept; \r\n is a \n line end.
+    bare_cr = head.count(b"\r") - head.count(b"\r\n")
+    if line_ends and bare_cr > head.count(b"\n"):
         raise ValueError(f"{path} ends its lines with \\r alone (classic Mac OS line ends); "
                          f"convert them to \\n, e.g. tr '\\r' '\\n' < in > out")
 

@@ -17,9 +17,11 @@ from ..labels import IGNORE_INDEX
 
 
 def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional[Tensor],
-                 token_type_ids: Optional[Tensor]) -> None:
+                 token_type_ids: Optional[Tensor], pooler: bool = False) -> None:
     """Clear errors for the usual input mistakes, once per forward; only the id range and a
-    mask that is not bool cost (a pass over each, and the wait for its answer)."""
+    mask that is not bool cost (a pass over each, and the wait for its answer). `pooler`:
+    the model pools [CLS] at position 0, so a batch padded on the left is refused there
+    as the classifiers refuse it (`check_cls_first`)."""
     if not isinstance(input_ids, Tensor):
         raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids)}")
     check_lookup_ids("input_ids", input_ids, "token ids")
@@ -44,6 +46,8 @@ def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional
     if torch.compiler.is_compiling():
         return  # the checks of values below would stop a traced graph: it has no values
     check_mask(attention_mask)
+    if pooler:
+        check_cls_first(attention_mask, "pooler")
     lo, hi = torch.aminmax(input_ids)
     if lo < 0 or hi >= config.vocab_size:
         raise ValueError(f"input_ids must lie in [0, vocab_size={config.vocab_size}), found "
@@ -65,18 +69,21 @@ def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional
                              f"{int(hi)}")
 
 
-def check_cls_first(attention_mask: Optional[Tensor]) -> None:
-    """Refuse a batch whose position 0, where a classifier reads [CLS], is padding in some
-    row (padded on the left): the encoder leaves padding at zero, so that row's class would
-    come from a zero vector. minibert's collators pad on the right."""
+def check_cls_first(attention_mask: Optional[Tensor], reader: str = "classifier") -> None:
+    """Refuse a batch whose position 0, where a classifier (or BERT's pooler, the `reader`)
+    reads [CLS], is padding in some row (padded on the left): the encoder leaves padding at
+    zero, so that row's class would come from a zero vector. minibert's collators pad on the
+    right."""
     if attention_mask is None or torch.compiler.is_compiling():  # a traced graph has no values
         return
     if not bool(attention_mask[:, 0].all()):
         check_mask(attention_mask)  # transformers' additive form has 0 at every token
         rows = (attention_mask[:, 0] == 0).nonzero().flatten().tolist()
         raise ValueError(f"attention_mask is 0 at position 0 in row(s) {rows[:8]}: the "
-                         f"[CLS] token the classifier reads is padding there (padded on the "
-                         f"left?); pad on the right, [CLS] first")
+                         f"[CLS] token the {reader} reads is padding there (padded on the "
+                         f"left?); pad on the right, [CLS] first"
+                         + (", or build the model with add_pooler=False to read the tokens "
+                            "alone" if reader == "pooler" else ""))
 
 
 # The dtypes an embedding looks up. Another integer type (uint8, int16) fails there in torch's

@@ -303,8 +303,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], backend: 
     math and sdpa take the window as part of one (B, 1, T, T) bias (`window_bias`), the
     memory they spend on scores anyway; chunked skips the tiles outside the window, so a
     local layer costs O(T · window) there, and adds the band only to the tiles it cuts.
+
+    Under `torch.export` a chunked model runs sdpa instead: chunked's loops over tiles are
+    Python loops, whose count a traced length cannot set, so an exported program would be
+    fixed to the length it was traced at. sdpa computes the same attention (the tests hold
+    all three equal), so the program takes any length; it spends sdpa's memory, not
+    chunked's, which matters for training, not for the inference an export serves.
     """
-    if backend == "chunked":
+    if backend == "chunked" and not torch.compiler.is_exporting():
         bias = None if keep is None else key_padding_bias(keep, q.dtype)
         return chunked_attention(q, k, v, bias, dropout_p, chunk_size, window)
     bias = attention_bias(keep, q.size(2), window, q.dtype, q.device)

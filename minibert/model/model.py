@@ -267,14 +267,17 @@ class BertModel(PretrainedMixin, nn.Module):
         form (0 at a token, a large negative number at padding) is refused, not inverted.
 
         Returns `last_hidden_state` (B, T, H), zero at padding positions, and
-        `pooler_output` (B, H) or None. As in transformers, `output_hidden_states` adds the
-        L + 1 states (B, T, H): the embeddings' output, then each block's, the last one being
-        `last_hidden_state` itself (after Pre-LN's final LayerNorm); `output_attentions`
-        adds each block's attention probabilities (B, nh, T, T), computed by the plain
-        formula (`attention.attention_probs`) whatever `config.attention` says. Both are zero
-        at padding positions, like the output: padding is not computed.
+        `pooler_output` (B, H) or None. The pooler reads [CLS] at position 0, so a model with
+        one refuses a batch padded on the left, as the classifiers do. As in transformers,
+        `output_hidden_states` adds the L + 1 states (B, T, H): the embeddings' output, then
+        each block's, the last one being `last_hidden_state` itself (after Pre-LN's final
+        LayerNorm); `output_attentions` adds each block's attention probabilities
+        (B, nh, T, T), computed by the plain formula (`attention.attention_probs`) whatever
+        `config.attention` says. Both are zero at padding positions, like the output:
+        padding is not computed.
         """
-        check_inputs(self.config, input_ids, attention_mask, token_type_ids)
+        check_inputs(self.config, input_ids, attention_mask, token_type_ids,
+                     pooler=self.pooler is not None)
         keep = None if attention_mask is None else attention_mask.bool()  # (B, T)
         # Unpadding needs N, the number of real tokens, which a graph traced by torch.compile
         # or torch.export cannot know: a traced graph keeps the padded layout, its padding
