@@ -411,3 +411,102 @@ def test_the_sentence_encoder_and_multitask_model_load_in_a_dtype(tmp_path):
     multi = minibert.BertMultiTask.from_pretrained(
         tmp_path, {"a": ("sequence", 2)}, torch_dtype=torch.bfloat16)
     assert {p.dtype for p in multi.parameters()} == {torch.bfloat16}
+
+
+# ---- D. config.json against the weights: each stored tensor is taken, or refused by name ----
+
+# Every way into a model folder, each a class built from config.json and the weights read.
+FOLDER_LOADERS = {
+    "BertModel": lambda p: minibert.BertModel.from_pretrained(p),
+    "BertForMaskedLM": lambda p: minibert.BertForMaskedLM.from_pretrained(p),
+    "BertForSequenceClassification":
+        lambda p: minibert.BertForSequenceClassification.from_pretrained(p),
+    "BertForTokenClassification":
+        lambda p: minibert.BertForTokenClassification.from_pretrained(p, num_labels=3),
+    "BertForQuestionAnswering": lambda p: minibert.BertForQuestionAnswering.from_pretrained(p),
+    "SentenceEncoder": lambda p: minibert.SentenceEncoder.from_pretrained(p),
+    "BertMultiTask": lambda p: minibert.BertMultiTask.from_pretrained(p, {"t": ("sequence", 2)}),
+}
+
+
+def _tokenizer(tmp_path):
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "##s"]
+    (tmp_path / "vocab.txt").write_text("".join(t + "\n" for t in vocab))
+    return minibert.Tokenizer.from_pretrained(tmp_path / "vocab.txt")
+
+
+def _edited_folder(tmp_path, config, **edits):
+    """A masked LM of `config` saved with a tokenizer, then its config.json edited."""
+    folder = tmp_path / "m"
+    _random_model_of(config).save_pretrained(folder, tokenizer=_tokenizer(tmp_path))
+    stored = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**stored, **edits}))
+    return folder
+
+
+def _random_model_of(config):
+    torch.manual_seed(0)
+    return minibert.BertForMaskedLM(config)
+
+
+# (the config saved, config.json's edit, the tensors the edited config has no place for,
+# and how many they are)
+DISAGREEMENTS = {
+    "fewer layers": (tiny_config(num_layers=3), {"num_hidden_layers": 2},
+                     "bert.encoder.layer.2.", 16),
+    "rotary over a learned table": (tiny_config(mlp="geglu"), {"position": "rope"},
+                                    "bert.embeddings.position_embeddings.weight", 1),
+    "Post-LN over a Pre-LN model's final norm": (tiny_config(norm_position="pre", mlp="geglu"),
+                                                 {"norm_position": "post"},
+                                                 "bert.encoder.LayerNorm.weight", 2),
+    "ModernBERT with fewer layers": (tiny_config(**{**minibert.model.config.MODERN,
+                                                    "max_position_embeddings": 64},
+                                                 num_layers=3),
+                                     {"num_hidden_layers": 2, "layer_types": [
+                                         "full_attention", "sliding_attention"]},
+                                     "model.layers.2.", 6),
+}
+
+
+@pytest.mark.parametrize("case,loader", [
+    (case, loader) for case in DISAGREEMENTS for loader in FOLDER_LOADERS
+    # BertMultiTask builds BERT's heads, and refuses a ModernBERT folder before its weights
+    if not (case.startswith("ModernBERT") and loader == "BertMultiTask")])
+def test_a_tensor_the_config_has_no_place_for_is_refused_by_name(case, loader, tmp_path):
+    """A config.json that describes less than its weights hold would load another model than
+    the one saved, without a word: each loader names the tensors left over and the file."""
+    config, edits, tensor, count = DISAGREEMENTS[case]
+    folder = _edited_folder(tmp_path, config, **edits)
+    weights = next(folder.glob("*.safetensors"))
+    with raises(ValueError, tensor, f"{count} tensor", str(weights), "config.json"):
+        FOLDER_LOADERS[loader](folder)
+
+
+@pytest.mark.parametrize("loader", FOLDER_LOADERS)
+def test_a_config_with_more_layers_than_the_weights_names_the_file(loader, tmp_path):
+    folder = _edited_folder(tmp_path, tiny_config(), num_hidden_layers=3)
+    with raises(ValueError, "bert.encoder.layer.2.", str(folder / "model.safetensors"),
+                "config.json"):
+        FOLDER_LOADERS[loader](folder)
+
+
+@pytest.mark.parametrize("edits,facts", [
+    ({"num_hidden_layers": 2}, ["bert.encoder.layer.2.", "16 tensor"]),
+    ({"intermediate_size": 32}, ["bert.encoder.layer.0.intermediate.dense.weight", "(64, 32)",
+                                 "(32, 32)"]),
+])
+def test_check_weights_reads_the_headers_alone_to_refuse_what_loading_would(edits, facts,
+                                                                           tmp_path):
+    """A script's early check: the names and shapes in the safetensors header against an
+    encoder built on the meta device, before the data is prepared or --out touched."""
+    folder = _edited_folder(tmp_path, tiny_config(num_layers=3))
+    with torch.device("meta"):
+        encoder = minibert.BertModel(tiny_config(num_layers=3), add_pooler=False)
+    hf.check_weights(folder, encoder)  # the folder as saved
+    stored = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**stored, **edits}))
+    with torch.device("meta"):
+        encoder = minibert.BertModel(hf.config_from_hf(hf.read_config(folder)),
+                                     add_pooler=False)
+    with raises(ValueError, str(folder / "model.safetensors"), *facts):
+        hf.check_weights(folder, encoder)

@@ -120,7 +120,7 @@ class PretrainedMixin(GradientCheckpointing):
                 own_head = False
         if not own_head:
             sd = {k: t for k, t in sd.items() if not k.startswith("classifier.")}
-        load_hf_state_dict(model, sd)
+        load_hf_state_dict(model, sd, path)
         model.eval()  # as transformers gives it: dropout off until `.train()`
         return model if dtype is None else model.to(dtype)
 
