@@ -116,6 +116,67 @@ def test_save_with_the_tokenizer_in_one_step(tmp_path):
     assert _same_weights(minibert.BertForMaskedLM.from_pretrained(tmp_path / "m"), model)
 
 
+def _vocab_tokenizer(folder, words):
+    """A WordPiece tokenizer of BERT's special tokens and `words`, from a vocab.txt."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
+    (folder / "vocab.txt").write_text("".join(t + "\n" for t in vocab))
+    return minibert.Tokenizer.from_pretrained(folder / "vocab.txt")
+
+
+def test_a_save_without_a_tokenizer_refuses_the_one_saved_with_the_model_it_replaces(tmp_path):
+    """Kept, the old model's tokenizer would load beside the new model without a word (the
+    vocabulary record goes with the old config.json): the save is refused, nothing written."""
+    out = tmp_path / "final"
+    _random_model(seed=0).save_pretrained(out, tokenizer=_vocab_tokenizer(tmp_path / "a",
+                                                                          ["the", "cat"]))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    second = _random_model(seed=1)
+    with raises(ValueError, str(out), "tokenizer.json", "vocab.txt", "tokenizer="):
+        second.save_pretrained(out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _hidden_entries(tmp_path) == []
+    # With the new model's own tokenizer, the folder is the new pair, recorded as one.
+    tok = _vocab_tokenizer(tmp_path / "b", ["a", "dog"])
+    second.save_pretrained(out, tokenizer=tok)
+    assert minibert.Tokenizer.from_pretrained(out).fingerprint == tok.fingerprint
+    assert _same_weights(minibert.BertForMaskedLM.from_pretrained(out), second)
+
+
+def test_a_tokenizer_saved_into_the_folder_before_the_model_is_kept(tmp_path):
+    """transformers' usual order, tokenizer first: it is the user's choice for this model."""
+    out = tmp_path / "final"
+    _random_model(seed=0).save_pretrained(out, tokenizer=_vocab_tokenizer(tmp_path / "a",
+                                                                          ["the", "cat"]))
+    tok = _vocab_tokenizer(tmp_path / "b", ["a", "dog"])
+    tok.save(out)  # replaces the old model's tokenizer
+    second = _random_model(seed=1)
+    second.save_pretrained(out)
+    assert minibert.Tokenizer.from_pretrained(out).fingerprint == tok.fingerprint
+    assert _same_weights(minibert.BertForMaskedLM.from_pretrained(out), second)
+
+
+def test_a_save_without_a_tokenizer_refuses_one_with_more_ids_than_the_model(tmp_path):
+    out = tmp_path / "final"
+    _vocab_tokenizer(tmp_path / "big", [f"w{i}" for i in range(120)]).save(out)
+    with raises(ValueError, str(out), "tokenizer.json", "125 tokens", "99"):
+        _random_model().save_pretrained(out)
+    assert sorted(os.listdir(out)) == ["tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+
+
+def test_a_save_with_a_tokenizer_replaces_every_file_of_the_old_one(tmp_path):
+    """transformers' special_tokens_map.json names the old tokenizer's special tokens, which
+    AutoTokenizer would read beside the new tokenizer's files."""
+    out = tmp_path / "final"
+    _random_model(seed=0).save_pretrained(out)
+    (out / "special_tokens_map.json").write_text(json.dumps({"unk_token": "<unk>"}))
+    (out / "added_tokens.json").write_text(json.dumps({"<new>": 99}))
+    (out / "notes.txt").write_text("lr 1e-4")
+    _random_model(seed=1).save_pretrained(out, tokenizer=_vocab_tokenizer(tmp_path / "t", []))
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "notes.txt",
+                                       "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+
+
 def test_leftovers_of_a_killed_save_are_removed_by_the_next(tmp_path):
     (tmp_path / ".final.tmp-dead").mkdir()  # what a kill -9 mid-save leaves
     _random_model().save_pretrained(tmp_path / "final")
