@@ -40,7 +40,7 @@ from minibert import cli
 from minibert.atomic import write_files_atomically, writing
 from minibert.cli import glue
 from minibert.data.tokenizer import Tokenizer
-from minibert.interop.hf import MODEL_FOLDER, check_weights, config_from_hf, read_config
+from minibert.interop.hf import MODEL_FOLDER, config_from_hf, read_config
 from minibert.interop.pretrained import check_tokenizer_fits
 from minibert.machine.precision import resolve_precision
 from minibert.paths import check_readable
@@ -120,7 +120,8 @@ def prepare(args, ctx) -> SimpleNamespace:
                                                 what=f"--init-from {args.init_from}"),
                       cli.SEQ_LEN_FLAG)
     if not args.random_weights:
-        check_weights(args.init_from)  # missing or damaged: said now, not after a task
+        # missing, damaged or not the config's: said now, not after a task
+        cli.check_init_weights(args.init_from, config)
     check_readable(args.glue_dir, "--glue-dir", "a folder of GLUE task folders")
     names = [n.strip() for n in args.tasks.split(",") if n.strip()] if args.tasks else None
     found, missing = find_glue_tasks(args.glue_dir, names)

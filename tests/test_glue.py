@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -319,11 +320,19 @@ def test_random_weights_keep_the_tokenizer_and_shape(tmp_path, model_folder):
         {k: v.shape for k, v in pretrained.state_dict().items()}
 
 
-@pytest.mark.parametrize("case", ["bad label", "no tasks", "epochs", "unknown task"])
+@pytest.mark.parametrize("case", ["bad label", "no tasks", "epochs", "unknown task",
+                                  "a layer fewer in config.json"])
 def test_bad_input_is_refused_before_out_is_written(tmp_path, model_folder, capsys, case):
     root = make_glue(tmp_path / "glue", tasks=("CoLA", "MRPC"))
-    extra, facts = [], []
-    if case == "bad label":
+    extra, facts, model = [], [], model_folder
+    if case == "a layer fewer in config.json":  # refused before a task, not when it starts
+        model = tmp_path / "model"
+        shutil.copytree(model_folder, model)
+        stored = json.loads((model / "config.json").read_text())
+        layers = stored["num_hidden_layers"] - 1
+        (model / "config.json").write_text(json.dumps({**stored, "num_hidden_layers": layers}))
+        facts = [str(model / "model.safetensors"), f"bert.encoder.layer.{layers}."]
+    elif case == "bad label":
         dev = root / "MRPC" / "dev.tsv"
         lines = dev.read_text().split("\n")
         lines[2] = "yes" + lines[2][1:]
@@ -338,7 +347,7 @@ def test_bad_input_is_refused_before_out_is_written(tmp_path, model_folder, caps
     else:
         extra, facts = ["--tasks", "CoLA,SNLI"], ["'SNLI'"]
     out = tmp_path / "out"
-    assert glue_script.main(argv(model_folder, root, out, *extra)) == 2
+    assert glue_script.main(argv(model, root, out, *extra)) == 2
     assert_carries(capsys.readouterr().err, *facts)
     assert not out.exists()
 

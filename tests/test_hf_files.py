@@ -116,6 +116,67 @@ def test_save_with_the_tokenizer_in_one_step(tmp_path):
     assert _same_weights(minibert.BertForMaskedLM.from_pretrained(tmp_path / "m"), model)
 
 
+def _vocab_tokenizer(folder, words):
+    """A WordPiece tokenizer of BERT's special tokens and `words`, from a vocab.txt."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
+    (folder / "vocab.txt").write_text("".join(t + "\n" for t in vocab))
+    return minibert.Tokenizer.from_pretrained(folder / "vocab.txt")
+
+
+def test_a_save_without_a_tokenizer_refuses_the_one_saved_with_the_model_it_replaces(tmp_path):
+    """Kept, the old model's tokenizer would load beside the new model without a word (the
+    vocabulary record goes with the old config.json): the save is refused, nothing written."""
+    out = tmp_path / "final"
+    _random_model(seed=0).save_pretrained(out, tokenizer=_vocab_tokenizer(tmp_path / "a",
+                                                                          ["the", "cat"]))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    second = _random_model(seed=1)
+    with raises(ValueError, str(out), "tokenizer.json", "vocab.txt", "tokenizer="):
+        second.save_pretrained(out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _hidden_entries(tmp_path) == []
+    # With the new model's own tokenizer, the folder is the new pair, recorded as one.
+    tok = _vocab_tokenizer(tmp_path / "b", ["a", "dog"])
+    second.save_pretrained(out, tokenizer=tok)
+    assert minibert.Tokenizer.from_pretrained(out).fingerprint == tok.fingerprint
+    assert _same_weights(minibert.BertForMaskedLM.from_pretrained(out), second)
+
+
+def test_a_tokenizer_saved_into_the_folder_before_the_model_is_kept(tmp_path):
+    """transformers' usual order, tokenizer first: it is the user's choice for this model."""
+    out = tmp_path / "final"
+    _random_model(seed=0).save_pretrained(out, tokenizer=_vocab_tokenizer(tmp_path / "a",
+                                                                          ["the", "cat"]))
+    tok = _vocab_tokenizer(tmp_path / "b", ["a", "dog"])
+    tok.save(out)  # replaces the old model's tokenizer
+    second = _random_model(seed=1)
+    second.save_pretrained(out)
+    assert minibert.Tokenizer.from_pretrained(out).fingerprint == tok.fingerprint
+    assert _same_weights(minibert.BertForMaskedLM.from_pretrained(out), second)
+
+
+def test_a_save_without_a_tokenizer_refuses_one_with_more_ids_than_the_model(tmp_path):
+    out = tmp_path / "final"
+    _vocab_tokenizer(tmp_path / "big", [f"w{i}" for i in range(120)]).save(out)
+    with raises(ValueError, str(out), "tokenizer.json", "125 tokens", "99"):
+        _random_model().save_pretrained(out)
+    assert sorted(os.listdir(out)) == ["tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+
+
+def test_a_save_with_a_tokenizer_replaces_every_file_of_the_old_one(tmp_path):
+    """transformers' special_tokens_map.json names the old tokenizer's special tokens, which
+    AutoTokenizer would read beside the new tokenizer's files."""
+    out = tmp_path / "final"
+    _random_model(seed=0).save_pretrained(out)
+    (out / "special_tokens_map.json").write_text(json.dumps({"unk_token": "<unk>"}))
+    (out / "added_tokens.json").write_text(json.dumps({"<new>": 99}))
+    (out / "notes.txt").write_text("lr 1e-4")
+    _random_model(seed=1).save_pretrained(out, tokenizer=_vocab_tokenizer(tmp_path / "t", []))
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "notes.txt",
+                                       "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+
+
 def test_leftovers_of_a_killed_save_are_removed_by_the_next(tmp_path):
     (tmp_path / ".final.tmp-dead").mkdir()  # what a kill -9 mid-save leaves
     _random_model().save_pretrained(tmp_path / "final")
@@ -411,3 +472,102 @@ def test_the_sentence_encoder_and_multitask_model_load_in_a_dtype(tmp_path):
     multi = minibert.BertMultiTask.from_pretrained(
         tmp_path, {"a": ("sequence", 2)}, torch_dtype=torch.bfloat16)
     assert {p.dtype for p in multi.parameters()} == {torch.bfloat16}
+
+
+# ---- D. config.json against the weights: each stored tensor is taken, or refused by name ----
+
+# Every way into a model folder, each a class built from config.json and the weights read.
+FOLDER_LOADERS = {
+    "BertModel": lambda p: minibert.BertModel.from_pretrained(p),
+    "BertForMaskedLM": lambda p: minibert.BertForMaskedLM.from_pretrained(p),
+    "BertForSequenceClassification":
+        lambda p: minibert.BertForSequenceClassification.from_pretrained(p),
+    "BertForTokenClassification":
+        lambda p: minibert.BertForTokenClassification.from_pretrained(p, num_labels=3),
+    "BertForQuestionAnswering": lambda p: minibert.BertForQuestionAnswering.from_pretrained(p),
+    "SentenceEncoder": lambda p: minibert.SentenceEncoder.from_pretrained(p),
+    "BertMultiTask": lambda p: minibert.BertMultiTask.from_pretrained(p, {"t": ("sequence", 2)}),
+}
+
+
+def _tokenizer(tmp_path):
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "##s"]
+    (tmp_path / "vocab.txt").write_text("".join(t + "\n" for t in vocab))
+    return minibert.Tokenizer.from_pretrained(tmp_path / "vocab.txt")
+
+
+def _edited_folder(tmp_path, config, **edits):
+    """A masked LM of `config` saved with a tokenizer, then its config.json edited."""
+    folder = tmp_path / "m"
+    _random_model_of(config).save_pretrained(folder, tokenizer=_tokenizer(tmp_path))
+    stored = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**stored, **edits}))
+    return folder
+
+
+def _random_model_of(config):
+    torch.manual_seed(0)
+    return minibert.BertForMaskedLM(config)
+
+
+# (the config saved, config.json's edit, the tensors the edited config has no place for,
+# and how many they are)
+DISAGREEMENTS = {
+    "fewer layers": (tiny_config(num_layers=3), {"num_hidden_layers": 2},
+                     "bert.encoder.layer.2.", 16),
+    "rotary over a learned table": (tiny_config(mlp="geglu"), {"position": "rope"},
+                                    "bert.embeddings.position_embeddings.weight", 1),
+    "Post-LN over a Pre-LN model's final norm": (tiny_config(norm_position="pre", mlp="geglu"),
+                                                 {"norm_position": "post"},
+                                                 "bert.encoder.LayerNorm.weight", 2),
+    "ModernBERT with fewer layers": (tiny_config(**{**minibert.model.config.MODERN,
+                                                    "max_position_embeddings": 64},
+                                                 num_layers=3),
+                                     {"num_hidden_layers": 2, "layer_types": [
+                                         "full_attention", "sliding_attention"]},
+                                     "model.layers.2.", 6),
+}
+
+
+@pytest.mark.parametrize("case,loader", [
+    (case, loader) for case in DISAGREEMENTS for loader in FOLDER_LOADERS
+    # BertMultiTask builds BERT's heads, and refuses a ModernBERT folder before its weights
+    if not (case.startswith("ModernBERT") and loader == "BertMultiTask")])
+def test_a_tensor_the_config_has_no_place_for_is_refused_by_name(case, loader, tmp_path):
+    """A config.json that describes less than its weights hold would load another model than
+    the one saved, without a word: each loader names the tensors left over and the file."""
+    config, edits, tensor, count = DISAGREEMENTS[case]
+    folder = _edited_folder(tmp_path, config, **edits)
+    weights = next(folder.glob("*.safetensors"))
+    with raises(ValueError, tensor, f"{count} tensor", str(weights), "config.json"):
+        FOLDER_LOADERS[loader](folder)
+
+
+@pytest.mark.parametrize("loader", FOLDER_LOADERS)
+def test_a_config_with_more_layers_than_the_weights_names_the_file(loader, tmp_path):
+    folder = _edited_folder(tmp_path, tiny_config(), num_hidden_layers=3)
+    with raises(ValueError, "bert.encoder.layer.2.", str(folder / "model.safetensors"),
+                "config.json"):
+        FOLDER_LOADERS[loader](folder)
+
+
+@pytest.mark.parametrize("edits,facts", [
+    ({"num_hidden_layers": 2}, ["bert.encoder.layer.2.", "16 tensor"]),
+    ({"intermediate_size": 32}, ["bert.encoder.layer.0.intermediate.dense.weight", "(64, 32)",
+                                 "(32, 32)"]),
+])
+def test_check_weights_reads_the_headers_alone_to_refuse_what_loading_would(edits, facts,
+                                                                           tmp_path):
+    """A script's early check: the names and shapes in the safetensors header against an
+    encoder built on the meta device, before the data is prepared or --out touched."""
+    folder = _edited_folder(tmp_path, tiny_config(num_layers=3))
+    with torch.device("meta"):
+        encoder = minibert.BertModel(tiny_config(num_layers=3), add_pooler=False)
+    hf.check_weights(folder, encoder)  # the folder as saved
+    stored = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**stored, **edits}))
+    with torch.device("meta"):
+        encoder = minibert.BertModel(hf.config_from_hf(hf.read_config(folder)),
+                                     add_pooler=False)
+    with raises(ValueError, str(folder / "model.safetensors"), *facts):
+        hf.check_weights(folder, encoder)

@@ -262,3 +262,25 @@ def test_a_classifier_with_unnamed_classes_reads_as_transformers_reads_it(tmp_pa
     with torch.no_grad():
         assert _max_diff(three(ids, mask).logits,
                          hf3(input_ids=ids, attention_mask=mask).logits) < TOL
+
+
+def test_a_pretraining_folder_loads_into_every_class(tmp_path):
+    """What a model leaves unread on purpose is no disagreement: bert-base-uncased's folder
+    holds the next-sentence head, the pooler, the decoder's copy of the word embeddings and
+    (older transformers) the position_ids buffer, none of which most classes take."""
+    theirs, folder = _hf_model("BertForPreTraining", tiny_config(), tmp_path)
+    from safetensors.torch import load_file, save_file
+    sd = load_file(str(folder / "model.safetensors"))
+    sd["bert.embeddings.position_ids"] = torch.arange(64)[None]
+    save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    ids, mask = random_batch()
+    with torch.no_grad():
+        want = theirs.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+    for cls, kwargs in [(minibert.BertModel, {}), (minibert.BertForMaskedLM, {}),
+                        (minibert.BertForSequenceClassification, {}),
+                        (minibert.BertForTokenClassification, {"num_labels": 3}),
+                        (minibert.BertForQuestionAnswering, {})]:
+        model = cls.from_pretrained(folder, **kwargs)
+        encoder = model if cls is minibert.BertModel else model.bert
+        with torch.no_grad():
+            assert _max_diff(encoder(ids, mask).last_hidden_state, want, mask) <= TOL

@@ -28,12 +28,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
+import torch
 import torch.nn as nn
 
 from ..machine import memory
 from ..atomic import NO_ROOM, WriteError, could_not_write, write_failure
 from ..training.checkpoint import CheckpointError
 from ..model.config import ALL_PRESETS, BertConfig
+from ..model.model import BertModel
+from ..interop.hf import check_weights
 from ..data.tokens import TokenFileError
 from ..data.wikitext import DownloadError
 from ..training.distributed import DistContext, all_gather_objects, cleanup, init_distributed
@@ -376,6 +379,16 @@ def as_given(args: Any, flag: str) -> str:
 def model_source(args: Any) -> str:
     """The flag that chose the model, as given: `--init-from DIR` or `--preset NAME`."""
     return f"--init-from {args.init_from}" if args.init_from else f"--preset {args.preset}"
+
+
+def check_init_weights(folder: Path, config: BertConfig) -> None:
+    """--init-from's weights against the encoder its config.json builds, from safetensors'
+    headers alone: a tensor missing, left over or of another shape is refused before the data
+    is prepared and --out is touched, not when the model is loaded. The encoder is built on
+    the meta device (shapes, no memory); a head the weights lack is each class's to start."""
+    with torch.device("meta"):
+        encoder = BertModel(config, add_pooler=False)
+    check_weights(folder, encoder)
 
 
 def model_flag_names(model: str, flags: Mapping[str, str] = {}) -> dict[str, str]:

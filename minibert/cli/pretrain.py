@@ -19,8 +19,9 @@ import torch.nn as nn
 from torch.utils.data import Dataset
 
 from ..atomic import atomic_file, write_files_atomically, writing
-from . import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, given, in_flag_names,
-                  model_flag_names, model_source, path_flag, refuse_shaping_flags)
+from . import (SEQ_LEN_FLAG, Job, add_flags, check_init_weights, check_numbers, finite_flags,
+               given, in_flag_names, model_flag_names, model_source, path_flag,
+               refuse_shaping_flags)
 from ..model.config import ALL_PRESETS, BertConfig
 from ..data.corpus import CORPUS_FOLDER, Corpus, load_corpus
 from ..data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_corpus
@@ -30,7 +31,7 @@ from ..tasks.blimp import read_blimp, sample_pairs
 from ..training import budget, runlog
 from ..training.checkpoint import latest_checkpoint, load_checkpoint
 from ..training.distributed import DistContext, all_gather_objects
-from ..interop.hf import (MODEL_FOLDER, check_tied_decoder, check_weights, config_from_hf,
+from ..interop.hf import (MODEL_FOLDER, check_tied_decoder, config_from_hf,
                           read_config, require_safetensors)
 from ..paths import check_readable
 from ..machine.precision import resolve_precision
@@ -266,7 +267,8 @@ def check_model_fits(args: Any) -> None:
                                                 what=model_source(args)), SEQ_LEN_FLAG)
         check_tokenizer_fits(config, tok, source=args.init_from,
                              allow_vocab_mismatch=args.allow_vocab_mismatch)
-        check_weights(args.init_from)  # missing or damaged: said now, not after the tokenizer
+        # missing, damaged or not the config's: said now, not after the data is prepared
+        check_init_weights(args.init_from, config)
     else:
         config = in_flag_names(lambda: BertConfig.preset(
             args.preset, vocab_size=args.vocab_size, **architecture_overrides(args)),

@@ -2,8 +2,9 @@
 
 Which folders load with the same outputs, which transformers loads, and how loading stays
 safe: README, "The model in a few lines". Names translate through `_RENAMES`; a damaged file,
-a shard outside its folder, or NaN or infinity (`NonFiniteWeightsError`) is one error naming
-the file. Imports neither model nor heads.
+a shard outside its folder, NaN or infinity (`NonFiniteWeightsError`), or a tensor that the
+model config.json describes has no place for (`_UNREAD`: what may stay unread) is one error
+naming the file. Imports neither model nor heads.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import logging
 import re
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -166,9 +167,37 @@ def decodes(cls: type) -> bool:
     return bool(getattr(cls, "decodes_vocabulary", False))
 
 
-def load_hf_state_dict(model: torch.nn.Module, sd: dict[str, Tensor]) -> None:
-    """Copy a transformers-layout state dict into `model`, with clear errors and warnings."""
+# Tensors a folder may hold that a model leaves unread on purpose: the heads of other classes
+# (transformers' MLM and next-sentence heads under `cls.`, a classifier, a span head,
+# ModernBERT's `head.` and `decoder.`), the pooler of a class without one (transformers'
+# add_pooling_layer=False), and transformers' integer position_ids / token_type_ids buffers.
+# Any other tensor not taken is part of an encoder that config.json does not describe.
+_UNREAD = re.compile(r"^(cls|classifier|qa_outputs|head|decoder)\.|^bert\.pooler\."
+                     r"|^bert\.embeddings\.(position_ids|token_type_ids)$")
+
+
+def load_hf_state_dict(model: torch.nn.Module, sd: dict[str, Tensor],
+                       source: Optional[PathLike] = None) -> None:
+    """Copy a transformers-layout state dict into `model`, with clear errors and warnings.
+
+    Each tensor of the model's encoder must be in `sd`, and each tensor of `sd` taken by the
+    model or one of `_UNREAD` (a head or pooler the class does not have): a config that
+    disagrees with its weights is refused, naming the tensors and `source`, the folder."""
+    new, missing = match_hf_state_dict(model, sd, source)
+    if missing:
+        logger.warning("newly initialised (not in the checkpoint), train before use: %s",
+                       sorted({n.rsplit(".", 1)[0] for n in missing}))
+    model.load_state_dict(new, strict=False)
+
+
+def match_hf_state_dict(model: torch.nn.Module, sd: dict[str, Tensor],
+                        source: Optional[PathLike] = None
+                        ) -> tuple[dict[str, Tensor], list[str]]:
+    """`load_hf_state_dict`'s checks: the model's state dict found in `sd` (QKV joined), and
+    the names of the head and pooler tensors `sd` lacks, to be newly initialised. Tensors on
+    the meta device (`read_weights(header_only=True)`) are checked by name and shape."""
     modern = is_modernbert(model)
+    where = "the checkpoint" if source is None else str(weights_path(Path(source)))
     sd = _canonical(sd, modern)
     if "cls.predictions.bias" not in sd and "cls.predictions.decoder.bias" in sd:
         sd["cls.predictions.bias"] = sd["cls.predictions.decoder.bias"]
@@ -176,36 +205,51 @@ def load_hf_state_dict(model: torch.nn.Module, sd: dict[str, Tensor]) -> None:
     # untied) is what transformers would decode with, and minibert cannot compute it.
     decoder = "decoder.weight" if modern else "cls.predictions.decoder.weight"
     words = hf_names("bert.embeddings.word.weight", modern)[0]
-    if (decodes(type(model)) and decoder in sd and words in sd
+    if (decodes(type(model)) and decoder in sd and words in sd and not sd[words].is_meta
             and not torch.equal(sd[decoder], sd[words])):
         raise ValueError(f"the checkpoint's MLM decoder matrix ({decoder}) is not its word "
                          f"embeddings ({words}); minibert decodes with the embeddings, as BERT "
                          f"does, and cannot compute an untied model. Load it as a BertModel "
                          f"or a classifier to use its encoder")
     prefix = model_prefix(model)
-    new, missing = {}, []
+    # What to do when config.json and the weights disagree, said by each error below.
+    fix = ("config.json must describe the model the weights hold: put back the config.json "
+           "saved with them, or repair the field that differs (or the override passed)")
+    new, missing, taken = {}, [], set()
     for name, param in model.state_dict().items():
         names = hf_names(prefix + name, modern)
+        taken.update(names)
         if not all(n in sd for n in names):
             missing.append(name)
             continue
         t = torch.cat([sd[n] for n in names], dim=0)
         if t.shape != param.shape:
-            raise ValueError(f"checkpoint tensor {' + '.join(names)} has shape {tuple(t.shape)} "
-                             f"but the model expects {tuple(param.shape)} for {name}; does the "
-                             f"config (or an override) match the checkpoint?")
+            raise ValueError(f"{where}: tensor {' + '.join(names)} has shape {tuple(t.shape)} "
+                             f"but the model built from config.json expects "
+                             f"{tuple(param.shape)} for {name}; {fix}")
         new[name] = t
     # Heads and the pooler may be absent (an MLM checkpoint into a classifier); the encoder not.
     fresh = ("bert.pooler.", "pooler.", "head.", "classifier.", "qa_outputs.")
-    broken = [n for n in missing if not n.startswith(fresh)]
+    broken = [hf_names(prefix + n, modern)[0] for n in missing if not n.startswith(fresh)]
     if broken:
-        raise ValueError(f"checkpoint lacks {len(broken)} encoder weight(s), e.g. "
-                         f"{[hf_names(prefix + n, modern)[0] for n in broken[:3]]}; is it a BERT "
-                         f"checkpoint with the same number of layers?")
-    if missing:
-        logger.warning("newly initialised (not in the checkpoint), train before use: %s",
-                       sorted({n.rsplit(".", 1)[0] for n in missing}))
-    model.load_state_dict(new, strict=False)
+        raise ValueError(f"{where} lacks {len(broken)} encoder weight(s) that the "
+                         f"{type(model).__name__} built from config.json needs: "
+                         f"{listed(broken)}; {fix}")
+    # Left over: more layers than config.json says, a learned position table under
+    # position='rope', a Pre-LN final norm under a Post-LN config. Loading without them would
+    # compute another model than the one saved, without a word.
+    unread = sorted(n for n in sd if n not in taken and not _UNREAD.match(n))
+    if unread:
+        raise ValueError(f"{where} holds {len(unread)} tensor(s) that the "
+                         f"{type(model).__name__} built from config.json has no place for: "
+                         f"{listed(unread)}; {fix}")
+    return new, missing
+
+
+def listed(names: list[str], shown: int = 4) -> str:
+    """The first `shown` of `names`, then how many there are in all."""
+    more = f" ... ({len(names)} in all)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 # ---- reading a model folder -----------------------------------------------------------------
@@ -335,7 +379,8 @@ def _stored_names(d: dict[str, Any]) -> dict[str, str]:
 def read_weights(path: PathLike, *, header_only: bool = False) -> dict[str, Tensor]:
     """The tensors of a model folder; a missing file is a FileNotFoundError, a damaged one a
     ValueError, NaN or infinity a NonFiniteWeightsError (a ValueError), each naming it.
-    `header_only`: read safetensors' headers alone, and return no tensor (`check_weights`)."""
+    `header_only`: read safetensors' headers alone, each tensor given as a meta tensor of its
+    stored shape, which holds no values (`check_weights`)."""
     files = _weight_files(Path(path))
     if files[0].suffix != ".safetensors":
         return _load_torch_file(files[0])
@@ -345,10 +390,14 @@ def read_weights(path: PathLike, *, header_only: bool = False) -> dict[str, Tens
     return sd
 
 
-def check_weights(path: PathLike) -> None:
+def check_weights(path: PathLike, model: Optional[torch.nn.Module] = None) -> None:
     """Raise what `read_weights` would for missing or damaged files, reading only safetensors'
-    headers (byte ranges against the file's size): cheap, before a script's other work."""
-    read_weights(path, header_only=True)
+    headers (byte ranges against the file's size): cheap, before a script's other work. With
+    `model` (built on the meta device, it costs no memory), also what `load_hf_state_dict`
+    would for a tensor the model lacks, has no place for, or holds in another shape."""
+    stored = read_weights(path, header_only=True)
+    if model is not None:
+        match_hf_state_dict(model, stored, path)
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -362,6 +411,14 @@ def _weight_files(path: Path) -> list[Path]:
         return [path / TORCH_FILE]
     raise FileNotFoundError(f"no weights in {path}: looked for {WEIGHTS_FILE}, "
                             f"{PRE_LN_WEIGHTS_FILE}, {INDEX_FILE} and {TORCH_FILE}")
+
+
+def weights_path(folder: Path) -> Path:
+    """The file a folder's weights are read from, to name in a message: its one weights
+    file, or the index that lists its shards."""
+    first = _weight_files(folder)[0]
+    sharded = first.name not in (WEIGHTS_FILE, PRE_LN_WEIGHTS_FILE, TORCH_FILE)
+    return folder / INDEX_FILE if sharded else first
 
 
 def _shard_files(index: Path) -> list[Path]:
@@ -392,7 +449,8 @@ def _shard_files(index: Path) -> list[Path]:
 
 
 def _load_safetensors(file: Path, header_only: bool = False) -> dict[str, Tensor]:
-    """`file`'s tensors, each checked finite; with `header_only`, none (the header checked)."""
+    """`file`'s tensors, each checked finite; with `header_only`, the header alone is read and
+    each tensor is a meta tensor of its stored shape."""
     try:
         from safetensors import SafetensorError, safe_open
     except ImportError:
@@ -400,10 +458,13 @@ def _load_safetensors(file: Path, header_only: bool = False) -> dict[str, Tensor
                           f"pip install 'minibert[hf]'") from None
     try:
         with safe_open(str(file), framework="pt") as f:  # the header is read on opening
-            sd = {} if header_only else {name: f.get_tensor(name) for name in f.keys()}
+            sd = ({name: torch.empty(f.get_slice(name).get_shape(), device="meta")
+                   for name in f.keys()} if header_only else
+                  {name: f.get_tensor(name) for name in f.keys()})
     except SafetensorError as e:
         raise _damaged(file, "safetensors file", e) from None
-    check_finite(sd, file)
+    if not header_only:
+        check_finite(sd, file)
     return sd
 
 

@@ -33,6 +33,10 @@ VOCAB_KEY = "minibert_vocab_sha256"
 # Embedding tables are often padded to a round size for faster matmuls (GPT-2's 50,257 rows
 # to 50,304): a tokenizer whose ids round up to the rows at one of these fits.
 ROW_MULTIPLES = (8, 16, 32, 64, 128)
+# A tokenizer's files in a model folder: minibert's `Tokenizer.save` writes the first three,
+# transformers the others too. A save with a tokenizer replaces them all.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json",
+                   "special_tokens_map.json", "added_tokens.json")
 # What a classifier does with a checkpoint of its own class trained for other labels.
 ON_OTHER_LABELS = ("error", "new_head")
 
@@ -120,19 +124,29 @@ class PretrainedMixin(GradientCheckpointing):
                 own_head = False
         if not own_head:
             sd = {k: t for k, t in sd.items() if not k.startswith("classifier.")}
-        load_hf_state_dict(model, sd)
+        load_hf_state_dict(model, sd, path)
         model.eval()  # as transformers gives it: dropout off until `.train()`
         return model if dtype is None else model.to(dtype)
 
     def save_pretrained(self, path: PathLike, tokenizer: Optional["Tokenizer"] = None) -> None:
         """Write the folder `path`: config.json, the weights and `tokenizer`, whole or not at
         all (`atomic.replace_folder`; other files stay). Other mixes than BERT's and
-        ModernBERT's switches are minibert-only."""
+        ModernBERT's switches are minibert-only.
+
+        A folder's model and tokenizer must belong together. With `tokenizer`, its files
+        replace every tokenizer file in the folder (`TOKENIZER_FILES`), and config.json
+        records its vocabulary. Without, a tokenizer already there is kept, as transformers
+        keeps it (saved first, it is the user's choice for this model), unless it cannot be
+        this model's: the save is refused, nothing written, where it is the tokenizer saved
+        with the model being replaced (the old config.json records its vocabulary), or has
+        more ids than this model's embedding rows (`check_tokenizer_kept`)."""
         try:
             from safetensors.torch import save_file
         except ImportError:
             raise ImportError("save_pretrained writes safetensors: pip install 'minibert[hf]'"
                               ) from None
+        if tokenizer is None:
+            check_tokenizer_kept(Path(path).expanduser(), self.config)
         config = config_to_hf(self.config)
         kind = model_type(self.config)
         modern = kind == MODERNBERT_MODEL_TYPE
@@ -154,8 +168,11 @@ class PretrainedMixin(GradientCheckpointing):
             if tokenizer is not None:  # its length limit for transformers' truncation
                 tokenizer.save(folder, model_max_length=self.config.max_position_embeddings)
 
-        replace_folder(Path(path), write,
-                       owns=lambda name: name in MODEL_FILES or bool(SHARD_FILE.match(name)))
+        def owns(name: str) -> bool:  # the entries of the old folder this save replaces
+            return (name in MODEL_FILES or bool(SHARD_FILE.match(name))
+                    or tokenizer is not None and name in TOKENIZER_FILES)
+
+        replace_folder(Path(path), write, owns=owns)
 
 
 def load_dtype(dtype: Any, torch_dtype: Any) -> Optional[torch.dtype]:
@@ -215,6 +232,37 @@ def check_tokenizer_fits(config: BertConfig, tokenizer: "Tokenizer", *,
                          f"{rows} embedding rows, more than padding to a multiple of "
                          f"{'/'.join(map(str, ROW_MULTIPLES))} explains; is the tokenizer "
                          f"{what}'s own? {surgery}")
+
+
+def check_tokenizer_kept(folder: Path, config: BertConfig) -> None:
+    """Refuse to save a model without a tokenizer into `folder` where the tokenizer there
+    cannot be the new model's: the one saved with the model the save replaces (the folder's
+    config.json records its vocabulary, `VOCAB_KEY`, and the record goes with that file), or
+    one with more ids than `config` has embedding rows. Another tokenizer, or one that cannot
+    be read, is kept: it was put there for this model, or fails loudly on loading."""
+    if not any(file_present(folder / n) for n in ("tokenizer.json", "vocab.txt")):
+        return
+    from ..data.tokenizer import Tokenizer  # here: the model classes need no tokenizer otherwise
+
+    try:
+        tokenizer = Tokenizer.from_pretrained(folder)
+    except (OSError, ValueError):
+        return
+    try:
+        recorded = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8")).get(VOCAB_KEY)
+    except (OSError, ValueError, AttributeError):  # none, or not one config.json holds
+        recorded = None
+    files = ", ".join(n for n in TOKENIZER_FILES if (folder / n).exists())
+    fix = (f"pass the model's own tokenizer (save_pretrained({str(folder)!r}, tokenizer=...)), "
+           f"which replaces them, or remove them first to save the model without one")
+    if recorded == vocab_sha256(tokenizer):
+        raise ValueError(f"{folder} holds the tokenizer ({files}) saved with the model this "
+                         f"save replaces; kept without a word, it would load beside the new "
+                         f"model as if it were its own: {fix}")
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(f"{folder} holds a tokenizer ({files}) of {tokenizer.vocab_size} "
+                         f"tokens, more than the model's {config.vocab_size} embedding rows: "
+                         f"it is not this model's; {fix}")
 
 
 def read_folder_config(path: PathLike, allow_vocab_mismatch: bool = False) -> dict[str, Any]:

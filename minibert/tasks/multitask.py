@@ -189,6 +189,6 @@ class BertMultiTask(GradientCheckpointing, nn.Module):
         config = config_from_hf(read_folder_config(path, allow_vocab_mismatch),
                                          **config_overrides)
         model = cls(config, tasks)
-        load_hf_state_dict(model.bert, read_weights(path))
+        load_hf_state_dict(model.bert, read_weights(path), path)
         return model if dtype is None else model.to(dtype)
 

@@ -104,7 +104,7 @@ class SentenceEncoder(nn.Module):
         config = config_from_hf(read_folder_config(path, allow_vocab_mismatch), **config_overrides)
         tokenizer = Tokenizer.from_pretrained(path)
         model = BertModel(config, add_pooler=False)
-        load_hf_state_dict(model, read_weights(path))  # extra tensors (heads) are skipped
+        load_hf_state_dict(model, read_weights(path), path)  # heads and pooler unread
         if dtype is not None:
             model.to(dtype)
         return cls(model.eval(), tokenizer, pooling, normalize)
