@@ -123,7 +123,7 @@ def _wait_for_checkpoint(out, step, proc, timeout=120):
 
 def test_sigterm_and_sigkill_then_resume_match_an_uninterrupted_run(data_dir, tmp_path):
     cache = tmp_path / "cache"
-    steps = ("--max-steps", "40", "--save-every", "1")
+    steps = ("--max-steps", "12", "--save-every", "1")
     ref = _run(data_dir, tmp_path / "ref", cache, *steps)
     assert ref.wait(timeout=300) == 0, ref.communicate()
     expected = json.loads((tmp_path / "ref" / "eval.json").read_text())
