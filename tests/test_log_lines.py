@@ -3,6 +3,7 @@ a practitioner keeps one) draws no progress bar, whose frames joined by carriage
 would make one long line of the whole run; each logged step and each notice is a line of
 its own, and nothing is said twice. `--no-progress` (`progress=False`) drops the bar alone."""
 
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -96,3 +97,57 @@ def test_a_library_run_logs_its_steps_without_a_terminal_bar_or_not(tmp_path, pr
     _step_lines(lines, read_rows(tmp_path / "run" / "metrics.jsonl"))
     assert [line.split()[1] for line in lines if line.startswith("step ")] == ["1", "2", "3"]
     _said_once(lines)
+
+
+# A script's start, in a process of its own (console.py needs only the standard library, so
+# it loads by its path, without torch): its console set up, logging to stdout as the
+# scripts' is, then lines logged and printed, and a path given on the command line said on
+# stderr, as a one-line error says it.
+CONSOLE = """
+import importlib.util, logging, sys
+spec = importlib.util.spec_from_file_location("console", sys.argv[1])
+console = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(console)
+console.set_up()
+logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+for i in range(20):
+    logging.getLogger("minibert").info("step %d | loss 5.0", i)
+    print("a print", i)
+print("error:", sys.argv[2], "does not exist", file=sys.stderr)
+"""
+
+
+def _console(stdout, path: str = "x", **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", CONSOLE,
+                           str(ROOT / "minibert" / "cli" / "console.py"), path],
+                          stdout=stdout, stderr=subprocess.PIPE, timeout=60,
+                          env={**os.environ, **env})
+
+
+def test_a_path_is_said_on_stderr_as_it_was_typed_under_any_locale(tmp_path):
+    """Under LC_ALL=C and PYTHONUTF8=0 Python holds the bytes of é as surrogate escapes,
+    which stderr wrote as `\\udcc3\\udca9`."""
+    from minibert.cli.console import AS_TYPED
+    # an escape is its byte again; any other character the encoding lacks, a backslash escape
+    assert "é→\udcc3\udca9!".encode("ascii", AS_TYPED) == b"\\xe9\\u2192\xc3\xa9!"
+    typed = str(tmp_path / "é")
+    done = _console(subprocess.DEVNULL, typed, LC_ALL="C", PYTHONUTF8="0")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == b"error: " + os.fsencode(typed) + b" does not exist\n"
+
+
+
+def test_a_script_under_the_c_locale_says_out_as_it_was_typed(data_dir, tmp_path):
+    """The scripts set their console up: a pretraining refused for a --resume of a folder
+    that does not exist names --out as it was typed."""
+    out = tmp_path / "é" / "run"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--data-dir", str(data_dir), "--out", str(out),
+         "--cache-dir", str(tmp_path / "cache"), "--preset", "tiny", "--vocab-size", "100",
+         "--max-steps", "1", "--no-progress", "--resume"], stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, timeout=300, env={**os.environ, "LC_ALL": "C",
+                                                  "PYTHONUTF8": "0"})
+    err = done.stderr.splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(err) == 1 and err[0].startswith(b"error: --resume"), done.stderr
+    assert os.fsencode(str(out)) in err[0], err
