@@ -124,6 +124,27 @@ def _console(stdout, path: str = "x", **env) -> subprocess.CompletedProcess:
                           env={**os.environ, **env})
 
 
+@pytest.mark.parametrize("into", ["a closed pipe", "a full disk"])
+def test_a_stdout_that_cannot_be_written_goes_quiet_after_one_line(into):
+    """`| head -1`, `> /dev/full`: every log line was a "Logging error" traceback on stderr."""
+    if into == "a closed pipe":
+        read, stdout = os.pipe()
+        os.close(read)  # the reader has left
+    else:
+        if not os.path.exists("/dev/full"):
+            pytest.skip("no /dev/full here")
+        stdout = os.open("/dev/full", os.O_WRONLY)
+    try:
+        done = _console(stdout)
+    finally:
+        os.close(stdout)
+    err = done.stderr.decode().splitlines()
+    assert done.returncode == 0, err
+    assert len(err) == 2 and "stdout cannot be written" in err[0], err  # and the error line
+    assert ("EPIPE" if into == "a closed pipe" else "ENOSPC") in err[0]
+    assert err[1] == "error: x does not exist"
+
+
 def test_a_path_is_said_on_stderr_as_it_was_typed_under_any_locale(tmp_path):
     """Under LC_ALL=C and PYTHONUTF8=0 Python holds the bytes of é as surrogate escapes,
     which stderr wrote as `\\udcc3\\udca9`."""
@@ -137,17 +158,23 @@ def test_a_path_is_said_on_stderr_as_it_was_typed_under_any_locale(tmp_path):
 
 
 
-def test_a_script_under_the_c_locale_says_out_as_it_was_typed(data_dir, tmp_path):
-    """The scripts set their console up: a pretraining refused for a --resume of a folder
-    that does not exist names --out as it was typed."""
+def test_a_script_into_a_closed_pipe_under_the_c_locale_says_two_lines(data_dir, tmp_path):
+    """The scripts set their console up: a pretraining whose reader left before its first
+    line (`| head -1`), refused for a --resume of a folder that does not exist, says that
+    stdout is closed, then the refusal, naming --out as it was typed, and nothing else."""
     out = tmp_path / "é" / "run"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--data-dir", str(data_dir), "--out", str(out),
-         "--cache-dir", str(tmp_path / "cache"), "--preset", "tiny", "--vocab-size", "100",
-         "--max-steps", "1", "--no-progress", "--resume"], stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, timeout=300, env={**os.environ, "LC_ALL": "C",
-                                                  "PYTHONUTF8": "0"})
+    read, stdout = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT), "--data-dir", str(data_dir), "--out", str(out),
+             "--cache-dir", str(tmp_path / "cache"), "--preset", "tiny", "--vocab-size", "100",
+             "--max-steps", "1", "--no-progress", "--resume"], stdout=stdout,
+            stderr=subprocess.PIPE, timeout=300, env={**os.environ, "LC_ALL": "C",
+                                                      "PYTHONUTF8": "0"})
+    finally:
+        os.close(stdout)
     err = done.stderr.splitlines()
-    assert done.returncode == 2, done.stderr
-    assert len(err) == 1 and err[0].startswith(b"error: --resume"), done.stderr
-    assert os.fsencode(str(out)) in err[0], err
+    assert done.returncode == 2, done.stderr  # bad input, as with stdout open
+    assert len(err) == 2 and b"stdout cannot be written" in err[0], done.stderr
+    assert err[1].startswith(b"error: --resume") and os.fsencode(str(out)) in err[1], err
