@@ -112,6 +112,7 @@ def main(argv=None) -> int:
     # Ctrl-C: one line, exit status 130 (minibert/training/signals.py)
     with StopOnSignals() as signals:
         args = parse_args(argv)
+        cli.console.set_up()  # paths said as typed; a stdout that closes goes quiet
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
         written = False
         try:

@@ -414,6 +414,17 @@ def free_mb(path: PathLike) -> float:
         return float("nan")
 
 
+def out_of_inodes(path: PathLike) -> bool:
+    """Whether the disk that holds `path` has bytes free but no inode left for a new file
+    (many small files, or a small file system). A disk that counts no inodes (btrfs, some
+    network file systems: 0 in all) is never said to be out of them."""
+    try:
+        st = os.statvfs(path)
+    except (OSError, AttributeError):  # AttributeError: no statvfs on Windows
+        return False
+    return st.f_files > 0 and st.f_favail == 0 and st.f_bavail > 0
+
+
 # What stops a write that no check could foresee: a full disk, a quota, a file-size limit.
 NO_ROOM = frozenset({errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
@@ -452,6 +463,12 @@ def write_failure(error: BaseException, what: str, folder: PathLike, then: str,
         problem = (f"the disk quota is used up (EDQUOT; {free_mb(where):.0f} MB are free on "
                    f"the disk, not for this user)")
         fix = f"free {freeing} within the quota, or have it raised"
+    elif code == errno.ENOSPC and out_of_inodes(where):
+        # Every file and folder takes an inode, whatever its size: bytes alone do not help.
+        problem = (f"{os.strerror(errno.ENOSPC)} (ENOSPC): the disk has no inode left for a "
+                   f"new file, though {free_mb(where):.0f} MB are free on it")
+        fix = ("delete files you do not need on that disk (each takes an inode, however "
+               "small), or choose another place")
     elif code in (None, errno.ENOSPC):
         problem = f"{os.strerror(errno.ENOSPC)} (ENOSPC; {free_mb(where):.0f} MB are free on it)"
         fix = f"free {freeing}"

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from facts import raises
+from facts import assert_carries, raises, without
 from minibert.atomic import replace_folder, write_files_atomically
 
 
@@ -24,6 +24,29 @@ def test_a_full_disk_while_replacing_a_folder_keeps_the_old_one(tmp_path):
         replace_folder(target, write_then_run_out_of_space, owns=lambda name: name == "a.txt")
     assert (target / "a.txt").read_text() == "old a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]  # no temporaries left
+
+
+def test_a_disk_out_of_inodes_is_named_as_such_not_as_full(tmp_path, monkeypatch):
+    """ENOSPC with megabytes free: the disk has no inode left for a new file, and freeing
+    "some space" in big files would not help; deleting files would."""
+    real = os.statvfs
+
+    def no_inodes(path):
+        st = real(path)  # every field as the disk says, but the inodes: none left
+        return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, st.f_bfree,
+                                  max(st.f_bavail, 2**20), 1000, 0, 0, st.f_flag,
+                                  st.f_namemax))
+
+    monkeypatch.setattr(os, "statvfs", no_inodes)
+
+    def write(folder):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with raises(OSError, str(tmp_path / "final"), "MB are free") as e:
+        replace_folder(tmp_path / "final", write)
+    said = without(str(e.value), tmp_path)  # the test's folder is named for inodes too
+    assert_carries(said, "inode", "delete files")
+    assert "free some space" not in said
 
 
 def test_a_safetensors_write_error_is_reported_as_an_os_error(tmp_path):

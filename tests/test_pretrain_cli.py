@@ -417,6 +417,10 @@ def test_a_second_run_on_the_same_out_is_refused_naming_the_first(data_dir, tmp_
         err = _error_line(capsys, _args(data_dir, out, tmp_path / "cache"))
         assert_carries(err, str(holder.pid), str(out), "--out")  # the holder, the folder
         assert not (out / "tokenizer").exists()  # refused before any work
+        (out / ".lock").unlink()  # by hand: a --resume still finds the live run
+        err = _error_line(capsys, _args(data_dir, out, tmp_path / "cache", "--resume"))
+        assert_carries(err, str(out), ".lock", "deleted", "--out")
+        assert sorted(p.name for p in out.iterdir()) == []
     finally:
         holder.kill()
         holder.wait()

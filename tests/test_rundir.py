@@ -97,6 +97,25 @@ def test_lock_held_by_another_process_is_refused_with_its_pid(tmp_path):
         assert lock.previous is None
 
 
+def test_a_lock_file_deleted_by_hand_still_keeps_a_second_run_out(tmp_path):
+    """The lock is the folder's, not only its file's: a second start (a --resume) into a
+    live run's folder whose .lock was deleted would lock a new file, and two runs would
+    then write one log."""
+    proc = _holder(tmp_path)
+    try:
+        (tmp_path / ".lock").unlink()
+        for start in (lambda: RunLock(tmp_path).acquire(),
+                      lambda: minibert.training.rundir.open_run(tmp_path, True).check()):
+            with raises(RunLockedError, str(tmp_path), ".lock", "deleted", "--out"):
+                start()
+        assert not (tmp_path / ".lock").exists()  # a refused start writes nothing
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+    with RunLock(tmp_path) as lock:  # its holder finished: the folder is free
+        assert lock.previous is None
+
+
 def test_lock_of_a_killed_run_is_taken_over(tmp_path, caplog):
     proc = _holder(tmp_path)
     proc.send_signal(signal.SIGKILL)  # no chance to clean up; the kernel drops the flock
@@ -257,6 +276,8 @@ def test_a_lock_file_removed_by_its_holder_is_not_held(tmp_path, monkeypatch):
     calls = []
 
     def open_stale_first(path, *args, **kwargs):  # the race, made certain
+        if Path(path).name != ".lock":  # the folder, which it locks too
+            return original_open(path, *args, **kwargs)
         calls.append(path)
         return stale if len(calls) == 1 else original_open(path, *args, **kwargs)
 

@@ -1,6 +1,7 @@
 """What every command-line script of examples/ shares: its parser, its start, how it ends.
 
     __init__.py  the parser, the shared flags, a script's start and its exit status (here)
+    console.py   stdout and stderr under any locale, and a stdout whose reader has left
     pretrain.py  the masked-LM jobs' flags, checks and data (pretrain_wikitext.py, distill.py)
     finetune.py  the fine-tuning scripts' flags, model, settings and evaluation
     glue.py      GLUE's one recipe, a task fine-tuned and scored, the results gathered
@@ -32,6 +33,7 @@ import torch
 import torch.nn as nn
 
 from ..machine import memory
+from . import console
 from ..atomic import NO_ROOM, WriteError, could_not_write, write_failure
 from ..training.checkpoint import CheckpointError
 from ..model.config import ALL_PRESETS, BertConfig
@@ -437,6 +439,7 @@ class Script:
         self._holding = False  # whether the block runs inside the folder's lock
 
     def __enter__(self) -> "Script":
+        console.set_up()  # paths said as typed; a stdout that closes goes quiet
         self._signals.__enter__()
         return self
 

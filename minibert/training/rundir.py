@@ -1,12 +1,12 @@
 """Run directories: one training run at a time in each, and whether a run already lives there.
 
-A run holds `RunLock(out)`, an exclusive `fcntl.flock` on `out/.lock`, so that a second run
-with the same --out stops at once with `RunLockedError`, naming the first (docs/runs.md, "One
-run per folder: the lock"). Check, then write: `check_run_folder` says, reading only, whether
-the folder can take the start; `open_run` holds it (`RunFolder`), looks again under the lock,
-and takes back what a start made if it ends before it trained. The module needs only the
-standard library, so that it loads by its path alone: minibert's own modules are imported
-inside the functions that use them.
+A run holds `RunLock(out)`, an exclusive `fcntl.flock` on `out` and on `out/.lock`, so that a
+second run with the same --out stops at once with `RunLockedError`, naming the first
+(docs/runs.md, "One run per folder: the lock"). Check, then write: `check_run_folder` says,
+reading only, whether the folder can take the start; `open_run` holds it (`RunFolder`), looks
+again under the lock, and takes back what a start made if it ends before it trained. The
+module needs only the standard library, so that it loads by its path alone: minibert's own
+modules are imported inside the functions that use them.
 """
 
 from __future__ import annotations
@@ -49,13 +49,18 @@ class RunLockedError(OSError):
 
 class RunLock:
     """`with RunLock(out_dir):` makes out_dir if needed and holds its lock, or raises
-    `RunLockedError`. `previous`: what a killed run had recorded in the lock file, or None."""
+    `RunLockedError`. `previous`: what a killed run had recorded in the lock file, or None.
+
+    Two flocks: one on the folder itself, which a hand that deletes `.lock` cannot take away
+    from a live run, and one on `.lock`, which holds the holder's record and, on NFS (where a
+    folder's flock is seen by its own host alone), is the lock other hosts see."""
 
     def __init__(self, out_dir: PathLike):
         self.out_dir = Path(out_dir)
         self.path = self.out_dir / LOCK_FILE
         self.previous: Optional[dict] = None
         self._fd: Optional[int] = None
+        self._folder_fd: Optional[int] = None
 
     def acquire(self) -> RunLock:
         if fcntl is None:
@@ -65,31 +70,30 @@ class RunLock:
             return self
         for attempt in range(10):
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            folder = _lock_folder(self.out_dir)  # first: a refused start makes no lock file
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides its mode
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = _read_holder(fd, wait=True)
-                os.close(fd)
+                _close(fd, folder)
                 raise RunLockedError(_locked_message(self.out_dir, holder), holder) from None
             except OSError as e:
-                os.close(fd)
+                _close(fd, folder)
                 if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                     raise
                 log.warning("cannot lock %s (%s): nothing stops another run from using the "
                             "same directory", self.out_dir, e.strerror)
                 return self
             # A file opened just before another start removed it (`release(remove=True)`) and
-            # locked just after is one nobody else will find: the lock counts only on the
-            # file the path still names (after ten tries, the file system is taken at its word).
-            try:
-                named = os.path.samestat(os.fstat(fd), os.stat(self.path))
-            except FileNotFoundError:
-                named = False
-            if named or attempt == 9:
+            # locked just after is one nobody else will find, and so is a folder another
+            # start removed and made again: the locks count only on what the paths still
+            # name (after ten tries, the file system is taken at its word).
+            if (_names(self.path, fd) and (folder is None or _names(self.out_dir, folder))
+                    or attempt == 9):
                 break
-            os.close(fd)
-        self._fd = fd
+            _close(fd, folder)
+        self._fd, self._folder_fd = fd, folder
         # We hold the lock: whoever wrote a non-empty file is gone.
         self.previous = _read_holder(fd) or None
         if self.previous:
@@ -110,21 +114,24 @@ class RunLock:
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
+        folder, self._folder_fd = self._folder_fd, None
         try:
             if remove:
                 self.path.unlink(missing_ok=True)
             else:
                 os.ftruncate(fd, 0)  # empty = released cleanly; only a killed run leaves one
         finally:
-            os.close(fd)  # closing the file is what drops the flock
+            _close(fd, folder)  # closing the files is what drops the flocks
 
     def check_free(self) -> None:
         """Refuse, as `acquire` would, a folder another run holds, but writing nothing."""
         if fcntl is None:
             return
+        folder = _lock_folder(self.out_dir)  # raises RunLockedError for a live run
         try:
             fd = os.open(self.path, os.O_RDONLY)
-        except OSError:  # no lock file: no run holds the folder
+        except OSError:  # no lock file, and the folder's lock was free: no run holds it
+            _close(folder)
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -134,13 +141,55 @@ class RunLock:
         except OSError:  # a file system that refuses locks: as `acquire`, go ahead
             pass
         finally:
-            os.close(fd)  # which drops the flock, if it was taken
+            _close(fd, folder)  # which drops the flocks, if they were taken
 
     def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _lock_folder(out_dir: Path) -> Optional[int]:
+    """The folder `out_dir` opened and flocked: its descriptor, or None where there is no
+    folder or it cannot be locked (the lock file's flock then stands alone). A folder another
+    run holds raises RunLockedError, named by the holder's record in the lock file if that
+    is still there."""
+    try:
+        fd = os.open(out_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        try:
+            record = os.open(out_dir / LOCK_FILE, os.O_RDONLY)
+        except OSError:  # deleted by hand while its run lives
+            raise RunLockedError(_locked_message(out_dir, None)) from None
+        try:
+            holder = _read_holder(record, wait=True)
+        finally:
+            os.close(record)
+        raise RunLockedError(_locked_message(out_dir, holder), holder) from None
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether `path` still names the file or folder open as `fd`."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+def _close(*fds: Optional[int]) -> None:
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)
 
 
 def run_exists(out_dir: PathLike) -> list[str]:
@@ -350,7 +399,13 @@ def _read_holder(fd: int, wait: bool = False) -> dict:
     return {}
 
 
-def _locked_message(out_dir: Path, holder: dict) -> str:
+def _locked_message(out_dir: Path, holder: Optional[dict]) -> str:
+    """The refusal of a folder another run holds; `holder`: its record, None where the lock
+    file is gone (deleted by hand), {} where it is empty."""
+    if holder is None:
+        return (f"another run is using {out_dir}: it holds the folder's lock, though its lock "
+                f"file {out_dir / LOCK_FILE} was deleted, so which process it is cannot be "
+                f"said; wait for it to finish or choose another --out")
     who = "another run"
     if holder.get("pid"):
         who += (f" (process {holder['pid']} on host {holder.get('host', '?')}, started "
