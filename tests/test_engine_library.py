@@ -244,6 +244,53 @@ def test_a_model_of_ones_own_resumes_exactly(tmp_path):
                                                          "bert.embeddings.word.weight"]
 
 
+class InBatch(Reg):
+    """A loss over the batch as a whole: each example's [CLS] vector scored against every
+    other example's, the right one its own (in-batch negatives, as a two-tower retriever
+    trains). A half batch holds half the negatives: another loss, not a part of this one."""
+
+    batch_level_loss = True
+
+    def forward(self, input_ids, attention_mask, labels):
+        cls = self.bert(input_ids, attention_mask).last_hidden_state[:, 0]  # (B, H)
+        scores = cls @ cls.T  # (B, B)
+        return Scored(F.cross_entropy(scores, torch.arange(len(scores))), scores.diagonal())
+
+
+def test_a_batch_level_loss_is_refused_micro_batches_before_anything_is_written(tmp_path):
+    """Declared by `batch_level_loss = True`, a loss that does not accumulate exactly is
+    refused micro-batches smaller than the batch (by micro_batch_size, by processes, or by
+    out-of-memory back-off), naming the setting, with the run folder as it was; whole
+    batches train."""
+    from minibert.training.distributed import DistContext
+
+    examples, run = made_up_examples(16), tmp_path / "run"
+    result = minibert.train(InBatch(), examples, collate, reg_config(max_steps=1, warmup=0),
+                            run)
+    assert result["steps"] == 1
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for overrides, call, facts in [
+            (dict(micro_batch_size=2), dict(overwrite=True),
+             ["InBatch", "batch_level_loss", "micro_batch_size=2", "batch_size=8"]),
+            (dict(micro_batch_size=4, max_steps=2), dict(resume=True),
+             ["micro_batch_size=4", "batch_size=8"]),
+            (dict(auto_micro_batch=True), dict(overwrite=True), ["auto_micro_batch"]),
+            ({}, dict(overwrite=True, ctx=DistContext(world_size=2)),
+             ["2 processes", "4 examples", "batch_size=8"])]:
+        with raises(ValueError, *facts):
+            minibert.train(InBatch(), examples, collate,
+                           reg_config(**{"max_steps": 1, "warmup": 0, **overrides}), run, **call)
+        assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*")
+                if p.is_file()} == before, overrides
+
+    class Unclear(InBatch):
+        batch_level_loss = "yes"
+
+    with raises(TypeError, "Unclear", "batch_level_loss='yes'", "True or False"):
+        minibert.train(Unclear(), examples, collate, reg_config(max_steps=1), tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+
+
 # ---- progress, as a notebook shows it ---------------------------------------------------------
 
 @contextlib.contextmanager

@@ -55,7 +55,8 @@ def test_encode_decode_and_batch(trained):
     ids = trained.encode("The quick brown fox.")
     assert ids[0] == trained.cls_id and ids[-1] == trained.sep_id
     assert trained.encode("The quick brown fox.", add_special_tokens=False) == ids[1:-1]
-    assert trained.decode(ids) == "the quick brown fox."
+    assert trained.decode(ids, skip_special_tokens=True) == "the quick brown fox."
+    assert trained.decode(ids) == "[CLS] the quick brown fox. [SEP]"  # as transformers
     assert "##" in "".join(trained.backend.encode("antidisestablishmentarian brownies").tokens)
     assert trained.encode_batch(PROBES) == [trained.encode(p) for p in PROBES]
     with pytest.raises(TypeError, match="list of strings"):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional, Sequence
 import numpy as np
 
 from .task_files import QAExample
+from .tokenizer import overflow_windows
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -54,10 +55,7 @@ def encode_qa(tok: "Tokenizer", examples: Sequence[QAExample], max_len: int = 38
                 f"question {ex.id!r}: max_len={max_len} leaves {room} context tokens per "
                 f"window after its {len(question)} question tokens, which must exceed "
                 f"doc_stride={doc_stride}; raise max_len or lower doc_stride/max_question_len")
-        windows = [(0, min(room, len(ctx)))]
-        while windows[-1][1] < len(ctx):
-            start = windows[-1][0] + room - doc_stride
-            windows.append((start, min(start + room, len(ctx))))
+        windows = overflow_windows(len(ctx), room, doc_stride)  # as the tokenizer's call
         best_window = _max_context_windows(windows, len(ctx))
         answer = _answer_tokens(ex, ctx_offsets)
         before = len(question) + 2  # [CLS] question [SEP]

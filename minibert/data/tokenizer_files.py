@@ -1,8 +1,9 @@
 """A tokenizer's files in transformers' layout, beside minibert's `tokenizer.json`.
 
 `vocab.txt` (a token per line, its id the line number) and `tokenizer_config.json` (the
-casing), as hub checkpoints carry them and AutoTokenizer reads them: read here, refusing by
-name what would give other ids, and the config written for a BERT normaliser.
+casing, and the model's length), as hub checkpoints carry them and AutoTokenizer reads them:
+read here, refusing by name what would give other ids, and the config written for a BERT
+normaliser.
 """
 from __future__ import annotations
 
@@ -18,11 +19,28 @@ from .special_tokens import CLS, MASK, PAD, SEP, UNK
 # The tokenizer_config.json keys that decide the normalizer: true, false or null (default).
 CONFIG_FLAGS = ("do_lower_case", "strip_accents", "tokenize_chinese_chars")
 
+# transformers' `model_max_length` when no model length is known (its VERY_LARGE_INTEGER),
+# and the bound above which it reads a length as unknown (its LARGE_INTEGER): a folder
+# transformers saved for a tokenizer of no model records 1e30 there.
+NO_MAX_LENGTH = int(1e30)
+UNKNOWN_ABOVE = int(1e20)
+
+
+def checked_max_length(value: object, name: str = "model_max_length") -> Optional[int]:
+    """A model length as `Tokenizer.model_max_length` keeps it: an int >= 1, or None for
+    "unknown" (None, or transformers' huge stand-ins for it); anything else refused by name."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} must be an integer >= 1, the longest input in "
+                         f"tokens (a BERT's max_position_embeddings)")
+    return None if value > UNKNOWN_ABOVE else value
+
 
 def read_tokenizer_config(path: Path) -> dict:
-    """The keys of `CONFIG_FLAGS` in a transformers `tokenizer_config.json` ({} if there is
-    no such file), each checked: a string "false" would otherwise reach the Rust normalizer
-    as a TypeError far from the file that holds it."""
+    """The keys of `CONFIG_FLAGS` and `model_max_length` (None: unknown) in a transformers
+    `tokenizer_config.json` ({} if there is no such file), each checked: a string "false"
+    would otherwise reach the Rust normalizer as a TypeError far from the file that holds it."""
     if not file_present(path):  # a link to nothing raises: passed over, it gives the default casing
         return {}
     fix = "repair it or re-save the tokenizer (Tokenizer.save writes this file)"
@@ -40,7 +58,11 @@ def read_tokenizer_config(path: Path) -> dict:
             raise ValueError(
                 f"{path}: \"{key}\" is {value!r} (a {_json_type(value)}); booleans must be "
                 f"JSON true or false (or null for the default); {fix}")
-    return {key: config.get(key) for key in CONFIG_FLAGS}
+    try:
+        length = checked_max_length(config.get("model_max_length"), '"model_max_length"')
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}; {fix}") from None
+    return {**{key: config.get(key) for key in CONFIG_FLAGS}, "model_max_length": length}
 
 
 def _json_type(value: object) -> str:

@@ -94,7 +94,13 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     `labels`, any other argument of the forward; without an `attention_mask` every position
     is a token) and is a pure function of its inputs, as `MLMCollator` is: that makes
     accumulation, DDP and resume exact. A micro-batch's loss weighs by its targets
-    (`count_targets`). Writes `metrics.jsonl` and `checkpoints/` under `out_dir` (rank 0);
+    (`count_targets`), so a loss that is a mean of per-example (or per-target) terms
+    accumulates exactly: micro-batches give the whole batch's gradient. A batch-level loss
+    (in-batch negatives, a contrastive loss) does not: a part of the batch computes another
+    loss. A model declares one by the class attribute `batch_level_loss = True`, and is
+    then refused micro-batches smaller than the batch (micro_batch_size, several
+    processes, auto_micro_batch) before anything is written (`run.check_batch_level_loss`).
+    Writes `metrics.jsonl` and `checkpoints/` under `out_dir` (rank 0);
     a fresh start into a folder holding a run is refused unless `overwrite`.
     `data_identity`: what the data is, compared on `resume` (state.py). Evaluation:
     `eval_set` for `evaluate`'s MLM metrics, or `eval_fn(model, precision) -> scores`, whose

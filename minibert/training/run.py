@@ -187,6 +187,7 @@ def start_run(model: nn.Module, train_set: Dataset, collate: Callable, cfg: Trai
                          "micro_batch_size (--micro-batch-size) to one that fits instead")
     precision = resolve_precision(cfg.precision, device)
     per_rank, micro = cfg.split_batch(ctx.world_size)
+    check_batch_level_loss(unwrap(model), cfg, micro, ctx.world_size)
     if eval_fn is not None and eval_set is not None:
         raise ValueError("pass eval_set (MLM metrics) or eval_fn (your own), not both")
     fast(model.to(device).train())  # the CPU kernels, swapped in (machine/swap.py)
@@ -286,6 +287,43 @@ def loss_of(out: Any, model: nn.Module) -> Tensor:
                         f"one: return e.g. a NamedTuple whose `loss` is the mean over the "
                         f"batch's targets")
     return loss
+
+
+def check_batch_level_loss(raw: nn.Module, cfg: TrainConfig, micro: int,
+                           world_size: int) -> None:
+    """Refuse, before anything is written, to split the batch of a model whose loss is one
+    over the whole batch (a class attribute `batch_level_loss = True`).
+
+    Accumulation is exact for a mean of per-example (or per-target) terms: a micro-batch's
+    mean, weighted by its share of the targets, is its part of the batch's mean
+    (`engine.micro_step_weight`). A loss that scores each example against the others of its
+    batch (in-batch negatives, a contrastive loss) has no such parts: a micro-batch of 4
+    gives each example 3 negatives where the batch of 32 gives 31, another objective than
+    `batch_size` says. It is refused rather than warned about: a run that trains on it
+    looks like a run at batch_size and is not, and the fix costs one setting."""
+    declared = getattr(raw, "batch_level_loss", False)  # a model of one's own may not say
+    name = type(raw).__name__
+    if not isinstance(declared, bool):
+        raise TypeError(f"{name}.batch_level_loss={declared!r} must be True or False (True: "
+                        f"the loss is one over the whole batch, which micro-batches would "
+                        f"change)")
+    if not declared:
+        return
+    why = (f"{name} declares batch_level_loss=True: its loss is one over the whole batch "
+           f"(such as in-batch negatives), which a part of the batch does not compute")
+    if world_size > 1:
+        raise ValueError(f"{why}, and {world_size} processes would each compute it over "
+                         f"{cfg.batch_size // world_size} examples of batch_size="
+                         f"{cfg.batch_size}: train it in one process")
+    if micro < cfg.batch_size:
+        raise ValueError(f"{why}, and micro_batch_size={micro} would compute it over "
+                         f"{micro} examples of batch_size={cfg.batch_size}: set "
+                         f"micro_batch_size={cfg.batch_size} (or leave it unset), or lower "
+                         f"batch_size to one that fits")
+    if cfg.auto_micro_batch:
+        raise ValueError(f"{why}, and auto_micro_batch=True would split the batch after an "
+                         f"out-of-memory error: leave auto_micro_batch off and choose a "
+                         f"batch_size that fits")
 
 
 def _own_flops(raw: nn.Module, say: bool) -> Optional[float]:
