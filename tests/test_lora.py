@@ -120,3 +120,80 @@ def test_lora_through_peft_trains_merges_saves_and_loads_in_transformers(tmp_pat
         b = theirs.eval()(input_ids=ids, attention_mask=mask).logits
     assert (a - want).abs().max().item() <= 1e-5
     assert (b - want).abs().max().item() <= 1e-5
+
+
+# peft's task types, each with the minibert class and transformers' Auto class it stands for.
+TASKS = {"SEQ_CLS": ("BertForSequenceClassification", "AutoModelForSequenceClassification"),
+         "TOKEN_CLS": ("BertForTokenClassification", "AutoModelForTokenClassification"),
+         "QUESTION_ANS": ("BertForQuestionAnswering", "AutoModelForQuestionAnswering"),
+         "FEATURE_EXTRACTION": ("BertModel", "AutoModel")}
+
+
+def _task_targets(task, ids):
+    if task == "SEQ_CLS":
+        return {"labels": torch.tensor([0, 1, 1, 0])}
+    if task == "TOKEN_CLS":
+        return {"labels": ids % 2}
+    if task == "QUESTION_ANS":
+        return {"start_positions": torch.tensor([1, 2, 3, 4]),
+                "end_positions": torch.tensor([2, 3, 5, 6])}
+    return {}
+
+
+def _task_outputs(out):
+    names = ("logits", "start_logits", "end_logits", "last_hidden_state")
+    return [getattr(out, n) for n in names if getattr(out, n, None) is not None]
+
+
+@pytest.mark.skipif(not _PEFT, reason="peft is not installed")
+@pytest.mark.parametrize("task,preset", [("SEQ_CLS", "tiny"), ("TOKEN_CLS", "modernbert-tiny"),
+                                         ("QUESTION_ANS", "tiny"),
+                                         ("FEATURE_EXTRACTION", "modernbert-tiny"),
+                                         ("SEQ_CLS", "modernbert-tiny")])
+def test_peft_task_types_train_save_reload_merge_and_load_in_transformers(tmp_path, task,
+                                                                          preset):
+    """peft's documented path: get_peft_model with a task_type, a few steps, the adapter
+    saved and loaded onto the base folder again, merged, saved, and read by transformers'
+    Auto class with the adapted model's outputs. peft calls the model with
+    `inputs_embeds=None`, `return_dict` and the output flags as None."""
+    transformers = pytest.importorskip("transformers")
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    ours, auto = TASKS[task]
+    cls = getattr(minibert, ours)
+    config = minibert.BertConfig.preset(preset, vocab_size=99, max_position_embeddings=64)
+    torch.manual_seed(0)
+    base = cls(config, **({"num_labels": 2} if task.endswith("CLS") else {}))
+    base.save_pretrained(tmp_path / "base")
+    before = getattr(base, "bert", base).blocks[0].attn.qkv.weight.detach().clone()
+    lora = get_peft_model(base, LoraConfig(task_type=task, r=4, lora_alpha=8,
+                                           target_modules=["qkv", "out"]))
+    opt = torch.optim.AdamW([p for p in lora.parameters() if p.requires_grad], lr=1e-2)
+    ids, mask = _batch()
+    for _ in range(2):
+        out = lora(input_ids=ids, attention_mask=mask, **_task_targets(task, ids))
+        loss = out.loss if task != "FEATURE_EXTRACTION" else out.last_hidden_state.square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    lora.save_pretrained(tmp_path / "adapter")
+
+    again = PeftModel.from_pretrained(cls.from_pretrained(tmp_path / "base"),
+                                      tmp_path / "adapter").eval()
+    with torch.no_grad():
+        want = _task_outputs(lora.eval()(input_ids=ids, attention_mask=mask))
+        reloaded = _task_outputs(again(input_ids=ids, attention_mask=mask))
+    merged = again.merge_and_unload()
+    assert type(merged) is cls
+    assert not torch.equal(getattr(merged, "bert", merged).blocks[0].attn.qkv.weight, before)
+    merged.save_pretrained(tmp_path / "merged")
+    theirs = getattr(transformers, auto).from_pretrained(tmp_path / "merged",
+                                                        attn_implementation="eager").eval()
+    with torch.no_grad():
+        got = _task_outputs(theirs(input_ids=ids, attention_mask=mask))
+    keep = mask.bool()
+    for a, b, c in zip(want, reloaded, got):
+        assert (a - b).abs().max().item() <= 1e-5
+        if c.shape[:2] == keep.shape:  # per token: compare the real tokens
+            a, c = a[keep], c[keep]
+        assert (a - c).abs().max().item() <= 1e-4

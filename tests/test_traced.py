@@ -176,6 +176,31 @@ def test_compile_traces_the_probing_outputs_too():
         assert (a - b).abs().max().item() <= TOL
 
 
+def test_default_compile_breaks_only_at_the_sparse_head_s_gathers():
+    """What docs/research.md says of torch.compile's defaults: the masked LM given labels
+    breaks the graph twice, at its gathers of the N predicted rows (`aten.nonzero`, whose
+    output shape depends on the mask's values), and a classifier's step not at all; with
+    fullgraph=True the masked LM is one graph, which a new N does not recompile."""
+    from torch._dynamo.testing import CompileCounter
+
+    ids, mask = _batch(3, 12)
+    labels = torch.where(torch.arange(12) % 4 == 1, ids, -100)
+    torch._dynamo.reset()
+    mlm = _model("BertForMaskedLM", {}, hidden_dropout=0.0, attention_dropout=0.0).train()
+    report = torch._dynamo.explain(mlm)(ids, mask, labels=labels)
+    assert report.graph_break_count == 2
+    assert all("nonzero" in str(b.reason) for b in report.break_reasons)
+    clf = _model("BertForSequenceClassification", {"num_labels": 3}).train()
+    assert torch._dynamo.explain(clf)(ids, mask, labels=torch.tensor([0, 2, 1])
+                                      ).graph_break_count == 0
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    whole = torch.compile(mlm, backend=counter, fullgraph=True)
+    for k in (2, 3, 4):  # N = 6, 5, 4 labelled real tokens
+        whole(ids, mask, labels=torch.where(torch.arange(12) % k == 1, ids, -100))
+    assert counter.frame_count == 1
+
+
 @pytest.mark.parametrize("preset,backend", [("tiny", "sdpa"), ("tiny", "chunked"),
                                             ("modernbert-tiny", "math")])
 @pytest.mark.parametrize("name,kwargs", [HEADS[1], HEADS[2]])

@@ -16,43 +16,50 @@ from ..model.config import BertConfig
 from ..labels import IGNORE_INDEX
 
 
-def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional[Tensor],
-                 token_type_ids: Optional[Tensor], pooler: bool = False) -> None:
-    """Clear errors for the usual input mistakes, once per forward; only the id range and a
+def check_inputs(config: BertConfig, input_ids: Optional[Tensor],
+                 attention_mask: Optional[Tensor], token_type_ids: Optional[Tensor],
+                 pooler: bool = False, *, position_ids: Optional[Tensor] = None,
+                 inputs_embeds: Optional[Tensor] = None) -> None:
+    """Clear errors for the usual input mistakes, once per forward; only the id ranges and a
     mask that is not bool cost (a pass over each, and the wait for its answer). `pooler`:
     the model pools [CLS] at position 0, so a batch padded on the left is refused there
-    as the classifiers refuse it (`check_cls_first`)."""
-    if not isinstance(input_ids, Tensor):
-        raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids)}")
-    check_lookup_ids("input_ids", input_ids, "token ids")
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be 2-D (batch, tokens), got shape "
-                         f"{tuple(input_ids.shape)}; for one sequence use input_ids[None]")
-    B, T = input_ids.shape
+    as the classifiers refuse it (`check_cls_first`). The batch is `input_ids` (B, T) or
+    `inputs_embeds` (B, T, H), exactly one of them."""
+    B, T = batch_shape(config, input_ids, inputs_embeds)
     if B == 0 or T == 0:  # would otherwise fail deep inside attention, in a reshape
-        raise ValueError(f"input_ids is empty, shape {(B, T)}; the model needs at least one "
-                         f"sequence of at least one token")
+        name = "input_ids" if inputs_embeds is None else "inputs_embeds"
+        raise ValueError(f"{name} is empty, batch shape {(B, T)}; the model needs at least "
+                         f"one sequence of at least one token")
     if T > config.max_position_embeddings:
         raise ValueError(f"sequence length {T} exceeds max_position_embeddings="
                          f"{config.max_position_embeddings}; truncate the input or build the "
                          f"model with a larger max_position_embeddings")
     for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
-        if t is not None and (not isinstance(t, Tensor) or t.shape != input_ids.shape):
+        if t is not None and (not isinstance(t, Tensor) or tuple(t.shape) != (B, T)):
             shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise ValueError(f"{name} has shape {shape} but input_ids has {(B, T)}; they must "
+            raise ValueError(f"{name} has shape {shape} but the batch is {(B, T)}; they must "
                              f"match")
     if token_type_ids is not None:
         check_lookup_ids("token_type_ids", token_type_ids, "segment ids")
+    if position_ids is not None:
+        check_position_shape(position_ids, B, T)
     if torch.compiler.is_compiling():
         return  # the checks of values below would stop a traced graph: it has no values
     check_mask(attention_mask)
     if pooler:
         check_cls_first(attention_mask, "pooler")
-    lo, hi = torch.aminmax(input_ids)
-    if lo < 0 or hi >= config.vocab_size:
-        raise ValueError(f"input_ids must lie in [0, vocab_size={config.vocab_size}), found "
-                         f"values from {int(lo)} to {int(hi)}; does the tokenizer match the "
-                         f"model?")
+    if input_ids is not None:
+        lo, hi = torch.aminmax(input_ids)
+        if lo < 0 or hi >= config.vocab_size:
+            raise ValueError(f"input_ids must lie in [0, vocab_size={config.vocab_size}), "
+                             f"found values from {int(lo)} to {int(hi)}; does the tokenizer "
+                             f"match the model?")
+    if position_ids is not None:
+        lo, hi = torch.aminmax(position_ids)
+        if lo < 0 or hi >= config.max_position_embeddings:
+            raise ValueError(f"position_ids must lie in [0, max_position_embeddings="
+                             f"{config.max_position_embeddings}), found values from {int(lo)} "
+                             f"to {int(hi)}")
     if token_type_ids is not None and token_type_ids.numel() > 0:
         lo, hi = torch.aminmax(token_type_ids)
         if config.type_vocab_size == 0 and (lo != 0 or hi != 0):
@@ -67,6 +74,45 @@ def check_inputs(config: BertConfig, input_ids: Tensor, attention_mask: Optional
             raise ValueError(f"token_type_ids must lie in [0, type_vocab_size="
                              f"{config.type_vocab_size}), found values from {int(lo)} to "
                              f"{int(hi)}")
+
+
+def batch_shape(config: BertConfig, input_ids: Optional[Tensor],
+                inputs_embeds: Optional[Tensor]) -> tuple[int, int]:
+    """(B, T) of a batch given as token ids (B, T) or as their vectors (B, T, H): one of the
+    two, as in transformers, since the vectors replace the word lookup."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("pass input_ids (B, T) or inputs_embeds (B, T, H), "
+                         + ("not both" if input_ids is not None else "one of them"))
+    if inputs_embeds is not None:
+        if not isinstance(inputs_embeds, Tensor):
+            raise TypeError(f"inputs_embeds must be a torch.Tensor of word vectors, got "
+                            f"{type(inputs_embeds)}")
+        if not inputs_embeds.is_floating_point():
+            raise TypeError(f"inputs_embeds must hold float word vectors, got "
+                            f"{inputs_embeds.dtype}; token ids go in input_ids")
+        shape = tuple(inputs_embeds.shape)
+        if len(shape) != 3 or shape[2] != config.hidden_size:
+            raise ValueError(f"inputs_embeds must be 3-D (batch, tokens, hidden_size="
+                             f"{config.hidden_size}), got shape {shape}")
+        return shape[0], shape[1]
+    if not isinstance(input_ids, Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids)}")
+    check_lookup_ids("input_ids", input_ids, "token ids")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be 2-D (batch, tokens), got shape "
+                         f"{tuple(input_ids.shape)}; for one sequence use input_ids[None]")
+    return tuple(input_ids.shape)
+
+
+def check_position_shape(position_ids: Tensor, B: int, T: int) -> None:
+    """position_ids: integer, (B, T), or (1, T) for every row alike (transformers' default
+    has that shape)."""
+    if not isinstance(position_ids, Tensor) or tuple(position_ids.shape) not in ((B, T), (1, T)):
+        shape = tuple(position_ids.shape) if isinstance(position_ids, Tensor) else \
+            type(position_ids).__name__
+        raise ValueError(f"position_ids has shape {shape} but the batch is {(B, T)}; pass "
+                         f"{(B, T)}, or {(1, T)} for every row alike")
+    check_lookup_ids("position_ids", position_ids, "positions")
 
 
 def check_cls_first(attention_mask: Optional[Tensor], reader: str = "classifier") -> None:

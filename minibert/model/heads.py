@@ -12,6 +12,9 @@ The multi-task model (one encoder, a classifier per task) is `multitask.BertMult
 shares the classifiers' loss functions below. Their parameter names map onto transformers'
 classes of the same names (`minibert/interop/hf.py`), so each head loads from and saves to
 transformers' checkpoints. Shapes follow the legend of `model.py` (B, T, H, V, N, C).
+Each forward takes the encoder's arguments and hands them on (`BertModel.forward`): the
+batch as `input_ids` or as `inputs_embeds`, `attention_mask`, `token_type_ids`,
+`position_ids`, the two `output_*` flags and `return_dict`; then its own targets.
 
 Padding never enters a loss: the encoder leaves padding positions at zero, so their logits
 are only the bias. Masked LM and token classification ignore labels placed there; question answering
@@ -34,7 +37,7 @@ from .config import BertConfig
 from ..machine.inputs import check_cls_first, check_ids, check_range, check_shape
 from ..labels import IGNORE_INDEX, predicted
 from ..interop.pretrained import PretrainedMixin, default_labels, stored_labels
-from .model import BertModel, init_weights
+from .model import BertModel, init_weights, returned
 
 
 class MaskedLMOutput(NamedTuple):
@@ -119,10 +122,13 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
         self.head = MLMHead(config)
         self.head.apply(lambda m: init_weights(m, config))
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                token_type_ids: Optional[Tensor] = None,
-                labels: Optional[Tensor] = None, *, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> MaskedLMOutput:
+    def forward(self, input_ids: Optional[Tensor] = None,
+                attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None,
+                labels: Optional[Tensor] = None, *, position_ids: Optional[Tensor] = None,
+                inputs_embeds: Optional[Tensor] = None,
+                output_hidden_states: Optional[bool] = False,
+                output_attentions: Optional[bool] = False,
+                return_dict: Optional[bool] = None) -> MaskedLMOutput:
         """labels: (B, T), the original token id where one is predicted and IGNORE_INDEX (-100)
         elsewhere.
 
@@ -134,19 +140,19 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
         tokens (NaN when N == 0, as in torch).
         """
         decoder = self.bert.embeddings.word.weight  # (V, H), tied
-        out = self.bert(input_ids, attention_mask, token_type_ids,
-                        output_hidden_states=output_hidden_states,
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids=position_ids,
+                        inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states,
                         output_attentions=output_attentions)
         h, extras = out.last_hidden_state, (out.hidden_states, out.attentions)  # h: (B, T, H)
         if labels is None:
-            return MaskedLMOutput(None, self.head(h, decoder), *extras)
-        check_shape("labels", labels, tuple(input_ids.shape), "the shape of input_ids")
+            return returned(MaskedLMOutput(None, self.head(h, decoder), *extras), return_dict)
+        check_shape("labels", labels, tuple(h.shape[:2]), "the batch's (B, T)")
         check_ids("labels", labels, "token ids to predict (IGNORE_INDEX elsewhere)")
         keep = predicted(labels, attention_mask)  # (B, T) bool: labelled real tokens
         h, targets = h[keep], labels[keep]  # (N, H), (N,)
         check_range("labels", targets, decoder.size(0), "vocabulary")  # N ids, not B x T
         logits, loss = self.head.predict(h, decoder, targets)  # (N, V), scalar
-        return MaskedLMOutput(loss, logits, *extras)
+        return returned(MaskedLMOutput(loss, logits, *extras), return_dict)
 
 
 # ---- classification: one label per sequence or per token -------------------------------------
@@ -215,10 +221,13 @@ class BertForSequenceClassification(Labelled, nn.Module):
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         init_weights(self.classifier, config)
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                token_type_ids: Optional[Tensor] = None,
-                labels: Optional[Tensor] = None, *, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> SequenceClassifierOutput:
+    def forward(self, input_ids: Optional[Tensor] = None,
+                attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None,
+                labels: Optional[Tensor] = None, *, position_ids: Optional[Tensor] = None,
+                inputs_embeds: Optional[Tensor] = None,
+                output_hidden_states: Optional[bool] = False,
+                output_attentions: Optional[bool] = False,
+                return_dict: Optional[bool] = None) -> SequenceClassifierOutput:
         """labels: (B,) class ids (long), or floats when num_labels == 1.
 
         logits: (B, C).
@@ -226,8 +235,8 @@ class BertForSequenceClassification(Labelled, nn.Module):
         if self.head is None or self.config.classifier_pooling == "cls":
             # Before the encoder: on a GPU the host then waits for nothing queued by it.
             check_cls_first(attention_mask)
-        out = self.bert(input_ids, attention_mask, token_type_ids,
-                        output_hidden_states=output_hidden_states,
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids=position_ids,
+                        inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states,
                         output_attentions=output_attentions)
         extras = out.hidden_states, out.attentions
         if self.head is None:
@@ -236,10 +245,8 @@ class BertForSequenceClassification(Labelled, nn.Module):
             pooled = self.head(pool(out.last_hidden_state, attention_mask,
                                     self.config.classifier_pooling))  # (B, H)
         logits = self.classifier(self.drop(pooled))  # (B, C)
-        if labels is None:
-            return SequenceClassifierOutput(None, logits, *extras)
-        return SequenceClassifierOutput(sequence_classification_loss(logits, labels), logits,
-                                        *extras)
+        loss = None if labels is None else sequence_classification_loss(logits, labels)
+        return returned(SequenceClassifierOutput(loss, logits, *extras), return_dict)
 
 
 class BertForTokenClassification(Labelled, nn.Module):
@@ -262,26 +269,28 @@ class BertForTokenClassification(Labelled, nn.Module):
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         init_weights(self.classifier, config)
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                token_type_ids: Optional[Tensor] = None,
-                labels: Optional[Tensor] = None, *, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> TokenClassifierOutput:
+    def forward(self, input_ids: Optional[Tensor] = None,
+                attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None,
+                labels: Optional[Tensor] = None, *, position_ids: Optional[Tensor] = None,
+                inputs_embeds: Optional[Tensor] = None,
+                output_hidden_states: Optional[bool] = False,
+                output_attentions: Optional[bool] = False,
+                return_dict: Optional[bool] = None) -> TokenClassifierOutput:
         """labels: (B, T) class ids, IGNORE_INDEX (-100) where no label is predicted.
 
         logits: (B, T, C). `loss` is the mean cross-entropy over the positions that carry a
         label (NaN when none does, as in torch); a label on padding is ignored.
         """
-        out = self.bert(input_ids, attention_mask, token_type_ids,
-                        output_hidden_states=output_hidden_states,
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids=position_ids,
+                        inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states,
                         output_attentions=output_attentions)
         h, extras = out.last_hidden_state, (out.hidden_states, out.attentions)  # h: (B, T, H)
         if self.head is not None:
             h = self.head(h)
         logits = self.classifier(self.drop(h))  # (B, T, C)
-        if labels is None:
-            return TokenClassifierOutput(None, logits, *extras)
-        return TokenClassifierOutput(token_classification_loss(logits, labels, attention_mask),
-                                     logits, *extras)
+        loss = None if labels is None else \
+            token_classification_loss(logits, labels, attention_mask)
+        return returned(TokenClassifierOutput(loss, logits, *extras), return_dict)
 
 
 def label_names(num_labels: int, id2label: Optional[Sequence[str]], minimum: int) -> list[str]:
@@ -345,11 +354,14 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)  # transformers' name and layout
         init_weights(self.qa_outputs, config)
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                token_type_ids: Optional[Tensor] = None,
+    def forward(self, input_ids: Optional[Tensor] = None,
+                attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None,
                 start_positions: Optional[Tensor] = None,
-                end_positions: Optional[Tensor] = None, *, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> QuestionAnsweringModelOutput:
+                end_positions: Optional[Tensor] = None, *, position_ids: Optional[Tensor] = None,
+                inputs_embeds: Optional[Tensor] = None,
+                output_hidden_states: Optional[bool] = False,
+                output_attentions: Optional[bool] = False,
+                return_dict: Optional[bool] = None) -> QuestionAnsweringModelOutput:
         """start_positions, end_positions: (B,) token indices of the answer's first and last
         token (0, the [CLS], for "no answer here").
 
@@ -359,8 +371,8 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
         [CLS]. A position on padding lies outside the sequence too and is ignored likewise.
         `loss` is (mean start cross-entropy + mean end cross-entropy) / 2.
         """
-        out = self.bert(input_ids, attention_mask, token_type_ids,
-                        output_hidden_states=output_hidden_states,
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids=position_ids,
+                        inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states,
                         output_attentions=output_attentions)
         h, extras = out.last_hidden_state, (out.hidden_states, out.attentions)  # h: (B, T, H)
         if self.head is not None:
@@ -372,11 +384,12 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
             start_logits = start_logits.masked_fill(~keep, low)
             end_logits = end_logits.masked_fill(~keep, low)
         if start_positions is None and end_positions is None:
-            return QuestionAnsweringModelOutput(None, start_logits, end_logits, *extras)
+            return returned(QuestionAnsweringModelOutput(None, start_logits, end_logits, *extras),
+                            return_dict)
         if start_positions is None or end_positions is None:
             raise ValueError("pass both start_positions and end_positions for a loss, or "
                              "neither")
-        B, T = input_ids.shape
+        B, T = start_logits.shape
         losses = []
         for name, positions, logits in (("start_positions", start_positions, start_logits),
                                         ("end_positions", end_positions, end_logits)):
@@ -384,8 +397,9 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
             check_ids(name, positions, "integer token positions")
             target = _span_target(positions, keep, T)
             losses.append(F.cross_entropy(logits.float(), target, ignore_index=T))
-        return QuestionAnsweringModelOutput((losses[0] + losses[1]) / 2, start_logits,
-                                            end_logits, *extras)
+        loss = (losses[0] + losses[1]) / 2
+        return returned(QuestionAnsweringModelOutput(loss, start_logits, end_logits, *extras),
+                        return_dict)
 
 
 def _span_target(positions: Tensor, keep: Optional[Tensor], T: int) -> Tensor:

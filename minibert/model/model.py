@@ -20,7 +20,7 @@ translates them to and from transformers' names, so checkpoints move both ways.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
@@ -32,7 +32,7 @@ from .attention import attention, attention_bias, attention_probs
 from .config import BertConfig
 from ..machine.inputs import check_inputs
 from ..interop.pretrained import PretrainedMixin
-from .rope import apply_rope, rope_angles, rope_dtype
+from .rope import apply_rope, rope_angles, rope_angles_at, rope_dtype
 
 
 class BertOutput(NamedTuple):
@@ -63,12 +63,18 @@ class Embeddings(nn.Module):
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
         self.drop = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor]) -> Tensor:
-        """input_ids, token_type_ids (or None: all segment 0): (B, T) -> (B, T, H)."""
-        T = input_ids.size(1)
-        x = self.word(input_ids)  # (B, T, H)
+    def forward(self, input_ids: Optional[Tensor], token_type_ids: Optional[Tensor],
+                position_ids: Optional[Tensor] = None,
+                inputs_embeds: Optional[Tensor] = None) -> Tensor:
+        """input_ids (B, T), or inputs_embeds (B, T, H): the word vectors themselves, which
+        replace the lookup (soft prompts, integrated gradients); token_type_ids (or None:
+        all segment 0) and position_ids (B, T) or (1, T) (or None: 0 .. T-1) -> (B, T, H)."""
+        x = self.word(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, H)
         if self.position is not None:
-            x = x + self.position.weight[:T]  # (B, T, H) + (T, H) broadcast
+            if position_ids is None:
+                x = x + self.position.weight[:x.size(1)]  # (B, T, H) + (T, H) broadcast
+            else:
+                x = x + self.position(position_ids)  # (B, T, H) + (B or 1, T, H)
         if self.token_type is not None:  # no table: a model without segments (ModernBERT)
             if token_type_ids is None:  # single-segment input: every token is segment 0
                 x = x + self.token_type.weight[0]
@@ -82,7 +88,9 @@ class SelfAttention(nn.Module):
 
     Block `layer`'s queries see every key (a global layer) or only the keys within
     `config.window(layer)` positions (a local, sliding-window layer, as in ModernBERT and
-    Longformer); with `position="rope"` queries and keys are rotated by their positions.
+    Longformer); with `position="rope"` queries and keys are rotated by their positions:
+    their columns t in the (B, T) grid, or the `positions` the caller gives. The window
+    counts columns either way, as transformers' ModernBERT does.
     """
 
     def __init__(self, config: BertConfig, layer: int = 0):
@@ -97,10 +105,11 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.bias)
         self.out = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
 
-    def forward(self, x: Tensor, keep: Optional[Tensor],
+    def forward(self, x: Tensor, keep: Optional[Tensor], positions: Optional[Tensor] = None,
                 output_attentions: bool = False) -> tuple[Tensor, Optional[Tensor]]:
         """x: (B, T, H), or (N, H) for the N real tokens of an unpadded batch (see `unpad`);
-        keep: (B, T) bool, True for real tokens, or None when nothing is padding.
+        keep: (B, T) bool, True for real tokens, or None when nothing is padding; positions:
+        (B, T) or (1, T) integer positions for RoPE, or None for 0 .. T-1.
 
         Returns x's layout, and the probabilities (B, nh, T, T), zero in padding queries'
         rows, when asked for. Attention alone needs the (B, T) grid, to know which tokens
@@ -115,9 +124,13 @@ class SelfAttention(nn.Module):
         q, k, v = qkv.split(H, dim=-1)  # 3 x (B, T, H)
         # split H into nh heads of hs dims and move heads next to batch: (B, nh, T, hs)
         q, k, v = (t.view(B, T, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
-        if self.rope_theta is not None:  # rotate by position: t is the column in the grid
-            cos, sin = rope_angles(T, q.size(-1), self.rope_theta, q.device,
-                                   rope_dtype(q.dtype))  # (T, hs)
+        if self.rope_theta is not None:  # rotate by position
+            hs, dtype = q.size(-1), rope_dtype(q.dtype)
+            if positions is None:  # t, the column in the grid: the same angles for every row
+                cos, sin = rope_angles(T, hs, self.rope_theta, q.device, dtype)  # (T, hs)
+            else:  # each row's own: (B or 1, T, hs) -> (B or 1, 1, T, hs), for every head
+                cos, sin = (a[:, None] for a in rope_angles_at(positions, hs, self.rope_theta,
+                                                               dtype))
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         p, probs = (self.dropout_p if self.training else 0.0), None
         if output_attentions:  # the formula itself, which has the probabilities to hand out
@@ -214,11 +227,12 @@ class Block(nn.Module):
         self.ffn_norm = _layer_norm(config)
         self.drop = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, x: Tensor, keep: Optional[Tensor],
+    def forward(self, x: Tensor, keep: Optional[Tensor], positions: Optional[Tensor] = None,
                 output_attentions: bool = False) -> tuple[Tensor, Optional[Tensor]]:
         """x: (N, H), the real tokens of a batch whose mask `keep` (B, T) has padding (see
         `unpad`), or (B, T, H): a batch without padding (`keep` None), or a traced graph's
-        padded batch. Same shape out, and the attention probabilities when asked for."""
+        padded batch; positions: RoPE's (B, T) or (1, T), or None (see `SelfAttention`).
+        Same shape out, and the attention probabilities when asked for."""
         if self.pre_norm:
             # Pre-LN (Xiong et al. 2020, "On Layer Normalization in the Transformer
             # Architecture"): normalise the input of each branch and leave the residual
@@ -229,12 +243,12 @@ class Block(nn.Module):
             # at the last layers are large at initialisation, which is why original BERT
             # needs warmup and can diverge at high learning rates.
             h = x if self.attn_norm is None else self.attn_norm(x)
-            a, probs = self.attn(h, keep, output_attentions)
+            a, probs = self.attn(h, keep, positions, output_attentions)
             x = x + self.drop(a)
             x = x + self.drop(self.ffn(self.ffn_norm(x)))
         else:
             # Post-LN, the original BERT (and transformers' layout): add, then normalise.
-            a, probs = self.attn(x, keep, output_attentions)
+            a, probs = self.attn(x, keep, positions, output_attentions)
             x = self.attn_norm(x + self.drop(a))
             x = self.ffn_norm(x + self.drop(self.ffn(x)))
         return x, probs  # x: (N, H) or (B, T, H), as it came
@@ -259,12 +273,22 @@ class BertModel(PretrainedMixin, nn.Module):
         self.gradient_checkpointing = False  # see `_run_block`
         self.apply(lambda m: init_weights(m, config))
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                token_type_ids: Optional[Tensor] = None, *, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> BertOutput:
+    def forward(self, input_ids: Optional[Tensor] = None,
+                attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None,
+                *, position_ids: Optional[Tensor] = None, inputs_embeds: Optional[Tensor] = None,
+                output_hidden_states: Optional[bool] = False,
+                output_attentions: Optional[bool] = False,
+                return_dict: Optional[bool] = None) -> BertOutput:
         """input_ids, attention_mask (1 = real token, 0 = padding), token_type_ids: (B, T).
         The mask is bool, or integers or floats holding 1 and 0 alone: transformers' additive
         form (0 at a token, a large negative number at padding) is refused, not inverted.
+
+        As in transformers, `inputs_embeds` (B, T, H) may stand for `input_ids` (one of the
+        two): the word vectors themselves, to which the embeddings add positions and
+        segments, then LayerNorm. `position_ids` (B, T), or (1, T) for every row, replace the
+        positions 0 .. T-1: learned positions look them up, RoPE rotates by them. Both are
+        keyword-only. `return_dict=False` gives the tuple of the fields that are set, as
+        transformers' does; None or True the named output.
 
         Returns `last_hidden_state` (B, T, H), zero at padding positions, and
         `pooler_output` (B, H) or None. The pooler reads [CLS] at position 0, so a model with
@@ -277,7 +301,8 @@ class BertModel(PretrainedMixin, nn.Module):
         padding is not computed.
         """
         check_inputs(self.config, input_ids, attention_mask, token_type_ids,
-                     pooler=self.pooler is not None)
+                     pooler=self.pooler is not None, position_ids=position_ids,
+                     inputs_embeds=inputs_embeds)
         keep = None if attention_mask is None else attention_mask.bool()  # (B, T)
         # Unpadding needs N, the number of real tokens, which a graph traced by torch.compile
         # or torch.export cannot know: a traced graph keeps the padded layout, its padding
@@ -289,13 +314,15 @@ class BertModel(PretrainedMixin, nn.Module):
         unpadding = keep is not None and not torch.compiler.is_compiling()
         if unpadding and bool(keep.all()):
             keep, unpadding = None, False
-        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, H)
+        # Learned positions were added above; rotary ones turn queries and keys in each block.
+        positions = position_ids if self.config.position == "rope" else None
         hidden = (padded(x, keep),) if output_hidden_states else None
         attentions = () if output_attentions else None
         if unpadding:
             x = unpad(x, keep)  # (N, H): the blocks skip the padding (see `unpad`)
         for block in self.blocks:
-            x, probs = self._run_block(block, x, keep, output_attentions)
+            x, probs = self._run_block(block, x, keep, positions, output_attentions)
             if hidden is not None:
                 hidden += (padded(x, keep),)
             if attentions is not None:
@@ -306,9 +333,10 @@ class BertModel(PretrainedMixin, nn.Module):
         if hidden is not None:
             hidden = hidden[:-1] + (x,)  # the last state is the output, after the final norm
         pooled = None if self.pooler is None else torch.tanh(self.pooler(x[:, 0]))  # (B, H)
-        return BertOutput(x, pooled, hidden, attentions)
+        return returned(BertOutput(x, pooled, hidden, attentions), return_dict)
 
     def _run_block(self, block: Block, x: Tensor, keep: Optional[Tensor],
+                   positions: Optional[Tensor],
                    output_attentions: bool) -> tuple[Tensor, Optional[Tensor]]:
         """One block, or under gradient checkpointing (Chen et al. 2016, "Training Deep Nets
         with Sublinear Memory Cost") the same block without its activations: they are
@@ -316,8 +344,14 @@ class BertModel(PretrainedMixin, nn.Module):
         the gradients are exactly those of a plain step, and a step keeps only the blocks'
         inputs, at the price of one more forward."""
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-            return checkpoint(block, x, keep, output_attentions, use_reentrant=False)
-        return block(x, keep, output_attentions)
+            return checkpoint(block, x, keep, positions, output_attentions, use_reentrant=False)
+        return block(x, keep, positions, output_attentions)
+
+
+def returned(out: NamedTuple, return_dict: Optional[bool]) -> Any:
+    """A forward's output as transformers' `return_dict` asks: the named output (None or
+    True), or with False the tuple of its fields that are set (transformers' `to_tuple()`)."""
+    return out if return_dict is not False else tuple(t for t in out if t is not None)
 
 
 def _layer_norm(config: BertConfig) -> nn.LayerNorm:

@@ -52,10 +52,19 @@ def _cached_angles(seq_len: int, head_size: int, theta: float, device: torch.dev
 
 def _angles(seq_len: int, head_size: int, theta: float, device: torch.device,
             dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    inv_freq = theta ** (-torch.arange(0, head_size, 2, dtype=dtype, device=device)
+    return rope_angles_at(torch.arange(seq_len, device=device), head_size, theta, dtype)
+
+
+def rope_angles_at(positions: Tensor, head_size: int, theta: float,
+                   dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """cos and sin at given integer positions (..., T) -> each (..., T, hs): the angles of
+    `rope_angles` when `positions` is 0 .. T-1, and any others a caller names (a window cut
+    from a longer text starts at its own offset). Computed each time, since they change
+    with the batch."""
+    inv_freq = theta ** (-torch.arange(0, head_size, 2, dtype=dtype, device=positions.device)
                          / head_size)  # (hs/2,)
-    angles = torch.arange(seq_len, dtype=dtype, device=device)[:, None] * inv_freq
-    angles = torch.cat((angles, angles), dim=-1)  # (T, hs): pair i and i + hs/2 share it
+    angles = positions.to(dtype)[..., None] * inv_freq  # (..., T, hs/2)
+    angles = torch.cat((angles, angles), dim=-1)  # (..., T, hs): pair i and i + hs/2 share it
     return angles.cos(), angles.sin()
 
 
@@ -66,7 +75,8 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate queries or keys by their positions. x: (B, nh, T, hs); cos, sin: (T, hs).
+    """Rotate queries or keys by their positions. x: (B, nh, T, hs); cos, sin: (T, hs), the
+    same positions in every row, or (B, 1, T, hs), each row's own (one angle for all heads).
 
     Each pair (x_i, x_{i+hs/2}) at position t turns by angle (t, i). Computed in fp32 (fp64
     for fp64 inputs, with `rope_dtype`'s angles) and returned in x's dtype: under bf16
