@@ -411,7 +411,7 @@ MODEL_CLASSES = [minibert.BertModel, minibert.BertForMaskedLM,
 def _outputs(model, ids, mask):
     with torch.no_grad():
         out = model(ids, mask)
-    return [t for t in out if isinstance(t, torch.Tensor)]
+    return [t for t in out.to_tuple() if isinstance(t, torch.Tensor)]
 
 
 @pytest.mark.parametrize("cls", MODEL_CLASSES, ids=lambda c: c.__name__)

@@ -1,7 +1,8 @@
 """Task heads on the BERT encoder: masked LM, sequence and token classification, QA.
 
-Each head is a `BertModel` plus a few parameters, and returns a NamedTuple whose fields carry
-transformers' names (`loss`, `logits`, `start_logits`, ...):
+Each head is a `BertModel` plus a few parameters, and returns an output whose fields carry
+transformers' names (`loss`, `logits`, `start_logits`, ...) and read as transformers' do
+(`model.ModelOutput`: `out.logits`, `out["logits"]`, `out[0]` over the fields that are set):
 
     BertForMaskedLM                 tied decoder onto the vocabulary, run on predicted rows only
     BertForSequenceClassification   one linear layer on the pooled [CLS] vector
@@ -23,7 +24,8 @@ batch where that position is padding (`check_cls_first`).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -34,34 +36,38 @@ from .config import BertConfig
 from ..machine.inputs import check_cls_first, check_ids, check_range, check_shape
 from ..labels import IGNORE_INDEX, predicted
 from ..interop.pretrained import PretrainedMixin, default_labels, stored_labels
-from .model import BertModel, init_weights
+from .model import BertModel, ModelOutput, init_weights, returned
 
 
-class MaskedLMOutput(NamedTuple):
-    loss: Optional[Tensor]  # scalar mean cross-entropy over predicted tokens, None without labels
-    logits: Tensor  # (B, T, V) without labels; (N, V), predicted positions only, with labels
+@dataclass
+class MaskedLMOutput(ModelOutput):
+    loss: Optional[Tensor] = None  # scalar mean cross-entropy over predicted tokens, with labels
+    logits: Optional[Tensor] = None  # (B, T, V) without labels; (N, V), predicted rows, with
     hidden_states: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
     attentions: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
 
 
-class SequenceClassifierOutput(NamedTuple):
-    loss: Optional[Tensor]  # scalar, None without labels
-    logits: Tensor  # (B, C)
+@dataclass
+class SequenceClassifierOutput(ModelOutput):
+    loss: Optional[Tensor] = None  # scalar, with labels
+    logits: Optional[Tensor] = None  # (B, C)
     hidden_states: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
     attentions: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
 
 
-class TokenClassifierOutput(NamedTuple):
-    loss: Optional[Tensor]  # scalar mean cross-entropy over labelled real tokens, or None
-    logits: Tensor  # (B, T, C)
+@dataclass
+class TokenClassifierOutput(ModelOutput):
+    loss: Optional[Tensor] = None  # scalar mean cross-entropy over labelled real tokens
+    logits: Optional[Tensor] = None  # (B, T, C)
     hidden_states: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
     attentions: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
 
 
-class QuestionAnsweringModelOutput(NamedTuple):
-    loss: Optional[Tensor]  # scalar (start loss + end loss) / 2, None without positions
-    start_logits: Tensor  # (B, T), the dtype's minimum at padding
-    end_logits: Tensor  # (B, T), the dtype's minimum at padding
+@dataclass
+class QuestionAnsweringModelOutput(ModelOutput):
+    loss: Optional[Tensor] = None  # scalar (start loss + end loss) / 2, with positions
+    start_logits: Optional[Tensor] = None  # (B, T), the dtype's minimum at padding
+    end_logits: Optional[Tensor] = None  # (B, T), the dtype's minimum at padding
     hidden_states: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
     attentions: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
 
@@ -122,7 +128,8 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None,
                 labels: Optional[Tensor] = None, *, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> MaskedLMOutput:
+                output_attentions: bool = False,
+                return_dict: Optional[bool] = None) -> Union[MaskedLMOutput, tuple]:
         """labels: (B, T), the original token id where one is predicted and IGNORE_INDEX (-100)
         elsewhere.
 
@@ -139,14 +146,14 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
                         output_attentions=output_attentions)
         h, extras = out.last_hidden_state, (out.hidden_states, out.attentions)  # h: (B, T, H)
         if labels is None:
-            return MaskedLMOutput(None, self.head(h, decoder), *extras)
+            return returned(MaskedLMOutput(None, self.head(h, decoder), *extras), return_dict)
         check_shape("labels", labels, tuple(input_ids.shape), "the shape of input_ids")
         check_ids("labels", labels, "token ids to predict (IGNORE_INDEX elsewhere)")
         keep = predicted(labels, attention_mask)  # (B, T) bool: labelled real tokens
         h, targets = h[keep], labels[keep]  # (N, H), (N,)
         check_range("labels", targets, decoder.size(0), "vocabulary")  # N ids, not B x T
         logits, loss = self.head.predict(h, decoder, targets)  # (N, V), scalar
-        return MaskedLMOutput(loss, logits, *extras)
+        return returned(MaskedLMOutput(loss, logits, *extras), return_dict)
 
 
 # ---- classification: one label per sequence or per token -------------------------------------
@@ -218,7 +225,8 @@ class BertForSequenceClassification(Labelled, nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None,
                 labels: Optional[Tensor] = None, *, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> SequenceClassifierOutput:
+                output_attentions: bool = False,
+                return_dict: Optional[bool] = None) -> Union[SequenceClassifierOutput, tuple]:
         """labels: (B,) class ids (long), or floats when num_labels == 1.
 
         logits: (B, C).
@@ -236,10 +244,8 @@ class BertForSequenceClassification(Labelled, nn.Module):
             pooled = self.head(pool(out.last_hidden_state, attention_mask,
                                     self.config.classifier_pooling))  # (B, H)
         logits = self.classifier(self.drop(pooled))  # (B, C)
-        if labels is None:
-            return SequenceClassifierOutput(None, logits, *extras)
-        return SequenceClassifierOutput(sequence_classification_loss(logits, labels), logits,
-                                        *extras)
+        loss = None if labels is None else sequence_classification_loss(logits, labels)
+        return returned(SequenceClassifierOutput(loss, logits, *extras), return_dict)
 
 
 class BertForTokenClassification(Labelled, nn.Module):
@@ -265,7 +271,8 @@ class BertForTokenClassification(Labelled, nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None,
                 labels: Optional[Tensor] = None, *, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> TokenClassifierOutput:
+                output_attentions: bool = False,
+                return_dict: Optional[bool] = None) -> Union[TokenClassifierOutput, tuple]:
         """labels: (B, T) class ids, IGNORE_INDEX (-100) where no label is predicted.
 
         logits: (B, T, C). `loss` is the mean cross-entropy over the positions that carry a
@@ -278,10 +285,9 @@ class BertForTokenClassification(Labelled, nn.Module):
         if self.head is not None:
             h = self.head(h)
         logits = self.classifier(self.drop(h))  # (B, T, C)
-        if labels is None:
-            return TokenClassifierOutput(None, logits, *extras)
-        return TokenClassifierOutput(token_classification_loss(logits, labels, attention_mask),
-                                     logits, *extras)
+        loss = None if labels is None else \
+            token_classification_loss(logits, labels, attention_mask)
+        return returned(TokenClassifierOutput(loss, logits, *extras), return_dict)
 
 
 def label_names(num_labels: int, id2label: Optional[Sequence[str]], minimum: int) -> list[str]:
@@ -349,7 +355,8 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
                 token_type_ids: Optional[Tensor] = None,
                 start_positions: Optional[Tensor] = None,
                 end_positions: Optional[Tensor] = None, *, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> QuestionAnsweringModelOutput:
+                output_attentions: bool = False,
+                return_dict: Optional[bool] = None) -> Union[QuestionAnsweringModelOutput, tuple]:
         """start_positions, end_positions: (B,) token indices of the answer's first and last
         token (0, the [CLS], for "no answer here").
 
@@ -372,7 +379,8 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
             start_logits = start_logits.masked_fill(~keep, low)
             end_logits = end_logits.masked_fill(~keep, low)
         if start_positions is None and end_positions is None:
-            return QuestionAnsweringModelOutput(None, start_logits, end_logits, *extras)
+            return returned(QuestionAnsweringModelOutput(None, start_logits, end_logits,
+                                                         *extras), return_dict)
         if start_positions is None or end_positions is None:
             raise ValueError("pass both start_positions and end_positions for a loss, or "
                              "neither")
@@ -384,8 +392,8 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
             check_ids(name, positions, "integer token positions")
             target = _span_target(positions, keep, T)
             losses.append(F.cross_entropy(logits.float(), target, ignore_index=T))
-        return QuestionAnsweringModelOutput((losses[0] + losses[1]) / 2, start_logits,
-                                            end_logits, *extras)
+        return returned(QuestionAnsweringModelOutput((losses[0] + losses[1]) / 2, start_logits,
+                                                     end_logits, *extras), return_dict)
 
 
 def _span_target(positions: Tensor, keep: Optional[Tensor], T: int) -> Tensor:

@@ -20,12 +20,15 @@ translates them to and from transformers' names, so checkpoints move both ways.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._pytree import register_pytree_node
 from torch.utils.checkpoint import checkpoint
 
 from .attention import attention, attention_bias, attention_probs
@@ -35,9 +38,51 @@ from ..interop.pretrained import PretrainedMixin
 from .rope import apply_rope, rope_angles, rope_dtype
 
 
-class BertOutput(NamedTuple):
-    last_hidden_state: Tensor  # (B, T, H)
-    pooler_output: Optional[Tensor]  # (B, H): tanh(W h_[CLS] + b), or None without a pooler
+class ModelOutput(OrderedDict):
+    """A model's named outputs, read as transformers' `ModelOutput` is read: by attribute
+    (`out.logits`), by key (`out["logits"]`), and by position over the fields that are set
+    (`out[0]` is the logits without labels, the loss with them; `out.to_tuple()`). A field
+    left None is no key: `keys()` are the fields set, in the order they are declared.
+
+    Each output class is a dataclass of this, its fields in transformers' order. Being a dict,
+    an output iterates over its keys, as transformers' does: `loss, logits = out` unpacks
+    names, not tensors; `out.to_tuple()` unpacks values.
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # torch.export, DDP and other tree walkers see through a dict subclass only if it is
+        # registered: its tensors are the leaves, its keys rebuild it.
+        register_pytree_node(cls, lambda out: (list(out.values()), list(out.keys())),
+                             lambda values, keys: cls(**dict(zip(keys, values))),
+                             serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if value is not None and name in self.__dataclass_fields__:
+            super().__setitem__(name, value)  # a field set is a key
+        super().__setattr__(name, value)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        super().__setattr__(key, value)
+
+    def __getitem__(self, key: Union[str, int, slice]) -> Any:
+        return super().__getitem__(key) if isinstance(key, str) else self.to_tuple()[key]
+
+    def to_tuple(self) -> tuple:
+        """The values of the fields that are set, in order: transformers' `return_dict=False`."""
+        return tuple(self.values())
+
+
+def returned(out: ModelOutput, return_dict: Optional[bool]) -> Union[ModelOutput, tuple]:
+    """What a forward hands back: `out`, or as `return_dict=False` asks, its tuple."""
+    return out.to_tuple() if return_dict is False else out
+
+
+@dataclass
+class BertOutput(ModelOutput):
+    last_hidden_state: Optional[Tensor] = None  # (B, T, H)
+    pooler_output: Optional[Tensor] = None  # (B, H): tanh(W h_[CLS] + b); None without a pooler
     # Asked for by name (`output_hidden_states`, `output_attentions`), else None:
     hidden_states: Optional[tuple[Tensor, ...]] = None  # L + 1 x (B, T, H), embeddings first
     attentions: Optional[tuple[Tensor, ...]] = None  # L x (B, nh, T, T), probabilities
@@ -261,7 +306,8 @@ class BertModel(PretrainedMixin, nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None, *, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> BertOutput:
+                output_attentions: bool = False,
+                return_dict: Optional[bool] = None) -> Union[BertOutput, tuple]:
         """input_ids, attention_mask (1 = real token, 0 = padding), token_type_ids: (B, T).
         The mask is bool, or integers or floats holding 1 and 0 alone: transformers' additive
         form (0 at a token, a large negative number at padding) is refused, not inverted.
@@ -274,7 +320,8 @@ class BertModel(PretrainedMixin, nn.Module):
         LayerNorm); `output_attentions` adds each block's attention probabilities
         (B, nh, T, T), computed by the plain formula (`attention.attention_probs`) whatever
         `config.attention` says. Both are zero at padding positions, like the output:
-        padding is not computed.
+        padding is not computed. `return_dict=False` returns the fields that are set as a
+        tuple, as transformers does (`ModelOutput`).
         """
         check_inputs(self.config, input_ids, attention_mask, token_type_ids,
                      pooler=self.pooler is not None)
@@ -306,7 +353,7 @@ class BertModel(PretrainedMixin, nn.Module):
         if hidden is not None:
             hidden = hidden[:-1] + (x,)  # the last state is the output, after the final norm
         pooled = None if self.pooler is None else torch.tanh(self.pooler(x[:, 0]))  # (B, H)
-        return BertOutput(x, pooled, hidden, attentions)
+        return returned(BertOutput(x, pooled, hidden, attentions), return_dict)
 
     def _run_block(self, block: Block, x: Tensor, keep: Optional[Tensor],
                    output_attentions: bool) -> tuple[Tensor, Optional[Tensor]]:
