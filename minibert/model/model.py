@@ -302,6 +302,7 @@ class BertModel(PretrainedMixin, nn.Module):
             add_pooler = config.task_head == "bert"
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if add_pooler else None
         self.gradient_checkpointing = False  # see `_run_block`
+        self.checkpoint_kwargs = {"use_reentrant": False}  # torch's `checkpoint` options
         self.apply(lambda m: init_weights(m, config))
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
@@ -363,7 +364,7 @@ class BertModel(PretrainedMixin, nn.Module):
         the gradients are exactly those of a plain step, and a step keeps only the blocks'
         inputs, at the price of one more forward."""
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-            return checkpoint(block, x, keep, output_attentions, use_reentrant=False)
+            return checkpoint(block, x, keep, output_attentions, **self.checkpoint_kwargs)
         return block(x, keep, output_attentions)
 
 
