@@ -42,7 +42,7 @@ from .model import BertModel, ModelOutput, init_weights, returned
 @dataclass
 class MaskedLMOutput(ModelOutput):
     loss: Optional[Tensor] = None  # scalar mean cross-entropy over predicted tokens, with labels
-    logits: Optional[Tensor] = None  # (B, T, V) without labels; (N, V), predicted rows, with
+    logits: Optional[Tensor] = None  # (B, T, V); with labels (N, V), the predicted rows
     hidden_states: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
     attentions: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
 
