@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 # the module that defines them -> the public names
 _MODULES = {
     "model.config": ["BertConfig"],
-    "model.model": ["BertModel", "BertOutput"],
+    "model.model": ["BertModel", "BertOutput", "ModelOutput"],
     "model.heads": ["BertForMaskedLM", "BertForSequenceClassification",
                     "BertForTokenClassification", "BertForQuestionAnswering", "MaskedLMOutput",
                     "SequenceClassifierOutput", "TokenClassifierOutput",

@@ -1,6 +1,8 @@
 """CUDA-only paths: skipped on machines without a GPU, run by benchmarks/gpu_check.sh."""
 
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -40,7 +42,7 @@ def test_fp16_skips_a_nan_step_through_the_real_grad_scaler(tmp_path):
     def nan_on_the_third_call(*args, **kwargs):
         seen.append([p.detach().clone() for p in model.parameters()])
         out = forward(*args, **kwargs)
-        return out._replace(loss=out.loss * float("nan")) if len(seen) == 3 else out
+        return dataclasses.replace(out, loss=out.loss * float("nan")) if len(seen) == 3 else out
 
     model.forward = nan_on_the_third_call
     result = train(model, ds, collator(tok), train_config(precision="fp16", max_steps=8),

@@ -73,7 +73,8 @@ def test_research_snippets_run(tmp_path, monkeypatch):
 
     import torch
 
-    for extra in ("peft", "onnx", "onnxscript", "onnxruntime", "safetensors"):
+    for extra in ("peft", "onnx", "onnxscript", "onnxruntime", "safetensors", "transformers",
+                  "accelerate"):
         pytest.importorskip(extra)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MINIBERT_CACHE", str(tmp_path / "cache"))
@@ -91,6 +92,7 @@ def test_research_snippets_run(tmp_path, monkeypatch):
     assert abs(namespace["logits"] - namespace["want"].numpy()).max() < 1e-5
     assert namespace["result"]["steps"] == 30
     assert (tmp_path / "runs" / "length" / "metrics.jsonl").is_file()
+    assert namespace["theirs"].config.architectures == ["BertForSequenceClassification"]
 
 
 def test_machine_room_snippets_run():

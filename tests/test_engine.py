@@ -176,7 +176,7 @@ def _nan_model(tok, bad_calls, snapshots=None):
         out = forward(*args, **kwargs)
         if snapshots is not None:
             snapshots.append([p.detach().clone() for p in model.parameters()])
-        return out._replace(loss=out.loss * float("nan")) if calls["n"] in bad_calls else out
+        return replace(out, loss=out.loss * float("nan")) if calls["n"] in bad_calls else out
 
     model.forward = forward_with_nans
     return model

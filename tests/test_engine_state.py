@@ -2,6 +2,7 @@
 the failure paths that must not crash or mix runs. Each test compares against an
 independent reference (an uninterrupted run, a fresh run) or a documented refusal."""
 
+import dataclasses
 import json
 import shutil
 
@@ -182,7 +183,7 @@ def test_fp16_non_finite_loss_is_skipped_without_crashing(corpus, tmp_path, monk
     def forward_with_nan(*args, **kwargs):
         calls["n"] += 1
         out = forward(*args, **kwargs)
-        return out._replace(loss=out.loss * float("nan")) if calls["n"] == 2 else out
+        return dataclasses.replace(out, loss=out.loss * float("nan")) if calls["n"] == 2 else out
 
     model.forward = forward_with_nan
     result = train(model, ds, collator(tok), train_config(max_steps=4), tmp_path)

@@ -411,7 +411,7 @@ MODEL_CLASSES = [minibert.BertModel, minibert.BertForMaskedLM,
 def _outputs(model, ids, mask):
     with torch.no_grad():
         out = model(ids, mask)
-    return [t for t in out if isinstance(t, torch.Tensor)]
+    return [t for t in out.to_tuple() if isinstance(t, torch.Tensor)]
 
 
 @pytest.mark.parametrize("cls", MODEL_CLASSES, ids=lambda c: c.__name__)
@@ -445,9 +445,10 @@ def test_from_pretrained_with_dtype_holds_transformers_weights(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, error, facts", [
-    (dict(dtype="bfloat16"), TypeError, ["dtype='bfloat16'", "torch.bfloat16"]),
-    (dict(torch_dtype="auto"), TypeError, ["torch_dtype='auto'", "torch.dtype"]),
+    (dict(dtype="bfloat"), TypeError, ["dtype='bfloat'", "torch.bfloat16", "auto"]),
+    (dict(torch_dtype=16), TypeError, ["torch_dtype=16", "torch.dtype"]),
     (dict(dtype=torch.int64), ValueError, ["dtype=torch.int64", "floating"]),
+    (dict(torch_dtype="int64"), ValueError, ["torch_dtype=torch.int64", "floating"]),
     (dict(dtype=torch.bfloat16, torch_dtype=torch.bfloat16), TypeError,
      ["dtype", "torch_dtype", "older name"]),
 ])

@@ -97,12 +97,12 @@ def test_classification_trains_and_regression_uses_mse():
     assert torch.allclose(out.loss, F.mse_loss(out.logits.squeeze(-1), y))
 
 
-def test_outputs_are_named_tuples():
+def test_outputs_unpack_as_the_fields_that_are_set():
     model = minibert.BertForMaskedLM(tiny_config()).eval()
-    loss, logits, hidden_states, attentions = model(torch.tensor([[1, 2, 3]]))
-    assert loss is None and logits.shape == (1, 3, 99)
-    assert hidden_states is None and attentions is None  # unless asked for by name
-    hidden, pooled, _, _ = minibert.BertModel(tiny_config())(torch.tensor([[1, 2]]))
+    out = model(torch.tensor([[1, 2, 3]]))
+    (logits,) = out.to_tuple()  # no loss without labels, no extras unless asked for by name
+    assert out.loss is None and out.hidden_states is None and logits.shape == (1, 3, 99)
+    hidden, pooled = minibert.BertModel(tiny_config())(torch.tensor([[1, 2]]), return_dict=False)
     assert hidden.shape == (1, 2, 32) and pooled.shape == (1, 32)
 
 

@@ -38,7 +38,7 @@ def _batch(B, T, pad=True, seed=0):
 
 
 def _tensors(out):
-    return {name: t for name, t in out._asdict().items() if isinstance(t, torch.Tensor)}
+    return {name: t for name, t in out.items() if isinstance(t, torch.Tensor)}
 
 
 def _assert_equal_outputs(got, want, tol=TOL):

@@ -11,7 +11,7 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 
 import torch
 
@@ -22,6 +22,7 @@ from .hf import (CONFIG_FILE, MODEL_FILES, MODERNBERT_MODEL_TYPE, PRE_LN_WEIGHTS
                  WEIGHTS_FILE, PathLike, architecture, check_tied_decoder, config_from_hf,
                  config_to_hf, decodes, load_hf_state_dict, minibert_class, model_type,
                  read_config, read_weights, to_hf_state_dict)
+from .methods import ModelMethods
 
 if TYPE_CHECKING:
     from ..data.tokenizer import Tokenizer
@@ -43,31 +44,11 @@ ON_OTHER_LABELS = ("error", "new_head")
 M = TypeVar("M", bound="PretrainedMixin")
 
 
-class GradientCheckpointing:
-    """transformers' gradient-checkpointing switch: blocks recomputed in backward, not kept."""
-
-    def gradient_checkpointing_enable(self) -> None:
-        self._switch_checkpointing(True)
-
-    def gradient_checkpointing_disable(self) -> None:
-        self._switch_checkpointing(False)
-
-    @property
-    def is_gradient_checkpointing(self) -> bool:
-        return any(getattr(m, "gradient_checkpointing", False) for m in self.modules())
-
-    def _switch_checkpointing(self, on: bool) -> None:
-        for m in self.modules():
-            if hasattr(m, "gradient_checkpointing"):
-                m.gradient_checkpointing = on
-
-
-class PretrainedMixin(GradientCheckpointing):
-    """`from_pretrained` / `save_pretrained` for the public model classes."""
+class PretrainedMixin(ModelMethods):
+    """`from_pretrained` / `save_pretrained` for the public model classes, and transformers'
+    other model methods (methods.py)."""
 
     config: BertConfig
-    # Logits over the vocabulary, decoded by the tied word embeddings: folders keep them tied.
-    decodes_vocabulary: bool = False
 
     @classmethod
     def _init_kwargs(cls, hf_config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -79,8 +60,10 @@ class PretrainedMixin(GradientCheckpointing):
 
     @classmethod
     def from_pretrained(cls: type[M], path: PathLike, *, on_other_labels: str = "error",
-                        allow_vocab_mismatch: bool = False, dtype: Optional[torch.dtype] = None,
-                        torch_dtype: Optional[torch.dtype] = None, **config_overrides: Any) -> M:
+                        allow_vocab_mismatch: bool = False,
+                        dtype: Union[torch.dtype, str, None] = None,
+                        torch_dtype: Union[torch.dtype, str, None] = None,
+                        **config_overrides: Any) -> M:
         """Load a folder in transformers' layout (or one minibert saved), in eval mode.
 
         Overrides apply on top of the stored config (`attention="chunked"`). A missing head
@@ -88,7 +71,8 @@ class PretrainedMixin(GradientCheckpointing):
         classifier's head is kept only from its own class, for its own labels: others asked
         for are refused, or with `on_other_labels="new_head"` get a fresh classifier.
         `allow_vocab_mismatch` accepts a swapped tokenizer. `dtype` (or transformers' older
-        `torch_dtype`): read in fp32, then cast; else fp32.
+        `torch_dtype`), a torch.dtype, its name or "auto" (the folder's, `stored_dtype`): read
+        in fp32, then cast; else fp32.
         """
         dtype = load_dtype(dtype, torch_dtype)
         if on_other_labels not in ON_OTHER_LABELS:
@@ -126,6 +110,7 @@ class PretrainedMixin(GradientCheckpointing):
             sd = {k: t for k, t in sd.items() if not k.startswith("classifier.")}
         load_hf_state_dict(model, sd, path)
         model.eval()  # as transformers gives it: dropout off until `.train()`
+        dtype = stored_dtype(dtype, hf_config, sd)
         return model if dtype is None else model.to(dtype)
 
     def save_pretrained(self, path: PathLike, tokenizer: Optional["Tokenizer"] = None) -> None:
@@ -175,19 +160,39 @@ class PretrainedMixin(GradientCheckpointing):
         replace_folder(Path(path), write, owns=owns)
 
 
-def load_dtype(dtype: Any, torch_dtype: Any) -> Optional[torch.dtype]:
-    """`dtype`, or its older alias `torch_dtype`, checked before any file is read; None: fp32."""
+def load_dtype(dtype: Any, torch_dtype: Any) -> Union[torch.dtype, str, None]:
+    """`dtype`, or its older alias `torch_dtype`, checked before any file is read: a
+    floating-point torch.dtype or its name ("bfloat16"), "auto" (`stored_dtype`), or None for
+    fp32 (transformers' default is "auto": minibert's stays fp32, the precision it trains in).
+    """
     if dtype is not None and torch_dtype is not None:
         raise TypeError("from_pretrained got both dtype= and torch_dtype=, transformers' older "
                         "name for dtype: pass dtype= alone")
     name, value = ("dtype", dtype) if torch_dtype is None else ("torch_dtype", torch_dtype)
-    if value is not None and not isinstance(value, torch.dtype):
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
+        value = getattr(torch, value)  # "bfloat16" -> torch.bfloat16, as transformers reads it
+    if not isinstance(value, torch.dtype):
         raise TypeError(f"{name}={value!r} must be a torch.dtype, such as torch.bfloat16, "
-                        f"torch.float16 or torch.float32")
-    if value is not None and not value.is_floating_point:
+                        f"torch.float16 or torch.float32, its name (\"bfloat16\") or \"auto\"")
+    if not value.is_floating_point:
         raise ValueError(f"{name}={value} is not a floating-point dtype; a model's parameters "
                          f"can be torch.float32, torch.bfloat16 or torch.float16")
     return value
+
+
+def stored_dtype(dtype: Union[torch.dtype, str, None], hf_config: dict[str, Any],
+                 weights: dict[str, torch.Tensor]) -> Optional[torch.dtype]:
+    """The dtype to cast a loaded model to: `dtype` as `load_dtype` checked it, with "auto"
+    read as transformers reads it, from config.json's `dtype` (or older `torch_dtype`) entry,
+    else from the first floating-point tensor of the weights."""
+    if dtype != "auto":
+        return dtype
+    entry = hf_config.get("dtype") or hf_config.get("torch_dtype")
+    if entry is not None:
+        return load_dtype(entry, None)
+    return next((t.dtype for t in weights.values() if t.is_floating_point()), None)
 
 
 # ---- a model and its tokenizer ------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Task heads on the BERT encoder: masked LM, sequence and token classification, QA.
 
-Each head is a `BertModel` plus a few parameters, and returns a NamedTuple whose fields carry
-transformers' names (`loss`, `logits`, `start_logits`, ...):
+Each head is a `BertModel` plus a few parameters, and returns an output whose fields carry
+transformers' names (`loss`, `logits`, `start_logits`, ...) and read as transformers' do
+(`model.ModelOutput`: `out.logits`, `out["logits"]`, `out[0]` over the fields that are set):
 
     BertForMaskedLM                 tied decoder onto the vocabulary, run on predicted rows only
     BertForSequenceClassification   one linear layer on the pooled [CLS] vector
@@ -26,7 +27,8 @@ batch where that position is padding (`check_cls_first`).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -37,34 +39,38 @@ from .config import BertConfig
 from ..machine.inputs import check_cls_first, check_ids, check_range, check_shape
 from ..labels import IGNORE_INDEX, predicted
 from ..interop.pretrained import PretrainedMixin, default_labels, stored_labels
-from .model import BertModel, init_weights, returned
+from .model import BertModel, ModelOutput, init_weights, returned
 
 
-class MaskedLMOutput(NamedTuple):
-    loss: Optional[Tensor]  # scalar mean cross-entropy over predicted tokens, None without labels
-    logits: Tensor  # (B, T, V) without labels; (N, V), predicted positions only, with labels
+@dataclass
+class MaskedLMOutput(ModelOutput):
+    loss: Optional[Tensor] = None  # scalar mean cross-entropy over predicted tokens, with labels
+    logits: Optional[Tensor] = None  # (B, T, V); with labels (N, V), the predicted rows
     hidden_states: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
     attentions: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
 
 
-class SequenceClassifierOutput(NamedTuple):
-    loss: Optional[Tensor]  # scalar, None without labels
-    logits: Tensor  # (B, C)
+@dataclass
+class SequenceClassifierOutput(ModelOutput):
+    loss: Optional[Tensor] = None  # scalar, with labels
+    logits: Optional[Tensor] = None  # (B, C)
     hidden_states: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
     attentions: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
 
 
-class TokenClassifierOutput(NamedTuple):
-    loss: Optional[Tensor]  # scalar mean cross-entropy over labelled real tokens, or None
-    logits: Tensor  # (B, T, C)
+@dataclass
+class TokenClassifierOutput(ModelOutput):
+    loss: Optional[Tensor] = None  # scalar mean cross-entropy over labelled real tokens
+    logits: Optional[Tensor] = None  # (B, T, C)
     hidden_states: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
     attentions: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
 
 
-class QuestionAnsweringModelOutput(NamedTuple):
-    loss: Optional[Tensor]  # scalar (start loss + end loss) / 2, None without positions
-    start_logits: Tensor  # (B, T), the dtype's minimum at padding
-    end_logits: Tensor  # (B, T), the dtype's minimum at padding
+@dataclass
+class QuestionAnsweringModelOutput(ModelOutput):
+    loss: Optional[Tensor] = None  # scalar (start loss + end loss) / 2, with positions
+    start_logits: Optional[Tensor] = None  # (B, T), the dtype's minimum at padding
+    end_logits: Optional[Tensor] = None  # (B, T), the dtype's minimum at padding
     hidden_states: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
     attentions: Optional[tuple[Tensor, ...]] = None  # as BertOutput's, when asked for
 
@@ -128,7 +134,7 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
                 inputs_embeds: Optional[Tensor] = None,
                 output_hidden_states: Optional[bool] = False,
                 output_attentions: Optional[bool] = False,
-                return_dict: Optional[bool] = None) -> MaskedLMOutput:
+                return_dict: Optional[bool] = None) -> Union[MaskedLMOutput, tuple]:
         """labels: (B, T), the original token id where one is predicted and IGNORE_INDEX (-100)
         elsewhere.
 
@@ -227,7 +233,7 @@ class BertForSequenceClassification(Labelled, nn.Module):
                 inputs_embeds: Optional[Tensor] = None,
                 output_hidden_states: Optional[bool] = False,
                 output_attentions: Optional[bool] = False,
-                return_dict: Optional[bool] = None) -> SequenceClassifierOutput:
+                return_dict: Optional[bool] = None) -> Union[SequenceClassifierOutput, tuple]:
         """labels: (B,) class ids (long), or floats when num_labels == 1.
 
         logits: (B, C).
@@ -275,7 +281,7 @@ class BertForTokenClassification(Labelled, nn.Module):
                 inputs_embeds: Optional[Tensor] = None,
                 output_hidden_states: Optional[bool] = False,
                 output_attentions: Optional[bool] = False,
-                return_dict: Optional[bool] = None) -> TokenClassifierOutput:
+                return_dict: Optional[bool] = None) -> Union[TokenClassifierOutput, tuple]:
         """labels: (B, T) class ids, IGNORE_INDEX (-100) where no label is predicted.
 
         logits: (B, T, C). `loss` is the mean cross-entropy over the positions that carry a
@@ -361,7 +367,7 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
                 inputs_embeds: Optional[Tensor] = None,
                 output_hidden_states: Optional[bool] = False,
                 output_attentions: Optional[bool] = False,
-                return_dict: Optional[bool] = None) -> QuestionAnsweringModelOutput:
+                return_dict: Optional[bool] = None) -> Union[QuestionAnsweringModelOutput, tuple]:
         """start_positions, end_positions: (B,) token indices of the answer's first and last
         token (0, the [CLS], for "no answer here").
 

@@ -20,12 +20,15 @@ translates them to and from transformers' names, so checkpoints move both ways.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._pytree import register_pytree_node
 from torch.utils.checkpoint import checkpoint
 
 from .attention import attention, attention_bias, attention_probs
@@ -35,9 +38,51 @@ from ..interop.pretrained import PretrainedMixin
 from .rope import apply_rope, rope_angles, rope_angles_at, rope_dtype
 
 
-class BertOutput(NamedTuple):
-    last_hidden_state: Tensor  # (B, T, H)
-    pooler_output: Optional[Tensor]  # (B, H): tanh(W h_[CLS] + b), or None without a pooler
+class ModelOutput(OrderedDict):
+    """A model's named outputs, read as transformers' `ModelOutput` is read: by attribute
+    (`out.logits`), by key (`out["logits"]`), and by position over the fields that are set
+    (`out[0]` is the logits without labels, the loss with them; `out.to_tuple()`). A field
+    left None is no key: `keys()` are the fields set, in the order they are declared.
+
+    Each output class is a dataclass of this, its fields in transformers' order. Being a dict,
+    an output iterates over its keys, as transformers' does: `loss, logits = out` unpacks
+    names, not tensors; `out.to_tuple()` unpacks values.
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # torch.export, DDP and other tree walkers see through a dict subclass only if it is
+        # registered: its tensors are the leaves, its keys rebuild it.
+        register_pytree_node(cls, lambda out: (list(out.values()), list(out.keys())),
+                             lambda values, keys: cls(**dict(zip(keys, values))),
+                             serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if value is not None and name in self.__dataclass_fields__:
+            super().__setitem__(name, value)  # a field set is a key
+        super().__setattr__(name, value)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        super().__setattr__(key, value)
+
+    def __getitem__(self, key: Union[str, int, slice]) -> Any:
+        return super().__getitem__(key) if isinstance(key, str) else self.to_tuple()[key]
+
+    def to_tuple(self) -> tuple:
+        """The values of the fields that are set, in order: transformers' `return_dict=False`."""
+        return tuple(self.values())
+
+
+def returned(out: ModelOutput, return_dict: Optional[bool]) -> Union[ModelOutput, tuple]:
+    """What a forward hands back: `out`, or as `return_dict=False` asks, its tuple."""
+    return out.to_tuple() if return_dict is False else out
+
+
+@dataclass
+class BertOutput(ModelOutput):
+    last_hidden_state: Optional[Tensor] = None  # (B, T, H)
+    pooler_output: Optional[Tensor] = None  # (B, H): tanh(W h_[CLS] + b); None without a pooler
     # Asked for by name (`output_hidden_states`, `output_attentions`), else None:
     hidden_states: Optional[tuple[Tensor, ...]] = None  # L + 1 x (B, T, H), embeddings first
     attentions: Optional[tuple[Tensor, ...]] = None  # L x (B, nh, T, T), probabilities
@@ -271,6 +316,7 @@ class BertModel(PretrainedMixin, nn.Module):
             add_pooler = config.task_head == "bert"
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if add_pooler else None
         self.gradient_checkpointing = False  # see `_run_block`
+        self.checkpoint_kwargs = {"use_reentrant": False}  # torch's `checkpoint` options
         self.apply(lambda m: init_weights(m, config))
 
     def forward(self, input_ids: Optional[Tensor] = None,
@@ -278,7 +324,7 @@ class BertModel(PretrainedMixin, nn.Module):
                 *, position_ids: Optional[Tensor] = None, inputs_embeds: Optional[Tensor] = None,
                 output_hidden_states: Optional[bool] = False,
                 output_attentions: Optional[bool] = False,
-                return_dict: Optional[bool] = None) -> BertOutput:
+                return_dict: Optional[bool] = None) -> Union[BertOutput, tuple]:
         """input_ids, attention_mask (1 = real token, 0 = padding), token_type_ids: (B, T).
         The mask is bool, or integers or floats holding 1 and 0 alone: transformers' additive
         form (0 at a token, a large negative number at padding) is refused, not inverted.
@@ -287,8 +333,7 @@ class BertModel(PretrainedMixin, nn.Module):
         two): the word vectors themselves, to which the embeddings add positions and
         segments, then LayerNorm. `position_ids` (B, T), or (1, T) for every row, replace the
         positions 0 .. T-1: learned positions look them up, RoPE rotates by them. Both are
-        keyword-only. `return_dict=False` gives the tuple of the fields that are set, as
-        transformers' does; None or True the named output.
+        keyword-only.
 
         Returns `last_hidden_state` (B, T, H), zero at padding positions, and
         `pooler_output` (B, H) or None. The pooler reads [CLS] at position 0, so a model with
@@ -298,7 +343,8 @@ class BertModel(PretrainedMixin, nn.Module):
         LayerNorm); `output_attentions` adds each block's attention probabilities
         (B, nh, T, T), computed by the plain formula (`attention.attention_probs`) whatever
         `config.attention` says. Both are zero at padding positions, like the output:
-        padding is not computed.
+        padding is not computed. `return_dict=False` returns the fields that are set as a
+        tuple, as transformers does (`ModelOutput`).
         """
         check_inputs(self.config, input_ids, attention_mask, token_type_ids,
                      pooler=self.pooler is not None, position_ids=position_ids,
@@ -344,14 +390,9 @@ class BertModel(PretrainedMixin, nn.Module):
         the gradients are exactly those of a plain step, and a step keeps only the blocks'
         inputs, at the price of one more forward."""
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-            return checkpoint(block, x, keep, positions, output_attentions, use_reentrant=False)
+            return checkpoint(block, x, keep, positions, output_attentions,
+                              **self.checkpoint_kwargs)
         return block(x, keep, positions, output_attentions)
-
-
-def returned(out: NamedTuple, return_dict: Optional[bool]) -> Any:
-    """A forward's output as transformers' `return_dict` asks: the named output (None or
-    True), or with False the tuple of its fields that are set (transformers' `to_tuple()`)."""
-    return out if return_dict is not False else tuple(t for t in out if t is not None)
 
 
 def _layer_norm(config: BertConfig) -> nn.LayerNorm:

@@ -31,7 +31,8 @@ from ..machine.inputs import check_cls_first
 from ..interop.hf import (PathLike, check_mappable, config_from_hf, is_modernbert,
                           load_hf_state_dict,
                  read_weights)
-from ..interop.pretrained import GradientCheckpointing, load_dtype, read_folder_config
+from ..interop.methods import GradientCheckpointing
+from ..interop.pretrained import load_dtype, read_folder_config, stored_dtype
 from ..model.model import BertModel, init_weights
 
 if TYPE_CHECKING:
@@ -178,17 +179,19 @@ class BertMultiTask(GradientCheckpointing, nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: PathLike, tasks: Mapping[str, TaskSpec], *,
-                        allow_vocab_mismatch: bool = False, dtype: Optional[torch.dtype] = None,
-                        torch_dtype: Optional[torch.dtype] = None,
+                        allow_vocab_mismatch: bool = False,
+                        dtype: Union[torch.dtype, str, None] = None,
+                        torch_dtype: Union[torch.dtype, str, None] = None,
                         **config_overrides: Any) -> "BertMultiTask":
         """The encoder (and pooler, if stored) of a model folder, minibert's or transformers',
         with a fresh head per task: a stored head was trained for another task. The other
         arguments are the model classes' `from_pretrained`'s (`config_overrides` on top of
         the stored config, e.g. `hidden_dropout=0.0`)."""
         dtype = load_dtype(dtype, torch_dtype)
-        config = config_from_hf(read_folder_config(path, allow_vocab_mismatch),
-                                         **config_overrides)
-        model = cls(config, tasks)
-        load_hf_state_dict(model.bert, read_weights(path), path)
+        hf_config = read_folder_config(path, allow_vocab_mismatch)
+        model = cls(config_from_hf(hf_config, **config_overrides), tasks)
+        weights = read_weights(path)
+        load_hf_state_dict(model.bert, weights, path)
+        dtype = stored_dtype(dtype, hf_config, weights)
         return model if dtype is None else model.to(dtype)
 

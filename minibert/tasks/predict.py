@@ -61,7 +61,10 @@ def predict(model: nn.Module, examples: Sequence[Mapping], collate: Callable[[li
                 out = model(**batch)
             if out.loss is not None and (n := count_targets(batch)):  # a batch of no targets
                 loss_sum, count = loss_sum + float(out.loss) * n, count + n  # has a NaN mean
-            for field, value in out._asdict().items():
+            # minibert's outputs are dicts of the fields set; a NamedTuple of one's own head
+            # has them all, None included.
+            fields = out if isinstance(out, Mapping) else out._asdict()
+            for field, value in fields.items():
                 if field == "loss" or value is None:
                     continue
                 if value.shape[0] != len(idx):  # e.g. MLM logits of the masked rows only

@@ -13,7 +13,7 @@ them in a batch, T tokens, H hidden size.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -24,7 +24,7 @@ from ..data.mlm import pad_batch
 from ..model import heads
 from ..machine.inputs import check_cls_first
 from ..interop.hf import PathLike, config_from_hf, load_hf_state_dict, read_weights
-from ..interop.pretrained import load_dtype, read_folder_config
+from ..interop.pretrained import load_dtype, read_folder_config, stored_dtype
 from ..model.model import BertModel
 from ..data.tokenizer import Tokenizer
 
@@ -94,17 +94,21 @@ class SentenceEncoder(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: PathLike, pooling: str = "mean", normalize: bool = False,
-                        *, allow_vocab_mismatch: bool = False, dtype: Optional[torch.dtype] = None,
-                        torch_dtype: Optional[torch.dtype] = None,
+                        *, allow_vocab_mismatch: bool = False,
+                        dtype: Union[torch.dtype, str, None] = None,
+                        torch_dtype: Union[torch.dtype, str, None] = None,
                         **config_overrides: Any) -> "SentenceEncoder":
         """Load the encoder and tokenizer of any model folder, in eval mode, without its heads
         or pooler (so nothing is newly initialised). The keywords are `from_pretrained`'s."""
         check_pooling(pooling)  # before reading any file
         dtype = load_dtype(dtype, torch_dtype)
-        config = config_from_hf(read_folder_config(path, allow_vocab_mismatch), **config_overrides)
+        hf_config = read_folder_config(path, allow_vocab_mismatch)
+        config = config_from_hf(hf_config, **config_overrides)
         tokenizer = Tokenizer.from_pretrained(path)
         model = BertModel(config, add_pooler=False)
-        load_hf_state_dict(model, read_weights(path), path)  # heads and pooler unread
+        weights = read_weights(path)
+        load_hf_state_dict(model, weights, path)  # heads and pooler unread
+        dtype = stored_dtype(dtype, hf_config, weights)
         if dtype is not None:
             model.to(dtype)
         return cls(model.eval(), tokenizer, pooling, normalize)
