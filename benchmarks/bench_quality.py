@@ -81,10 +81,12 @@ def tokenizer_folder(args) -> Path:
     every candidate's run finds it again) and saved where transformers' stage reads it."""
     folder = args.out / "corpus"
     if not (folder / "tokenizer" / "tokenizer.json").is_file():
-        from minibert.data.prepare import prepare_corpus
+        from minibert.data.prepare import prepare_corpus, save_prepared
         from minibert.cli.pretrain import MAIN_JOB
-        prepare_corpus(folder, ("train", "valid"), MAIN_JOB.seq_len, data_dir=args.data_dir,
-                       cache_dir=args.out / "cache", vocab_size=MAIN_JOB.vocab_size)
+        data = prepare_corpus(folder, ("train", "valid"), MAIN_JOB.seq_len,
+                              data_dir=args.data_dir, cache_dir=args.out / "cache",
+                              vocab_size=MAIN_JOB.vocab_size)
+        save_prepared(folder, data)
     return folder / "tokenizer"
 
 
