@@ -71,9 +71,11 @@ def candidates(args) -> dict[str, list[str]]:
 
 
 def model_names(args) -> list[str]:
-    """Every model the run judges: each candidate's random weights, fifth and full budget,
-    then transformers' recipe."""
-    return [f"{c}{end}" for c in candidates(args) for end in ("-random", "-fifth", "")] + [HF]
+    """Every model the run judges, in the order it judges them: each candidate at the full
+    budget and transformers' recipe first (the comparison that picks the main job's model),
+    then each candidate's random weights and its fifth of the budget."""
+    return ([*candidates(args), HF] +
+            [f"{c}{end}" for end in ("-random", "-fifth") for c in candidates(args)])
 
 
 def tokenizer_folder(args) -> Path:
