@@ -199,16 +199,6 @@ def test_qa_doc_snippet_finds_the_answer(tmp_path, monkeypatch, capsys, preset):
     assert capsys.readouterr().out == "Lima\n"
 
 
-def test_readme_shows_the_two_commands_first():
-    """The README says what minibert is and shows its two commands within its first 120 words
-    of prose (headings and code not counted); the features and numbers come after."""
-    text = (ROOT / "README.md").read_text()
-    before = text[:text.index("```bash")]
-    prose = [ln for ln in before.splitlines() if ln.strip() and not ln.startswith("#")]
-    assert len(" ".join(prose).split()) <= 120
-    assert "examples/pretrain_wikitext.py" in text[:text.index("## ", text.index("```bash"))]
-
-
 def _bash_lines(text: str) -> list[str]:
     return [ln.strip() for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S)
             for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]

@@ -1,5 +1,5 @@
-"""The package's shape: packages by concept, each saying in its docstring what it holds and
-what it may import; no two modules import each other (directly or round a circle); and the
+"""The package's shape: packages by concept, each importing only the packages it may; no two
+modules import each other (directly or round a circle); and the
 textbook (`minibert.model`) never reaches into the run, so it reads on its own."""
 
 import ast
@@ -103,17 +103,13 @@ def test_the_circle_finder_finds_circles():
 def test_ls_minibert_shows_the_packages_and_few_modules():
     modules = {p.stem for p in PACKAGE.glob("*.py")}
     packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
-    assert modules == TOP_LEVEL_MODULES and len(modules) <= 6
-    assert packages == set(MAY_NOT_IMPORT) and len(packages) >= 5
+    assert modules == TOP_LEVEL_MODULES
+    assert packages == set(MAY_NOT_IMPORT)
     assert {p.stem for p in (PACKAGE / "model").glob("*.py")} == TEXTBOOK | {"__init__"}
 
 
 @pytest.mark.parametrize("package", sorted(MAY_NOT_IMPORT))
-def test_each_package_says_what_it_holds_and_imports_only_what_it_may(package):
-    doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text())) or ""
-    held = {p.stem for p in (PACKAGE / package).glob("*.py")} - {"__init__"}
-    assert all(name in doc for name in held), f"minibert.{package}'s docstring misses a module"
-    assert "may import" in doc, f"minibert.{package}'s docstring says not what it may import"
+def test_each_package_imports_only_what_it_may(package):
     graph = import_graph()
     for module, edges in graph.items():
         if module.split(".")[1:2] != [package]:
