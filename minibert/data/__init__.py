@@ -31,7 +31,8 @@ from typing import Any
 _WHERE = {name: module for module, names in {  # name -> the module that defines it
     "corpus": ("Corpus", "CorpusFile", "load_corpus"),
     "mlm": ("IGNORE_INDEX", "MLMCollator", "PackedMLMDataset", "pad_batch"),
-    "sampler": ("LengthGroupedBatchSampler", "ShardedSampler"),
+    "sampler": ("GlobalBatches", "LengthGroupedBatchSampler", "ShardedSampler",
+                "TaskMixtureBatches"),
     "tasks": ("LabelMap", "QAExample", "Sentence", "SequenceSplit", "SpanPrediction",
               "TaskCollator", "TaskData", "TokenSplit", "best_span", "encode_classification",
               "encode_qa", "encode_token_classification", "random_subset", "read_conll",

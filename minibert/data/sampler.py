@@ -1,12 +1,14 @@
 """Which examples go in which batch, on which rank: deterministic, shardable, resumable.
 
-* `ShardedSampler` (pretraining): one shuffle per epoch from (seed, epoch), cut into global
-  batches; rank `r` of `W` takes the `r`-th slice of each, so a global batch is the same
-  examples whatever `W` is (docs/walkthrough.md, "6.5 Which examples, on which rank").
-* `LengthGroupedBatchSampler` (fine-tuning): batches of similar length, so dynamic padding
-  has little to add; the batch order is shuffled so training does not go short to long.
-* `GlobalBatches` (the training loop's order) and `TaskMixtureBatches` (multi-task): whole
-  global batches from a saved position, with `next`/`position`/`seek`.
+* `GlobalBatches` (the training loop's order): one shuffle per epoch from (seed, epoch), cut
+  into global batches; rank `r` of `W` takes the `r`-th slice of each, so a global batch is
+  the same examples whatever `W` is (docs/walkthrough.md, "6.5 Which examples, on which
+  rank"); its position is saved and restored with `position`/`seek`. Given `lengths`, it
+  groups similar lengths into a batch (fine-tuning).
+* `TaskMixtureBatches` (multi-task): whole global batches, each one task's, with the same
+  `next`/`position`/`seek`.
+* `ShardedSampler` and `LengthGroupedBatchSampler`: torch `Sampler`s of the same two kinds,
+  for a `DataLoader` loop of one's own.
 """
 from __future__ import annotations
 

@@ -59,10 +59,10 @@ def truncated_lengths(n_a: int, n_b: int, budget: int,
         return (budget - n_b, n_b) if cut_a else (n_a, budget - n_a)
     short, swap = (n_b, True) if n_a > n_b else (n_a, False)
     if 2 * short <= budget:
-        keep_short, keep_long = short, budget - short
+        short_len, long_len = short, budget - short
     else:
-        keep_short, keep_long = budget // 2, budget - budget // 2
-    return (keep_long, keep_short) if swap else (keep_short, keep_long)
+        short_len, long_len = budget // 2, budget - budget // 2
+    return (long_len, short_len) if swap else (short_len, long_len)
 
 
 def overflow_windows(n: int, room: int, stride: int) -> list[tuple[int, int]]:

@@ -168,10 +168,10 @@ def _resized(rows: torch.Tensor, n: int, at_mean: bool, std: float) -> torch.Ten
     """(V, H) -> (n, H): the first min(V, n) rows kept, new ones at the mean of the old rows
     (`at_mean`) or drawn from N(0, std)."""
     out = rows.new_empty(n, rows.size(1))
-    keep = min(n, rows.size(0))
-    out[:keep] = rows[:keep]
+    copied = min(n, rows.size(0))
+    out[:copied] = rows[:copied]
     if at_mean:
-        out[keep:] = rows.float().mean(dim=0).to(rows.dtype)
+        out[copied:] = rows.float().mean(dim=0).to(rows.dtype)
     else:
-        out[keep:].normal_(0.0, std)
+        out[copied:].normal_(0.0, std)
     return out

@@ -44,8 +44,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     # Four 16-bit lanes per draw; the low 15 bits of every lane are uniform. (The top lane's
     # sign bit is always 0, which is why 15 and not 16 bits are used.)
     lanes = bits.view(torch.int16)[:n].view(x.shape)
-    keep = (lanes & 0x7FFF) >= drop
-    return torch.where(keep, x * (32768 / (32768 - drop)), 0.0)
+    survives = (lanes & 0x7FFF) >= drop
+    return torch.where(survives, x * (32768 / (32768 - drop)), 0.0)
 
 
 class TiedWordGradient:
@@ -143,8 +143,8 @@ class _TiedLookup(torch.autograd.Function):
             grad = grad_out.new_zeros(ctx.weight_shape)
         ids, rows = ids.reshape(-1), grad_out.reshape(-1, grad_out.size(-1))  # (B*T,), (B*T, H)
         if ctx.padding_idx is not None:  # as F.embedding: the [PAD] row learns nothing here
-            keep = ids != ctx.padding_idx
-            ids, rows = ids[keep], rows[keep]
+            real = ids != ctx.padding_idx
+            ids, rows = ids[real], rows[real]
         grad.index_add_(0, ids, rows.to(grad.dtype))
         return None, grad, None, None
 

@@ -1,4 +1,4 @@
-"""The precision a run computes in (`resolve_precision`, `autocast_context`, `keep_precision`),
+"""The precision a run computes in (`resolve_precision`, `autocast_context`, `run_precision`),
 and what "auto" picks (`auto_precision`): from what the device declares (`cpu_bf16_native`),
 never from a timing, which would measure the machine's other work too (docs/machine-room.md §1).
 """
@@ -55,7 +55,7 @@ def auto_precision(device: torch.device) -> tuple[str, str]:
                     f"matmuls would be emulated")
 
 
-def keep_precision(kept: str, asked: str, decided: str, device: torch.device,
+def run_precision(kept: str, asked: str, decided: str, device: torch.device,
                    say: bool = True) -> str:
     """The run's precision: `kept`, from its first start, whatever "auto" decides today
     (`decided`); said when "auto" (`asked`) chose it, refused where this device lacks it."""

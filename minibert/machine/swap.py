@@ -66,13 +66,13 @@ class FastSelfAttention(SelfAttention):
     anyway: the math form, and SDPA in fp32 on a CPU. bf16 keeps torch's fallback, which
     holds the scores and the softmax in fp32."""
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor],
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, is_token: Optional[Tensor],
                dropout_p: float) -> Tensor:
         formula = self.backend == "math" or (self.backend == "sdpa" and
                                              q.dtype == torch.float32)
         if not (dropout_p > 0 and q.device.type == "cpu" and formula):
-            return super().attend(q, k, v, keep, dropout_p)
-        bias = attention_bias(keep, q.size(2), self.window, q.dtype, q.device)
+            return super().attend(q, k, v, is_token, dropout_p)
+        bias = attention_bias(is_token, q.size(2), self.window, q.dtype, q.device)
         return dropout(attention_probs(q, k, bias), dropout_p) @ v  # (B, nh, T, hs)
 
 

@@ -33,7 +33,7 @@ from torch import Tensor
 from ..machine.kernels import TileBuffers
 
 
-def window_bias(keep: Optional[Tensor], T: int, window: int, dtype: torch.dtype,
+def window_bias(is_token: Optional[Tensor], T: int, window: int, dtype: torch.dtype,
                 device: torch.device) -> Tensor:
     """The bias of a local (sliding-window) layer: query i sees key j only when |i - j| <=
     `window` and j is a real token. (B or 1, 1, T, T) in `dtype`, 0 or the dtype's minimum.
@@ -43,28 +43,28 @@ def window_bias(keep: Optional[Tensor], T: int, window: int, dtype: torch.dtype,
     """
     pos = torch.arange(T, device=device)
     allowed = (pos[:, None] - pos[None, :]).abs() <= window  # (T, T): the band
-    allowed = allowed[None, None] if keep is None else allowed & keep[:, None, None, :]
+    allowed = allowed[None, None] if is_token is None else allowed & is_token[:, None, None, :]
     bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
     return bias.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
-def key_padding_bias(keep: Tensor, dtype: torch.dtype) -> Tensor:
+def key_padding_bias(is_token: Tensor, dtype: torch.dtype) -> Tensor:
     """(B, T) bool mask, True for real tokens -> (B, 1, 1, T) additive bias in `dtype`.
 
     We use the most negative finite number rather than -inf, as BERT always has: a row whose
     keys are all padding then gets a uniform (harmless) distribution instead of NaN.
     """
-    bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
-    bias.masked_fill_(~keep, torch.finfo(dtype).min)
+    bias = torch.zeros(is_token.shape, dtype=dtype, device=is_token.device)
+    bias.masked_fill_(~is_token, torch.finfo(dtype).min)
     return bias[:, None, None, :]  # (B, 1, 1, T): broadcast over heads and queries
 
 
-def attention_bias(keep: Optional[Tensor], T: int, window: Optional[int], dtype: torch.dtype,
+def attention_bias(is_token: Optional[Tensor], T: int, window: Optional[int], dtype: torch.dtype,
                    device: torch.device) -> Optional[Tensor]:
     """A layer's additive score bias: band and padding (local), padding (global), or None."""
     if window is not None:
-        return window_bias(keep, T, window, dtype, device)  # (B or 1, 1, T, T)
-    return None if keep is None else key_padding_bias(keep, dtype)  # (B, 1, 1, T)
+        return window_bias(is_token, T, window, dtype, device)  # (B or 1, 1, T, T)
+    return None if is_token is None else key_padding_bias(is_token, dtype)  # (B, 1, 1, T)
 
 
 def attention_probs(q: Tensor, k: Tensor, bias: Optional[Tensor]) -> Tensor:
@@ -160,11 +160,12 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
 
 def _tile_keep_mask(seed: int, tile: int, shape: torch.Size, p: float, device: torch.device,
                     dtype: torch.dtype) -> Tensor:
-    """The dropout keep-mask of one tile, scaled by 1/(1-p); the same on every call."""
+    """The dropout keep-mask of one tile (nonzero where a probability survives), scaled by
+    1/(1-p); the same on every call."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed + tile)
-    keep = torch.rand(shape, generator=gen, device=device) >= p
-    return keep.to(dtype) / (1.0 - p)
+    survives = torch.rand(shape, generator=gen, device=device) >= p
+    return survives.to(dtype) / (1.0 - p)
 
 
 def _stats_dtype(x: Tensor) -> torch.dtype:
@@ -280,10 +281,10 @@ class _ChunkedAttention(torch.autograd.Function):
                 p = s.sub_(m_i).sub_(log_l_i).exp_()  # P, (B, nh, cq, ck), in s's buffer
                 dp = tiles.matmul("dp", d_oi, vj.transpose(-2, -1))  # (B, nh, cq, ck)
                 if dropout_p > 0:
-                    keep = _tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p,
+                    survives = _tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p,
                                            q.device, p.dtype)
-                    dv[:, :, cols] += ((p * keep).transpose(-2, -1).to(q.dtype) @ d_oi).to(f32)
-                    dp.mul_(keep)
+                    dv[:, :, cols] += ((p * survives).transpose(-2, -1).to(q.dtype) @ d_oi).to(f32)
+                    dp.mul_(survives)
                 else:
                     dv[:, :, cols] += (tiles.low(p, q.dtype).transpose(-2, -1) @ d_oi).to(f32)
                 ds = tiles.low(dp.sub_(D_i).mul_(p), q.dtype)  # dS = P ∘ (dP - D_i)
@@ -293,10 +294,10 @@ class _ChunkedAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], backend: str,
+def attention(q: Tensor, k: Tensor, v: Tensor, is_token: Optional[Tensor], backend: str,
               dropout_p: float = 0.0, chunk_size: int = 512,
               window: Optional[int] = None) -> Tensor:
-    """Dispatch to one backend. `keep` is the (B, T) bool mask of real tokens, or None;
+    """Dispatch to one backend. `is_token` is the (B, T) bool mask of real tokens, or None;
     `window`: a local layer's reach (query i sees keys j with |i - j| <= window), or None
     for global attention.
 
@@ -311,9 +312,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], backend: 
     chunked's, which matters for training, not for the inference an export serves.
     """
     if backend == "chunked" and not torch.compiler.is_exporting():
-        bias = None if keep is None else key_padding_bias(keep, q.dtype)
+        bias = None if is_token is None else key_padding_bias(is_token, q.dtype)
         return chunked_attention(q, k, v, bias, dropout_p, chunk_size, window)
-    bias = attention_bias(keep, q.size(2), window, q.dtype, q.device)
+    bias = attention_bias(is_token, q.size(2), window, q.dtype, q.device)
     if backend == "math":
         return math_attention(q, k, v, bias, dropout_p)
     return sdpa_attention(q, k, v, bias, dropout_p)

@@ -154,8 +154,8 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
             return returned(MaskedLMOutput(None, self.head(h, decoder), *extras), return_dict)
         check_shape("labels", labels, tuple(h.shape[:2]), "the batch's (B, T)")
         check_ids("labels", labels, "token ids to predict (IGNORE_INDEX elsewhere)")
-        keep = predicted(labels, attention_mask)  # (B, T) bool: labelled real tokens
-        h, targets = h[keep], labels[keep]  # (N, H), (N,)
+        targeted = predicted(labels, attention_mask)  # (B, T) bool: labelled real tokens
+        h, targets = h[targeted], labels[targeted]  # (N, H), (N,)
         check_range("labels", targets, decoder.size(0), "vocabulary")  # N ids, not B x T
         logits, loss = self.head.predict(h, decoder, targets)  # (N, V), scalar
         return returned(MaskedLMOutput(loss, logits, *extras), return_dict)
@@ -384,11 +384,11 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
         if self.head is not None:
             h = self.head(h)
         start_logits, end_logits = self.qa_outputs(h).unbind(-1)  # (B, T, 2) -> 2 x (B, T)
-        keep = None if attention_mask is None else attention_mask.bool()  # (B, T)
-        if keep is not None:  # the softmax over positions must not see padding
+        is_token = None if attention_mask is None else attention_mask.bool()  # (B, T)
+        if is_token is not None:  # the softmax over positions must not see padding
             low = torch.finfo(start_logits.dtype).min
-            start_logits = start_logits.masked_fill(~keep, low)
-            end_logits = end_logits.masked_fill(~keep, low)
+            start_logits = start_logits.masked_fill(~is_token, low)
+            end_logits = end_logits.masked_fill(~is_token, low)
         if start_positions is None and end_positions is None:
             return returned(QuestionAnsweringModelOutput(None, start_logits, end_logits, *extras),
                             return_dict)
@@ -401,19 +401,19 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
                                         ("end_positions", end_positions, end_logits)):
             check_shape(name, positions, (B,), "one position per sequence")
             check_ids(name, positions, "integer token positions")
-            target = _span_target(positions, keep, T)
+            target = _span_target(positions, is_token, T)
             losses.append(F.cross_entropy(logits.float(), target, ignore_index=T))
         loss = (losses[0] + losses[1]) / 2
         return returned(QuestionAnsweringModelOutput(loss, start_logits, end_logits, *extras),
                         return_dict)
 
 
-def _span_target(positions: Tensor, keep: Optional[Tensor], T: int) -> Tensor:
+def _span_target(positions: Tensor, is_token: Optional[Tensor], T: int) -> Tensor:
     """(B,) positions -> (B,) targets in [0, T], where T means "ignore"."""
     target = positions.clamp(0, T)  # transformers' rule: past the end -> T, ignored
-    if keep is not None:
+    if is_token is not None:
         # Column T stands for "past the end" and stays ignored; a target on padding joins it.
-        real = torch.cat([keep, keep.new_ones(keep.size(0), 1)], dim=1)  # (B, T + 1)
+        real = torch.cat([is_token, is_token.new_ones(is_token.size(0), 1)], dim=1)  # (B, T + 1)
         on_real = real.gather(1, target[:, None]).squeeze(1)  # (B,)
         target = target.masked_fill(~on_real, T)
     return target

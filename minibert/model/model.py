@@ -150,10 +150,10 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.bias)
         self.out = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
 
-    def forward(self, x: Tensor, keep: Optional[Tensor], positions: Optional[Tensor] = None,
+    def forward(self, x: Tensor, is_token: Optional[Tensor], positions: Optional[Tensor] = None,
                 output_attentions: bool = False) -> tuple[Tensor, Optional[Tensor]]:
         """x: (B, T, H), or (N, H) for the N real tokens of an unpadded batch (see `unpad`);
-        keep: (B, T) bool, True for real tokens, or None when nothing is padding; positions:
+        is_token: (B, T) bool, True for real tokens, or None when nothing is padding; positions:
         (B, T) or (1, T) integer positions for RoPE, or None for 0 .. T-1.
 
         Returns x's layout, and the probabilities (B, nh, T, T), zero in padding queries'
@@ -164,7 +164,7 @@ class SelfAttention(nn.Module):
         unpadded = x.dim() == 2
         qkv = self.qkv(x)  # (B, T, 3H) or (N, 3H)
         if unpadded:
-            qkv = repad(qkv, keep)  # (B, T, 3H), zeros at padding
+            qkv = repad(qkv, is_token)  # (B, T, 3H), zeros at padding
         B, T, _ = qkv.shape
         q, k, v = qkv.split(H, dim=-1)  # 3 x (B, T, H)
         # split H into nh heads of hs dims and move heads next to batch: (B, nh, T, hs)
@@ -179,27 +179,27 @@ class SelfAttention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         p, probs = (self.dropout_p if self.training else 0.0), None
         if output_attentions:  # the formula itself, which has the probabilities to hand out
-            probs = attention_probs(q, k, attention_bias(keep, T, self.window, q.dtype,
+            probs = attention_probs(q, k, attention_bias(is_token, T, self.window, q.dtype,
                                                          q.device))  # (B, nh, T, T)
             y = F.dropout(probs, p, self.training) @ v
-            if keep is not None:  # a padding query's row is not computed by the encoder
-                probs = probs.masked_fill(~keep[:, None, :, None], 0.0)
+            if is_token is not None:  # a padding query's row is not computed by the encoder
+                probs = probs.masked_fill(~is_token[:, None, :, None], 0.0)
         else:
-            y = self.attend(q, k, v, keep, p)  # (B, nh, T, hs)
+            y = self.attend(q, k, v, is_token, p)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, H)  # heads side by side again: (B, T, H)
         if unpadded:
-            y = unpad(y, keep)  # (N, H)
+            y = unpad(y, is_token)  # (N, H)
         return self.out(y), probs
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor],
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, is_token: Optional[Tensor],
                dropout_p: float) -> Tensor:
         """(B, nh, T, hs) x3 -> (B, nh, T, hs): this layer's backend, window and tile."""
-        return attention(q, k, v, keep, self.backend, dropout_p=dropout_p,
+        return attention(q, k, v, is_token, self.backend, dropout_p=dropout_p,
                          chunk_size=self.chunk_size, window=self.window)
 
 
-def unpad(x: Tensor, keep: Tensor) -> Tensor:
-    """(B, T, ...) -> (N, ...): the N real tokens (`keep` True), in row-major order.
+def unpad(x: Tensor, is_token: Tensor) -> Tensor:
+    """(B, T, ...) -> (N, ...): the N real tokens (`is_token` True), in row-major order.
 
     Unpadding, as in MosaicBERT (Portes et al. 2023) and ModernBERT (Warner et al. 2024):
     every layer but attention works on each token alone (embeddings' norm, projections,
@@ -207,25 +207,25 @@ def unpad(x: Tensor, keep: Tensor) -> Tensor:
     save the work of the padding (docs/machine-room.md says what it buys). The real
     tokens' outputs are exactly the same.
     """
-    return x[keep]
+    return x[is_token]
 
 
-def repad(x: Tensor, keep: Tensor) -> Tensor:
+def repad(x: Tensor, is_token: Tensor) -> Tensor:
     """(N, ...) -> (B, T, ...): each real token back in its (b, t) slot, zeros at padding.
 
     The padded positions of the encoder's output are therefore zeros, whatever the model.
     """
-    full = x.new_zeros(*keep.shape, *x.shape[1:])
-    full[keep] = x
+    full = x.new_zeros(*is_token.shape, *x.shape[1:])
+    full[is_token] = x
     return full
 
 
-def padded(x: Tensor, keep: Optional[Tensor]) -> Tensor:
+def padded(x: Tensor, is_token: Optional[Tensor]) -> Tensor:
     """The encoder's state in the (B, T, H) layout, zeros at padding: repadded from (N, H),
     or masked where a traced graph kept the padding in place (see `BertModel.forward`)."""
-    if keep is None:
+    if is_token is None:
         return x
-    return repad(x, keep) if x.dim() == 2 else x.masked_fill(~keep[..., None], 0.0)
+    return repad(x, is_token) if x.dim() == 2 else x.masked_fill(~is_token[..., None], 0.0)
 
 
 class FeedForward(nn.Module):
@@ -272,10 +272,10 @@ class Block(nn.Module):
         self.ffn_norm = _layer_norm(config)
         self.drop = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, x: Tensor, keep: Optional[Tensor], positions: Optional[Tensor] = None,
+    def forward(self, x: Tensor, is_token: Optional[Tensor], positions: Optional[Tensor] = None,
                 output_attentions: bool = False) -> tuple[Tensor, Optional[Tensor]]:
-        """x: (N, H), the real tokens of a batch whose mask `keep` (B, T) has padding (see
-        `unpad`), or (B, T, H): a batch without padding (`keep` None), or a traced graph's
+        """x: (N, H), the real tokens of a batch whose mask `is_token` (B, T) has padding (see
+        `unpad`), or (B, T, H): a batch without padding (`is_token` None), or a traced graph's
         padded batch; positions: RoPE's (B, T) or (1, T), or None (see `SelfAttention`).
         Same shape out, and the attention probabilities when asked for."""
         if self.pre_norm:
@@ -288,12 +288,12 @@ class Block(nn.Module):
             # at the last layers are large at initialisation, which is why original BERT
             # needs warmup and can diverge at high learning rates.
             h = x if self.attn_norm is None else self.attn_norm(x)
-            a, probs = self.attn(h, keep, positions, output_attentions)
+            a, probs = self.attn(h, is_token, positions, output_attentions)
             x = x + self.drop(a)
             x = x + self.drop(self.ffn(self.ffn_norm(x)))
         else:
             # Post-LN, the original BERT (and transformers' layout): add, then normalise.
-            a, probs = self.attn(x, keep, positions, output_attentions)
+            a, probs = self.attn(x, is_token, positions, output_attentions)
             x = self.attn_norm(x + self.drop(a))
             x = self.ffn_norm(x + self.drop(self.ffn(x)))
         return x, probs  # x: (N, H) or (B, T, H), as it came
@@ -349,39 +349,39 @@ class BertModel(PretrainedMixin, nn.Module):
         check_inputs(self.config, input_ids, attention_mask, token_type_ids,
                      pooler=self.pooler is not None, position_ids=position_ids,
                      inputs_embeds=inputs_embeds)
-        keep = None if attention_mask is None else attention_mask.bool()  # (B, T)
+        is_token = None if attention_mask is None else attention_mask.bool()  # (B, T)
         # Unpadding needs N, the number of real tokens, which a graph traced by torch.compile
         # or torch.export cannot know: a traced graph keeps the padded layout, its padding
         # keys hidden by attention's bias (the same outputs). Eagerly, a mask with no padding
         # is dropped here, once for all layers: attention then gets no bias at all, which on
         # CUDA lets SDPA choose FlashAttention (any attn_mask rules it out, and MLMCollator
-        # always returns one). `keep.all()` is one host-device sync per forward, and the
+        # always returns one). `is_token.all()` is one host-device sync per forward, and the
         # decision whether to unpad needs the same answer anyway.
-        unpadding = keep is not None and not torch.compiler.is_compiling()
-        if unpadding and bool(keep.all()):
-            keep, unpadding = None, False
+        unpadding = is_token is not None and not torch.compiler.is_compiling()
+        if unpadding and bool(is_token.all()):
+            is_token, unpadding = None, False
         x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, H)
         # Learned positions were added above; rotary ones turn queries and keys in each block.
         positions = position_ids if self.config.position == "rope" else None
-        hidden = (padded(x, keep),) if output_hidden_states else None
+        hidden = (padded(x, is_token),) if output_hidden_states else None
         attentions = () if output_attentions else None
         if unpadding:
-            x = unpad(x, keep)  # (N, H): the blocks skip the padding (see `unpad`)
+            x = unpad(x, is_token)  # (N, H): the blocks skip the padding (see `unpad`)
         for block in self.blocks:
-            x, probs = self._run_block(block, x, keep, positions, output_attentions)
+            x, probs = self._run_block(block, x, is_token, positions, output_attentions)
             if hidden is not None:
-                hidden += (padded(x, keep),)
+                hidden += (padded(x, is_token),)
             if attentions is not None:
                 attentions += (probs,)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        x = padded(x, keep)  # (B, T, H)
+        x = padded(x, is_token)  # (B, T, H)
         if hidden is not None:
             hidden = hidden[:-1] + (x,)  # the last state is the output, after the final norm
         pooled = None if self.pooler is None else torch.tanh(self.pooler(x[:, 0]))  # (B, H)
         return returned(BertOutput(x, pooled, hidden, attentions), return_dict)
 
-    def _run_block(self, block: Block, x: Tensor, keep: Optional[Tensor],
+    def _run_block(self, block: Block, x: Tensor, is_token: Optional[Tensor],
                    positions: Optional[Tensor],
                    output_attentions: bool) -> tuple[Tensor, Optional[Tensor]]:
         """One block, or under gradient checkpointing (Chen et al. 2016, "Training Deep Nets
@@ -390,9 +390,9 @@ class BertModel(PretrainedMixin, nn.Module):
         the gradients are exactly those of a plain step, and a step keeps only the blocks'
         inputs, at the price of one more forward."""
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-            return checkpoint(block, x, keep, positions, output_attentions,
+            return checkpoint(block, x, is_token, positions, output_attentions,
                               **self.checkpoint_kwargs)
-        return block(x, keep, positions, output_attentions)
+        return block(x, is_token, positions, output_attentions)
 
 
 def _layer_norm(config: BertConfig) -> nn.LayerNorm:

@@ -183,8 +183,8 @@ def sample_pairs(paradigms: Mapping[str, Sequence[MinimalPair]], max_pairs: Opti
 
     out = {}
     for name, pairs in paradigms.items():
-        keep = sorted(sorted(range(len(pairs)), key=rank)[:max_pairs])
-        out[name] = [pairs[i] for i in keep]
+        chosen = sorted(sorted(range(len(pairs)), key=rank)[:max_pairs])
+        out[name] = [pairs[i] for i in chosen]
     return out
 
 

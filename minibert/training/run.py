@@ -24,7 +24,7 @@ from ..machine.swap import fast
 from ..machine.memory import reset_peak_memory
 from ..machine.meters import (StepMeter, flops_per_token, matmul_weights,
                               parameter_flops_per_token, stated_ceiling)
-from ..machine.precision import keep_precision, resolve_precision
+from ..machine.precision import run_precision, resolve_precision
 from .distributed import DistContext, max_over_ranks, unwrap
 from .evaluation import checked_scores, eval_batches, evaluate, numbers
 from .optim import build_optimizer, lr_at, resolve_warmup
@@ -207,7 +207,7 @@ def start_run(model: nn.Module, train_set: Dataset, collate: Callable, cfg: Trai
         if ctx.rank > 0:  # DDP puts rank 0's weights everywhere; dropout must differ by rank
             set_seed(rank_seed(cfg.seed, ctx.rank))
     state.precision = state.precision or precision  # a resume keeps the run's precision
-    precision = keep_precision(state.precision, cfg.precision, precision, device, ctx.is_main)
+    precision = run_precision(state.precision, cfg.precision, precision, device, ctx.is_main)
     peak = (stated_ceiling(cfg.peak_flops, device, precision, ctx.world_size)
             if ctx.is_main else 0.0)  # only rank 0 logs MFU
     batches.seek(state.epoch, state.consumed)
