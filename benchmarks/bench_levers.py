@@ -27,7 +27,7 @@ on an AVX2 CPU: there the bf16 step, its profile and the bf16 matmul rows (atten
 skipped with a note, unless `--emulated-bf16` is passed; the fp32 rows and the dropout and
 statistics rows, which do no bf16 matmul, still run.
 
-Every variant is a `minibert.fast` model, as `train()` trains. The "before" of the dropout
+Every variant is a `minibert.fast` model, as the scripts train. The "before" of the dropout
 lever puts torch's `nn.Dropout` and the textbook's attention layer back into it (the layer
 whose dropout, in the `math` form, is `F.dropout`, and whose `sdpa` is torch's kernel as it
 is); nothing else differs between the variants. The "after" keeps the fast model's dropout,

@@ -139,6 +139,7 @@ def run_in_process(norm: str, warmup: int, lr: float, args, data) -> dict:
                           log_every=1,  # every step, so a divergence is dated exactly
                           eval_every=args.eval_every, eval_batches=args.eval_batches,
                           progress=False, peak_flops=1e11)  # MFU is not the question here
+        minibert.fast(model)  # the CPU kernels, as the scripts train
         try:
             train(model, train_set, MLMCollator(tok, mlm_probability=0.15, seed=args.seed),
                   cfg, out, eval_set=eval_set, overwrite=True)

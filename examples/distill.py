@@ -197,6 +197,7 @@ def run(args, ctx, p: SimpleNamespace) -> None:
              args.teacher, rows["teacher"]["parameters"] / 1e6, args.student_preset,
              n_student / 1e6, args.alpha, args.temperature)
     cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)  # on by default on a CPU
+    minibert.fast(distiller)  # the CPU kernels, swapped in (docs/machine-room.md)
     distilled = train(distiller, train_set, collate, cfg, args.out, ctx=ctx,
                       resume=args.resume, data_identity=p.distill_identity,
                       eval_fn=lambda m, precision: mlm_metrics(m.student, precision))
@@ -208,6 +209,7 @@ def run(args, ctx, p: SimpleNamespace) -> None:
     minibert.set_seed(args.seed, deterministic=args.deterministic)
     plain = student_model(args, p.student)
     base_out = p.base_out
+    minibert.fast(plain)
     baseline = train(plain, train_set, collate, cfg, base_out, ctx=ctx,
                      resume=p.base_resumed, overwrite=args.resume and not p.base_resumed,
                      data_identity=p.identity, eval_fn=mlm_metrics)

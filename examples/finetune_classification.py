@@ -135,6 +135,7 @@ def run(args, ctx, p: SimpleNamespace) -> None:
         return finetune.task_scores(task, pred, p.eval_set)
 
     cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)
+    minibert.fast(model)  # the CPU kernels, swapped in (docs/machine-room.md)
     result = train(model, p.train_set, collate, cfg, args.out, ctx=ctx, resume=args.resume,
                    lengths=[len(f["input_ids"]) for f in p.train_set], eval_fn=eval_fn,
                    data_identity=p.identity)

@@ -205,6 +205,7 @@ def run(args, ctx, p: SimpleNamespace) -> None:
                 "tasks": scores}
 
     cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)
+    minibert.fast(model)  # the CPU kernels, swapped in (docs/machine-room.md)
     result = train(model, train_set, collate, cfg, args.out, ctx=ctx, resume=args.resume,
                    eval_fn=eval_fn, data_identity=p.identity, batches=batches)
     if not cli.finished(result, ctx, cfg.lr, model, args.out):

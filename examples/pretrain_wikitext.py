@@ -93,7 +93,7 @@ def main(argv=None) -> int:
             identity["--eval-blimp"] = pretrain.blimp_digest(blimp)
         train_set, eval_set = data.splits[args.train_split], data.splits[args.eval_split]
 
-        model = build_model(args, tok)
+        model = minibert.fast(build_model(args, tok))  # the CPU kernels (machine-room.md)
         log.info("model: %s, %.1fM parameters; %d training blocks of %d tokens",
                  args.init_from or args.preset, sum(p.numel() for p in model.parameters()) / 1e6,
                  len(train_set), args.seq_len)

@@ -177,3 +177,26 @@ def test_dropout_statistics_gradient_and_reproducibility():
     assert yb.dtype == torch.bfloat16 and abs((yb == 0).float().mean().item() - 0.5) < 0.005
 
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window, dropout_p", [(None, 0.0), (12, 0.0), (None, 0.2)])
+def test_the_machine_rooms_tile_buffers_give_the_plain_tiles_values(dtype, window, dropout_p):
+    """`kernels.TileBuffers` (what `minibert.fast` gives chunked attention on a CPU) writes
+    each tile's products into buffers made once; the textbook's `Tiles` makes them fresh. The
+    outputs and the gradients are the same, bit for bit."""
+    from minibert.machine.kernels import TileBuffers
+    from minibert.model.attention import Tiles
+
+    q, k, v = _qkv(T=40, dtype=dtype)
+    is_token = _keep(2, 40, [40, 29])
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    results = []
+    for tiles in (Tiles, TileBuffers):
+        torch.manual_seed(0)  # the dropout seed
+        qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        out = attention(qq, kk, vv, is_token, "chunked", dropout_p=dropout_p, chunk_size=16,
+                        window=window, tiles=tiles)
+        out.backward(grad)
+        results.append((out, qq.grad, kk.grad, vv.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*results))

@@ -1,6 +1,6 @@
 """`minibert.fast(model)` swaps the CPU kernels into a plain model from outside
 (machine/swap.py): in place, the same weights and state_dict, the same losses and gradients
-as the plain model, and `train()` does it for every model it trains."""
+as the plain model. `train()` trains the model as it is given; the scripts call `fast`."""
 
 import ast
 import copy
@@ -55,15 +55,60 @@ def test_fast_swaps_in_place_keeping_the_weights_and_leaving_your_modules_alone(
     assert again == [type(m) for m in model.modules()]  # a second call changes nothing
 
 
-def test_train_swaps_the_kernels_into_the_model_it_trains(tmp_path):
+def test_train_trains_the_model_as_it_is_given(tmp_path):
+    """No class of the user's modules is rewritten by `train()`: the model read is the model
+    that runs."""
     from engine_utils import collator, tiny_corpus, tiny_model, train_config
 
     tok, ds = tiny_corpus(tmp_path)
     model = tiny_model(tok, dropout=0.1)
-    assert swap.FastMLMHead not in {type(m) for m in model.modules()}
+    before = [type(m) for m in model.modules()]
     minibert.train(model, ds, collator(tok), train_config(max_steps=1, warmup=0), tmp_path / "run")
-    assert {swap.Dropout, swap.FastSelfAttention, swap.TiedLookup, swap.FastMLMHead} <= \
-        {type(m) for m in model.modules()}
+    assert [type(m) for m in model.modules()] == before
+
+
+@pytest.mark.parametrize("script", ["pretrain_wikitext", "glue"])
+def test_the_scripts_train_a_fast_model(script, tmp_path, monkeypatch):
+    """The kernels come in where the scripts call `minibert.fast`, just before `train()`."""
+    from engine_utils import load_example
+    from minibert.training import engine
+
+    seen = []
+    real_train = engine.train
+
+    def spy(model, *args, **kwargs):
+        seen.append({type(m) for m in model.modules()})
+        return real_train(model, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "train", spy)
+    if script == "pretrain_wikitext":
+        from engine_utils import wikitext_folder
+
+        module = load_example(script)
+        monkeypatch.setattr(module, "train", spy)
+        (tmp_path / "wt").mkdir()
+        wikitext_folder(tmp_path / "wt", sizes=(("train", 12), ("valid", 4)))
+        argv = ["--data-dir", str(tmp_path / "wt"), "--out", str(tmp_path / "out"),
+                "--cache-dir", str(tmp_path / "cache"), "--preset", "tiny", "--vocab-size",
+                "100", "--seq-len", "16", "--batch-size", "4", "--max-steps", "1",
+                "--eval-batches", "1", "--no-progress", "--precision", "fp32"]
+        assert module.main(argv) == 0
+    else:
+        from minibert.cli import glue
+        from test_glue import make_glue
+
+        monkeypatch.setattr(glue, "train", spy)
+        tok = minibert.Tokenizer.train_from_iterator(
+            [f"the cat {i} sat on the mat {i % 7}" for i in range(200)], vocab_size=80)
+        config = minibert.BertConfig.preset("tiny", vocab_size=tok.vocab_size,
+                                            pad_token_id=tok.pad_id, hidden_dropout=0.1)
+        minibert.BertForMaskedLM(config).save_pretrained(tmp_path / "model", tokenizer=tok)
+        argv = ["--init-from", str(tmp_path / "model"), "--out", str(tmp_path / "out"),
+                "--glue-dir", str(make_glue(tmp_path / "glue", tasks=("MRPC",), n_train=16,
+                                            n_dev=8)),
+                "--batch-size", "8", "--seq-len", "32", "--epochs", "1", "--no-progress"]
+        assert load_example(script).main(argv) == 0
+    assert seen and all({swap.Dropout, swap.FastSelfAttention} <= kinds for kinds in seen)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -183,3 +228,28 @@ def test_a_fast_model_saves_and_checkpoints_as_its_plain_class(tmp_path):
     opt = torch.optim.AdamW(fast.parameters())
     saved = TrainState(optimizer=opt, scaler=torch.amp.GradScaler("cpu", enabled=False))
     assert saved.state_dict(fast, minibert.TrainConfig(), {})["model_class"] == "BertForMaskedLM"
+
+
+def test_a_fast_chunked_model_tiles_through_the_buffers_with_the_plain_results(monkeypatch):
+    made = []
+
+    class Counted(kernels.TileBuffers):
+        def __init__(self, like):
+            made.append(like.shape)
+            super().__init__(like)
+
+    monkeypatch.setattr(swap, "TileBuffers", Counted)
+    plain, fast = _pair(attention="chunked", attention_chunk_size=8, hidden_dropout=0.0,
+                        attention_dropout=0.0)  # the fast dropout draws other masks
+    ids, mask = random_batch(B=2, T=20, pad_from=13)
+    labels = torch.where(torch.rand(ids.shape, generator=torch.Generator().manual_seed(2))
+                         < 0.3, ids, -100)
+    outs = []
+    for model in (plain, fast):
+        torch.manual_seed(0)
+        loss = model(ids, mask, labels=labels).loss
+        loss.backward()
+        outs.append([loss] + [p.grad for p in model.parameters()])
+    assert made  # the fast model's chunked attention ran through the buffers
+    for a, b in zip(*outs):  # the other kernels sum in another order (the tests above)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -388,7 +388,7 @@ def test_a_run_that_fails_at_its_first_step_leaves_out_as_it_found_it(
     def cannot(*args, **kwargs):
         raise ValueError("this batch cannot be computed")
 
-    monkeypatch.setattr(minibert.training.engine, "_accumulate", cannot)
+    monkeypatch.setattr(minibert.training.engine, "loss_of", cannot)
     assert "cannot be computed" in _one_line(capsys, script,
                                              script_argv(script, inputs, out, *flags))
     if resume:

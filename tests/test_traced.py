@@ -252,7 +252,7 @@ def test_gradient_checkpointing_switches_every_encoder_and_keeps_nothing_between
 @pytest.mark.parametrize("preset,head", [("tiny", "BertForSequenceClassification"),
                                          ("modernbert-tiny", "BertForMaskedLM")])
 def test_compile_traces_a_fast_training_step_with_dropout_whole(preset, head):
-    """Dropout on, as the presets train, and the CPU kernels swapped in, as `train()` does
+    """Dropout on, as the presets train, and the CPU kernels swapped in, as the scripts do
     before compiling: the traced graph takes torch's dropout and plain autograd (minibert's
     CPU mask draws random bits in a way dynamo cannot trace), and breaks nowhere."""
     torch._dynamo.reset()

@@ -24,6 +24,7 @@ from ..data.sampler import batches_per_epoch
 from ..data.tasks import TaskCollator
 from ..data.tokenizer import Tokenizer
 from ..interop.hf import config_from_hf, read_config
+from ..machine.swap import fast
 from ..model.heads import BertForSequenceClassification
 from ..tasks.glue import GlueData, glue_average, glue_task_scores
 from ..tasks.predict import predict
@@ -97,6 +98,7 @@ def finetune_task(data: GlueData, tok: Tokenizer, init_from: Path, cfg: TrainCon
 
     identity = {"task": task.name, "train examples": len(train_set), "--seq-len": seq_len,
                 "tokenizer": tok.fingerprint, "random weights": random_weights}
+    fast(model)  # the CPU kernels, swapped in (docs/machine-room.md)
     result = train(model, train_set, collate, cfg, out, ctx=ctx, overwrite=overwrite,
                    lengths=[len(f["input_ids"]) for f in train_set], eval_fn=eval_fn,
                    data_identity=identity)

@@ -3,7 +3,7 @@
     kernels.py      hand-written CPU kernels, each beside the plain call it replaces and
                     proven equal to it by a test
     swap.py         `fast(model)`: those kernels swapped into a plain model from outside
-                    (`train()` calls it), so the textbook's forward stays plain PyTorch
+                    (the scripts call it), so the textbook's forward stays plain PyTorch
     memory.py       the C allocator (glibc's free memory) and oneDNN's kernel cache
     precision.py    fp32, bf16 or fp16: what the device computes well, and autocast
     meters.py       throughput, FLOPs per token and MFU against a stated ceiling

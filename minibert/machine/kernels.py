@@ -151,8 +151,9 @@ class _TiedLookup(torch.autograd.Function):
 
 class TileBuffers:
     """The tile-sized buffers of one chunked-attention pass, made once and written again by
-    every tile; replaces a fresh `a @ b` (and its fp32 copy) per tile in
-    `attention.chunked_attention`, with the same values (tests/test_attention.py). A fresh
+    every tile; in a model `fast` has swapped (swap.FastSelfAttention), it replaces
+    `attention.Tiles`' fresh `a @ b` (and its fp32 copy) per tile, with the same values
+    (tests/test_attention.py). A fresh
     (B, nh, cq, ck) tensor per tile is thousands of allocations at long lengths, each mapped
     and zeroed page by page where glibc hands it back (machine room, §7). At most four
     shapes: full tiles, and the shorter last row and column blocks.

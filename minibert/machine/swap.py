@@ -1,6 +1,6 @@
 """`fast(model)`: minibert's CPU kernels, swapped into a model from outside.
 
-The model's files are plain PyTorch. Training on a CPU, four of their calls have faster
+The model's files are plain PyTorch. Training on a CPU, five of their calls have faster
 equivalents in kernels.py that compute the same thing (docs/machine-room.md, §2 and §6):
 
     the textbook's call                              the kernel, on a CPU
@@ -10,13 +10,15 @@ equivalents in kernels.py that compute the same thing (docs/machine-room.md, §2
       no dropout; its fallback is that formula)
     the word lookup and the tied MLM decoder         `kernels.TiedWordGradient`
     the sparse MLM head on its N predicted rows      N rounded up (`kernels.round_up_rows`)
+    chunked attention's fresh tile per product       tile buffers made once (`kernels.TileBuffers`)
 
 `fast` gives each module that makes one of those calls a subclass of its own class that
 makes the kernel's call instead, in place, as `torch.nn.utils.parametrize` swaps a class:
 parameters, buffers, your hooks, devices and the state_dict stay as they are. Elsewhere
 (a GPU, a graph that torch.compile or torch.export traces) each subclass makes the plain call.
-`train()` calls `fast` (training/run.py); a loop of your own calls it once, before
-`torch.compile` and DDP. tests/test_fast.py checks it against the plain model.
+`train()` trains the model as it is given; the scripts call `fast` on the models they build,
+and a loop of your own calls it once, before `torch.compile` and DDP. tests/test_fast.py
+checks it against the plain model.
 """
 from __future__ import annotations
 
@@ -26,11 +28,12 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from ..model.attention import attention_bias, attention_probs
+from ..model.attention import attention, attention_bias, attention_probs
 from ..model.config import BertConfig
 from ..model.heads import BertForMaskedLM, MLMHead, Transform
 from ..model.model import SelfAttention
-from .kernels import TiedWordGradient, dropout, round_up_rows, tied_word_gradient
+from .kernels import (TiedWordGradient, TileBuffers, dropout, round_up_rows,
+                      tied_word_gradient)
 
 
 def fast(model: nn.Module) -> nn.Module:
@@ -64,10 +67,14 @@ class Dropout(nn.Dropout):
 class FastSelfAttention(SelfAttention):
     """Attention's dropout drawn by `kernels.dropout` where torch would run the formula
     anyway: the math form, and SDPA in fp32 on a CPU. bf16 keeps torch's fallback, which
-    holds the scores and the softmax in fp32."""
+    holds the scores and the softmax in fp32. Chunked attention on a CPU writes its tiles
+    into buffers made once per pass (`kernels.TileBuffers`)."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, is_token: Optional[Tensor],
                dropout_p: float) -> Tensor:
+        if self.backend == "chunked" and q.device.type == "cpu":
+            return attention(q, k, v, is_token, "chunked", dropout_p, self.chunk_size,
+                             self.window, tiles=TileBuffers)
         formula = self.backend == "math" or (self.backend == "sdpa" and
                                              q.dtype == torch.float32)
         if not (dropout_p > 0 and q.device.type == "cpu" and formula):

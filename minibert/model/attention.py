@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..machine.kernels import TileBuffers
 
 
 def window_bias(is_token: Optional[Tensor], T: int, window: int, dtype: torch.dtype,
@@ -136,9 +135,27 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
 # probabilities, as in BERT: the denominator l sums the probabilities *before* dropout.
 
 
+class Tiles:
+    """Each tile's products as fresh tensors: the plain form of the two calls the loops below
+    make per tile. (`minibert.fast` gives a model on a CPU `kernels.TileBuffers`, which writes
+    the same values into buffers made once per pass: machine room, §7.)"""
+
+    def __init__(self, like: Tensor) -> None:
+        pass
+
+    def matmul(self, name: str, a: Tensor, b: Tensor) -> Tensor:
+        """a @ b in the softmax statistics' dtype (fp32 for bf16/fp16 inputs, whose product
+        is rounded to their dtype first, as `math`'s scores are): (B, nh, rows, cols)."""
+        return (a @ b).to(_stats_dtype(a))
+
+    def low(self, x: Tensor, dtype: torch.dtype) -> Tensor:
+        """x in the matmul dtype."""
+        return x.to(dtype)
+
+
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
                       dropout_p: float = 0.0, chunk_size: int = 512,
-                      window: Optional[int] = None) -> Tensor:
+                      window: Optional[int] = None, tiles: type = Tiles) -> Tensor:
     """Exact attention whose training memory is O(T · chunk_size) instead of O(T²).
 
     Queries and keys are processed in tiles of `chunk_size` with an online softmax, and the
@@ -150,12 +167,13 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
     (B, nh, T, hs) x3 -> (B, nh, T, hs). Lengths need not be multiples of `chunk_size`.
     With a `window` (a local layer), tiles with no (query, key) pair within `window` of
     each other are never computed: the work grows as T · window instead of T².
+    `tiles`: the class that makes each tile's products (`Tiles`, fresh tensors).
     """
     # The dropout seed comes from torch's global generator, so `set_seed` makes it repeatable.
     seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
     if bias is not None:
         bias = bias.to(_stats_dtype(q))
-    return _ChunkedAttention.apply(q, k, v, bias, chunk_size, dropout_p, seed, window)
+    return _ChunkedAttention.apply(q, k, v, bias, chunk_size, dropout_p, seed, window, tiles)
 
 
 def _tile_keep_mask(seed: int, tile: int, shape: torch.Size, p: float, device: torch.device,
@@ -182,7 +200,7 @@ def _outside(rows: slice, cols: slice, T: int, window: Optional[int]) -> bool:
 
 
 def _scores(qs_i: Tensor, kj: Tensor, bias: Optional[Tensor], rows: slice, cols: slice,
-            window: Optional[int], tiles: TileBuffers) -> Tensor:
+            window: Optional[int], tiles: Tiles) -> Tensor:
     """One tile's scores from the pre-scaled queries `qs_i` = q_i / √hs, plus its bias:
     (B, nh, cq, ck), in the statistics dtype, in the tile buffer "s" (the next tile
     overwrites it). A tile that the window's edge cuts gets the dtype's minimum outside the
@@ -202,13 +220,14 @@ def _scores(qs_i: Tensor, kj: Tensor, bias: Optional[Tensor], rows: slice, cols:
 
 # The loops below keep the work outside each tile's two matmuls small: the scale is folded
 # into q once, the first key tile of a row block starts the running statistics instead of
-# rescaling zeros, the elementwise steps run in place in reused tile buffers
-# (`kernels.TileBuffers`), and dQ_i is summed in a local and scaled once.
+# rescaling zeros, the elementwise steps run in place in each tile's scores, and dQ_i is
+# summed in a local and scaled once.
 
 class _ChunkedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], chunk: int,
-                dropout_p: float, seed: int, window: Optional[int]) -> Tensor:
+                dropout_p: float, seed: int, window: Optional[int],
+                tiles_of: type = Tiles) -> Tensor:
         B, nh, T, hs = q.shape
         qs = q * (1.0 / math.sqrt(hs))  # the softmax scale, folded into q
         n_blocks = (T + chunk - 1) // chunk
@@ -216,7 +235,7 @@ class _ChunkedAttention(torch.autograd.Function):
         f32 = _stats_dtype(q)
         row_max = torch.empty(B, nh, T, 1, dtype=f32, device=q.device)  # m of each query row
         log_sum = torch.empty_like(row_max)  # log l of each query row
-        tiles = TileBuffers(q)
+        tiles = tiles_of(q)
         for i in range(n_blocks):
             rows = slice(i * chunk, (i + 1) * chunk)
             qs_i = qs[:, :, rows]  # (B, nh, cq, hs)
@@ -246,6 +265,7 @@ class _ChunkedAttention(torch.autograd.Function):
             log_sum[:, :, rows] = torch.log(row_sum)
         ctx.save_for_backward(q, k, v, bias, out, row_max, log_sum)
         ctx.chunk, ctx.dropout_p, ctx.seed, ctx.window = chunk, dropout_p, seed, window
+        ctx.tiles_of = tiles_of
         return out
 
     @staticmethod
@@ -260,7 +280,7 @@ class _ChunkedAttention(torch.autograd.Function):
         dq = torch.empty(q.shape, dtype=f32, device=q.device)  # (B, nh, T, hs)
         dk = torch.zeros_like(dq)  # (B, nh, T, hs)
         dv = torch.zeros_like(dq)  # (B, nh, T, hs)
-        tiles = TileBuffers(q)
+        tiles = ctx.tiles_of(q)
         # D_i = Σ_j P_ij dP_ij, the softmax Jacobian's correction, (B, nh, T, 1). It equals
         # rowsum(dO ∘ O) with dropout too: O = (P ∘ M) V for the scaled keep-mask M, and the
         # dP below is taken against P through that same M, so Σ_j P_ij M_ij (dO_i · V_j) is
@@ -282,7 +302,7 @@ class _ChunkedAttention(torch.autograd.Function):
                 dp = tiles.matmul("dp", d_oi, vj.transpose(-2, -1))  # (B, nh, cq, ck)
                 if dropout_p > 0:
                     survives = _tile_keep_mask(seed, i * n_blocks + j, p.shape, dropout_p,
-                                           q.device, p.dtype)
+                                               q.device, p.dtype)
                     dv[:, :, cols] += ((p * survives).transpose(-2, -1).to(q.dtype) @ d_oi).to(f32)
                     dp.mul_(survives)
                 else:
@@ -291,12 +311,12 @@ class _ChunkedAttention(torch.autograd.Function):
                 dq_i += (ds @ kj).to(f32)
                 dk[:, :, cols] += (ds.transpose(-2, -1) @ qs_i).to(f32)  # dSᵀ Q_i · scale
             dq[:, :, rows] = dq_i * scale
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, is_token: Optional[Tensor], backend: str,
               dropout_p: float = 0.0, chunk_size: int = 512,
-              window: Optional[int] = None) -> Tensor:
+              window: Optional[int] = None, tiles: type = Tiles) -> Tensor:
     """Dispatch to one backend. `is_token` is the (B, T) bool mask of real tokens, or None;
     `window`: a local layer's reach (query i sees keys j with |i - j| <= window), or None
     for global attention.
@@ -313,7 +333,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, is_token: Optional[Tensor], backe
     """
     if backend == "chunked" and not torch.compiler.is_exporting():
         bias = None if is_token is None else key_padding_bias(is_token, q.dtype)
-        return chunked_attention(q, k, v, bias, dropout_p, chunk_size, window)
+        return chunked_attention(q, k, v, bias, dropout_p, chunk_size, window, tiles)
     bias = attention_bias(is_token, q.size(2), window, q.dtype, q.device)
     if backend == "math":
         return math_attention(q, k, v, bias, dropout_p)

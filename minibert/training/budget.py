@@ -43,11 +43,11 @@ from ..data.mlm import count_targets
 from ..data.seq_warmup import schedule_lengths, truncate
 from ..machine.meters import synchronize
 from ..machine.precision import autocast_context
-from ..machine.swap import fast
 from .distributed import DistContext, all_gather_objects, unwrap
-from .engine import _accumulate
+from .engine import micro_step_weight
 from .evaluation import to_device
 from .optim import build_optimizer, resolve_warmup
+from .run import loss_of
 from .rng import rng_state, set_rng_state
 from .state import TrainConfig
 
@@ -193,19 +193,21 @@ def _timed(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCo
            repeats: int) -> tuple[dict[int, float], float]:
     """(seconds per step at each length, seconds per evaluation batch) on this rank."""
     device = ctx.device
-    copied = fast(copy.deepcopy(unwrap(model)).to(device).train())  # as train() runs it
+    copied = copy.deepcopy(unwrap(model)).to(device).train()  # as train() runs it
     optimizer = build_optimizer(copied, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     per_rank, micro = cfg.split_batch(ctx.world_size)
     examples = [train_set[i % len(train_set)] for i in range(per_rank)]
-    alone = DistContext(device=device)  # the copy is not in DDP: no collective to wait for
 
     def step(length: int) -> None:
         micros = [truncate(collate(examples[i:i + micro], epoch=0), length)
                   for i in range(0, per_rank, micro)]
         counts = [count_targets(b) for b in micros]
-        _accumulate(copied, micros, counts, max(sum(counts), 1), alone, precision, device,
-                    scaler)  # the engine's own forward and backward
+        for batch, n in zip(micros, counts):  # the engine's forward and backward
+            with autocast_context(precision, device):
+                mean = loss_of(copied(**to_device(batch, device)), copied)
+            weight = micro_step_weight(n, max(sum(counts), 1), 1) if n else 0.0
+            scaler.scale(mean * weight).backward()
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(copied.parameters(), cfg.max_grad_norm)
         scaler.step(optimizer)

@@ -1,27 +1,34 @@
 """The training loop: `train`, read top to bottom.
 
-One optimizer step of `train`:
+One optimizer step is one block of `train`, in the order it happens:
 
-    1. `batches.next()`: this rank's share of the next global batch, cut into micro-batches
+    1. `global_batch`: this rank's share of the next global batch, cut into micro-batches
        (and cut short during a sequence-length warmup, data/seq_warmup.py);
-    2. count the predicted tokens of the *whole* global batch (all micro-batches, all ranks);
+    2. count the predicted tokens of the *whole* global batch (all micro-batches, all ranks),
+       and set the rate of the warmup and decay schedule (`optim.lr_at`);
     3. forward + backward each micro-batch under autocast (`torch.autocast`, bf16 or fp16),
        scaling its loss so that the accumulated gradient is exactly that of the global batch
        (`micro_step_weight`), and through the grad scaler under fp16; while a GPU runs
        them, the CPU does 1-2 for the next step;
-    4. unscale (fp16), clip the gradient norm, and step AdamW at the rate of the warmup and
-       decay schedule (`lr_at`), unless something is non-finite (recovery.py);
-    5. log (loss, rate, gradient norm, tokens/s, MFU and peak memory), evaluate and
+    4. unscale (fp16), clip the gradient norm, and step AdamW, unless something is
+       non-finite (recovery.skip_step);
+    5. the counters: step, tokens, the data position, time;
+    6. log (loss, rate, gradient norm, tokens/s, MFU and peak memory), evaluate and
        checkpoint when due; stop cleanly on SIGTERM / SIGINT.
+
+tests/test_step.py writes steps 1-4 out by hand in a plain loop and gets `train`'s weights
+bit for bit. `train` trains the model it is given as it is: the CPU kernels come in where
+`minibert.fast(model)` is called (the scripts call it).
 
 Everything that moves during a run is in one `TrainState` (step, tokens, data position,
 counters), saved and restored whole (state.py). The run around the loop attaches at named
 points, each in a file of its own, and a first reading can skip them all:
     start_run / finish_run  the start (seeds, AdamW, the scaler, precision, resume or a
                             claimed folder, the meter) and the result (run.py)
-    run.evaluate, run.save  evaluation (evaluation.py) and checkpoints (resume.py)
+    run.log_step, run.evaluate, run.save
+                            the log row, evaluation (evaluation.py), checkpoints (resume.py)
     StopFlag                SIGTERM / SIGINT end the step in progress (signals.py)
-    back_off, skip_step     an out-of-memory step retried smaller; a non-finite one skipped
+    run.back_off, skip_step an out-of-memory step retried smaller; a non-finite one skipped
                             (recovery.py)
     release_freed_memory    the C allocator's free memory handed back (machine/memory.py)
 """
@@ -34,11 +41,10 @@ import math
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.nn as nn
-from torch import Tensor
 from torch.utils.data import Dataset
 
 from ..atomic import PathLike
@@ -46,7 +52,6 @@ from ..data.mlm import count_targets, count_tokens
 from ..data.sampler import GlobalBatches
 from ..data.seq_warmup import cut_for_step
 from ..machine.memory import release_freed_memory
-from ..machine.meters import say_if_beaten
 from ..machine.precision import autocast_context
 from .distributed import DistContext, all_reduce_sum, max_over_ranks, sum_over_ranks
 from .evaluation import to_device
@@ -127,6 +132,8 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                                eval_fn, resume, overwrite, dict(data_identity or {}),
                                lengths, batches)
         cfg = run.cfg  # with the run's horizon (decay_steps)
+        model, optimizer, scaler = run.model, run.optimizer, run.scaler  # DDP-wrapped model
+        device, precision, world = ctx.device, run.precision, ctx.world_size
         scores: Optional[Mapping[str, Any]] = None  # the last evaluation's, returned whole
         stop_signal: Optional[int] = None
         if run.evaluates and cfg.eval_at_start and state.step == 0:  # the "before" row
@@ -135,35 +142,80 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             upcoming = None  # the next step's batch, cut while this one computes
             while state.step < cfg.max_steps:
                 step_start = time.perf_counter()
-                # ---- 1-2: the global batch, its micro-batches and its number of targets
+                # ---- 1-2: this rank's micro-batches of the global batch, and its targets
                 (position, micros, counts, n_global), upcoming = \
-                    upcoming or _global_batch(run, state, state.step + 1), None
-                set_lr(run.optimizer, run.lr(state.step + 1))  # warmup, then decay: lr_at
-                # ---- 3: forward + backward, gradients accumulate over micro-batches
+                    upcoming or global_batch(run, state, state.step + 1), None
+                set_lr(optimizer, run.lr(state.step + 1))  # warmup, then decay: lr_at
+                # ---- 3: forward + backward; the gradients accumulate over the micro-batches
+                loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # token losses
                 try:
-                    loss_sum = _accumulate(run.model, micros, counts, n_global, ctx,
-                                           run.precision, ctx.device, run.scaler)
+                    for i, (batch, n) in enumerate(zip(micros, counts)):
+                        # DDP all-reduces the gradients in backward; before the last
+                        # micro-batch that is wasted communication: no_sync() defers it.
+                        last = i == len(micros) - 1
+                        with (contextlib.nullcontext() if last or world == 1
+                              else model.no_sync()):
+                            with autocast_context(precision, device):
+                                mean = loss_of(model(**to_device(batch, device)), model)
+                            if n == 0:  # no target here: a zero loss, for DDP's all-reduce
+                                loss = mean * 0.0  # (a mean over no targets is NaN)
+                            else:  # the micro-batch's share of the global batch's mean
+                                loss = mean * micro_step_weight(n, n_global, world)
+                                loss_sum += mean.detach().double() * n
+                            scaler.scale(loss).backward()  # scaled under fp16 alone
                 except torch.OutOfMemoryError:  # the same global batch, in smaller pieces
                     run.back_off(state, micros[0], position)
                     continue
                 # cut the next batch while a GPU runs the queued kernels (nanoGPT's loop)
                 if state.step + 1 < cfg.max_steps:
-                    upcoming = _global_batch(run, state, state.step + 2)
-                # ---- 4: clip and step, unless something is not finite; then the counters
-                step = _clip_and_step(run, state, micros, loss_sum, n_global, stop)
-                _count_step(run, state, step, micros, n_global, step_start,
-                            upcoming[0] if upcoming else run.batches.position())
-                # ---- 5: log, evaluate, save
-                _log_step(run, state, step)
+                    upcoming = global_batch(run, state, state.step + 2)
+                # ---- 4: unscale, clip, and step AdamW, unless something is not finite
+                scaler.unscale_(optimizer)  # true gradients before clipping (fp16)
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(run.raw.parameters(),
+                                                                 cfg.max_grad_norm))
+                # one all-reduce: the loss, the tokens, and whether a rank was signalled
+                totals = all_reduce_sum(torch.tensor(
+                    [float(loss_sum), float(sum(count_tokens(b) for b in micros)),
+                     float(stop.signal is not None)], dtype=torch.float64, device=device),
+                    ctx).tolist()
+                loss = totals[0] / max(n_global, 1)  # a batch with no targets has loss 0
+                if math.isfinite(loss) and (math.isfinite(grad_norm) or precision == "fp16"):
+                    # fp16: an overflow in the *scaled* gradients is the scaler's business:
+                    # it skips the step and halves the scale, counted as skipped, but it is
+                    # calibration, not divergence, so it brings no stop nearer.
+                    scale = scaler.get_scale() if scaler.is_enabled() else 0.0
+                    try:
+                        scaler.step(optimizer)  # the first step allocates AdamW's state
+                    except torch.OutOfMemoryError as error:
+                        raise optimizer_out_of_memory(error, state, device) from None
+                    scaler.update()
+                    if scaler.is_enabled() and scaler.get_scale() < scale:
+                        state.skipped += 1
+                    state.bad_steps = 0
+                else:  # recovery.skip_step: counted; too many in a row stop the run
+                    skip_step(optimizer, scaler, state, cfg, loss, grad_norm, run.ckpt_root)
+                optimizer.zero_grad(set_to_none=True)
+                # ---- 5: the counters: step, tokens, where the next batch comes from, time
+                state.step += 1
+                state.tokens_seen += int(totals[1])
+                next_at = upcoming[0] if upcoming else run.batches.position()
+                state.epoch, state.consumed = next_at["epoch"], next_at["consumed"]
+                seconds = time.perf_counter() - step_start
+                state.train_seconds += seconds
+                run.meter.add(int(totals[1]), seconds, run.flops(
+                    micros[0]["input_ids"].shape[1], int(totals[1]), n_global))
+                # ---- 6: log, evaluate, save, and stop on a signal (any rank's)
+                run.log_step(state, loss, grad_norm)
                 if run.evaluates and state.due(cfg.eval_every) and state.step < cfg.max_steps:
                     scores = run.evaluate(state)
                     run.log_eval(state, scores)
-                if (state.due(cfg.save_every) and state.bad_steps == 0) or step.stopping \
+                stopping = totals[2] > 0
+                if (state.due(cfg.save_every) and state.bad_steps == 0) or stopping \
                         or state.step == cfg.max_steps:
                     run.save(state)
                 if cfg.release_memory and state.step % RELEASE_EVERY == 0:
                     release_freed_memory()
-                if step.stopping:  # ---- 6: this rank's signal, or another's (by the all-reduce)
+                if stopping:
                     stop_signal = stop.signal or signal.SIGTERM
                     logger.warning("stopped by signal at step %d; checkpoint saved, resume "
                                    "with --resume", state.step)
@@ -172,18 +224,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
         return finish_run(run, state, scores, stop_signal)
 
 
-# ---- the steps of the loop, in its order ---------------------------------------------------
-
-class _Step(NamedTuple):
-    """What one optimizer step reports to the rest of the loop."""
-
-    loss: float  # the global batch's mean loss over its predicted tokens
-    grad_norm: float  # before clipping
-    tokens: int  # non-padding tokens of the global batch, over all ranks
-    stopping: bool  # a signal reached some rank: save and return
-
-
-def _global_batch(run: Run, state: TrainState, step: int) -> tuple[dict, list, list, int]:
+def global_batch(run: Run, state: TrainState, step: int) -> tuple[dict, list, list, int]:
     """Global batch `step`: the data's position before it, this rank's micro-batches (cut
     short during a sequence-length warmup), the targets of each, and of the whole batch."""
     position = run.batches.position()
@@ -191,7 +232,7 @@ def _global_batch(run: Run, state: TrainState, step: int) -> tuple[dict, list, l
     examples = [run.train_set[i] for i in indices]
     micro = run.micro_batch(state)
     # An epoch's last batch may be smaller (data/sampler.py): its micro-batches are then
-    # fewer or smaller, and the weights of `_accumulate` still make its gradient exact.
+    # fewer or smaller, and micro_step_weight still makes its gradient exact.
     micros = [checked_batch(run.collate(examples[i:i + micro], epoch=epoch))
               for i in range(0, len(examples), micro)]
     run.widest = max([run.widest] + [b["input_ids"].shape[1] for b in micros])  # time_left's
@@ -205,95 +246,3 @@ def _global_batch(run: Run, state: TrainState, step: int) -> tuple[dict, list, l
     counts = [count_targets(b) for b in micros]
     n_global = sum_over_ranks(sum(counts), run.ctx)
     return position, micros, counts, n_global
-
-
-def _clip_and_step(run: Run, state: TrainState, micros: list[dict], loss_sum: Tensor,
-                   n_global: int, stop: StopFlag) -> _Step:
-    """Unscale, clip, and step AdamW, or skip a step whose loss or gradient is not finite
-    (recovery.skip_step); one all-reduce tells every rank the loss, the tokens and whether
-    any rank was signalled."""
-    optimizer, scaler, device = run.optimizer, run.scaler, run.ctx.device
-    scaler.unscale_(optimizer)  # true gradients before clipping (no-op unless fp16)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.raw.parameters(),
-                                                     run.cfg.max_grad_norm))
-    local_tokens = sum(count_tokens(b) for b in micros)
-    totals = all_reduce_sum(torch.tensor(
-        [float(loss_sum), float(local_tokens), float(stop.signal is not None)],
-        dtype=torch.float64, device=device), run.ctx).tolist()
-    loss = totals[0] / max(n_global, 1)  # a batch with no targets has loss 0
-    if math.isfinite(loss) and (math.isfinite(grad_norm) or run.precision == "fp16"):
-        _optimizer_step(optimizer, scaler, state, device)
-    else:
-        skip_step(optimizer, scaler, state, run.cfg, loss, grad_norm, run.ckpt_root)
-    optimizer.zero_grad(set_to_none=True)
-    return _Step(loss, grad_norm, int(totals[1]), totals[2] > 0)
-
-
-def _count_step(run: Run, state: TrainState, step: _Step, micros: list[dict], n_global: int,
-                step_start: float, position: dict[str, int]) -> None:
-    """The counters of a step taken (or skipped): step, tokens, data position (where the
-    next batch comes from), time, and the step's model FLOPs for the meter."""
-    state.step += 1
-    state.tokens_seen += step.tokens
-    state.epoch, state.consumed = position["epoch"], position["consumed"]
-    seconds = time.perf_counter() - step_start
-    state.train_seconds += seconds
-    run.meter.add(step.tokens, seconds,
-                  run.flops(micros[0]["input_ids"].shape[1], step.tokens, n_global))
-
-
-def _log_step(run: Run, state: TrainState, step: _Step) -> None:
-    """The progress bar, and a log row when due (rank 0)."""
-    cfg = run.cfg
-    if run.bar is not None:
-        run.bar.update(1)
-        run.bar.set_postfix(loss=f"{step.loss:.3f}")
-    if run.ctx.is_main and (state.step % cfg.log_every == 0 or state.step == cfg.max_steps):
-        row = {"step": state.step, "train_seconds": round(state.train_seconds, 3),
-               "loss": round(step.loss, 5),
-               "lr": run.optimizer.param_groups[0]["lr"], "grad_norm": round(step.grad_norm, 4),
-               **run.meter.take(run.peak * run.ctx.world_size, run.ctx.device),
-               "skipped": state.skipped}
-        run.log.write(row, run.bar)
-        run.log.ceiling_beaten = run.log.ceiling_beaten or say_if_beaten(row["mfu"])
-
-
-def _accumulate(model: nn.Module, micros: list[dict], counts: list[int], n_global: int,
-                ctx: DistContext, precision: str, device: torch.device,
-                scaler: torch.amp.GradScaler) -> torch.Tensor:
-    """Forward + backward every micro-batch; returns this rank's summed token loss."""
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    for i, (batch, n) in enumerate(zip(micros, counts)):
-        batch = to_device(batch, device)
-        last = i == len(micros) - 1
-        # DDP all-reduces gradients in backward; on all but the last micro-batch that would
-        # be wasted communication, so no_sync() lets them accumulate locally first.
-        sync = contextlib.nullcontext() if last or ctx.world_size == 1 else model.no_sync()
-        with sync:
-            with autocast_context(precision, device):
-                mean = loss_of(model(**batch), model)
-            if n == 0:  # nothing to predict here: a zero loss still joins DDP's all-reduce
-                # (the mean over no targets is NaN, and * 0.0 passes it no gradient)
-                loss = mean * 0.0
-            else:
-                loss = mean * micro_step_weight(n, n_global, ctx.world_size)
-                loss_sum += mean.detach().double() * n
-            scaler.scale(loss).backward()
-    return loss_sum
-
-
-def _optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                    state: TrainState, device: torch.device) -> None:
-    """AdamW's update (through the scaler under fp16), and the counters that follow it."""
-    # fp16: an overflow in the *scaled* gradients is the scaler's business: it skips the
-    # step and halves the scale. That is calibration, not divergence, so it is counted as
-    # skipped but does not bring the run closer to a stop.
-    scale = scaler.get_scale() if scaler.is_enabled() else 0.0
-    try:
-        scaler.step(optimizer)  # the first step allocates AdamW's state
-    except torch.OutOfMemoryError as error:
-        raise optimizer_out_of_memory(error, state, device) from None
-    scaler.update()
-    if scaler.is_enabled() and scaler.get_scale() < scale:
-        state.skipped += 1
-    state.bad_steps = 0

@@ -20,10 +20,9 @@ from ..data.sampler import GlobalBatches
 from ..data.seq_warmup import schedule_lengths
 from ..interop.hf import decodes
 from ..machine.environment import log_environment
-from ..machine.swap import fast
 from ..machine.memory import reset_peak_memory
 from ..machine.meters import (StepMeter, flops_per_token, matmul_weights,
-                              parameter_flops_per_token, stated_ceiling)
+                              parameter_flops_per_token, say_if_beaten, stated_ceiling)
 from ..machine.precision import run_precision, resolve_precision
 from .distributed import DistContext, max_over_ranks, unwrap
 from .evaluation import checked_scores, eval_batches, evaluate, numbers
@@ -105,6 +104,23 @@ class Run:
         per_token = self.own_flops if self.own_flops is not None else flops_per_token(
             self.raw.config, length, mlm_fraction=n_global / tokens if self.decodes else 0.0)
         return tokens * per_token
+
+    def log_step(self, state: TrainState, loss: float, grad_norm: float) -> None:
+        """The progress bar, and a log row when due (rank 0): the step's loss (the global
+        batch's mean over its targets), rate, gradient norm (before clipping), the meter's
+        tokens/s, MFU and peak memory, and the steps skipped so far."""
+        cfg = self.cfg
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.3f}")
+        if self.ctx.is_main and (state.step % cfg.log_every == 0 or state.step == cfg.max_steps):
+            row = {"step": state.step, "train_seconds": round(state.train_seconds, 3),
+                   "loss": round(loss, 5), "lr": self.optimizer.param_groups[0]["lr"],
+                   "grad_norm": round(grad_norm, 4),
+                   **self.meter.take(self.peak * self.ctx.world_size, self.ctx.device),
+                   "skipped": state.skipped}
+            self.log.write(row, self.bar)
+            self.log.ceiling_beaten = self.log.ceiling_beaten or say_if_beaten(row["mfu"])
 
     def wall_seconds(self) -> float:
         """The run's wall time until now: this start's, after its earlier starts' up to the
@@ -190,7 +206,7 @@ def start_run(model: nn.Module, train_set: Dataset, collate: Callable, cfg: Trai
     check_batch_level_loss(unwrap(model), cfg, micro, ctx.world_size)
     if eval_fn is not None and eval_set is not None:
         raise ValueError("pass eval_set (MLM metrics) or eval_fn (your own), not both")
-    fast(model.to(device).train())  # the CPU kernels, swapped in (machine/swap.py)
+    model.to(device).train()
     raw = unwrap(model)
     optimizer = build_optimizer(raw, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
