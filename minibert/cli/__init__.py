@@ -25,7 +25,7 @@ import math
 import re
 import signal
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
@@ -167,7 +167,7 @@ class Job:
 
     def flags(self) -> dict[str, str]:
         """TrainConfig's fields as the flags that set them, for its messages."""
-        return {f: "--" + f.replace("_", "-") for f in asdict(self.train)} | {
+        return {f: "--" + f.replace("_", "-") for f in self.train.flat()} | {
             "warmup": "--warmup-steps" if self.epochs is None else "--warmup-ratio"}
 
 

@@ -3,7 +3,8 @@
 The engine a student reads, in this order:
 
     engine.py       `train`: the loop, read top to bottom
-    state.py        TrainConfig (the settings), TrainState (what moves), the run identity
+    settings.py     TrainConfig: the settings by concern, each group validated where declared
+    state.py        TrainState (what moves), the run identity
     optim.py        AdamW with its parameter groups, and the warmup-then-decay schedule
     rng.py          seeds, and every random generator's state for an exact resume
 

@@ -1,110 +1,28 @@
-"""The state of a training run, below the loop: what it was asked to do (`TrainConfig`),
-everything that moves (`TrainState`, lingua's model, which alone builds and reads a
-checkpoint's dict), and what makes two runs the same run, the *run identity*: the model's
-config or shapes, the settings but `RESUME_MAY_CHANGE`, and the caller's data identity,
-evaluation data included. A resume that changes it is refused by name (`check_identity`).
-"""
+"""The state of a training run, below the loop: what it was asked to do (`TrainConfig`, its
+settings by concern in settings.py), everything that moves (`TrainState`, lingua's model,
+which alone builds and reads a checkpoint's dict), and what makes two runs the same run, the
+*run identity*: the model's config or shapes, the settings but `RESUME_MAY_CHANGE`, and the
+caller's data identity, evaluation data included. A resume that changes it is refused by
+name (`check_identity`)."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.nn as nn
 
-from ..model.config import BertConfig, check_int
+from ..model.config import BertConfig
 from .distributed import unwrap
 from ..machine.environment import rounding_context
 from ..interop.hf import minibert_class
-from .optim import SCHEDULES, resolve_warmup
-from ..machine.precision import PRECISIONS
 from .rng import rank_seed, rng_state, set_rng_state, set_seed
+from .settings import TrainConfig  # noqa: F401 (the settings, by concern: settings.py)
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainConfig:
-    """Everything about a run that is not the model. Stored in every checkpoint."""
-
-    batch_size: int = 32  # global: sequences per optimizer step, over all ranks
-    micro_batch_size: Optional[int] = None  # per rank and forward pass; None = batch / world
-    max_steps: int = 1000  # where this run stops; may change on resume
-    decay_steps: Optional[int] = None  # the schedule's horizon; None = max_steps of the start
-    # The main job's rate, with which it reaches transformers' quality; twice stalls on the
-    # unigram plateau (Liu et al. 2020; benchmarks/RESULTS.md). Fine-tuning sets its own.
-    lr: float = 1e-3
-    min_lr: float = 0.0  # the rate at the horizon, and after it
-    warmup: Union[int, float] = 0.1  # optimizer steps, or a fraction of decay_steps
-    schedule: str = "linear"
-    weight_decay: float = 0.01
-    adam_eps: float = 1e-6
-    max_grad_norm: float = 1.0
-    precision: str = "auto"  # see precision.resolve_precision
-    seed: int = 0
-    log_every: int = 10
-    eval_every: int = 0  # 0 = only at the end
-    eval_batches: int = 50  # global batches of the evaluation set per evaluation
-    eval_at_start: bool = False  # also evaluate at step 0: where a continued training began
-    save_every: int = 0  # 0 = only at the end
-    keep_checkpoints: int = 3
-    max_bad_steps: int = 5  # consecutive non-finite steps before the run is stopped
-    auto_micro_batch: bool = False  # halve the micro-batch on out-of-memory and go on
-    compile: bool = False
-    progress: bool = True
-    # Steps (or a fraction of decay_steps) over which batches grow to full length; 0 = off.
-    seq_len_warmup: Union[int, float] = 0
-    seq_len_start: int = 32
-    peak_flops: Optional[float] = None  # MFU ceiling, FLOP/s; None = meters.mfu_ceiling
-    # What train() may do to the process beyond the model (its docstring says each one):
-    handle_signals: bool = True  # SIGTERM / SIGINT save a checkpoint and return
-    release_memory: bool = True  # hand glibc's free memory back (memory.release_freed_memory)
-
-    def __post_init__(self) -> None:
-        for name in ("batch_size", "max_steps", "log_every", "eval_batches", "keep_checkpoints",
-                     "max_bad_steps", "seq_len_start"):
-            check_int("TrainConfig", name, getattr(self, name), 1)
-        for name in ("eval_every", "save_every"):
-            check_int("TrainConfig", name, getattr(self, name), 0)
-        for name in ("micro_batch_size", "decay_steps"):
-            if getattr(self, name) is not None:
-                check_int("TrainConfig", name, getattr(self, name), 1)
-        if self.precision not in ("auto",) + PRECISIONS:
-            raise ValueError(f"TrainConfig.precision={self.precision!r} is not one of "
-                             f"{('auto',) + PRECISIONS}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"TrainConfig.schedule={self.schedule!r} is not one of {SCHEDULES}")
-        if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, "
-                             f"min_lr={self.min_lr}")
-        # Each of these makes a run that exits 0 and trains nothing, or trains backwards.
-        if not self.max_grad_norm > 0:
-            raise ValueError(f"TrainConfig.max_grad_norm={self.max_grad_norm} must be > 0: 0 "
-                             f"clips every gradient to nothing, and a negative norm flips it")
-        if not self.adam_eps > 0:
-            raise ValueError(f"TrainConfig.adam_eps={self.adam_eps} must be > 0")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"TrainConfig.weight_decay={self.weight_decay} must be >= 0")
-        if self.peak_flops is not None and not self.peak_flops > 0:
-            raise ValueError(f"TrainConfig.peak_flops={self.peak_flops} must be > 0 (FLOP/s), "
-                             f"or None for this machine's recorded ceiling")
-        # Without decay_steps only `train` knows the horizon: only a warmup's form is checked.
-        horizon = self.decay_steps if self.decay_steps is not None else 2**62
-        resolve_warmup(self.warmup, horizon)  # raises on a bad one
-        resolve_warmup(self.seq_len_warmup, horizon, name="TrainConfig.seq_len_warmup")
-
-    def split_batch(self, world_size: int) -> tuple[int, int]:
-        """(sequences per rank, per micro-batch) of a global batch over `world_size` ranks;
-        refused unless whole ranks and micro-batches, as exact accumulation needs."""
-        per_rank, rest = divmod(self.batch_size, world_size)
-        micro = self.micro_batch_size or per_rank
-        if rest or per_rank == 0 or per_rank % micro:
-            raise ValueError(f"batch_size={self.batch_size} must split into {world_size} "
-                             f"process(es) x whole micro-batches of micro_batch_size={micro}")
-        return per_rank, micro
 
 
 @dataclass
@@ -146,7 +64,7 @@ class TrainState:
                 "scaler": self.scaler.state_dict(),
                 "rng": rngs if rngs is not None else [rng_state()],
                 "id2label": list(names) if names else None,
-                "model_config": model_config(raw), "train_config": asdict(cfg),
+                "model_config": model_config(raw), "train_config": cfg.flat(),
                 "data_identity": data_identity,
                 "rounding": rounding_context(next(raw.parameters()).device)}
 
@@ -215,7 +133,7 @@ def run_identity(model: nn.Module, cfg: "TrainConfig") -> dict[str, Any]:
     # The class as checkpoints name it: minibert's own for a user's subclass (export rebuilds it)
     return {"model_class": minibert_class(type(raw)).__name__,
             "model_config": model_config(raw),
-            "train_config": {k: v for k, v in asdict(cfg).items() if k not in RESUME_MAY_CHANGE}}
+            "train_config": {k: v for k, v in cfg.flat().items() if k not in RESUME_MAY_CHANGE}}
 
 
 def model_config(model: nn.Module) -> dict[str, Any]:
