@@ -4,7 +4,6 @@ preset of its kind of script (`pretrain.MAIN_JOB`, `finetune.FINETUNE`)."""
 import ast
 import re
 from collections import Counter
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -38,8 +37,8 @@ SCORERS = {"embed.py", "blimp.py"}
 
 
 def _differs(cfg: TrainConfig, preset: TrainConfig) -> dict:
-    return {f.name: (getattr(cfg, f.name), getattr(preset, f.name)) for f in fields(cfg)
-            if getattr(cfg, f.name) != getattr(preset, f.name)}
+    mine, theirs = cfg.flat(), preset.flat()
+    return {name: (mine[name], theirs[name]) for name in mine if mine[name] != theirs[name]}
 
 
 @pytest.mark.parametrize("script,argv,job", [
