@@ -58,7 +58,8 @@ from .evaluation import to_device
 from .optim import set_lr
 from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.training.engine.TrainingError)
 from .recovery import optimizer_out_of_memory, skip_step
-from .run import Run, checked_batch, finish_run, loss_of, signalled_during_save, start_run
+from .run import (Evaluation, Run, TrainData, checked_batch, finish_run, loss_of,
+                  signalled_during_save, start_run)
 from .runlog import shown
 from .signals import StopFlag
 from .state import TrainConfig, TrainState
@@ -128,9 +129,10 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     or global torch flag is written.
     """
     with shown(cfg.progress, ctx.is_main):  # runlog.shown: a bar, or a log line a row
-        run, state = start_run(model, train_set, collate, cfg, Path(out_dir), ctx, eval_set,
-                               eval_fn, resume, overwrite, dict(data_identity or {}),
-                               lengths, batches)
+        run, state = start_run(
+            model, TrainData(train_set, collate, dict(data_identity or {}), lengths, batches),
+            Evaluation(eval_set, eval_fn), cfg, ctx, Path(out_dir), resume=resume,
+            overwrite=overwrite)
         cfg = run.cfg  # with the run's horizon (decay_steps)
         model, optimizer, scaler = run.model, run.optimizer, run.scaler  # DDP-wrapped model
         device, precision, world = ctx.device, run.precision, ctx.world_size
@@ -229,11 +231,11 @@ def global_batch(run: Run, state: TrainState, step: int) -> tuple[dict, list, li
     short during a sequence-length warmup), the targets of each, and of the whole batch."""
     position = run.batches.position()
     epoch, indices = run.batches.next()
-    examples = [run.train_set[i] for i in indices]
+    examples = [run.data.train_set[i] for i in indices]
     micro = run.micro_batch(state)
     # An epoch's last batch may be smaller (data/sampler.py): its micro-batches are then
     # fewer or smaller, and micro_step_weight still makes its gradient exact.
-    micros = [checked_batch(run.collate(examples[i:i + micro], epoch=epoch))
+    micros = [checked_batch(run.data.collate(examples[i:i + micro], epoch=epoch))
               for i in range(0, len(examples), micro)]
     run.widest = max([run.widest] + [b["input_ids"].shape[1] for b in micros])  # time_left's
     if run.seq_warmup and step <= run.seq_warmup + 1:  # data/seq_warmup.py

@@ -9,7 +9,7 @@ import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -37,11 +37,32 @@ from .state import TrainConfig, TrainState, bert_config
 logger = logging.getLogger(__name__)
 
 
+class TrainData(NamedTuple):
+    """What `train` trains on: `train_set`'s examples, which `collate` turns into batches,
+    in the order of `batches` (default `GlobalBatches`, grouped by `lengths` where given);
+    `identity`: what the data is, compared on a resume (state.py)."""
+
+    train_set: Dataset
+    collate: Callable
+    identity: dict
+    lengths: Optional[Sequence[int]] = None
+    batches: Optional[GlobalBatches] = None
+
+
+class Evaluation(NamedTuple):
+    """What `train` evaluates: `eval_set` for `evaluate`'s MLM metrics, or `eval_fn(model,
+    precision) -> scores` of your own, or neither."""
+
+    eval_set: Optional[Dataset] = None
+    eval_fn: Optional[Callable[[nn.Module, str], Mapping[str, Any]]] = None
+
+
 @dataclass
 class Run:
-    """A run's wiring, fixed at its start: what the phases of `train` read. What moves is in
-    `TrainState`; the optimizer, scaler, meter and log are objects of the run, held here."""
+    """A run's wiring, fixed at its start: what the step reads, then what the run around it
+    attaches (evaluation, the log, the clock). What moves is in `TrainState`."""
 
+    # ---- what the step reads
     model: nn.Module  # as the steps call it: DDP- and compile-wrapped where asked
     raw: nn.Module  # the model itself, whose weights are saved (distributed.unwrap)
     cfg: TrainConfig  # with the run's horizon
@@ -49,24 +70,20 @@ class Run:
     precision: str  # the run's, kept by every resume
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    batches: GlobalBatches
-    train_set: Dataset
-    collate: Callable
-    eval_set: Optional[Dataset]
-    eval_fn: Optional[Callable[[nn.Module, str], Mapping[str, Any]]]
-    data_identity: dict
-    ckpt_root: Path
+    data: TrainData  # with its batch order, `batches`, settled
     per_rank: int  # examples per rank of a global batch
     micro: int  # examples per micro-batch, as configured (TrainState's when backed off)
     warmup: int  # learning-rate warmup, in steps
     seq_warmup: int  # sequence-length warmup, in steps (0: off)
-    decodes: bool  # a masked LM: its sparse head's FLOPs count on predicted tokens
-    own_flops: Optional[float]  # per token, of a model without a BertConfig
-    peak: float  # the MFU ceiling of one rank (0 on ranks that do not log)
-    env: dict
+    flops: Callable[[int, int, int], float]  # (length, tokens, targets) -> model FLOPs
+    meter: StepMeter
+    # ---- what the run around the step attaches
+    evaluation: Evaluation
+    ckpt_root: Path
     log: RunLog
     bar: Any  # tqdm's bar, or None
-    meter: StepMeter
+    peak: float  # the MFU ceiling of one rank (0 on ranks that do not log)
+    env: dict
     start_step: int
     started: float  # perf_counter() at this start, for wall_seconds
     wall_before: float  # the run's wall time over its earlier starts (TrainState's)
@@ -74,8 +91,12 @@ class Run:
     eval_seconds: float = 0.0  # the last evaluation's, for time_left
 
     @property
+    def batches(self) -> GlobalBatches:
+        return self.data.batches
+
+    @property
     def evaluates(self) -> bool:
-        return self.eval_set is not None or self.eval_fn is not None
+        return self.evaluation.eval_set is not None or self.evaluation.eval_fn is not None
 
     def micro_batch(self, state: TrainState) -> int:
         """The micro-batch in use: one an out-of-memory error backed off to, else `micro`."""
@@ -97,13 +118,6 @@ class Run:
                         cfg.decay_steps, cfg.min_lr)  # said once a run
         return lr_at(step, max_lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=self.warmup,
                      total_steps=cfg.decay_steps, schedule=cfg.schedule)
-
-    def flops(self, length: int, tokens: int, n_global: int) -> float:
-        """Model FLOPs of a step of `tokens` tokens of `length` (the sparse MLM head is
-        counted for its `n_global` predicted tokens only), for the meter's MFU."""
-        per_token = self.own_flops if self.own_flops is not None else flops_per_token(
-            self.raw.config, length, mlm_fraction=n_global / tokens if self.decodes else 0.0)
-        return tokens * per_token
 
     def log_step(self, state: TrainState, loss: float, grad_norm: float) -> None:
         """The progress bar, and a log row when due (rank 0): the step's loss (the global
@@ -130,7 +144,7 @@ class Run:
     def save(self, state: TrainState) -> None:
         """The checkpoint of this step, with the run's wall time until now in it."""
         state.wall_seconds = self.wall_seconds()
-        save_run(self.ckpt_root, self.raw, state, self.cfg, self.data_identity, self.ctx)
+        save_run(self.ckpt_root, self.raw, state, self.cfg, self.data.identity, self.ctx)
 
     def evaluate(self, state: TrainState) -> Mapping[str, Any]:
         """One evaluation: `evaluate`'s MLM metrics (in micro-batches of the training
@@ -138,15 +152,16 @@ class Run:
         ctx = self.ctx
         began = time.perf_counter()
         try:
-            if self.eval_fn is None:
-                batches = eval_batches(self.eval_set, self.collate, self.cfg, ctx,
+            eval_set, eval_fn = self.evaluation
+            if eval_fn is None:
+                batches = eval_batches(eval_set, self.data.collate, self.cfg, ctx,
                                        self.micro_batch(state))
                 scores = evaluate(self.model, batches, self.precision, ctx.device, ctx)
             else:
                 self.raw.eval()  # eval_fn is called in eval mode, without gradients, then back
                 try:
                     with torch.no_grad():
-                        scores = self.eval_fn(self.raw, self.precision)  # the run's precision
+                        scores = eval_fn(self.raw, self.precision)  # the run's precision
                 finally:
                     self.raw.train()
         except torch.OutOfMemoryError as error:
@@ -187,10 +202,8 @@ class Run:
             max(evaluations_left, 0) * self.eval_seconds
 
 
-def start_run(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainConfig,
-              out_dir: Path, ctx: DistContext, eval_set: Optional[Dataset],
-              eval_fn: Optional[Callable], resume: bool, overwrite: bool, data_identity: dict,
-              lengths: Optional[Sequence[int]], batches: Optional[GlobalBatches]
+def start_run(model: nn.Module, data: TrainData, evaluation: Evaluation, cfg: TrainConfig,
+              ctx: DistContext, out_dir: Path, *, resume: bool, overwrite: bool
               ) -> tuple[Run, TrainState]:
     """Start or resume: check the settings, build the optimizer, scaler and batch order,
     then resume from the newest checkpoint or claim the folder and seed the ranks, and
@@ -204,19 +217,20 @@ def start_run(model: nn.Module, train_set: Dataset, collate: Callable, cfg: Trai
     precision = resolve_precision(cfg.precision, device)
     per_rank, micro = cfg.split_batch(ctx.world_size)
     check_batch_level_loss(unwrap(model), cfg, micro, ctx.world_size)
-    if eval_fn is not None and eval_set is not None:
+    if evaluation.eval_fn is not None and evaluation.eval_set is not None:
         raise ValueError("pass eval_set (MLM metrics) or eval_fn (your own), not both")
     model.to(device).train()
     raw = unwrap(model)
     optimizer = build_optimizer(raw, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    batches = batches or GlobalBatches(len(train_set), cfg.batch_size, seed=cfg.seed,
-                                       rank=ctx.rank, world_size=ctx.world_size, lengths=lengths)
+    data = data._replace(batches=data.batches or GlobalBatches(
+        len(data.train_set), cfg.batch_size, seed=cfg.seed, rank=ctx.rank,
+        world_size=ctx.world_size, lengths=data.lengths))
     env = log_environment(device, precision) if ctx.is_main else {}
     ckpt_root = out_dir / "checkpoints"
     state = TrainState(optimizer=optimizer, scaler=scaler)
     if resume:  # the model, the optimizer, the scaler, the data position and every generator
-        cfg = resume_run(raw, state, cfg, data_identity, ckpt_root, ctx)
+        cfg = resume_run(raw, state, cfg, data.identity, ckpt_root, ctx)
     else:  # the horizon first: a warmup longer than it is refused before the folder is cleared
         cfg = replace(cfg, decay_steps=cfg.decay_steps or cfg.max_steps)
         claim_out_dir(out_dir, overwrite, ctx)
@@ -226,19 +240,17 @@ def start_run(model: nn.Module, train_set: Dataset, collate: Callable, cfg: Trai
     precision = run_precision(state.precision, cfg.precision, precision, device, ctx.is_main)
     peak = (stated_ceiling(cfg.peak_flops, device, precision, ctx.world_size)
             if ctx.is_main else 0.0)  # only rank 0 logs MFU
-    batches.seek(state.epoch, state.consumed)
+    data.batches.seek(state.epoch, state.consumed)
     run = Run(
         model=_wrap(model, cfg, ctx, device), raw=raw, cfg=cfg, ctx=ctx, precision=precision,
-        optimizer=optimizer, scaler=scaler, batches=batches, train_set=train_set,
-        collate=collate, eval_set=eval_set, eval_fn=eval_fn, data_identity=data_identity,
-        ckpt_root=ckpt_root, per_rank=per_rank, micro=micro,
+        optimizer=optimizer, scaler=scaler, data=data, per_rank=per_rank, micro=micro,
         warmup=resolve_warmup(cfg.warmup, cfg.decay_steps),
         seq_warmup=resolve_warmup(cfg.seq_len_warmup, cfg.decay_steps),
-        # Only a masked LM decodes over the vocabulary; a classifier's FLOPs are the encoder's.
-        decodes=decodes(type(raw)), own_flops=_own_flops(raw, ctx.is_main), peak=peak, env=env,
+        flops=_flops(raw, ctx.is_main), meter=StepMeter(), evaluation=evaluation,
+        ckpt_root=ckpt_root,
         log=RunLog(out_dir / "metrics.jsonl", stale_after=state.step if resume else None),
         bar=progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step),
-        meter=StepMeter(), start_step=state.step, started=time.perf_counter(),
+        peak=peak, env=env, start_step=state.step, started=time.perf_counter(),
         wall_before=state.wall_seconds)
     reset_peak_memory(device)  # the log's peak_mem_mb is this start's
     return run, state
@@ -342,11 +354,15 @@ def check_batch_level_loss(raw: nn.Module, cfg: TrainConfig, micro: int,
                          f"batch_size that fits")
 
 
-def _own_flops(raw: nn.Module, say: bool) -> Optional[float]:
-    """FLOPs per token of a model without a BertConfig, from its weight matrices; None for a
-    model whose config gives them (flops_per_token, each step's length)."""
+def _flops(raw: nn.Module, say: bool) -> Callable[[int, int, int], float]:
+    """Model FLOPs of a step of `tokens` tokens of `length`, for the meter's MFU: from the
+    config (`flops_per_token`; a masked LM's sparse head counted for its `n_global`
+    predicted tokens only, since only it decodes over the vocabulary), or, for a model
+    without a BertConfig, from its weight matrices."""
     if bert_config(raw) is not None:
-        return None
+        masked_lm = decodes(type(raw))
+        return lambda length, tokens, n_global: tokens * flops_per_token(
+            raw.config, length, mlm_fraction=n_global / tokens if masked_lm else 0.0)
     # Counted rather than left out: every row keeps its `mfu` column (which plots and the
     # ceiling's check read), and a count that errs low by a stated share still says how
     # the run uses the machine, and compares across runs of one model.
@@ -356,7 +372,8 @@ def _own_flops(raw: nn.Module, say: bool) -> Optional[float]:
                     "token is left out, so it reads low by that share "
                     "(meters.parameter_flops_per_token)", type(raw).__name__,
                     f"{matmul_weights(raw):,}")
-    return parameter_flops_per_token(raw)
+    per_token = parameter_flops_per_token(raw)
+    return lambda length, tokens, n_global: tokens * per_token
 
 
 def _wrap(model: nn.Module, cfg: TrainConfig, ctx: DistContext, device: torch.device):
