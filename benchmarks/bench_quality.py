@@ -19,7 +19,9 @@ its `train` split) and the same CPU budget of pretraining:
   measures).
 
 Then each model gets `examples/glue.py` on every task in --glue-dir (3 seeds by default, the
-one recipe) and `examples/blimp.py` on --blimp-dir. The stages run `--jobs` at a time, each
+one recipe) and `examples/blimp.py` on --blimp-dir: the full-budget candidates and
+transformers' recipe first, which pick the main job's model, then each candidate's random
+weights and fifth of the budget. The stages run `--jobs` at a time, each
 on its share of the cores (`--jobs 2` on 2 cores: one core each, so that the budget is the
 time of one core); a stage whose output is there is skipped, so an interrupted run goes on
 where it stopped:
