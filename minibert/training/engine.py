@@ -1,6 +1,6 @@
 """The training loop: `train`, read top to bottom.
 
-One optimizer step is one block of `train`, in the order it happens:
+One optimizer step is `step`, one block that reads in the order it happens:
 
     1. `global_batch`: this rank's share of the next global batch, cut into micro-batches
        (and cut short during a sequence-length warmup, data/seq_warmup.py);
@@ -16,9 +16,10 @@ One optimizer step is one block of `train`, in the order it happens:
     6. log (loss, rate, gradient norm, tokens/s, MFU and peak memory), evaluate and
        checkpoint when due; stop cleanly on SIGTERM / SIGINT.
 
-tests/test_step.py writes steps 1-4 out by hand in a plain loop and gets `train`'s weights
-bit for bit. `train` trains the model it is given as it is: the CPU kernels come in where
-`minibert.fast(model)` is called (the scripts call it).
+`train` runs `step` in a loop and attaches the run around it. tests/test_step.py writes
+steps 1-4 out by hand in a plain loop and gets `train`'s weights bit for bit. `train` trains
+the model it is given as it is: the CPU kernels come in where `minibert.fast(model)` is
+called (the scripts call it).
 
 Everything that moves during a run is in one `TrainState` (step, tokens, data position,
 counters), saved and restored whole (state.py). The run around the loop attaches at named
@@ -134,8 +135,6 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             Evaluation(eval_set, eval_fn), cfg, ctx, Path(out_dir), resume=resume,
             overwrite=overwrite)
         cfg = run.cfg  # with the run's horizon (decay_steps)
-        model, optimizer, scaler = run.model, run.optimizer, run.scaler  # DDP-wrapped model
-        device, precision, world = ctx.device, run.precision, ctx.world_size
         scores: Optional[Mapping[str, Any]] = None  # the last evaluation's, returned whole
         stop_signal: Optional[int] = None
         if run.evaluates and cfg.eval_at_start and state.step == 0:  # the "before" row
@@ -143,75 +142,17 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
         with StopFlag(enabled=cfg.handle_signals) as stop:
             upcoming = None  # the next step's batch, cut while this one computes
             while state.step < cfg.max_steps:
-                step_start = time.perf_counter()
-                # ---- 1-2: this rank's micro-batches of the global batch, and its targets
-                (position, micros, counts, n_global), upcoming = \
-                    upcoming or global_batch(run, state, state.step + 1), None
-                set_lr(optimizer, run.lr(state.step + 1))  # warmup, then decay: lr_at
-                # ---- 3: forward + backward; the gradients accumulate over the micro-batches
-                loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # token losses
-                try:
-                    for i, (batch, n) in enumerate(zip(micros, counts)):
-                        # DDP all-reduces the gradients in backward; before the last
-                        # micro-batch that is wasted communication: no_sync() defers it.
-                        last = i == len(micros) - 1
-                        with (contextlib.nullcontext() if last or world == 1
-                              else model.no_sync()):
-                            with autocast_context(precision, device):
-                                mean = loss_of(model(**to_device(batch, device)), model)
-                            if n == 0:  # no target here: a zero loss, for DDP's all-reduce
-                                loss = mean * 0.0  # (a mean over no targets is NaN)
-                            else:  # the micro-batch's share of the global batch's mean
-                                loss = mean * micro_step_weight(n, n_global, world)
-                                loss_sum += mean.detach().double() * n
-                            scaler.scale(loss).backward()  # scaled under fp16 alone
-                except torch.OutOfMemoryError:  # the same global batch, in smaller pieces
-                    run.back_off(state, micros[0], position)
+                started = time.perf_counter()
+                batch, upcoming = upcoming or global_batch(run, state, state.step + 1), None
+                done = step(run, state, batch, stop, started)
+                if done is None:  # out of memory: the same global batch, in smaller pieces
                     continue
-                # cut the next batch while a GPU runs the queued kernels (nanoGPT's loop)
-                if state.step + 1 < cfg.max_steps:
-                    upcoming = global_batch(run, state, state.step + 2)
-                # ---- 4: unscale, clip, and step AdamW, unless something is not finite
-                scaler.unscale_(optimizer)  # true gradients before clipping (fp16)
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(run.raw.parameters(),
-                                                                 cfg.max_grad_norm))
-                # one all-reduce: the loss, the tokens, and whether a rank was signalled
-                totals = all_reduce_sum(torch.tensor(
-                    [float(loss_sum), float(sum(count_tokens(b) for b in micros)),
-                     float(stop.signal is not None)], dtype=torch.float64, device=device),
-                    ctx).tolist()
-                loss = totals[0] / max(n_global, 1)  # a batch with no targets has loss 0
-                if math.isfinite(loss) and (math.isfinite(grad_norm) or precision == "fp16"):
-                    # fp16: an overflow in the *scaled* gradients is the scaler's business:
-                    # it skips the step and halves the scale, counted as skipped, but it is
-                    # calibration, not divergence, so it brings no stop nearer.
-                    scale = scaler.get_scale() if scaler.is_enabled() else 0.0
-                    try:
-                        scaler.step(optimizer)  # the first step allocates AdamW's state
-                    except torch.OutOfMemoryError as error:
-                        raise optimizer_out_of_memory(error, state, device) from None
-                    scaler.update()
-                    if scaler.is_enabled() and scaler.get_scale() < scale:
-                        state.skipped += 1
-                    state.bad_steps = 0
-                else:  # recovery.skip_step: counted; too many in a row stop the run
-                    skip_step(optimizer, scaler, state, cfg, loss, grad_norm, run.ckpt_root)
-                optimizer.zero_grad(set_to_none=True)
-                # ---- 5: the counters: step, tokens, where the next batch comes from, time
-                state.step += 1
-                state.tokens_seen += int(totals[1])
-                next_at = upcoming[0] if upcoming else run.batches.position()
-                state.epoch, state.consumed = next_at["epoch"], next_at["consumed"]
-                seconds = time.perf_counter() - step_start
-                state.train_seconds += seconds
-                run.meter.add(int(totals[1]), seconds, run.flops(
-                    micros[0]["input_ids"].shape[1], int(totals[1]), n_global))
-                # ---- 6: log, evaluate, save, and stop on a signal (any rank's)
+                loss, grad_norm, stopping, upcoming = done
+                # ---- log, evaluate, save, and stop on a signal (any rank's)
                 run.log_step(state, loss, grad_norm)
                 if run.evaluates and state.due(cfg.eval_every) and state.step < cfg.max_steps:
                     scores = run.evaluate(state)
                     run.log_eval(state, scores)
-                stopping = totals[2] > 0
                 if (state.due(cfg.save_every) and state.bad_steps == 0) or stopping \
                         or state.step == cfg.max_steps:
                     run.save(state)
@@ -224,6 +165,76 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                     break
             stop_signal = stop_signal or signalled_during_save(stop, ctx)
         return finish_run(run, state, scores, stop_signal)
+
+
+def step(run: Run, state: TrainState, batch: tuple[dict, list, list, int], stop: StopFlag,
+         started: float) -> Optional[tuple[float, float, bool, Optional[tuple]]]:
+    """One optimizer step on `batch` (`global_batch`'s), in the order it happens, timed from
+    `started`; returns the global batch's loss, the gradient norm before clipping, whether a
+    rank was signalled, and the next step's batch, cut while this one computed (None at
+    the last step). Out of memory in forward or backward, it backs off (run.back_off) and
+    returns None, and `train` runs the same global batch again in smaller pieces."""
+    cfg, ctx, model, optimizer, scaler = run.cfg, run.ctx, run.model, run.optimizer, run.scaler
+    device, precision, world = ctx.device, run.precision, ctx.world_size
+    # ---- 1-2: this rank's micro-batches of the global batch, and the targets of all of it
+    position, micros, counts, n_global = batch
+    set_lr(optimizer, run.lr(state.step + 1))  # warmup, then decay: lr_at
+    # ---- 3: forward + backward; the gradients accumulate over the micro-batches
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # summed token losses
+    try:
+        for i, (micro, n) in enumerate(zip(micros, counts)):
+            # DDP all-reduces the gradients in backward; before the last micro-batch that
+            # is wasted communication: no_sync() defers it.
+            last = i == len(micros) - 1
+            with contextlib.nullcontext() if last or world == 1 else model.no_sync():
+                with autocast_context(precision, device):
+                    mean = loss_of(model(**to_device(micro, device)), model)
+                if n == 0:  # no target here: a zero loss, which still joins DDP's all-reduce
+                    loss = mean * 0.0  # (a mean over no targets is NaN)
+                else:  # the micro-batch's share of the global batch's mean
+                    loss = mean * micro_step_weight(n, n_global, world)
+                    loss_sum += mean.detach().double() * n
+                scaler.scale(loss).backward()  # scaled under fp16 alone
+    except torch.OutOfMemoryError:  # recovery: smaller micro-batches from now on
+        run.back_off(state, micros[0], position)
+        return None
+    # cut the next batch while a GPU runs the queued kernels (nanoGPT's loop)
+    upcoming = global_batch(run, state, state.step + 2) if state.step + 1 < cfg.max_steps \
+        else None
+    # ---- 4: unscale, clip, and step AdamW, unless something is not finite
+    scaler.unscale_(optimizer)  # true gradients before clipping (fp16)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.raw.parameters(), cfg.max_grad_norm))
+    # one all-reduce: the loss, the tokens, and whether a rank was signalled
+    loss_all, tokens, signalled = all_reduce_sum(torch.tensor(
+        [float(loss_sum), float(sum(count_tokens(b) for b in micros)),
+         float(stop.signal is not None)], dtype=torch.float64, device=device), ctx).tolist()
+    loss = loss_all / max(n_global, 1)  # a batch with no targets has loss 0
+    if math.isfinite(loss) and (math.isfinite(grad_norm) or precision == "fp16"):
+        # fp16: an overflow in the *scaled* gradients is the scaler's business: it skips the
+        # step and halves the scale, counted as skipped, but it is calibration, not
+        # divergence, so it brings no stop nearer.
+        scale = scaler.get_scale() if scaler.is_enabled() else 0.0
+        try:
+            scaler.step(optimizer)  # the first step allocates AdamW's state
+        except torch.OutOfMemoryError as error:
+            raise optimizer_out_of_memory(error, state, device) from None
+        scaler.update()
+        if scaler.is_enabled() and scaler.get_scale() < scale:
+            state.skipped += 1
+        state.bad_steps = 0
+    else:  # recovery.skip_step: counted; too many in a row stop the run
+        skip_step(optimizer, scaler, state, cfg, loss, grad_norm, run.ckpt_root)
+    optimizer.zero_grad(set_to_none=True)
+    # ---- 5: the counters: step, tokens, where the next batch comes from, time
+    state.step += 1
+    state.tokens_seen += int(tokens)
+    next_at = upcoming[0] if upcoming else run.batches.position()
+    state.epoch, state.consumed = next_at["epoch"], next_at["consumed"]
+    seconds = time.perf_counter() - started
+    state.train_seconds += seconds
+    run.meter.add(int(tokens), seconds,
+                  run.flops(micros[0]["input_ids"].shape[1], int(tokens), n_global))
+    return loss, grad_norm, signalled > 0, upcoming
 
 
 def global_batch(run: Run, state: TrainState, step: int) -> tuple[dict, list, list, int]:
