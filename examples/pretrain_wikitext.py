@@ -44,6 +44,7 @@ from minibert.training.engine import train
 from minibert.training.evaluation import eval_batches, evaluate
 from minibert.training.resume import RunPlan
 from minibert.atomic import writing
+from minibert.interop.hf import transformers_class
 from minibert.training.runlog import spoken_seconds
 from minibert.tasks.blimp import evaluate_blimp
 
@@ -142,10 +143,13 @@ def main(argv=None) -> int:
                 "wall_seconds", "train_seconds", "precision")})
             log.info("eval loss %.4f, accuracy %.4f, perplexity %.1f", result["eval_loss"],
                      result["eval_accuracy"], result["perplexity"])
+            hf_class = transformers_class(model)
             log.info("done in %s (%s of it training); in %s: final/ (the model and its "
-                     "tokenizer, which transformers loads too), eval.json, metrics.jsonl, "
-                     "loss.png and checkpoints/", spoken_seconds(result["wall_seconds"]),
-                     spoken_seconds(result["train_seconds"]), args.out)
+                     "tokenizer, %s), eval.json, metrics.jsonl, loss.png and checkpoints/",
+                     spoken_seconds(result["wall_seconds"]),
+                     spoken_seconds(result["train_seconds"]), args.out,
+                     f"which transformers' {hf_class} loads too" if hf_class else
+                     "a mix of switches transformers has no class for: minibert loads it")
     return script.status
 
 

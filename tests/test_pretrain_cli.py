@@ -540,12 +540,16 @@ def test_the_tokenizer_trains_on_a_sample_of_a_big_train_split(data_dir, tmp_pat
                      caplog.text), caplog.text
 
 
-def test_the_main_job_trains_the_modern_family_and_its_switches(data_dir, tmp_path):
+def test_the_main_job_trains_the_modern_family_and_its_switches(data_dir, tmp_path, caplog):
     """--preset modernbert-tiny trains and exports a folder transformers' ModernBERT loads;
-    a switch given as a flag reaches the config; a bad one is named as the flag."""
+    a switch given as a flag reaches the config; a bad one is named as the flag. The last
+    line says whether transformers loads final/: a mix of switches it has no class for
+    (BERT with rotary positions) loads in minibert alone."""
+    caplog.set_level(logging.INFO)
     out = tmp_path / "modern"
     assert pretrain.main(_args(data_dir, out, tmp_path / "cache", "--preset",
                                "modernbert-tiny", "--local-window", "16")) == 0
+    assert "transformers' ModernBertForMaskedLM loads too" in caplog.records[-1].getMessage()
     config = json.loads((out / "final" / "config.json").read_text())
     assert config["model_type"] == "modernbert" and config["local_attention"] == 16
     transformers = pytest.importorskip("transformers")
@@ -556,6 +560,8 @@ def test_the_main_job_trains_the_modern_family_and_its_switches(data_dir, tmp_pa
     model = minibert.BertForMaskedLM.from_pretrained(out / "final")
     assert (model.config.position, model.config.bias, model.config.mlp) == ("rope", False,
                                                                             "gelu")
+    said = caplog.records[-1].getMessage()
+    assert "transformers has no class for" in said and "loads too" not in said, said
     assert pretrain.main(_args(data_dir, tmp_path / "bad", tmp_path / "cache",
                                "--global-every", "0")) == 2
     assert not (tmp_path / "bad").exists()

@@ -520,6 +520,16 @@ def model_type(config: BertConfig) -> str:
     return MINIBERT_MODEL_TYPE
 
 
+def transformers_class(model: torch.nn.Module) -> Optional[str]:
+    """The transformers class that loads `model`'s saved folder (`BertForMaskedLM`,
+    `ModernBertForMaskedLM`, ...), or None where its config.json's model_type is one that
+    transformers refuses (`model_type`): minibert alone loads it."""
+    kind = model_type(model.config)
+    if kind not in ("bert", MODERNBERT_MODEL_TYPE):
+        return None
+    return architecture(type(model), kind == MODERNBERT_MODEL_TYPE)
+
+
 # transformers' name -> minibert's, for the fields both have (renamed: config.HF_RENAMES).
 _HF_NAMES = {**{name: name for name in ("vocab_size", "hidden_size", "intermediate_size",
                                         "max_position_embeddings", "type_vocab_size",
