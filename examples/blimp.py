@@ -65,6 +65,7 @@ def load_model(args) -> tuple[minibert.BertForMaskedLM, minibert.Tokenizer]:
     check_readable(args.model, "--model", MODEL_FOLDER)
     if not args.model.is_dir():
         raise ValueError(f"--model {args.model} is a file; give {MODEL_FOLDER}")
+    cli.check_masked_lm(args.model, "--model")  # not a classifier's, given a random head
     # The folder's vocabulary is checked next, with the rest of the fit and in the flag's
     # terms, so the loader's own check (which names the argument) is waived.
     model = minibert.BertForMaskedLM.from_pretrained(args.model, allow_vocab_mismatch=True)

@@ -354,6 +354,21 @@ def test_bad_input_exits_2_before_out_is_made(script, bert_dir, blimp_dir, tmp_p
     assert_carries(err, *facts)
 
 
+def test_a_folder_without_a_masked_lm_head_is_refused(script, bert_dir, blimp_dir, tmp_path,
+                                                     capsys):
+    """A classifier's folder loads as a masked LM only with a new, random head, whose scores
+    are noise: it is refused before --out is made, not scored with a warning."""
+    folder = tmp_path / "classifier"
+    minibert.BertForSequenceClassification.from_pretrained(bert_dir, num_labels=2
+                                                           ).save_pretrained(folder)
+    minibert.Tokenizer.from_pretrained(bert_dir).save(folder)
+    out = tmp_path / "out"
+    rc = script.main(["--model", str(folder), "--blimp-dir", str(blimp_dir), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists() and len(err.strip().splitlines()) == 1
+    assert_carries(err, "--model", str(folder), "masked-LM head")
+
+
 def test_the_docs_snippet_runs(bert_dir, tok, tmp_path, monkeypatch):
     """docs/quality.md's BLiMP section, its python run on a folder of the paradigms it names."""
     import re

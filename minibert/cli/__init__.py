@@ -38,7 +38,9 @@ from ..atomic import NO_ROOM, WriteError, could_not_write, write_failure
 from ..training.checkpoint import CheckpointError
 from ..model.config import ALL_PRESETS, BertConfig
 from ..model.model import BertModel
-from ..interop.hf import check_weights
+from ..interop.hf import (check_weights, config_from_hf, listed, match_hf_state_dict,
+                          read_config, read_weights)
+from ..model.heads import BertForMaskedLM
 from ..data.tokens import TokenFileError
 from ..data.wikitext import DownloadError
 from ..training.distributed import DistContext, all_gather_objects, cleanup, init_distributed
@@ -391,6 +393,20 @@ def check_init_weights(folder: Path, config: BertConfig) -> None:
     with torch.device("meta"):
         encoder = BertModel(config, add_pooler=False)
     check_weights(folder, encoder)
+
+
+def check_masked_lm(folder: Path, flag: str) -> None:
+    """Refuse a model folder whose weights hold no masked-LM head (an encoder's, a
+    classifier's): loaded as a masked LM it would get a new, random head, and what that head
+    scores is noise. From safetensors' headers alone, before anything is written."""
+    config = config_from_hf(read_config(folder))
+    with torch.device("meta"):
+        model = BertForMaskedLM(config)
+    missing = match_hf_state_dict(model, read_weights(folder, header_only=True), folder)[1]
+    if missing:
+        raise ValueError(f"{flag} {folder} has no masked-LM head ({listed(missing)} not in its "
+                         f"weights): it is an encoder or another task's model; give a masked "
+                         f"LM's folder, such as a pretraining run's final/")
 
 
 def model_flag_names(model: str, flags: Mapping[str, str] = {}) -> dict[str, str]:
