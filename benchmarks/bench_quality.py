@@ -13,7 +13,8 @@ its `train` split) and the same CPU budget of pretraining:
   folder (a new encoder of its config per seed, with its tokenizer);
 * `transformers`: `BertForMaskedLM` of the `mini` shape trained as `bench_time_to_loss.py`'s
   recipe trains it (its MLM collator at 15%, AdamW, linear warmup and decay, clipping at 1.0,
-  dropout 0.1), for as many steps as fit the budget at the step time measured here, on the
+  dropout 0.1), for as many steps as fit the budget at the step time measured here, less
+  the share the main job holds back for checkpoints and its log (`budget.RESERVE`), on the
   main job's packed 128-token blocks of the same split, in --hf-precision (fp32; bf16
   autocast is its faster precision on a CPU with native bf16, as `bench_time_to_loss.py`
   measures).
@@ -111,8 +112,7 @@ def stages(args, budget: float) -> list[tuple[str, list, Path, list[str]]]:
         out.append((f"pretrain {name}-random", me + ["random", "--like", args.out / name / "final",
                                                       *common],
                     args.out / f"{name}-random" / "final" / "config.json", [f"pretrain {name}"]))
-    out.append((f"pretrain {HF}", me + [HF, *common], args.out / HF / "final" / "config.json",
-                []))
+    out.append((f"pretrain {HF}", me + [HF, *common], args.out / HF / "train.json", []))
     for model in model_names(args):
         random = model.endswith("-random")
         init = args.out / (model[:-len("-random")] if random else model) / "final"
@@ -122,7 +122,7 @@ def stages(args, budget: float) -> list[tuple[str, list, Path, list[str]]]:
             sys.executable, ROOT / "examples" / "glue.py", "--init-from", init, "--glue-dir",
             args.glue_dir, "--seeds", str(args.seeds), "--out", glue_out, "--no-progress",
             *(["--random-weights"] if random else []),
-            *(["--resume"] if glue_out.is_dir() else [])], glue_out / "results.json", after))
+            *(["--resume"] if _started(glue_out) else [])], glue_out / "results.json", after))
         if args.blimp_dir:
             out.append((f"blimp {model}", [
                 sys.executable, ROOT / "examples" / "blimp.py", "--model",
@@ -130,6 +130,12 @@ def stages(args, budget: float) -> list[tuple[str, list, Path, list[str]]]:
                 args.out / f"blimp-{model}"], args.out / f"blimp-{model}" / "results.json",
                 after))
     return out
+
+
+def _started(glue_out: Path) -> bool:
+    """Whether a GLUE stage stopped after it began a task, which `--resume` goes on from
+    (glue.py refuses `--resume` of a folder that holds no task yet)."""
+    return glue_out.is_dir() and any(p.is_dir() for p in glue_out.iterdir())
 
 
 def schedule(todo: list[tuple[str, list, Path, list[str]]], jobs: int, logs: Path) -> None:
@@ -170,10 +176,13 @@ def schedule(todo: list[tuple[str, list, Path, list[str]]], jobs: int, logs: Pat
 
 def pretrain_transformers(args) -> None:
     """transformers' recipe for as many steps as fit the budget at the step time measured
-    over 20 steps here; saved as a transformers folder with the main job's tokenizer."""
+    over 20 steps here, less the share of the budget the main job holds back for its
+    checkpoints and log (`budget.RESERVE`); saved as a transformers folder with the main
+    job's tokenizer, then `train.json`, the stage's mark of done."""
     import minibert
     from minibert.data import PackedMLMDataset, load_corpus, tokenize_to_memmap
     from bench_time_to_loss import HF_RECIPE, run_transformers
+    from minibert.training.budget import RESERVE
 
     budget = seconds(args.budget)
     folder = args.out / HF / "final"
@@ -184,18 +193,17 @@ def pretrain_transformers(args) -> None:
     blocks = PackedMLMDataset(tokens, 128)
     probe = run_transformers(tok, blocks, [], 25, eval_every=0, precision=args.hf_precision)
     per_step = statistics.median(probe["step_seconds"][5:])
-    steps = max(1, int(budget / per_step))
+    steps = max(1, int(budget * (1 - RESERVE) / per_step))
     warmup = max(1, round(steps * HF_RECIPE["warmup"] / HF_RECIPE["steps"]))  # its share
     print(f"transformers: {per_step:.3f} s/step -> {steps} steps in {budget:.0f} s, "
           f"warmup {warmup}", flush=True)
     result = run_transformers(tok, blocks, [], steps, eval_every=0, precision=args.hf_precision,
                               horizon=steps, warmup=warmup, keep_model=True)
-    (args.out / HF / "train.json").parent.mkdir(parents=True, exist_ok=True)
-    (args.out / HF / "train.json").write_text(json.dumps(
+    result["model"].save_pretrained(folder)
+    tok.save(folder)
+    (args.out / HF / "train.json").write_text(json.dumps(  # last: the stage is done
         {k: result[k] for k in ("steps", "train_seconds", "precision")} |
         {"seconds_per_step_probe": per_step, "budget_seconds": budget}, indent=2))
-    result["model"].save_pretrained(folder)  # config.json last: the stage's mark of done
-    tok.save(folder)
 
 
 def random_folder(args) -> None:
@@ -257,11 +265,11 @@ def report(args) -> None:
         rows[name] = row
     if not rows:
         sys.exit(f"nothing to report in {args.out}: run `bench_quality.py run` first")
-    tasks = list(next(iter(rows.values()))["tasks"])
+    tasks = list(dict.fromkeys(t for r in rows.values() for t in r["tasks"]))  # every one
     lines = ["| model | budget (min) | " + " | ".join(tasks) + " | GLUE | BLiMP |",
              "|---|---|" + "---|" * (len(tasks) + 2)]
     for name, r in rows.items():
-        cells = [f"{r['tasks'][t]['mean']:.1f}" for t in tasks]
+        cells = [f"{r['tasks'][t]['mean']:.1f}" if t in r["tasks"] else "—" for t in tasks]
         g = r["glue"]
         glue_cell = f"{g['mean']:.1f}" + (f" ± {g['std']:.1f}" if g.get("std") else "")
         blimp_cell = f"{100 * r['blimp']:.1f}" if "blimp" in r else "—"
