@@ -128,6 +128,13 @@ def prepare(args, ctx) -> SimpleNamespace:
     check_out(args.out, args.resume)
     tasks = [read_glue_task(t, args.glue_dir, args.max_train_examples, args.seed)
              for t in found]
+    if args.resume:  # each task run scored already, under these settings or refused now
+        for data in tasks:
+            settings = glue.task_settings(data, tok, args.init_from, cfg, args.seq_len,
+                                          args.dropout, args.epochs, args.random_weights)
+            for i in range(args.seeds):
+                glue.check_scored(args.out / data.task.name / f"seed-{args.seed + i}",
+                                  settings)
     return SimpleNamespace(cfg=cfg, tok=tok, tasks=tasks, missing=missing)
 
 

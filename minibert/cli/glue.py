@@ -106,15 +106,50 @@ def finetune_task(data: GlueData, tok: Tokenizer, init_from: Path, cfg: TrainCon
     return result["scores"]
 
 
+def task_settings(data: GlueData, tok: Tokenizer, init_from: Path, cfg: TrainConfig,
+                  seq_len: int, dropout: float, epochs: int, random_weights: bool
+                  ) -> dict[str, Any]:
+    """What a task run is trained with, by the flag that sets each (its seed aside, which
+    names its folder): recorded beside its scores, which a --resume reads back only under
+    the same settings."""
+    return {"--init-from": str(Path(init_from).resolve()), "--random-weights": random_weights,
+            "--epochs": epochs, "--batch-size": cfg.batch_size, "--lr": cfg.lr,
+            "--warmup-ratio": cfg.warmup, "--weight-decay": cfg.weight_decay,
+            "--dropout": dropout, "--seq-len": seq_len, "--precision": cfg.precision,
+            "--max-train-examples": len(data.train), "the tokenizer": tok.fingerprint}
+
+
+def check_scored(out: Path, settings: dict[str, Any]) -> None:
+    """Refuse to read back the task run in `out` (a --resume) where it was scored with other
+    `settings` (`task_settings`): its scores would be reported under the new ones."""
+    path = out / SETTINGS_FILE
+    if not (out / "scores.json").is_file() or not path.is_file():
+        return
+    kept = json.loads(path.read_text())
+    for flag, value in settings.items():
+        if kept.get(flag) != value:
+            shown = "training examples" if flag == "--max-train-examples" else flag
+            raise ValueError(f"--resume: {out} was scored with {shown} {kept.get(flag)}, "
+                             f"this command gives {value}; give the flags it was run with, "
+                             f"or choose another --out")
+
+
+SETTINGS_FILE = "settings.json"
+
+
 def run_task(data: GlueData, tok: Tokenizer, init_from: Path, cfg: TrainConfig, seq_len: int,
              dropout: float, epochs: int, out: Path, ctx: DistContext, *,
              random_weights: bool, resume: bool) -> dict[str, float]:
     """`finetune_task` into `out`, recorded in `out/scores.json`, with each dev split's rows
     beside it (`predictions_SPLIT.tsv`: line, label, prediction), from which any tool can
-    score it again. A --resume reads a task run already recorded, and starts again one that
-    was not. A finished run's checkpoints are removed: GLUE's result is its scores."""
+    score it again, and the settings it ran with (`task_settings`). A --resume reads a task
+    run already recorded under the same settings, and starts again one that was not. A
+    finished run's checkpoints are removed: GLUE's result is its scores."""
     record = out / "scores.json"
+    settings = task_settings(data, tok, init_from, cfg, seq_len, dropout, epochs,
+                             random_weights)
     if resume and record.is_file():
+        check_scored(out, settings)  # (prepare checked every run before any was written)
         log.info("%s, seed %d: already scored in %s", data.task.name, cfg.seed, record)
         return _read_scores(record)
     result = finetune_task(data, tok, init_from, cfg, seq_len, dropout, epochs, out, ctx,
@@ -129,6 +164,7 @@ def run_task(data: GlueData, tok: Tokenizer, init_from: Path, cfg: TrainConfig, 
                 for line, y, p in zip(data.evals[split].lines, data.evals[split].labels,
                                       predicted)]
             files[f"predictions_{split}.tsv"] = "\n".join(rows) + "\n"
+        files[SETTINGS_FILE] = json.dumps(settings, indent=2) + "\n"
         with writing(f"the predictions in {out}"):
             write_files_atomically(out, files)
         write_json(record, scores)  # last: it marks the task run complete
