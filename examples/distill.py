@@ -73,7 +73,7 @@ def parse_args(argv=None):
     # the training flags apply to each of the two student runs.
     pretrain.add_data_args(p, job)
     m = p.add_argument_group("student")
-    pretrain.add_architecture_args(m)  # the student's switches; unset, its preset's own
+    pretrain.add_architecture_args(m, job)  # the student's switches; unset, its preset's own
     cli.add_flags(m, job, ["--attention", "--dropout", "--compile", "--gradient-checkpointing"])
     pretrain.add_training_args(p, job)
     pretrain.add_run_args(p, default_out=Path("runs/distill"), job=job)

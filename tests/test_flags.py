@@ -50,9 +50,9 @@ def test_pretraining_defaults_are_the_preset(script, argv, job):
     assert _differs(pretrain.train_config(args), job.train) == {
         "decay_steps": (job.train.max_steps, None)}
     assert job.train == pretrain.MAIN_JOB.train  # distillation trains as the main job does
-    assert (args.preset, args.seq_len, args.mask_prob, args.eval_mask_prob, args.dataset,
-            args.train_split, args.eval_split, args.keep_freed_memory) == (
-        job.preset, job.seq_len, job.mask_prob, job.eval_mask_prob, job.dataset,
+    assert (args.preset, args.position, args.seq_len, args.mask_prob, args.eval_mask_prob,
+            args.dataset, args.train_split, args.eval_split, args.keep_freed_memory) == (
+        job.preset, job.position, job.seq_len, job.mask_prob, job.eval_mask_prob, job.dataset,
         job.train_split, job.eval_split, job.keep_freed_memory)
     if script == "pretrain_wikitext":
         assert args.vocab_size == job.vocab_size

@@ -56,8 +56,8 @@ def test_end_to_end_outputs(data_dir, tmp_path, allocator_calls):
     model = minibert.BertForMaskedLM.from_pretrained(out / "final")
     tok = minibert.Tokenizer.from_pretrained(out / "final")
     assert model.config.vocab_size == tok.vocab_size
-    transformers = pytest.importorskip("transformers")
-    transformers.BertForMaskedLM.from_pretrained(out / "final")
+    # the main job's positions are rotary, whatever the preset's own (tiny's: learned)
+    assert model.config.position == "rope"
 
 
 def test_sequence_length_warmup_by_default_and_as_asked(data_dir, tmp_path):
@@ -251,11 +251,14 @@ def test_existing_run_is_never_overwritten_and_damage_is_detected(data_dir, tmp_
 
 def test_continued_pretraining_on_a_folder_of_text_files(data_dir, tmp_path, allocator_calls,
                                                          monkeypatch):
-    """--init-from a checkpoint, --data-dir any folder of .txt files (domain adaptation)."""
+    """--init-from a checkpoint, --data-dir any folder of .txt files (domain adaptation).
+    The model is the checkpoint's: a classic BERT stays one, though the main job's own
+    positions are rotary."""
     import minibert.interop.hf
 
     cache = tmp_path / "cache"
-    assert pretrain.main(_args(data_dir, tmp_path / "base", cache, "--max-steps", "2")) == 0
+    assert pretrain.main(_args(data_dir, tmp_path / "base", cache, "--max-steps", "2",
+                               "--position", "learned")) == 0
     reads = []  # the weights' tensors read (a header alone is not a read)
     load = minibert.interop.hf._load_safetensors
 
@@ -280,6 +283,7 @@ def test_continued_pretraining_on_a_folder_of_text_files(data_dir, tmp_path, all
     assert allocator_calls == [True, True]  # asked by both runs (the first by default)
     base_tok = minibert.Tokenizer.from_pretrained(tmp_path / "base" / "final")
     assert minibert.Tokenizer.from_pretrained(out / "final").fingerprint == base_tok.fingerprint
+    assert minibert.BertForMaskedLM.from_pretrained(out / "final").config.position == "learned"
     # The before and after: an evaluation at step 0, then the sequences at their full length
     # from the first step (the model learned it); --seq-len-warmup restarts the warmup.
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
@@ -544,7 +548,8 @@ def test_the_main_job_trains_the_modern_family_and_its_switches(data_dir, tmp_pa
     """--preset modernbert-tiny trains and exports a folder transformers' ModernBERT loads;
     a switch given as a flag reaches the config; a bad one is named as the flag. The last
     line says whether transformers loads final/: a mix of switches it has no class for
-    (BERT with rotary positions) loads in minibert alone."""
+    (BERT with rotary positions, the main job's default) loads in minibert alone, classic
+    BERT (`--position learned`) in transformers' BertForMaskedLM too."""
     caplog.set_level(logging.INFO)
     out = tmp_path / "modern"
     assert pretrain.main(_args(data_dir, out, tmp_path / "cache", "--preset",
@@ -554,14 +559,19 @@ def test_the_main_job_trains_the_modern_family_and_its_switches(data_dir, tmp_pa
     assert config["model_type"] == "modernbert" and config["local_attention"] == 16
     transformers = pytest.importorskip("transformers")
     transformers.ModernBertForMaskedLM.from_pretrained(out / "final")
-    out = tmp_path / "rope"
-    assert pretrain.main(_args(data_dir, out, tmp_path / "cache", "--position", "rope",
-                               "--no-bias", "--max-steps", "2")) == 0
+    out = tmp_path / "rope"  # the main job's own positions
+    assert pretrain.main(_args(data_dir, out, tmp_path / "cache", "--no-bias",
+                               "--max-steps", "2")) == 0
     model = minibert.BertForMaskedLM.from_pretrained(out / "final")
     assert (model.config.position, model.config.bias, model.config.mlp) == ("rope", False,
                                                                             "gelu")
     said = caplog.records[-1].getMessage()
     assert "transformers has no class for" in said and "loads too" not in said, said
+    out = tmp_path / "classic"  # classic BERT, which transformers' BertForMaskedLM loads
+    assert pretrain.main(_args(data_dir, out, tmp_path / "cache", "--position", "learned",
+                               "--max-steps", "2")) == 0
+    assert "transformers' BertForMaskedLM loads too" in caplog.records[-1].getMessage()
+    transformers.BertForMaskedLM.from_pretrained(out / "final")
     assert pretrain.main(_args(data_dir, tmp_path / "bad", tmp_path / "cache",
                                "--global-every", "0")) == 2
     assert not (tmp_path / "bad").exists()

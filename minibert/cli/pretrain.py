@@ -52,7 +52,13 @@ class PretrainJob(Job):
     eval_split: str = "valid"
     mask_prob: float = 0.15  # share of tokens masked for training
     eval_mask_prob: float = 0.15  # share masked for evaluation, apart from the training rate
+    position: Optional[str] = None  # --position's default; None: the preset's own
 
+
+# Why the main job turns classic BERT's learned position table into rotary positions.
+POSITION_WHY = ("a learned table holds the first thousand steps of real text on the "
+                "unigram plateau, and a CPU-hour of rotary positions fine-tunes and scores "
+                "better on GLUE and BLiMP (benchmarks/RESULTS.md, 'What pretraining buys')")
 
 # The main job, examples/pretrain_wikitext.py: every default of its flags. Where it leaves
 # BERT's recipe (30% masking, sequence-length warmup, no dropout), the flag's help says why;
@@ -64,10 +70,11 @@ MAIN_JOB = PretrainJob(
                       schedule="linear", weight_decay=0.01, adam_eps=1e-6, max_grad_norm=1.0,
                       eval_every=200, eval_batches=20, save_every=100, seq_len_warmup=0.5,
                       seq_len_start=16),
-    preset="mini", vocab_size=8192, seq_len=128, dropout=0.0, mask_prob=0.3)
+    preset="mini", position="rope", vocab_size=8192, seq_len=128, dropout=0.0, mask_prob=0.3)
 
-# Distillation (examples/distill.py): the main job's training, a `tiny` student.
-DISTILL = replace(MAIN_JOB, preset="tiny", dropout=None)
+# Distillation (examples/distill.py): the main job's training, a `tiny` student with its
+# preset's own switches.
+DISTILL = replace(MAIN_JOB, preset="tiny", position=None, dropout=None)
 
 # The BertConfig fields the architecture flags set (architecture_overrides), as those flags.
 ARCHITECTURE_FLAGS = {"norm_position": "--norm", "position": "--position", "mlp": "--mlp",
@@ -208,11 +215,15 @@ def add_run_args(p: argparse.ArgumentParser, default_out: Path, job: PretrainJob
         "--no-progress"], out=str(default_out))
 
 
-def add_architecture_args(group: argparse._ArgumentGroup) -> None:
-    """The model's switches as flags (BertConfig's docstring): unset, the preset's own."""
+def add_architecture_args(group: argparse._ArgumentGroup, job: PretrainJob = MAIN_JOB) -> None:
+    """The model's switches as flags (BertConfig's docstring): unset, the job's
+    (`PretrainJob.position`), else the preset's own."""
     group.add_argument("--norm", choices=["pre", "post"], help="LayerNorm placement; default "
                        "the preset's (post for BERT's, pre for modernbert-*)")
-    group.add_argument("--position", choices=["learned", "rope"], help="position embeddings")
+    group.add_argument("--position", choices=["learned", "rope"], default=job.position,
+                       help="position embeddings: rotary (rope) or a learned table (classic "
+                       "BERT's); default " + (f"{job.position}: " + POSITION_WHY
+                                              if job.position else "the preset's"))
     group.add_argument("--mlp", choices=["gelu", "geglu"], help="the feed-forward")
     group.add_argument("--bias", action=argparse.BooleanOptionalAction, help="biases in the "
                        "linear layers and LayerNorms")
