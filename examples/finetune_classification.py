@@ -20,7 +20,8 @@ text first, as transformers does), `TaskCollator` pads length-grouped batches, a
 the flags, checks and start-up shared with the other fine-tuning scripts are
 `minibert.cli.finetune` and `minibert.cli`.
 Outputs in --out: metrics.jsonl, eval.json, predictions.tsv, labels.json, checkpoints/ and
-final/ (model + tokenizer, loadable by minibert and transformers). Bad input ends with one
+final/ (model + tokenizer, loadable by minibert, and by transformers where the encoder is
+classic BERT or ModernBERT). Bad input ends with one
 line on stderr naming the file and the line, and exit status 2, before --out is touched;
 the exit status says how a run ended (minibert/cli.py).
 """

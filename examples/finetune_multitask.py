@@ -19,7 +19,8 @@ minibert.cli.finetune and minibert.cli hold what the fine-tuning scripts share. 
 epoch-equivalents: (all tasks' training examples) / --batch-size steps, after each of which
 every task is evaluated. Outputs in --out: metrics.jsonl (keys "task/metric"), eval.json
 ({"tasks": {name: scores}}, run totals), checkpoints/ and final/ with one exported
-single-task folder per task (final/<name>/, loadable by minibert and transformers). Bad
+single-task folder per task (final/<name>/, loadable by minibert, and by transformers where
+the encoder is classic BERT or ModernBERT). Bad
 input ends with one line on stderr and exit status 2, before --out is touched.
 """
 

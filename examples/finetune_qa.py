@@ -12,7 +12,8 @@ scores it; `minibert.cli.finetune` and `minibert.cli` hold what the fine-tuning 
 Without --init-from, a WordPiece tokenizer is trained on the training questions and
 contexts and the weights start random (the baseline).
 Writes metrics.jsonl, eval.json, predictions.json (id -> answer, "" for none), checkpoints/
-and final/ (model + tokenizer, for minibert and transformers) into --out. Bad input (a file,
+and final/ (model + tokenizer, for minibert, and for transformers where the encoder is
+classic BERT or ModernBERT) into --out. Bad input (a file,
 a window too small for any context): one line naming the file (and question) on stderr,
 exit status 2, and --out untouched.
 """

@@ -59,6 +59,27 @@ def test_pretraining_defaults_are_the_preset(script, argv, job):
         assert args.dropout is None and job.dropout == 0.0  # build_model reads the preset
 
 
+def test_the_main_jobs_positions_are_rotary_and_say_who_loads_them():
+    """With no model flag the main job trains `mini` with rotary positions (chosen by GLUE
+    and BLiMP per CPU-hour, benchmarks/RESULTS.md), a folder minibert alone loads;
+    `--position learned` is classic BERT, which transformers' BertForMaskedLM loads, and
+    distillation's student keeps its own preset's switches."""
+    import minibert
+    from minibert.interop.hf import transformers_class
+
+    def built(script, argv):
+        args = load_example(script).parse_args(argv)
+        preset = args.student_preset if script == "distill" else args.preset
+        return minibert.BertForMaskedLM(minibert.BertConfig.preset(
+            preset, vocab_size=64, **pretrain.architecture_overrides(args)))
+
+    main_job = built("pretrain_wikitext", [])
+    assert main_job.config.position == "rope" and transformers_class(main_job) is None
+    assert transformers_class(built("pretrain_wikitext", ["--position", "learned"])) == \
+        "BertForMaskedLM"
+    assert transformers_class(built("distill", ["--teacher", "t"])) == "BertForMaskedLM"
+
+
 def test_main_job_numbers():
     """The main job's defaults, as README.md and docs/ quote them."""
     job = pretrain.MAIN_JOB
