@@ -93,6 +93,13 @@ def wikitext_folder(folder: Path, sizes=(("train", 120), ("valid", 20))) -> Path
     return folder
 
 
+def weights_file(folder: Path) -> Path:
+    """A model folder's weights file, found rather than named: its name says who loads it
+    (README, "Which folders transformers loads")."""
+    (found,) = folder.glob("*.safetensors")
+    return found
+
+
 def from_checkpoint(argv: list) -> list:
     """`argv` without --preset and --vocab-size where it gives --init-from: the scripts refuse
     the flags of a new model beside a checkpoint, which sets the model itself."""

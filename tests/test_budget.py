@@ -7,7 +7,6 @@ import itertools
 import json
 import logging
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from minibert.training import budget
 from minibert.training.checkpoint import latest_checkpoint, load_checkpoint
 from minibert.training.state import TrainConfig
 
-from engine_utils import load_example, wikitext_folder
+from engine_utils import load_example, weights_file, wikitext_folder
 from facts import assert_carries, raises, without
 
 pretrain = load_example("pretrain_wikitext")
@@ -171,13 +170,6 @@ def test_refusals_name_the_flags_and_leave_no_out(data_dir, tmp_path, capsys, mo
     assert readings  # the last two were measured before they were refused
 
 
-def _weights(out: Path) -> Path:
-    """The weights file of a run's final/: its name says who loads it (README, "Which
-    folders transformers loads"), so it is found, not named."""
-    (found,) = (out / "final").glob("*.safetensors")
-    return found
-
-
 def _run(data_dir, out, cache, *extra) -> None:
     assert pretrain.main(_args(data_dir, out, cache, *extra)) == 0
 
@@ -233,7 +225,7 @@ def test_a_budget_run_is_a_max_steps_run_of_its_steps_bit_for_bit(data_dir, tmp_
     _run(data_dir, tmp_path / "budget", cache, "--time-budget", "23.2s", "--dropout", "0.1")
     assert readings
     _run(data_dir, tmp_path / "steps", cache, "--max-steps", "20", "--dropout", "0.1")
-    for name in (_weights(tmp_path / "budget").name, "config.json"):
+    for name in (weights_file(tmp_path / "budget" / "final").name, "config.json"):
         assert (tmp_path / "budget" / "final" / name).read_bytes() == \
             (tmp_path / "steps" / "final" / name).read_bytes(), name
 
@@ -258,7 +250,8 @@ def test_a_resume_keeps_the_steps_and_never_measures_again(data_dir, tmp_path, m
     _run(data_dir, out, cache, *flags, "--resume")
     assert not readings  # nothing measured
     assert _saved_config(out)[0]["max_steps"] == 20
-    assert _weights(out).read_bytes() == _weights(whole).read_bytes()
+    assert weights_file(out / "final").read_bytes() == \
+        weights_file(whole / "final").read_bytes()
     capsys.readouterr()
     # A finished budget run resumed: nothing to do, at its own 20 steps.
     _run(data_dir, out, cache, *flags, "--resume")

@@ -18,7 +18,7 @@ import torch
 
 import minibert
 
-from engine_utils import WORDS, from_checkpoint, load_example, wikitext_folder
+from engine_utils import WORDS, from_checkpoint, load_example, weights_file, wikitext_folder
 from facts import assert_carries, raises, without
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "pretrain_wikitext.py"
@@ -36,13 +36,6 @@ def _args(data_dir, out, cache, *extra):
         "--preset", "tiny", "--vocab-size", "200", "--seq-len", "32", "--batch-size", "8",
         "--max-steps", "6", "--log-every", "1", "--no-progress", "--eval-batches", "2",
         "--precision", "fp32", *extra])
-
-
-def _weights(folder: Path) -> Path:
-    """A model folder's weights file, whose name says who loads it (README, "Which folders
-    transformers loads")."""
-    (found,) = folder.glob("*.safetensors")
-    return found
 
 
 def test_end_to_end_outputs(data_dir, tmp_path, allocator_calls):
@@ -395,7 +388,7 @@ def test_finished_results_are_kept_when_checkpoints_are_deleted(data_dir, tmp_pa
 
     shutil.rmtree(out / "checkpoints")
     before = {p: p.read_bytes() for p in (out / "eval.json", out / "metrics.jsonl",
-                                          _weights(out / "final"))}
+                                          weights_file(out / "final"))}
     err = _error_line(capsys, _args(data_dir, out, cache, "--max-steps", "2"))
     # what the run left, that it cannot be resumed, and what to delete to start again
     assert_carries(err, str(out), "final/, eval.json, metrics.jsonl", "no checkpoint", "delete")
@@ -510,7 +503,7 @@ def test_damaged_weights_checkpoints_and_a_full_disk_are_one_line(data_dir, tmp_
     # --init-from a folder whose weights were cut short by a bad copy
     cut = tmp_path / "cut"
     shutil.copytree(tmp_path / "base" / "final", cut)
-    weights = _weights(cut)
+    weights = weights_file(cut)
     weights.write_bytes(weights.read_bytes()[:5000])
     err = _error_line(capsys, _args(data_dir, tmp_path / "a", cache, "--init-from", str(cut)))
     assert_carries(err, str(weights), "damaged")
