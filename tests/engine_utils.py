@@ -3,6 +3,8 @@
 import os
 import random
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,6 +100,25 @@ def weights_file(folder: Path) -> Path:
     (README, "Which folders transformers loads")."""
     (found,) = folder.glob("*.safetensors")
     return found
+
+
+def torchrun(script: Path, args: list, logs: Path, timeout: int = 300) -> None:
+    """Run `script args` under torchrun as 2 CPU processes of one thread each (this folder and
+    the repository on their path), and fail with every rank's own stderr: each rank writes
+    its output to a file under `logs` (torchrun's --redirects), so the one that failed says
+    why, however long the other's output."""
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node", "2", "--log-dir", str(logs), "--redirects", "3",
+                           str(script), *map(str, args)],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        ranks = "".join(f"\n---- {f.relative_to(logs)}\n{f.read_text()[-4000:]}"
+                        for f in sorted(logs.rglob("stderr.log")))
+        pytest.fail(f"torchrun exited {done.returncode}\n---- torchrun\n{done.stderr[-3000:]}"
+                    f"{ranks}", pytrace=False)
 
 
 def from_checkpoint(argv: list) -> list:

@@ -2,14 +2,12 @@
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from engine_utils import MODERN_TINY, collator, tiny_corpus, tiny_model, train_config
+from engine_utils import MODERN_TINY, collator, tiny_corpus, tiny_model, torchrun, train_config
 from minibert.training.distributed import unwrap
 from minibert.training.engine import train
 
@@ -29,13 +27,8 @@ def test_two_gloo_processes_match_one(tmp_path, n_examples, arch):
     single = tiny_model(tok, **(MODERN_TINY if arch == "modern" else {}))
     train(single, ds, collator(tok), train_config(), tmp_path / "one")
 
-    path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(HERE / "ddp_worker.py"), str(tmp_path), str(tmp_path / "two"),
-           str(n_examples or "all"), arch]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+    torchrun(HERE / "ddp_worker.py", [tmp_path, tmp_path / "two", n_examples or "all", arch],
+             tmp_path / "logs", timeout=240)
 
     def losses(d):
         return [json.loads(line)["loss"] for line in open(d / "metrics.jsonl")]
