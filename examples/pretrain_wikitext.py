@@ -102,10 +102,11 @@ def main(argv=None) -> int:
         # Training: dynamic masking of each batch as it is drawn.
         collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed,
                               whole_word_mask=args.whole_word_mask)
-        # The plan, said in one summary: a few steps timed on a copy of the model give the
-        # run's time, and under --time-budget its steps, kept from the run's start on a
-        # --resume (docs/runs.md, "A compute budget").
-        cfg = pretrain.plan_run(args, cfg, model, train_set, collate, ctx, identity)
+        # The plan, said in one summary: a few steps timed on a copy of the model (and the
+        # scoring of a part of the BLiMP sample) give the run's time, and under --time-budget
+        # its steps, kept from the run's start on a --resume (docs/runs.md, "A compute budget").
+        scoring = pretrain.blimp_scoring(blimp, tok) if blimp is not None else None
+        cfg = pretrain.plan_run(args, cfg, model, train_set, collate, ctx, identity, scoring)
 
         # --out: a fresh start, or a --resume of this very run (its data, tokenizer and
         # settings compared with the checkpoint's).

@@ -95,6 +95,19 @@ def wikitext_folder(folder: Path, sizes=(("train", 120), ("valid", 20))) -> Path
     return folder
 
 
+def blimp_folder(folder: Path, pairs: int = 12) -> Path:
+    """Two BLiMP paradigms of `pairs` minimal pairs each, in BLiMP's jsonl layout."""
+    import json
+
+    for name, (good, bad) in {"agreement": ("the cat is here .", "the cat are here ."),
+                              "order": ("it was a good film .", "it was film a good .")}.items():
+        with open(folder / f"{name}.jsonl", "w") as f:
+            for i in range(pairs):
+                f.write(json.dumps({"sentence_good": f"{good} {i}", "sentence_bad": f"{bad} {i}",
+                                    "field": "syntax", "UID": name, "pairID": str(i)}) + "\n")
+    return folder
+
+
 def weights_file(folder: Path) -> Path:
     """A model folder's weights file, found rather than named: its name says who loads it
     (README, "Which folders transformers loads")."""

@@ -110,6 +110,17 @@ def test_evaluations_count_in_the_estimate():
     assert (fit.steps, fit.evaluations, fit.estimate) == (9, 3, 12.0)
 
 
+def test_an_evaluations_own_scores_count_in_the_estimate():
+    """An eval_fn that scores more than the batches (--eval-blimp's pairs): 3 s more at each
+    of the 3 evaluations of 9 steps every 4."""
+    times = budget.StepTimes({32: 1.0}, eval_batch=0.5, eval_extra=3.0)
+    every_4 = TrainConfig(seq_len_warmup=0, eval_every=4, eval_batches=2)
+    assert budget.estimate_seconds(9, times, every_4, 32) == 9 + 3 * (1 + 3)
+    fit = budget.fit_steps(21.0, times, every_4, 32, reserve=0.0)
+    assert (fit.steps, fit.evaluations, fit.estimate) == (9, 3, 21.0)
+    assert "evaluation's own scores 3 s" in budget.describe(times)
+
+
 def test_a_budget_that_fits_no_step_is_refused():
     times = budget.StepTimes({32: 2.0}, eval_batch=1.0)
     cfg = TrainConfig(seq_len_warmup=0, eval_batches=2)
@@ -202,6 +213,23 @@ def test_the_budget_sets_the_steps_and_the_schedule_fits_them(data_dir, tmp_path
     # 16 + 32 * (s - 1) / 10 ... in multiples of 8 over steps 1-10, then 32
     lengths = [seq_len_at(s, 32, 16, 10) for s in range(1, 21)]
     assert summary["steps"] == 20 and summary["tokens_seen"] == 8 * sum(lengths)
+
+
+def test_the_budget_counts_eval_blimps_scoring(data_dir, tmp_path, monkeypatch, caplog):
+    """--eval-blimp scores 10 pairs of each of 2 paradigms at each evaluation. A tenth of them
+    is timed, at 1 s, so an evaluation costs its 2 batches and 10 s of scoring: 23.2 s less
+    5% (22.04 s) then fits 10 steps, where without it 20 fit (test_the_budget_sets_...)."""
+    from engine_utils import blimp_folder
+    _clock(monkeypatch, 1.0)
+    (tmp_path / "blimp").mkdir()
+    blimp = blimp_folder(tmp_path / "blimp")
+    out = tmp_path / "run"
+    with caplog.at_level(logging.INFO):
+        _run(data_dir, out, tmp_path / "cache", "--time-budget", "23.2s",
+             "--eval-blimp", str(blimp), "--eval-blimp-pairs", "10")
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert_carries(said, "10 steps fit", "--max-steps 10", "evaluation's own scores 10 s")
+    assert _saved_config(out)[0]["max_steps"] == 10
 
 
 def test_every_fresh_start_says_its_plan_and_the_time_it_will_take(data_dir, tmp_path,

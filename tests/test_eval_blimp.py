@@ -6,7 +6,7 @@ import json
 import pytest
 
 import minibert
-from engine_utils import load_example, quick_runs, wikitext_folder  # noqa: F401 (fixture)
+from engine_utils import blimp_folder, load_example, quick_runs, wikitext_folder  # noqa: F401
 from facts import assert_carries
 from minibert.tasks.blimp import evaluate_blimp, read_blimp, sample_pairs
 
@@ -20,14 +20,7 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def blimp_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("blimp")
-    for name, (good, bad) in {"agreement": ("the cat is here .", "the cat are here ."),
-                              "order": ("it was a good film .", "it was film a good .")}.items():
-        with open(d / f"{name}.jsonl", "w") as f:
-            for i in range(12):
-                f.write(json.dumps({"sentence_good": f"{good} {i}", "sentence_bad": f"{bad} {i}",
-                                    "field": "syntax", "UID": name, "pairID": str(i)}) + "\n")
-    return d
+    return blimp_folder(tmp_path_factory.mktemp("blimp"))
 
 
 def _args(data_dir, blimp_dir, out, cache, *extra):

@@ -27,7 +27,7 @@ from ..data.corpus import CORPUS_FOLDER, Corpus, load_corpus
 from ..data.prepare import PreparedCorpus, check_splits, open_prepared, prepare_corpus
 from ..data.text import TEXT_FIELD
 from ..data.wikitext import SPLITS as WIKITEXT_SPLITS, WIKITEXT_VARIANTS
-from ..tasks.blimp import read_blimp, sample_pairs
+from ..tasks.blimp import read_blimp, sample_pairs, score_pairs
 from ..training import budget, runlog
 from ..training.checkpoint import latest_checkpoint, load_checkpoint
 from ..training.distributed import DistContext, all_gather_objects
@@ -199,6 +199,22 @@ def read_eval_blimp(args: Any) -> Optional[dict]:
     return sample_pairs(read_blimp(args.eval_blimp), args.eval_blimp_pairs)
 
 
+# The share of --eval-blimp's sample that a --time-budget times, one pair of each paradigm at
+# the least: scoring costs about its pairs, so a tenth tells an evaluation's cost in a tenth
+# of the time (budget.ExtraScores).
+BLIMP_TIMED_SHARE = 0.1
+
+
+def blimp_scoring(sample: dict, tokenizer: Tokenizer) -> budget.ExtraScores:
+    """What --eval-blimp adds to each evaluation, for a budget to time: the scoring of a part of
+    `sample` (`read_eval_blimp`'s), and that part's share of its pairs."""
+    per_paradigm = max(len(pairs) for pairs in sample.values())
+    part = sample_pairs(sample, max(1, round(per_paradigm * BLIMP_TIMED_SHARE)))
+    share = sum(map(len, part.values())) / sum(map(len, sample.values()))
+    return budget.ExtraScores(
+        lambda model, precision: score_pairs(model, tokenizer, part, precision=precision), share)
+
+
 def blimp_digest(sample: dict) -> str:
     """What makes two --eval-blimp samples the same: their pairs' sentences, in order."""
     h = hashlib.blake2b(digest_size=8)
@@ -348,7 +364,8 @@ def budget_seconds(args: Any) -> Optional[float]:
 
 
 def plan_run(args: Any, cfg: TrainConfig, model: nn.Module, train_set: Dataset,
-             collate: Callable, ctx: DistContext, identity: dict[str, Any]) -> TrainConfig:
+             collate: Callable, ctx: DistContext, identity: dict[str, Any],
+             extra: Optional[budget.ExtraScores] = None) -> TrainConfig:
     """The run's settings once its length is known, said in one summary before --out is
     touched: its steps, its schedules and the time it is estimated to take.
 
@@ -359,7 +376,8 @@ def plan_run(args: Any, cfg: TrainConfig, model: nn.Module, train_set: Dataset,
     schedule's horizon to the budget; a resume keeps the steps of the run's start and
     measures nothing (the engine says the time left at each evaluation, from the run's own
     speed). `identity` (the data's, which a resume compares) records the budget and its
-    steps, so that a resume under another budget, or none, is refused by name."""
+    steps, so that a resume under another budget, or none, is refused by name. `extra`: what
+    each evaluation scores beyond its batches (`blimp_scoring`), timed and counted too."""
     seconds = budget_seconds(args)
     if args.resume:
         record = recorded_budget(args.out) if seconds is not None else None
@@ -382,7 +400,7 @@ def plan_run(args: Any, cfg: TrainConfig, model: nn.Module, train_set: Dataset,
     began = time.perf_counter()
     times = budget.measure_step_times(model, train_set, collate, cfg, ctx,
                                       budget.measured_lengths(full, start),
-                                      resolve_precision(cfg.precision, ctx.device))
+                                      resolve_precision(cfg.precision, ctx.device), extra=extra)
     took = time.perf_counter() - began
     fitted = None
     if seconds is not None:

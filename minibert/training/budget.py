@@ -19,9 +19,10 @@ random generator it moved.
 The estimate of N steps integrates the sequence-length warmup (data/seq_warmup.py): a step
 costs more the longer its sequences, and the first steps of a run are short. A step is
 timed at a few lengths, the time at the others interpolated between them; the periodic
-evaluations are counted from a timed evaluation batch, and `RESERVE` of the budget is held
-back for what is not timed (checkpoints, the log, a machine a little busier than when it
-was measured).
+evaluations are counted from a timed evaluation batch, with whatever an evaluation scores
+beyond its batches (`ExtraScores`: the main job's --eval-blimp pairs), and `RESERVE` of the
+budget is held back for what is not timed (checkpoints, the log, a machine a little busier
+than when it was measured).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import re
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -82,17 +83,30 @@ def parse_duration(text: str) -> float:
 
 @dataclass(frozen=True)
 class StepTimes:
-    """Seconds an optimizer step takes at some sequence lengths, and one evaluation batch at
-    full length (0: the run evaluates nothing)."""
+    """Seconds an optimizer step takes at some sequence lengths, one evaluation batch at full
+    length (0: the run evaluates nothing), and what each evaluation scores beyond its batches
+    (`ExtraScores`; 0: nothing)."""
 
     by_length: Mapping[int, float]
     eval_batch: float
+    eval_extra: float = 0.0
 
     def at(self, length: float) -> float:
         """A step's seconds at `length`: linear between the measured lengths, and the
         nearest one's outside them."""
         lengths = sorted(self.by_length)
         return float(np.interp(length, lengths, [self.by_length[n] for n in lengths]))
+
+
+@dataclass(frozen=True)
+class ExtraScores:
+    """What an evaluation scores beyond its batches, for a budget to count: an `eval_fn`'s own
+    work, such as scoring BLiMP's pairs. `score(model, precision)` does `share` of it (a
+    part is timed, not the whole: scoring costs about its pairs), and its time over `share`
+    is an evaluation's."""
+
+    score: Callable[[nn.Module, str], object]
+    share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -135,7 +149,8 @@ def estimate_seconds(steps: int, times: StepTimes, cfg: TrainConfig, full: int) 
     lengths = schedule_lengths(steps, full, cfg.seq_len_start, warmup)
     measured = sorted(times.by_length)
     per_step = np.interp(lengths, measured, [times.by_length[n] for n in measured])
-    return float(per_step.sum()) + evaluations(steps, cfg) * cfg.eval_batches * times.eval_batch
+    each_evaluation = cfg.eval_batches * times.eval_batch + times.eval_extra
+    return float(per_step.sum()) + evaluations(steps, cfg) * each_evaluation
 
 
 def fit_steps(budget: float, times: StepTimes, cfg: TrainConfig, full: int,
@@ -166,12 +181,13 @@ def fit_steps(budget: float, times: StepTimes, cfg: TrainConfig, full: int,
 
 def measure_step_times(model: nn.Module, train_set: Dataset, collate: Callable,
                        cfg: TrainConfig, ctx: DistContext, lengths: Sequence[int],
-                       precision: str, evaluates: bool = True, repeats: int = REPEATS
-                       ) -> StepTimes:
+                       precision: str, evaluates: bool = True, repeats: int = REPEATS,
+                       extra: Optional[ExtraScores] = None) -> StepTimes:
     """Time training steps of `model` at each of `lengths`, and (`evaluates`) an evaluation
     batch at full length, as `train` would take them: this rank's share of a global batch
     of `train_set`'s first examples, in `cfg`'s micro-batches, forward and backward under
-    `precision`, clipped, and AdamW's update.
+    `precision`, clipped, and AdamW's update. `extra`: what each evaluation scores beyond
+    its batches, timed once on the same model after an untimed call.
 
     The steps train a copy of the model with an optimizer of its own, and every random
     generator is put back afterwards: the model, and the run that follows, are as they would
@@ -180,18 +196,19 @@ def measure_step_times(model: nn.Module, train_set: Dataset, collate: Callable,
     saved = rng_state()
     try:
         times = _timed(model, train_set, collate, cfg, ctx, lengths, precision, evaluates,
-                       repeats)
+                       repeats, extra)
     finally:
         set_rng_state(saved)  # dropout drew from them: the run draws as if never measured
     ranks = all_gather_objects(times, ctx)
     return StepTimes({n: max(r[0][n] for r in ranks) for n in lengths},
-                     max(r[1] for r in ranks))
+                     max(r[1] for r in ranks), max(r[2] for r in ranks))
 
 
 def _timed(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainConfig,
            ctx: DistContext, lengths: Sequence[int], precision: str, evaluates: bool,
-           repeats: int) -> tuple[dict[int, float], float]:
-    """(seconds per step at each length, seconds per evaluation batch) on this rank."""
+           repeats: int, extra: Optional[ExtraScores]) -> tuple[dict[int, float], float, float]:
+    """(seconds per step at each length, per evaluation batch, per evaluation's extra
+    scores) on this rank."""
     device = ctx.device
     copied = copy.deepcopy(unwrap(model)).to(device).train()  # as train() runs it
     optimizer = build_optimizer(copied, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps)
@@ -221,11 +238,15 @@ def _timed(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCo
                 copied(**to_device(batch, device))
 
     by_length = {n: _median_seconds(lambda: step(n), repeats, device) for n in lengths}
-    eval_batch = 0.0
+    eval_batch = eval_extra = 0.0
     if evaluates:
         copied.eval()
         eval_batch = _median_seconds(evaluation, repeats, device)
-    return by_length, eval_batch
+        if extra is not None:  # as train calls an eval_fn: in eval mode, without gradients
+            with torch.no_grad():
+                part = _median_seconds(lambda: extra.score(copied, precision), 1, device)
+            eval_extra = part / extra.share
+    return by_length, eval_batch, eval_extra
 
 
 def _median_seconds(work: Callable[[], None], repeats: int, device: torch.device) -> float:
@@ -246,5 +267,7 @@ def describe(times: StepTimes) -> str:
     """The measured times as the log says them: `0.41 s at 16 tokens, 1.62 s at 128`."""
     shown = [f"{times.by_length[n]:.3g} s at {n} tokens" for n in sorted(times.by_length)]
     return ", ".join(shown) + (f"; an evaluation batch {times.eval_batch:.3g} s"
-                               if times.eval_batch else "")
+                               if times.eval_batch else "") + \
+        (f", and an evaluation's own scores {times.eval_extra:.3g} s" if times.eval_extra
+         else "")
 
