@@ -396,15 +396,16 @@ def test_the_time_left_counts_the_longer_steps_to_come():
     positions left take 12.8 s, and the one evaluation left (the final; step 4's is done)
     2 s. Counted in steps, as a tqdm bar counts, it would say 9.6 + 2."""
     from types import SimpleNamespace
-    from minibert.training.run import Run
+    from minibert.training.run import Around
     from minibert.training.state import TrainState
 
     run = SimpleNamespace(cfg=train_config(max_steps=8, eval_every=4, seq_len_start=16),
-                          widest=32, seq_warmup=4, eval_seconds=2.0)
+                          seq_warmup=4)
+    around = SimpleNamespace(run=run, widest=32, eval_seconds=2.0)
     state = TrainState(step=4, train_seconds=9.6)
-    assert Run.time_left(run, state) == pytest.approx(14.8)
+    assert Around.time_left(around, state) == pytest.approx(14.8)
     run.seq_warmup = 0  # no warmup: every step alike
-    assert Run.time_left(run, state) == pytest.approx(9.6 + 2.0)
+    assert Around.time_left(around, state) == pytest.approx(9.6 + 2.0)
 
 
 def test_bad_train_config():

@@ -26,7 +26,7 @@ counters), saved and restored whole (state.py). The run around the loop attaches
 points, each in a file of its own, and a first reading can skip them all:
     start_run / finish_run  the start (seeds, AdamW, the scaler, precision, resume or a
                             claimed folder, the meter) and the result (run.py)
-    run.log_step, run.evaluate, run.save
+    around.log_step, around.evaluate, around.save
                             the log row, evaluation (evaluation.py), checkpoints (resume.py)
     StopFlag                SIGTERM / SIGINT end the step in progress (signals.py)
     run.back_off, skip_step an out-of-memory step retried smaller; a non-finite one skipped
@@ -130,15 +130,15 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
     or global torch flag is written.
     """
     with shown(cfg.progress, ctx.is_main):  # runlog.shown: a bar, or a log line a row
-        run, state = start_run(
+        run, around, state = start_run(
             model, TrainData(train_set, collate, dict(data_identity or {}), lengths, batches),
             Evaluation(eval_set, eval_fn), cfg, ctx, Path(out_dir), resume=resume,
             overwrite=overwrite)
         cfg = run.cfg  # with the run's horizon (decay_steps)
         scores: Optional[Mapping[str, Any]] = None  # the last evaluation's, returned whole
         stop_signal: Optional[int] = None
-        if run.evaluates and cfg.eval_at_start and state.step == 0:  # the "before" row
-            run.log_eval(state, run.evaluate(state))
+        if around.evaluates and cfg.eval_at_start and state.step == 0:  # the "before" row
+            around.log_eval(state, around.evaluate(state))
         with StopFlag(enabled=cfg.handle_signals) as stop:
             upcoming = None  # the next step's batch, cut while this one computes
             while state.step < cfg.max_steps:
@@ -149,13 +149,14 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                     continue
                 loss, grad_norm, stopping, upcoming = done
                 # ---- log, evaluate, save, and stop on a signal (any rank's)
-                run.log_step(state, loss, grad_norm)
-                if run.evaluates and state.due(cfg.eval_every) and state.step < cfg.max_steps:
-                    scores = run.evaluate(state)
-                    run.log_eval(state, scores)
+                around.log_step(state, loss, grad_norm, batch)
+                if around.evaluates and state.due(cfg.eval_every) and \
+                        state.step < cfg.max_steps:
+                    scores = around.evaluate(state)
+                    around.log_eval(state, scores)
                 if (state.due(cfg.save_every) and state.bad_steps == 0) or stopping \
                         or state.step == cfg.max_steps:
-                    run.save(state)
+                    around.save(state)
                 if cfg.release_memory and state.step % RELEASE_EVERY == 0:
                     release_freed_memory()
                 if stopping:
@@ -164,7 +165,7 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
                                    "with --resume", state.step)
                     break
             stop_signal = stop_signal or signalled_during_save(stop, ctx)
-        return finish_run(run, state, scores, stop_signal)
+        return finish_run(around, state, scores, stop_signal)
 
 
 def step(run: Run, state: TrainState, batch: tuple[dict, list, list, int], stop: StopFlag,
@@ -248,7 +249,6 @@ def global_batch(run: Run, state: TrainState, step: int) -> tuple[dict, list, li
     # fewer or smaller, and micro_step_weight still makes its gradient exact.
     micros = [checked_batch(run.data.collate(examples[i:i + micro], epoch=epoch))
               for i in range(0, len(examples), micro)]
-    run.widest = max([run.widest] + [b["input_ids"].shape[1] for b in micros])  # time_left's
     if run.seq_warmup and step <= run.seq_warmup + 1:  # data/seq_warmup.py
         # L(step) from the global batch's width, the same however it is split
         full = max_over_ranks(max(b["input_ids"].shape[1] for b in micros), run.ctx)

@@ -1,4 +1,4 @@
-"""Evaluation during and after a run (`Run.evaluate`, run.py): the held-out batches, the MLM
+"""Evaluation during and after a run (`Around.evaluate`, run.py): the held-out batches, the MLM
 metrics over them, and the checks on the scores an `eval_fn` of your own returns.
 """
 

@@ -1,6 +1,7 @@
 """The run around the loop (engine.py): `start_run` sets up what `train` reads before its
-first step, `Run` holds that wiring for the run (its `evaluate` and `save` are the loop's
-calls), and `finish_run` gives the result. Nothing here changes what a step computes.
+first step: `Run`, what a step reads, and `Around`, what the loop attaches around the steps
+(its `log_step`, `evaluate` and `save` are the loop's calls); `finish_run` gives the result.
+Nothing here changes what a step computes.
 """
 
 from __future__ import annotations
@@ -59,10 +60,9 @@ class Evaluation(NamedTuple):
 
 @dataclass
 class Run:
-    """A run's wiring, fixed at its start: what the step reads, then what the run around it
-    attaches (evaluation, the log, the clock). What moves is in `TrainState`."""
+    """What an optimizer step reads (engine.step), fixed at the run's start. What moves is in
+    `TrainState`; what the loop attaches around the steps is in `Around`."""
 
-    # ---- what the step reads
     model: nn.Module  # as the steps call it: DDP- and compile-wrapped where asked
     raw: nn.Module  # the model itself, whose weights are saved (distributed.unwrap)
     cfg: TrainConfig  # with the run's horizon
@@ -77,26 +77,11 @@ class Run:
     seq_warmup: int  # sequence-length warmup, in steps (0: off)
     flops: Callable[[int, int, int], float]  # (length, tokens, targets) -> model FLOPs
     meter: StepMeter
-    # ---- what the run around the step attaches
-    evaluation: Evaluation
-    ckpt_root: Path
-    log: RunLog
-    bar: Any  # tqdm's bar, or None
-    peak: float  # the MFU ceiling of one rank (0 on ranks that do not log)
-    env: dict
-    start_step: int
-    started: float  # perf_counter() at this start, for wall_seconds
-    wall_before: float  # the run's wall time over its earlier starts (TrainState's)
-    widest: int = 0  # the widest batch so far, in positions: the full length, for time_left
-    eval_seconds: float = 0.0  # the last evaluation's, for time_left
+    ckpt_root: Path  # named by a stop after too many non-finite steps (recovery.skip_step)
 
     @property
     def batches(self) -> GlobalBatches:
         return self.data.batches
-
-    @property
-    def evaluates(self) -> bool:
-        return self.evaluation.eval_set is not None or self.evaluation.eval_fn is not None
 
     def micro_batch(self, state: TrainState) -> int:
         """The micro-batch in use: one an out-of-memory error backed off to, else `micro`."""
@@ -112,26 +97,54 @@ class Run:
     def lr(self, step: int) -> float:
         """The rate of `step` (optim.lr_at), on the horizon fixed at the run's start."""
         cfg = self.cfg
-        if step > cfg.decay_steps and step in (self.start_step + 1, cfg.decay_steps + 1):
-            logger.info("step %d is past the schedule's horizon (decay_steps=%d): the "
-                        "learning rate stays at min_lr=%g from here on", step,
-                        cfg.decay_steps, cfg.min_lr)  # said once a run
+        if step == cfg.decay_steps + 1:  # a resume already past it is said by start_run
+            _say_past_horizon(step, cfg)
         return lr_at(step, max_lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=self.warmup,
                      total_steps=cfg.decay_steps, schedule=cfg.schedule)
 
-    def log_step(self, state: TrainState, loss: float, grad_norm: float) -> None:
+
+def _say_past_horizon(step: int, cfg: TrainConfig) -> None:
+    logger.info("step %d is past the schedule's horizon (decay_steps=%d): the learning rate "
+                "stays at min_lr=%g from here on", step, cfg.decay_steps, cfg.min_lr)
+
+
+@dataclass
+class Around:
+    """What the loop attaches around the steps of `run`: evaluation, the log and its bar, the
+    checkpoints, and the clock of this start."""
+
+    run: Run
+    evaluation: Evaluation
+    log: RunLog
+    bar: Any  # tqdm's bar, or None
+    peak: float  # the MFU ceiling of one rank (0 on ranks that do not log)
+    env: dict
+    start_step: int
+    started: float  # perf_counter() at this start, for wall_seconds
+    wall_before: float  # the run's wall time over its earlier starts (TrainState's)
+    widest: int = 0  # the widest batch so far, in positions: the full length, for time_left
+    eval_seconds: float = 0.0  # the last evaluation's, for time_left
+
+    @property
+    def evaluates(self) -> bool:
+        return self.evaluation.eval_set is not None or self.evaluation.eval_fn is not None
+
+    def log_step(self, state: TrainState, loss: float, grad_norm: float,
+                 batch: tuple[dict, list, list, int]) -> None:
         """The progress bar, and a log row when due (rank 0): the step's loss (the global
         batch's mean over its targets), rate, gradient norm (before clipping), the meter's
-        tokens/s, MFU and peak memory, and the steps skipped so far."""
-        cfg = self.cfg
+        tokens/s, MFU and peak memory, and the steps skipped so far. `batch`: the step's
+        (engine.global_batch), whose width the time left counts from."""
+        run, cfg = self.run, self.run.cfg
+        self.widest = max([self.widest] + [b["input_ids"].shape[1] for b in batch[1]])
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{loss:.3f}")
-        if self.ctx.is_main and (state.step % cfg.log_every == 0 or state.step == cfg.max_steps):
+        if run.ctx.is_main and (state.step % cfg.log_every == 0 or state.step == cfg.max_steps):
             row = {"step": state.step, "train_seconds": round(state.train_seconds, 3),
-                   "loss": round(loss, 5), "lr": self.optimizer.param_groups[0]["lr"],
+                   "loss": round(loss, 5), "lr": run.optimizer.param_groups[0]["lr"],
                    "grad_norm": round(grad_norm, 4),
-                   **self.meter.take(self.peak * self.ctx.world_size, self.ctx.device),
+                   **run.meter.take(self.peak * run.ctx.world_size, run.ctx.device),
                    "skipped": state.skipped}
             self.log.write(row, self.bar)
             self.log.ceiling_beaten = self.log.ceiling_beaten or say_if_beaten(row["mfu"])
@@ -143,27 +156,28 @@ class Run:
 
     def save(self, state: TrainState) -> None:
         """The checkpoint of this step, with the run's wall time until now in it."""
+        run = self.run
         state.wall_seconds = self.wall_seconds()
-        save_run(self.ckpt_root, self.raw, state, self.cfg, self.data.identity, self.ctx)
+        save_run(run.ckpt_root, run.raw, state, run.cfg, run.data.identity, run.ctx)
 
     def evaluate(self, state: TrainState) -> Mapping[str, Any]:
         """One evaluation: `evaluate`'s MLM metrics (in micro-batches of the training
         micro-batch in use), or whatever `eval_fn` scores (train's docstring says how)."""
-        ctx = self.ctx
+        run, ctx = self.run, self.run.ctx
         began = time.perf_counter()
         try:
             eval_set, eval_fn = self.evaluation
             if eval_fn is None:
-                batches = eval_batches(eval_set, self.data.collate, self.cfg, ctx,
-                                       self.micro_batch(state))
-                scores = evaluate(self.model, batches, self.precision, ctx.device, ctx)
+                batches = eval_batches(eval_set, run.data.collate, run.cfg, ctx,
+                                       run.micro_batch(state))
+                scores = evaluate(run.model, batches, run.precision, ctx.device, ctx)
             else:
-                self.raw.eval()  # eval_fn is called in eval mode, without gradients, then back
+                run.raw.eval()  # eval_fn is called in eval mode, without gradients, then back
                 try:
                     with torch.no_grad():
-                        scores = eval_fn(self.raw, self.precision)  # the run's precision
+                        scores = eval_fn(run.raw, run.precision)  # the run's precision
                 finally:
-                    self.raw.train()
+                    run.raw.train()
         except torch.OutOfMemoryError as error:
             first = (str(error).strip().splitlines() or ["out of memory"])[0]
             raise TrainingError(
@@ -177,13 +191,13 @@ class Run:
     def log_eval(self, state: TrainState, scores: Mapping[str, Any]) -> None:
         """An evaluation's numbers in a log row of their own, then, within the run, the time
         it is estimated to have left (rank 0)."""
-        if not self.ctx.is_main:
+        if not self.run.ctx.is_main:
             return
         self.log.write({"step": state.step, "train_seconds": round(state.train_seconds, 3),
                         **numbers(scores)}, self.bar)
-        if 0 < state.step < self.cfg.max_steps:
+        if 0 < state.step < self.run.cfg.max_steps:
             logger.info("step %d of %d: about %s left, at this run's speed so far (longer "
-                        "sequences to come counted)", state.step, self.cfg.max_steps,
+                        "sequences to come counted)", state.step, self.run.cfg.max_steps,
                         spoken_seconds(self.time_left(state)))
 
     def time_left(self, state: TrainState) -> float:
@@ -192,9 +206,9 @@ class Run:
         so the seconds per position of the steps so far are scaled to the positions of the
         steps left, the sequence-length warmup's growing ones included (a tqdm-style rate of
         steps would miss those); each evaluation left takes the last one's time."""
-        cfg = self.cfg
+        cfg = self.run.cfg
         lengths = schedule_lengths(cfg.max_steps, self.widest, cfg.seq_len_start,
-                                   self.seq_warmup)
+                                   self.run.seq_warmup)
         done, left = lengths[:state.step].sum(), lengths[state.step:].sum()
         evaluations_left = (cfg.max_steps - 1) // cfg.eval_every if cfg.eval_every else 0
         evaluations_left += 1 - (state.step // cfg.eval_every if cfg.eval_every else 0)
@@ -204,7 +218,7 @@ class Run:
 
 def start_run(model: nn.Module, data: TrainData, evaluation: Evaluation, cfg: TrainConfig,
               ctx: DistContext, out_dir: Path, *, resume: bool, overwrite: bool
-              ) -> tuple[Run, TrainState]:
+              ) -> tuple[Run, Around, TrainState]:
     """Start or resume: check the settings, build the optimizer, scaler and batch order,
     then resume from the newest checkpoint or claim the folder and seed the ranks, and
     settle the precision, the MFU ceiling and the data position."""
@@ -246,14 +260,17 @@ def start_run(model: nn.Module, data: TrainData, evaluation: Evaluation, cfg: Tr
         optimizer=optimizer, scaler=scaler, data=data, per_rank=per_rank, micro=micro,
         warmup=resolve_warmup(cfg.warmup, cfg.decay_steps),
         seq_warmup=resolve_warmup(cfg.seq_len_warmup, cfg.decay_steps),
-        flops=_flops(raw, ctx.is_main), meter=StepMeter(), evaluation=evaluation,
-        ckpt_root=ckpt_root,
+        flops=_flops(raw, ctx.is_main), meter=StepMeter(), ckpt_root=ckpt_root)
+    around = Around(
+        run=run, evaluation=evaluation,
         log=RunLog(out_dir / "metrics.jsonl", stale_after=state.step if resume else None),
         bar=progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step),
         peak=peak, env=env, start_step=state.step, started=time.perf_counter(),
         wall_before=state.wall_seconds)
+    if cfg.decay_steps < state.step < cfg.max_steps:  # resumed past the horizon: said once
+        _say_past_horizon(state.step + 1, cfg)
     reset_peak_memory(device)  # the log's peak_mem_mb is this start's
-    return run, state
+    return run, around, state
 
 
 def signalled_during_save(stop: StopFlag, ctx: DistContext) -> Optional[int]:
@@ -263,32 +280,34 @@ def signalled_during_save(stop: StopFlag, ctx: DistContext) -> Optional[int]:
     return max_over_ranks(stop.signal or 0, ctx) or None
 
 
-def finish_run(run: Run, state: TrainState, scores: Optional[Mapping[str, Any]],
+def finish_run(around: Around, state: TrainState, scores: Optional[Mapping[str, Any]],
                stop_signal: Optional[int]) -> dict[str, Any]:
     """The run's result: its totals and, unless it was stopped, its final evaluation."""
-    if run.bar is not None:
-        run.bar.close()
-        run.bar = None  # the final evaluation's row is logged without it
+    run = around.run
+    if around.bar is not None:
+        around.bar.close()
+        around.bar = None  # the final evaluation's row is logged without it
     result: dict[str, Any] = {"steps": state.step, "tokens_seen": state.tokens_seen,
                               "skipped_steps": state.skipped,
-                              "wall_seconds": round(run.wall_seconds(), 2),
+                              "wall_seconds": round(around.wall_seconds(), 2),
                               "train_seconds": round(state.train_seconds, 3),
                               # A signal during the last step stops the run all the same:
                               # the script exits 128 + N, and a resume evaluates it.
                               "interrupted": state.step < run.cfg.max_steps or
                               stop_signal is not None,
                               "precision": run.precision,
-                              "environment": run.env, "steps_this_run": state.step - run.start_step,
+                              "environment": around.env,
+                              "steps_this_run": state.step - around.start_step,
                               "stop_signal": stop_signal}
     if run.ctx.is_main and not result["interrupted"]:
-        run.log.settle()
-    if run.evaluates and not result["interrupted"]:
-        scores = run.evaluate(state)
+        around.log.settle()
+    if around.evaluates and not result["interrupted"]:
+        scores = around.evaluate(state)
         # A resumed run that was already finished (a script's later stage resumed with it)
         # evaluates again for its result; its log may hold that row already, or not (a run
         # stopped at its last step, or during this evaluation).
-        if not run.log.has_eval(state.step):
-            run.log_eval(state, scores)
+        if not around.log.has_eval(state.step):
+            around.log_eval(state, scores)
     result.update(numbers(scores or {}))
     result["scores"] = scores
     return result
