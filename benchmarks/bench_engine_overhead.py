@@ -40,7 +40,8 @@ import torch
 import minibert
 from minibert.data import MLMCollator, PackedMLMDataset, load_wikitext, tokenize_to_memmap
 from minibert.training.distributed import DistContext
-from minibert.training.engine import TrainConfig, autocast_context, train
+from minibert.machine.precision import autocast_context
+from minibert.training.engine import TrainConfig, train
 from minibert.machine.meters import flops_per_token as minibert_flops
 from minibert.machine.meters import measure_peak_flops
 from minibert.machine.precision import MATMUL_DTYPES

@@ -47,7 +47,7 @@ import minibert.model.attention as A
 import minibert.machine.precision
 from minibert.machine import environment, kernels, swap
 from minibert.model.model import SelfAttention
-from minibert.training.engine import autocast_context
+from minibert.machine.precision import autocast_context
 from minibert.machine.memory import keep_freed_memory
 
 OURS = kernels.dropout

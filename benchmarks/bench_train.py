@@ -122,7 +122,7 @@ def build_step(settings: dict, args):
     import torch.nn.functional as F
 
     import minibert
-    from minibert.training.engine import autocast_context
+    from minibert.machine.precision import autocast_context
 
     device = torch.device(args.device)
     torch.manual_seed(0)

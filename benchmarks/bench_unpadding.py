@@ -24,7 +24,7 @@ import torch
 import minibert
 import minibert.machine.precision
 from minibert.model import model as M
-from minibert.training.engine import autocast_context
+from minibert.machine.precision import autocast_context
 
 
 def kept_precisions(precisions: list[str], device: str, emulated_bf16: bool) -> list[str]:

@@ -127,7 +127,7 @@ def make_batch(B: int, T: int, vocab: int, device: str, mask_share: float = 0.15
 def step_fn(model, opt, batch, precision: str, device: str):
     import torch
 
-    from minibert.training.engine import autocast_context
+    from minibert.machine.precision import autocast_context
 
     dev = torch.device(device)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 import minibert
-from minibert.training.engine import autocast_context
+from minibert.machine.precision import autocast_context
 from minibert.machine.memory import keep_freed_memory
 
 CONFIGS = {  # name: (preset, batch, seq_len, vocab, masked share, dropout, minibert attention)

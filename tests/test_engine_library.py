@@ -114,7 +114,7 @@ def test_a_regression_head_of_ones_own_trains_and_accumulates_exactly(tmp_path, 
 def test_a_float_label_is_a_target_whatever_its_value():
     """IGNORE_INDEX marks a class id that predicts nothing; a regression target of -100.0
     is a number like any other, and the MSE a head computes counts it."""
-    from minibert.data.mlm import count_targets
+    from minibert.labels import count_targets
 
     ids = torch.ones(3, 5, dtype=torch.long)
     assert count_targets({"input_ids": ids, "labels": torch.tensor([0.5, -100.0, 2.0])}) == 3

@@ -237,7 +237,7 @@ def test_settings_that_would_train_nothing_are_refused(field, value, message):
 
 
 def test_count_targets_knows_each_task_s_unit():
-    from minibert.data.mlm import count_targets
+    from minibert.labels import count_targets
 
     assert count_targets({"labels": torch.tensor([[1, -100, 2], [-100, -100, 3]])}) == 3
     assert count_targets({"labels": torch.tensor([0, 1, 1])}) == 3
@@ -370,14 +370,34 @@ def test_the_log_reader_skips_a_row_cut_short(tmp_path):
     assert read_rows(tmp_path / "none.jsonl") == []
 
 
-def test_one_process_sums_and_maxes_over_ranks_without_a_device_tensor(monkeypatch):
-    """Reading a device tensor back waits for every kernel queued on a GPU: in one process
-    the counts the engine takes over ranks stay plain integers."""
-    from minibert.training import distributed
+def test_one_process_counts_a_batch_over_ranks_without_a_device_tensor(monkeypatch):
+    """Reading a device tensor back waits for every kernel queued on a GPU, and the next
+    step's batch is cut while this one's kernels run: in one process the counts the engine
+    takes over ranks (the batch's targets, its widest sequence) stay plain integers."""
+    from types import SimpleNamespace
+
+    from minibert.data import GlobalBatches
+    from minibert.training import distributed, engine
+    from minibert.training.run import TrainData
+
+    ids = torch.tensor([[2, 5, 6, 3], [2, 7, 3, 0]])
+    labels = torch.tensor([[-100, 5, -100, -100], [-100, 7, -100, -100]])
+    mask = (ids != 0).long()
 
     def no_tensor(*args, **kwargs):
         raise AssertionError("a tensor was made in one process")
 
-    monkeypatch.setattr(distributed.torch, "tensor", no_tensor)
-    ctx = distributed.DistContext()
-    assert distributed.sum_over_ranks(7, ctx) == 7 and distributed.max_over_ranks(7, ctx) == 7
+    def collate(examples, epoch):
+        return {"input_ids": ids[:len(examples)], "labels": labels[:len(examples)],
+                "attention_mask": mask[:len(examples)]}
+
+    data = TrainData(list(range(4)), collate, {}, batches=GlobalBatches(4, 2, seed=0))
+    cfg = SimpleNamespace(batch=SimpleNamespace(seq_len_start=2),
+                          process=SimpleNamespace(release_memory=False))
+    run = SimpleNamespace(data=data, ctx=distributed.DistContext(), micro=1, seq_warmup=4,
+                          cfg=cfg)
+    monkeypatch.setattr(torch, "tensor", no_tensor)
+    position, micros, counts, n_global = engine.global_batch(
+        run, SimpleNamespace(micro_batch_size=None), 1)
+    assert counts == [1, 1] and n_global == 2 and len(micros) == 2
+    assert distributed.max_over_ranks(7, distributed.DistContext()) == 7

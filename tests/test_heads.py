@@ -158,7 +158,7 @@ def test_masked_lm_label_on_padding_is_ignored():
     assert padded.loss.item() == real.loss.item() and padded.logits.shape == (2, 99)
     # Every other count of targets agrees with the head: the evaluation, the distillation
     # loss and the accumulation weights (evaluate and the Distiller failed on a shape).
-    from minibert.data.mlm import count_targets
+    from minibert.labels import count_targets
     from minibert.tasks.distill import Distiller
     from minibert.training.evaluation import evaluate
 

@@ -9,7 +9,7 @@ import torch
 
 from engine_utils import collator, tiny_corpus, tiny_model, train_config
 from minibert.data import GlobalBatches
-from minibert.data.mlm import count_targets
+from minibert.labels import count_targets
 from minibert.training.engine import micro_step_weight, train
 from minibert.training.optim import build_optimizer, lr_at, resolve_warmup
 

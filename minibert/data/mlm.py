@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ..labels import IGNORE_INDEX, predicted
+from ..labels import IGNORE_INDEX
 from .tokens import TokenFile
 
 if TYPE_CHECKING:
@@ -102,25 +102,6 @@ def pad_batch(sequences: Sequence, pad_id: int, pad_to_multiple_of: Optional[int
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def count_targets(batch: Mapping[str, torch.Tensor]) -> int:
-    """Predicted items in a batch, the unit its loss is a mean over: masked tokens (MLM), labelled
-    real positions (token classification), examples (classification, and QA, whose batches carry
-    `start_positions` instead of `labels`), a regression's float labels (`labels.predicted`)."""
-    if "labels" not in batch and "start_positions" in batch:
-        return int(batch["start_positions"].shape[0])
-    if not torch.is_tensor(batch.get("labels")):
-        raise ValueError(f"a batch needs `labels`, a tensor of the targets its loss is a mean "
-                         f"over (they weigh each micro-batch's loss); this one holds "
-                         f"{sorted(batch)}: have collate return the targets as `labels`")
-    return int(predicted(batch["labels"], batch.get("attention_mask")).sum())
-
-
-def count_tokens(batch: Mapping[str, torch.Tensor]) -> int:
-    """Real tokens in a batch: its attention_mask's ones, or every position without one."""
-    mask = batch.get("attention_mask")
-    return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

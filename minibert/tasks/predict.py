@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from ..data.mlm import count_targets
+from ..labels import count_targets
 from ..machine.precision import autocast_context
 
 # Outputs of two dimensions, (B, T), that are per token (QA's span scores); any output of

@@ -40,15 +40,14 @@ import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
-from ..data.mlm import count_targets
 from ..data.seq_warmup import schedule_lengths, truncate
+from ..labels import count_targets
 from ..machine.meters import synchronize
 from ..machine.precision import autocast_context
 from .distributed import DistContext, all_gather_objects, unwrap
-from .engine import micro_step_weight
+from .engine import loss_of, micro_step_weight
 from .evaluation import to_device
 from .optim import build_optimizer, resolve_warmup
-from .run import loss_of
 from .rng import rng_state, set_rng_state
 from .state import TrainConfig
 

@@ -68,14 +68,6 @@ def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return t
 
 
-def sum_over_ranks(x: int, ctx: DistContext) -> int:
-    """The sum of every rank's `x` (`x` itself in one process, with no device tensor: reading
-    one back would wait for the kernels queued on a GPU)."""
-    if not ctx.distributed:
-        return x
-    return int(all_reduce_sum(torch.tensor(x, device=ctx.device), ctx))
-
-
 def max_over_ranks(x: int, ctx: DistContext) -> int:
     """The largest of every rank's `x` (`x` itself in one process, with no device tensor)."""
     if not ctx.distributed:

@@ -16,10 +16,12 @@ One optimizer step is `step`, one block that reads in the order it happens:
     6. log (loss, rate, gradient norm, tokens/s, MFU and peak memory), evaluate and
        checkpoint when due; stop cleanly on SIGTERM / SIGINT.
 
-`train` runs `step` in a loop and attaches the run around it. tests/test_step.py writes
-steps 1-4 out by hand in a plain loop and gets `train`'s weights bit for bit. `train` trains
-the model it is given as it is: the CPU kernels come in where `minibert.fast(model)` is
-called (the scripts call it).
+`train` runs `step` in a loop and attaches the run around it. Beyond the model and the data
+(the batch order, `collate`, and a sequence-length warmup's cut), a step runs the code of
+this file and of two pure helpers: `optim.lr_at` (the schedule) and `labels.count_targets`
+(what a loss is a mean over). tests/test_step.py writes steps 1-4 out by hand in a plain
+loop and gets `train`'s weights bit for bit. `train` trains the model it is given as it is:
+the CPU kernels come in where `minibert.fast(model)` is called (the scripts call it).
 
 Everything that moves during a run is in one `TrainState` (step, tokens, data position,
 counters), saved and restored whole (state.py). The run around the loop attaches at named
@@ -45,21 +47,22 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
+from torch import Tensor
 from torch.utils.data import Dataset
 
 from ..atomic import PathLike
-from ..data.mlm import count_targets, count_tokens
 from ..data.sampler import GlobalBatches
 from ..data.seq_warmup import cut_for_step
+from ..labels import count_targets, count_tokens
 from ..machine.memory import release_freed_memory
-from ..machine.precision import autocast_context
-from .distributed import DistContext, all_reduce_sum, max_over_ranks, sum_over_ranks
-from .evaluation import to_device
-from .optim import set_lr
+from ..machine.precision import MATMUL_DTYPES
+from .distributed import DistContext, max_over_ranks, unwrap
+from .optim import lr_at
 from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.training.engine.TrainingError)
 from .recovery import optimizer_out_of_memory, skip_step
-from .run import (Evaluation, Run, TrainData, checked_batch, finish_run, loss_of,
+from .run import (Evaluation, Run, Stepped, TrainData, finish_run, say_past_horizon,
                   signalled_during_save, start_run)
 from .runlog import shown
 from .signals import StopFlag
@@ -144,12 +147,14 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
             while state.step < cfg.max_steps:
                 started = time.perf_counter()
                 batch, upcoming = upcoming or global_batch(run, state, state.step + 1), None
+                if state.step == cfg.decay_steps:  # a resume already past it: start_run's
+                    say_past_horizon(state.step + 1, cfg)
                 done = step(run, state, batch, stop, started)
                 if done is None:  # out of memory: the same global batch, in smaller pieces
                     continue
-                loss, grad_norm, stopping, upcoming = done
+                upcoming, stopping = done.upcoming, done.signalled
                 # ---- log, evaluate, save, and stop on a signal (any rank's)
-                around.log_step(state, loss, grad_norm, batch)
+                around.log_step(state, done, batch)
                 if around.evaluates and state.due(cfg.eval_every) and \
                         state.step < cfg.max_steps:
                     scores = around.evaluate(state)
@@ -169,17 +174,19 @@ def train(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCon
 
 
 def step(run: Run, state: TrainState, batch: tuple[dict, list, list, int], stop: StopFlag,
-         started: float) -> Optional[tuple[float, float, bool, Optional[tuple]]]:
+         started: float) -> Optional[Stepped]:
     """One optimizer step on `batch` (`global_batch`'s), in the order it happens, timed from
-    `started`; returns the global batch's loss, the gradient norm before clipping, whether a
-    rank was signalled, and the next step's batch, cut while this one computed (None at
-    the last step). Out of memory in forward or backward, it backs off (run.back_off) and
+    `started`. Out of memory in forward or backward, it backs off (run.back_off) and
     returns None, and `train` runs the same global batch again in smaller pieces."""
     cfg, ctx, model, optimizer, scaler = run.cfg, run.ctx, run.model, run.optimizer, run.scaler
     device, precision, world = ctx.device, run.precision, ctx.world_size
     # ---- 1-2: this rank's micro-batches of the global batch, and the targets of all of it
     position, micros, counts, n_global = batch
-    set_lr(optimizer, run.lr(state.step + 1))  # warmup, then decay: lr_at
+    lr = lr_at(state.step + 1, max_lr=cfg.optim.lr, min_lr=cfg.optim.min_lr,
+               warmup_steps=run.warmup, total_steps=cfg.decay_steps,
+               schedule=cfg.optim.schedule)  # warmup, then decay
+    for group in optimizer.param_groups:
+        group["lr"] = lr
     # ---- 3: forward + backward; the gradients accumulate over the micro-batches
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # summed token losses
     try:
@@ -188,8 +195,12 @@ def step(run: Run, state: TrainState, batch: tuple[dict, list, list, int], stop:
             # is wasted communication: no_sync() defers it.
             last = i == len(micros) - 1
             with contextlib.nullcontext() if last or world == 1 else model.no_sync():
-                with autocast_context(precision, device):
-                    mean = loss_of(model(**to_device(micro, device)), model)
+                inputs = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v
+                          for k, v in micro.items()}
+                # matmuls in bf16 / fp16, reductions and the loss in fp32; fp32: autocast off
+                with torch.autocast(device.type, dtype=MATMUL_DTYPES[precision],
+                                    enabled=precision != "fp32"):
+                    mean = loss_of(model(**inputs), model)
                 if n == 0:  # no target here: a zero loss, which still joins DDP's all-reduce
                     loss = mean * 0.0  # (a mean over no targets is NaN)
                 else:  # the micro-batch's share of the global batch's mean
@@ -204,11 +215,14 @@ def step(run: Run, state: TrainState, batch: tuple[dict, list, list, int], stop:
         else None
     # ---- 4: unscale, clip, and step AdamW, unless something is not finite
     scaler.unscale_(optimizer)  # true gradients before clipping (fp16)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.raw.parameters(), cfg.max_grad_norm))
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.raw.parameters(),
+                                                     cfg.optim.max_grad_norm))
     # one all-reduce: the loss, the tokens, and whether a rank was signalled
-    loss_all, tokens, signalled = all_reduce_sum(torch.tensor(
-        [float(loss_sum), float(sum(count_tokens(b) for b in micros)),
-         float(stop.signal is not None)], dtype=torch.float64, device=device), ctx).tolist()
+    totals = torch.tensor([float(loss_sum), float(sum(count_tokens(b) for b in micros)),
+                           float(stop.signal is not None)], dtype=torch.float64, device=device)
+    if world > 1:
+        dist.all_reduce(totals)
+    loss_all, tokens, signalled = totals.tolist()
     loss = loss_all / max(n_global, 1)  # a batch with no targets has loss 0
     if math.isfinite(loss) and (math.isfinite(grad_norm) or precision == "fp16"):
         # fp16: an overflow in the *scaled* gradients is the scaler's business: it skips the
@@ -229,33 +243,60 @@ def step(run: Run, state: TrainState, batch: tuple[dict, list, list, int], stop:
     # ---- 5: the counters: step, tokens, where the next batch comes from, time
     state.step += 1
     state.tokens_seen += int(tokens)
-    next_at = upcoming[0] if upcoming else run.batches.position()
+    next_at = upcoming[0] if upcoming else run.data.batches.position()
     state.epoch, state.consumed = next_at["epoch"], next_at["consumed"]
     seconds = time.perf_counter() - started
     state.train_seconds += seconds
-    run.meter.add(int(tokens), seconds,
-                  run.flops(micros[0]["input_ids"].shape[1], int(tokens), n_global))
-    return loss, grad_norm, signalled > 0, upcoming
+    return Stepped(loss=loss, grad_norm=grad_norm, tokens=int(tokens), seconds=seconds,
+                   signalled=signalled > 0, upcoming=upcoming)
 
 
 def global_batch(run: Run, state: TrainState, step: int) -> tuple[dict, list, list, int]:
     """Global batch `step`: the data's position before it, this rank's micro-batches (cut
     short during a sequence-length warmup), the targets of each, and of the whole batch."""
-    position = run.batches.position()
-    epoch, indices = run.batches.next()
+    batches, ctx = run.data.batches, run.ctx
+    position = batches.position()
+    epoch, indices = batches.next()
     examples = [run.data.train_set[i] for i in indices]
-    micro = run.micro_batch(state)
+    micro = state.micro_batch_size or run.micro  # smaller after an out-of-memory back-off
     # An epoch's last batch may be smaller (data/sampler.py): its micro-batches are then
     # fewer or smaller, and micro_step_weight still makes its gradient exact.
     micros = [checked_batch(run.data.collate(examples[i:i + micro], epoch=epoch))
               for i in range(0, len(examples), micro)]
     if run.seq_warmup and step <= run.seq_warmup + 1:  # data/seq_warmup.py
         # L(step) from the global batch's width, the same however it is split
-        full = max_over_ranks(max(b["input_ids"].shape[1] for b in micros), run.ctx)
-        micros, new_length = cut_for_step(micros, step, run.cfg.seq_len_start,
+        full = max_over_ranks(max(b["input_ids"].shape[1] for b in micros), ctx)
+        micros, new_length = cut_for_step(micros, step, run.cfg.batch.seq_len_start,
                                           run.seq_warmup, full)
-        if new_length and run.cfg.release_memory:  # the blocks kept for the old shape are stale
-            release_freed_memory()
-    counts = [count_targets(b) for b in micros]
-    n_global = sum_over_ranks(sum(counts), run.ctx)
+        if new_length and run.cfg.process.release_memory:  # blocks kept for the old shape
+            release_freed_memory()                          # are stale
+    counts = [count_targets(b) for b in micros]  # on the host: no wait for a GPU
+    n_global = sum(counts)
+    if ctx.world_size > 1:  # every rank's: a micro-batch's share is of the whole batch
+        total = torch.tensor(n_global, device=ctx.device)
+        dist.all_reduce(total)
+        n_global = int(total)
     return position, micros, counts, n_global
+
+
+def checked_batch(batch: Any) -> dict:
+    """A micro-batch as `collate` made it, refused by name unless a dict holding `input_ids`
+    (B, T), which train counts tokens from; its `labels` are `count_targets`' to check."""
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    if not (torch.is_tensor(ids) and ids.dim() == 2):
+        held = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
+        raise ValueError(f"collate must return a dict of tensors with `input_ids` (B, T), from "
+                         f"which train counts the tokens; it returned {held}")
+    return batch
+
+
+def loss_of(out: Any, model: nn.Module) -> Tensor:
+    """The scalar `.loss` of what `model(**batch)` returned (a NamedTuple's field, or any
+    attribute), refused by name where there is none."""
+    loss = getattr(out, "loss", None)  # checked here, not defaulted
+    if not (torch.is_tensor(loss) and loss.dim() == 0):
+        raise TypeError(f"{type(unwrap(model)).__name__}(**batch) returned "
+                        f"{type(out).__name__}, without a scalar tensor `.loss`; train needs "
+                        f"one: return e.g. a NamedTuple whose `loss` is the mean over the "
+                        f"batch's targets")
+    return loss

@@ -14,7 +14,6 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn as nn
-from torch import Tensor
 from torch.utils.data import Dataset
 
 from ..data.sampler import GlobalBatches
@@ -27,7 +26,7 @@ from ..machine.meters import (StepMeter, flops_per_token, matmul_weights,
 from ..machine.precision import run_precision, resolve_precision
 from .distributed import DistContext, max_over_ranks, unwrap
 from .evaluation import checked_scores, eval_batches, evaluate, numbers
-from .optim import build_optimizer, lr_at, resolve_warmup
+from .optim import build_optimizer, resolve_warmup
 from .recovery import TrainingError, back_off
 from .resume import claim_out_dir, resume_run, save_run
 from .rng import rank_seed, set_seed
@@ -75,13 +74,7 @@ class Run:
     micro: int  # examples per micro-batch, as configured (TrainState's when backed off)
     warmup: int  # learning-rate warmup, in steps
     seq_warmup: int  # sequence-length warmup, in steps (0: off)
-    flops: Callable[[int, int, int], float]  # (length, tokens, targets) -> model FLOPs
-    meter: StepMeter
     ckpt_root: Path  # named by a stop after too many non-finite steps (recovery.skip_step)
-
-    @property
-    def batches(self) -> GlobalBatches:
-        return self.data.batches
 
     def micro_batch(self, state: TrainState) -> int:
         """The micro-batch in use: one an out-of-memory error backed off to, else `micro`."""
@@ -92,18 +85,26 @@ class Run:
         cannot) and put the data back where the failed step took its batch."""
         state.micro_batch_size = back_off(batch, self.micro_batch(state), self.per_rank,
                                           self.cfg, state, self.optimizer, self.ctx.device)
-        self.batches.seek(**position)  # the same global batch again, in smaller pieces
-
-    def lr(self, step: int) -> float:
-        """The rate of `step` (optim.lr_at), on the horizon fixed at the run's start."""
-        cfg = self.cfg
-        if step == cfg.decay_steps + 1:  # a resume already past it is said by start_run
-            _say_past_horizon(step, cfg)
-        return lr_at(step, max_lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=self.warmup,
-                     total_steps=cfg.decay_steps, schedule=cfg.schedule)
+        self.data.batches.seek(**position)  # the same global batch again, in smaller pieces
 
 
-def _say_past_horizon(step: int, cfg: TrainConfig) -> None:
+class Stepped(NamedTuple):
+    """What one optimizer step hands the loop: the global batch's loss (its mean over its
+    targets), the gradient norm before clipping, the batch's real tokens on every rank, the
+    step's seconds, whether any rank was signalled, and the next step's batch, cut while
+    this one computed (None at the last step)."""
+
+    loss: float
+    grad_norm: float
+    tokens: int
+    seconds: float
+    signalled: bool
+    upcoming: Optional[tuple[dict, list, list, int]]
+
+
+def say_past_horizon(step: int, cfg: TrainConfig) -> None:
+    """Said once, at the first step past the schedule's horizon (`train`, or `start_run` for a
+    resume already past it)."""
     logger.info("step %d is past the schedule's horizon (decay_steps=%d): the learning rate "
                 "stays at min_lr=%g from here on", step, cfg.decay_steps, cfg.min_lr)
 
@@ -118,6 +119,8 @@ class Around:
     log: RunLog
     bar: Any  # tqdm's bar, or None
     peak: float  # the MFU ceiling of one rank (0 on ranks that do not log)
+    flops: Callable[[int, int, int], float]  # (length, tokens, targets) -> model FLOPs
+    meter: StepMeter  # tokens, seconds and FLOPs since the last row
     env: dict
     start_step: int
     started: float  # perf_counter() at this start, for wall_seconds
@@ -129,22 +132,26 @@ class Around:
     def evaluates(self) -> bool:
         return self.evaluation.eval_set is not None or self.evaluation.eval_fn is not None
 
-    def log_step(self, state: TrainState, loss: float, grad_norm: float,
+    def log_step(self, state: TrainState, done: Stepped,
                  batch: tuple[dict, list, list, int]) -> None:
-        """The progress bar, and a log row when due (rank 0): the step's loss (the global
-        batch's mean over its targets), rate, gradient norm (before clipping), the meter's
-        tokens/s, MFU and peak memory, and the steps skipped so far. `batch`: the step's
-        (engine.global_batch), whose width the time left counts from."""
+        """The meter, the progress bar, and a log row when due (rank 0): the step's loss (the
+        global batch's mean over its targets), rate, gradient norm (before clipping), the
+        meter's tokens/s, MFU and peak memory, and the steps skipped so far. `batch`: the
+        step's (engine.global_batch), whose width the meter's FLOPs and the time left count
+        from."""
         run, cfg = self.run, self.run.cfg
-        self.widest = max([self.widest] + [b["input_ids"].shape[1] for b in batch[1]])
+        position, micros, counts, n_global = batch
+        self.meter.add(done.tokens, done.seconds,
+                       self.flops(micros[0]["input_ids"].shape[1], done.tokens, n_global))
+        self.widest = max([self.widest] + [b["input_ids"].shape[1] for b in micros])
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=f"{loss:.3f}")
+            self.bar.set_postfix(loss=f"{done.loss:.3f}")
         if run.ctx.is_main and (state.step % cfg.log_every == 0 or state.step == cfg.max_steps):
             row = {"step": state.step, "train_seconds": round(state.train_seconds, 3),
-                   "loss": round(loss, 5), "lr": run.optimizer.param_groups[0]["lr"],
-                   "grad_norm": round(grad_norm, 4),
-                   **run.meter.take(self.peak * run.ctx.world_size, run.ctx.device),
+                   "loss": round(done.loss, 5), "lr": run.optimizer.param_groups[0]["lr"],
+                   "grad_norm": round(done.grad_norm, 4),
+                   **self.meter.take(self.peak * run.ctx.world_size, run.ctx.device),
                    "skipped": state.skipped}
             self.log.write(row, self.bar)
             self.log.ceiling_beaten = self.log.ceiling_beaten or say_if_beaten(row["mfu"])
@@ -259,16 +266,16 @@ def start_run(model: nn.Module, data: TrainData, evaluation: Evaluation, cfg: Tr
         model=_wrap(model, cfg, ctx, device), raw=raw, cfg=cfg, ctx=ctx, precision=precision,
         optimizer=optimizer, scaler=scaler, data=data, per_rank=per_rank, micro=micro,
         warmup=resolve_warmup(cfg.warmup, cfg.decay_steps),
-        seq_warmup=resolve_warmup(cfg.seq_len_warmup, cfg.decay_steps),
-        flops=_flops(raw, ctx.is_main), meter=StepMeter(), ckpt_root=ckpt_root)
+        seq_warmup=resolve_warmup(cfg.seq_len_warmup, cfg.decay_steps), ckpt_root=ckpt_root)
     around = Around(
         run=run, evaluation=evaluation,
         log=RunLog(out_dir / "metrics.jsonl", stale_after=state.step if resume else None),
         bar=progress_bar(cfg.progress and ctx.is_main, cfg.max_steps, state.step),
-        peak=peak, env=env, start_step=state.step, started=time.perf_counter(),
+        peak=peak, flops=_flops(raw, ctx.is_main), meter=StepMeter(), env=env,
+        start_step=state.step, started=time.perf_counter(),
         wall_before=state.wall_seconds)
     if cfg.decay_steps < state.step < cfg.max_steps:  # resumed past the horizon: said once
-        _say_past_horizon(state.step + 1, cfg)
+        say_past_horizon(state.step + 1, cfg)
     reset_peak_memory(device)  # the log's peak_mem_mb is this start's
     return run, around, state
 
@@ -311,29 +318,6 @@ def finish_run(around: Around, state: TrainState, scores: Optional[Mapping[str, 
     result.update(numbers(scores or {}))
     result["scores"] = scores
     return result
-
-
-def checked_batch(batch: Any) -> dict:
-    """A micro-batch as `collate` made it, refused by name unless a dict holding `input_ids`
-    (B, T), which train counts tokens from; its `labels` are `count_targets`' to check."""
-    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
-    if not (torch.is_tensor(ids) and ids.dim() == 2):
-        held = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
-        raise ValueError(f"collate must return a dict of tensors with `input_ids` (B, T), from "
-                         f"which train counts the tokens; it returned {held}")
-    return batch
-
-
-def loss_of(out: Any, model: nn.Module) -> Tensor:
-    """The scalar `.loss` of what `model(**batch)` returned (a NamedTuple's field, or any
-    attribute), refused by name where there is none."""
-    loss = getattr(out, "loss", None)  # checked here, not defaulted
-    if not (torch.is_tensor(loss) and loss.dim() == 0):
-        raise TypeError(f"{type(unwrap(model)).__name__}(**batch) returned "
-                        f"{type(out).__name__}, without a scalar tensor `.loss`; train needs "
-                        f"one: return e.g. a NamedTuple whose `loss` is the mean over the "
-                        f"batch's targets")
-    return loss
 
 
 def check_batch_level_loss(raw: nn.Module, cfg: TrainConfig, micro: int,
