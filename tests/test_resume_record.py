@@ -109,7 +109,7 @@ def _stop_at(monkeypatch, call):
     then: the stop saves that step's checkpoint and ends the start with status 143."""
     import minibert.training.engine
 
-    real, calls = minibert.training.engine.lr_at, []  # called once at each step's start
+    real, calls = minibert.training.engine.set_lr, []  # called once at each step's start
 
     def step(*args, **kwargs):
         calls.append(1)
@@ -118,7 +118,7 @@ def _stop_at(monkeypatch, call):
             os.kill(os.getpid(), signal.SIGTERM)  # the run's own handler takes it
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(minibert.training.engine, "lr_at", step)
+    monkeypatch.setattr(minibert.training.engine, "set_lr", step)
 
 
 def _timeless(record):

@@ -18,10 +18,11 @@ One optimizer step is `step`, one block that reads in the order it happens:
 
 `train` runs `step` in a loop and attaches the run around it. Beyond the model and the data
 (the batch order, `collate`, and a sequence-length warmup's cut), a step runs the code of
-this file and of two pure helpers: `optim.lr_at` (the schedule) and `labels.count_targets`
-(what a loss is a mean over). tests/test_step.py writes steps 1-4 out by hand in a plain
-loop and gets `train`'s weights bit for bit. `train` trains the model it is given as it is:
-the CPU kernels come in where `minibert.fast(model)` is called (the scripts call it).
+this file and of two helpers: optim.py's schedule (`lr_at`, set by `set_lr`) and labels.py's
+`count_targets` (what a loss is a mean over). tests/test_step.py writes steps 1-4 out by hand
+in a plain loop and gets `train`'s weights bit for bit. `train` trains the model it is given
+as it is: the CPU kernels come in where `minibert.fast(model)` is called (the scripts call
+it).
 
 Everything that moves during a run is in one `TrainState` (step, tokens, data position,
 counters), saved and restored whole (state.py). The run around the loop attaches at named
@@ -59,7 +60,7 @@ from ..labels import count_targets, count_tokens
 from ..machine.memory import release_freed_memory
 from ..machine.precision import MATMUL_DTYPES
 from .distributed import DistContext, max_over_ranks, unwrap
-from .optim import lr_at
+from .optim import lr_at, set_lr
 from .recovery import TrainingError  # noqa: F401 (re-exported: minibert.training.engine.TrainingError)
 from .recovery import optimizer_out_of_memory, skip_step
 from .run import (Evaluation, Run, Stepped, TrainData, finish_run, say_past_horizon,
@@ -182,11 +183,9 @@ def step(run: Run, state: TrainState, batch: tuple[dict, list, list, int], stop:
     device, precision, world = ctx.device, run.precision, ctx.world_size
     # ---- 1-2: this rank's micro-batches of the global batch, and the targets of all of it
     position, micros, counts, n_global = batch
-    lr = lr_at(state.step + 1, max_lr=cfg.optim.lr, min_lr=cfg.optim.min_lr,
-               warmup_steps=run.warmup, total_steps=cfg.decay_steps,
-               schedule=cfg.optim.schedule)  # warmup, then decay
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    set_lr(optimizer, lr_at(state.step + 1, max_lr=cfg.optim.lr, min_lr=cfg.optim.min_lr,
+                            warmup_steps=run.warmup, total_steps=cfg.decay_steps,
+                            schedule=cfg.optim.schedule))  # warmup, then decay
     # ---- 3: forward + backward; the gradients accumulate over the micro-batches
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # summed token losses
     try:
