@@ -1,7 +1,6 @@
 """examples/finetune_classification.py end to end: a learnable task, --init-from, bad input."""
 
 import csv
-import dataclasses
 import json
 import random
 import sys
@@ -181,6 +180,20 @@ def _mlm_checkpoint(ckpt, dropout):
     return tok, config, mlm
 
 
+@pytest.mark.parametrize("pretrained_dropout", [0.0, 0.1])
+def test_from_a_checkpoint_the_dropout_is_its_own_unless_given(pair_task, tmp_path,
+                                                              pretrained_dropout):
+    """Without --dropout a checkpoint fine-tunes at its own rate, as transformers'
+    from_pretrained does: 0 after the main job, which pretrains without dropout, and BERT's
+    0.1 after BERT's pretraining."""
+    ckpt = tmp_path / "mlm"
+    _mlm_checkpoint(ckpt, dropout=pretrained_dropout)
+    out = tmp_path / "run"
+    assert finetune.main(_pair_args(pair_task, out, ckpt, "--max-steps", "1")) == 0
+    config = minibert.BertForSequenceClassification.from_pretrained(out / "final").config
+    assert config.hidden_dropout == config.attention_dropout == pretrained_dropout
+
+
 def test_init_from_a_minibert_checkpoint(pair_task, tmp_path, allocator_calls):
     ckpt = tmp_path / "mlm"
     tok, config, mlm = _mlm_checkpoint(ckpt, dropout=0.05)
@@ -210,13 +223,13 @@ def test_init_from_a_minibert_checkpoint(pair_task, tmp_path, allocator_calls):
                                     "1")) == 0
     again = minibert.BertForSequenceClassification.from_pretrained(out2 / "final")
     assert again.num_labels == 2
-    # BERT's fine-tuning dropout, not the checkpoint's 0.05
-    assert again.config.hidden_dropout == again.config.attention_dropout == 0.1
+    # the checkpoint's own dropout, 0.05, where --dropout is not given
+    assert again.config.hidden_dropout == again.config.attention_dropout == 0.05
 
 
 def test_random_weights_beside_init_from_change_the_weights_alone(pair_task, tmp_path):
     """The untrained baseline for a checkpoint: its config, tokenizer and settings, new
-    weights drawn from --seed, and the fine-tuning dropout whichever the start."""
+    weights drawn from --seed, and the checkpoint's dropout whichever the weights."""
     ckpt = tmp_path / "mlm"
     tok, config, mlm = _mlm_checkpoint(ckpt, dropout=0.0)
     steps = ("--max-steps", "2", "--lr", "1e-7", "--seed", "3")
@@ -227,15 +240,13 @@ def test_random_weights_beside_init_from_change_the_weights_alone(pair_task, tmp
             tmp_path / name / "final")
         assert minibert.Tokenizer.from_pretrained(
             tmp_path / name / "final").fingerprint == tok.fingerprint
-    for model in runs.values():  # the checkpoint's shape; BERT's fine-tuning dropout, not its 0
+    for model in runs.values():  # the checkpoint's shape and its own dropout, 0
         assert model.config.hidden_size == 32 and model.config.num_layers == 2
-        assert model.config.hidden_dropout == model.config.attention_dropout == 0.1
+        assert model.config.hidden_dropout == model.config.attention_dropout == 0.0
     # What --seed 3 draws for a new classifier of that config: the random run's start, which
     # two steps at 1e-7 hardly move; the pretrained run kept the checkpoint's encoder.
     minibert.set_seed(3)
-    fresh = minibert.BertForSequenceClassification(
-        dataclasses.replace(config, hidden_dropout=0.1, attention_dropout=0.1), 2,
-        id2label=["2", "10"])
+    fresh = minibert.BertForSequenceClassification(config, 2, id2label=["2", "10"])
     weight = lambda m: m.bert.blocks[1].ffn.up.weight  # noqa: E731
     torch.testing.assert_close(weight(runs["random"]), weight(fresh), atol=1e-4, rtol=0)
     torch.testing.assert_close(weight(runs["pretrained"]), weight(mlm), atol=1e-4, rtol=0)

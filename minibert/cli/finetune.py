@@ -33,15 +33,18 @@ from ..training.state import TrainConfig
 from ..data.tokenizer import Tokenizer
 from .pretrain import write_json
 
-# The fine-tuning scripts' defaults: BERT's recipe (a few epochs, a short linear warmup,
-# dropout 0.1 whatever the start). From a checkpoint the rate is 1e-4, the GLUE recipe's: a
-# small encoder takes more than BERT-base's 2e-5 - 5e-5 (Turc et al. 2019 tuned theirs over
-# 3e-5 - 3e-4), and from a pretrained `mini` 1e-4 beat 5e-5 on every task measured
-# (benchmarks/RESULTS.md, "Fine-tuning's defaults from a checkpoint"). From random weights
-# the model learns faster with a higher rate.
+# The fine-tuning scripts' defaults: BERT's recipe (a few epochs, a short linear warmup).
+# From a checkpoint the rate is 1e-4, the GLUE recipe's: a small encoder takes more than
+# BERT-base's 2e-5 - 5e-5 (Turc et al. 2019 tuned theirs over 3e-5 - 3e-4), and from a
+# pretrained `mini` 1e-4 beat 5e-5 on every task measured (benchmarks/RESULTS.md,
+# "Fine-tuning's defaults from a checkpoint"). From random weights the model learns faster
+# with a higher rate. Dropout is BERT's 0.1 from random weights and, from a checkpoint, the
+# checkpoint's own, as transformers' from_pretrained keeps it: 0.1 after BERT's pretraining,
+# 0 after the main job's, which then fine-tunes as it pretrained (RESULTS, "Dropout from a
+# checkpoint: its own").
 FINETUNE = Job(train=TrainConfig(batch_size=32, lr=5e-4, min_lr=0.0, warmup=0.1, weight_decay=0.01),
                preset="mini", vocab_size=8192, seq_len=128, dropout=0.1, epochs=3,
-               lr_init_from=1e-4, dropout_init_from=0.1, keep_freed_memory=False)
+               lr_init_from=1e-4, dropout_init_from=None, keep_freed_memory=False)
 
 FLAGS = FINETUNE.flags()  # TrainConfig's fields as their flags
 
@@ -73,8 +76,9 @@ def learning_rate(args: Any) -> float:
     return FINETUNE.lr_init_from if args.init_from else FINETUNE.train.lr
 
 
-def dropout_rate(args: Any) -> float:
-    """--dropout, or its default: FINETUNE's from a checkpoint or from random weights."""
+def dropout_rate(args: Any) -> Optional[float]:
+    """--dropout, or its default: from random weights FINETUNE's, from a checkpoint None (its
+    own, which `build_model` keeps)."""
     if args.dropout is not None:
         return args.dropout
     return FINETUNE.dropout_init_from if args.init_from else FINETUNE.dropout
@@ -189,7 +193,7 @@ def build_model(cls: Any, args: Any, tok: Tokenizer, **head: Any) -> nn.Module:
     `head["id2label"]` gets a new head (its classifier would score the wrong classes).
     --random-weights: new weights of --init-from's config, drawn from torch's generator."""
     rate = dropout_rate(args)
-    dropout = {"hidden_dropout": rate, "attention_dropout": rate}
+    dropout = {} if rate is None else {"hidden_dropout": rate, "attention_dropout": rate}
     if args.init_from:
         config = config_from_hf(read_config(args.init_from), **dropout)
     else:
