@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 
 # The one recipe (docs/quality.md says why each): 3 epochs of batches of 32, AdamW at 1e-4
 # (a small encoder takes more than BERT-base's 2e-5 - 5e-5: Turc et al. 2019 tuned theirs
-# over 3e-5 - 3e-4), 10% warmup then linear decay to 0, and BERT's dropout of 0.1, which a
-# pretraining run without dropout does not hand down.
+# over 3e-5 - 3e-4), 10% warmup then linear decay to 0, and BERT's dropout of 0.1 for every
+# start, so that the table compares weights alone (the fine-tuning scripts keep a
+# checkpoint's own rate instead).
 GLUE = Job(train=TrainConfig(batch_size=32, lr=1e-4, min_lr=0.0, warmup=0.1, weight_decay=0.01,
                              eval_every=0, save_every=0),
            seq_len=128, dropout=0.1, epochs=3, keep_freed_memory=False)
