@@ -69,8 +69,8 @@ def parse_args(argv=None):
     cli.add_flags(r, job, ["--batch-size", "--lr", "--warmup-ratio", "--weight-decay"],
                   unit="examples")
     dropout, = cli.add_flags(r, job, ["--dropout"])
-    dropout.default, dropout.help = job.dropout, ("hidden and attention dropout while "
-                                                  "fine-tuning, whatever the pretraining used")
+    dropout.help = ("hidden and attention dropout while fine-tuning; default the model "
+                    "folder's own (0 after the main job, 0.1 after BERT's pretraining)")
     r.add_argument("--seq-len", type=int, default=job.seq_len, help="longer inputs are cut, "
                    "a pair's longer text first")
     r.add_argument("--seeds", type=int, default=1, help="runs per task, seeds --seed, "
@@ -135,7 +135,10 @@ def prepare(args, ctx) -> SimpleNamespace:
             for i in range(args.seeds):
                 glue.check_scored(args.out / data.task.name / f"seed-{args.seed + i}",
                                   settings)
-    return SimpleNamespace(cfg=cfg, tok=tok, tasks=tasks, missing=missing)
+    # the rates the tasks fine-tune at, for the log and results.json
+    dropout = ({"hidden": config.hidden_dropout, "attention": config.attention_dropout}
+               if args.dropout is None else {"hidden": args.dropout, "attention": args.dropout})
+    return SimpleNamespace(cfg=cfg, tok=tok, tasks=tasks, missing=missing, dropout=dropout)
 
 
 def check_out(out: Path, resume: bool) -> None:
@@ -155,9 +158,11 @@ def run(args, ctx, p: SimpleNamespace) -> None:
         log.info("%s: no %s/ folder in %s, skipped", name, name, args.glue_dir)
     seeds = [args.seed + i for i in range(args.seeds)]
     weights = "random weights" if args.random_weights else "pretrained weights"
-    log.info("GLUE on %s (%s): %s; %d seed(s); %d epochs, batch %d, lr %g, dropout %g",
-             args.init_from, weights, ", ".join(d.task.name for d in p.tasks), len(seeds),
-             args.epochs, args.batch_size, args.lr, args.dropout)
+    log.info("GLUE on %s (%s): %s; %d seed(s); %d epochs, batch %d, lr %g, dropout %g "
+             "(attention %g)%s", args.init_from, weights,
+             ", ".join(d.task.name for d in p.tasks), len(seeds), args.epochs, args.batch_size,
+             args.lr, p.dropout["hidden"], p.dropout["attention"],
+             "" if args.dropout is not None else ", the model folder's own")
     cli.apply_keep_freed_memory(False, ctx)
     per_task = {}
     for data in p.tasks:
@@ -178,7 +183,7 @@ def run(args, ctx, p: SimpleNamespace) -> None:
     results = {"model": str(args.init_from), "weights": weights, "seeds": seeds,
                "recipe": {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
                           "warmup_ratio": args.warmup_ratio, "weight_decay": args.weight_decay,
-                          "dropout": args.dropout, "seq_len": args.seq_len,
+                          "dropout": p.dropout, "seq_len": args.seq_len,
                           "max_train_examples": args.max_train_examples},
                "skipped": p.missing, **summary}
     table = glue.markdown(summary, f"GLUE dev, {args.init_from} ({weights})")

@@ -337,6 +337,35 @@ def test_random_weights_keep_the_tokenizer_and_shape(tmp_path, model_folder):
         {k: v.shape for k, v in pretrained.state_dict().items()}
 
 
+@pytest.mark.parametrize("random_weights", [False, True])
+def test_without_dropout_the_model_folders_own_rate_is_kept(tmp_path, random_weights):
+    """As transformers' from_pretrained and the fine-tuning scripts do: 0 from the main job's
+    model, which pretrains without dropout, and 0.1 from BERT's; --dropout overrides it.
+    --random-weights keeps it too, so that its start differs in the weights alone."""
+    pytest.importorskip("safetensors")
+    rng = random.Random(0)
+    tok = minibert.Tokenizer.train_from_iterator([sentence(rng) for _ in range(300)],
+                                                 vocab_size=80)
+    config = minibert.BertConfig.preset("tiny", vocab_size=tok.vocab_size,
+                                        pad_token_id=tok.pad_id, hidden_dropout=0.0,
+                                        attention_dropout=0.05)
+    minibert.BertForMaskedLM(config).save_pretrained(tmp_path / "model", tokenizer=tok)
+    root = make_glue(tmp_path / "glue", tasks=("CoLA",))
+    data = read_glue_task(GLUE_TASKS["CoLA"], root)
+    glue = glue_script.glue
+    own = glue.glue_model(tmp_path / "model", data, None, random_weights=random_weights)
+    assert (own.config.hidden_dropout, own.config.attention_dropout) == (0.0, 0.05)
+    given = glue.glue_model(tmp_path / "model", data, 0.25, random_weights=random_weights)
+    assert given.config.hidden_dropout == given.config.attention_dropout == 0.25
+
+    out = tmp_path / "out"
+    extra = ["--tasks", "CoLA", "--epochs", "1", "--max-train-examples", "16"]
+    assert glue_script.main(argv(tmp_path / "model", root, out, *extra,
+                                 *(["--random-weights"] if random_weights else []))) == 0
+    recipe = json.loads((out / "results.json").read_text())["recipe"]
+    assert recipe["dropout"] == {"hidden": 0.0, "attention": 0.05}
+
+
 @pytest.mark.parametrize("case", ["bad label", "no tasks", "epochs", "unknown task",
                                   "a layer fewer in config.json"])
 def test_bad_input_is_refused_before_out_is_written(tmp_path, model_folder, capsys, case):

@@ -38,26 +38,29 @@ log = logging.getLogger(__name__)
 
 # The one recipe (docs/quality.md says why each): 3 epochs of batches of 32, AdamW at 1e-4
 # (a small encoder takes more than BERT-base's 2e-5 - 5e-5: Turc et al. 2019 tuned theirs
-# over 3e-5 - 3e-4), 10% warmup then linear decay to 0, and BERT's dropout of 0.1 for every
-# start, so that the table compares weights alone (the fine-tuning scripts keep a
-# checkpoint's own rate instead).
+# over 3e-5 - 3e-4), 10% warmup then linear decay to 0, and the model folder's own dropout,
+# as transformers' from_pretrained keeps it: 0 after the main job, which pretrains without
+# dropout, 0.1 after BERT's pretraining. --random-weights keeps the folder's rate too, so that
+# its start differs from the pretrained one in the weights alone.
 GLUE = Job(train=TrainConfig(batch_size=32, lr=1e-4, min_lr=0.0, warmup=0.1, weight_decay=0.01,
                              eval_every=0, save_every=0),
-           seq_len=128, dropout=0.1, epochs=3, keep_freed_memory=False)
+           seq_len=128, dropout=None, epochs=3, keep_freed_memory=False)
 MAX_EPOCHS = 5  # GLUE-sane: a longer fine-tuning would stand in for pretraining
 
 FLAGS = GLUE.flags()
 
 
-def glue_model(init_from: Path, data: GlueData, dropout: float, random_weights: bool
-               ) -> nn.Module:
+def glue_model(init_from: Path, data: GlueData, dropout: Optional[float],
+               random_weights: bool) -> nn.Module:
     """A classifier (a regression for STS-B) on `init_from`'s encoder, or, with
     `random_weights`, on a new encoder of the same config: the baseline that differs from
-    the pretrained start in the weights alone. Draws from torch's generator: seed first."""
+    the pretrained start in the weights alone. `dropout` sets the hidden and attention rates;
+    None keeps the folder's own. Draws from torch's generator: seed first."""
     task = data.task
     head = {"num_labels": task.num_labels,
             "id2label": list(task.labels) if task.labels else None}
-    dropout_fields = {"hidden_dropout": dropout, "attention_dropout": dropout}
+    dropout_fields = ({} if dropout is None else
+                      {"hidden_dropout": dropout, "attention_dropout": dropout})
     if random_weights:
         config = config_from_hf(read_config(init_from), **dropout_fields)
         return BertForSequenceClassification(config, **head)
@@ -66,7 +69,7 @@ def glue_model(init_from: Path, data: GlueData, dropout: float, random_weights: 
 
 
 def finetune_task(data: GlueData, tok: Tokenizer, init_from: Path, cfg: TrainConfig,
-                  seq_len: int, dropout: float, epochs: int, out: Path,
+                  seq_len: int, dropout: Optional[float], epochs: int, out: Path,
                   ctx: DistContext = DistContext(), *, random_weights: bool = False,
                   overwrite: bool = False) -> dict[str, Any]:
     """Fine-tune one task with `cfg` (its seed, rate and batch) for `epochs` and score the
@@ -108,7 +111,7 @@ def finetune_task(data: GlueData, tok: Tokenizer, init_from: Path, cfg: TrainCon
 
 
 def task_settings(data: GlueData, tok: Tokenizer, init_from: Path, cfg: TrainConfig,
-                  seq_len: int, dropout: float, epochs: int, random_weights: bool
+                  seq_len: int, dropout: Optional[float], epochs: int, random_weights: bool
                   ) -> dict[str, Any]:
     """What a task run is trained with, by the flag that sets each (its seed aside, which
     names its folder): recorded beside its scores, which a --resume reads back only under
@@ -139,7 +142,7 @@ SETTINGS_FILE = "settings.json"
 
 
 def run_task(data: GlueData, tok: Tokenizer, init_from: Path, cfg: TrainConfig, seq_len: int,
-             dropout: float, epochs: int, out: Path, ctx: DistContext, *,
+             dropout: Optional[float], epochs: int, out: Path, ctx: DistContext, *,
              random_weights: bool, resume: bool) -> dict[str, float]:
     """`finetune_task` into `out`, recorded in `out/scores.json`, with each dev split's rows
     beside it (`predictions_SPLIT.tsv`: line, label, prediction), from which any tool can
