@@ -309,7 +309,8 @@ def test_the_glue_command_scores_every_task_found(tmp_path, model_folder, caplog
     # A --resume whose settings differ from those a scored task run had is refused, naming
     # the flag, before anything is written: its old scores would be reported under the new.
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    for extra, named in ((["--lr", "3e-3"], "--lr"), (["--random-weights"], "--random-weights")):
+    for extra, named in ((["--lr", "3e-3"], "--lr"), (["--random-weights"], "--random-weights"),
+                         (["--dropout", "0.2"], "--dropout the model folder's own")):
         capsys.readouterr()
         assert glue_script.main(argv(model_folder, root, out, "--seeds", "2", "--resume",
                                      *extra)) == 2

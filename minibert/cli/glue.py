@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 GLUE = Job(train=TrainConfig(batch_size=32, lr=1e-4, min_lr=0.0, warmup=0.1, weight_decay=0.01,
                              eval_every=0, save_every=0),
            seq_len=128, dropout=None, epochs=3, keep_freed_memory=False)
+OWN = "the model folder's own"  # --dropout's default, as task_settings records it
 MAX_EPOCHS = 5  # GLUE-sane: a longer fine-tuning would stand in for pretraining
 
 FLAGS = GLUE.flags()
@@ -119,7 +120,7 @@ def task_settings(data: GlueData, tok: Tokenizer, init_from: Path, cfg: TrainCon
     return {"--init-from": str(Path(init_from).resolve()), "--random-weights": random_weights,
             "--epochs": epochs, "--batch-size": cfg.batch_size, "--lr": cfg.lr,
             "--warmup-ratio": cfg.warmup, "--weight-decay": cfg.weight_decay,
-            "--dropout": dropout, "--seq-len": seq_len, "--precision": cfg.precision,
+            "--dropout": OWN if dropout is None else dropout, "--seq-len": seq_len, "--precision": cfg.precision,
             "--max-train-examples": len(data.train), "the tokenizer": tok.fingerprint}
 
 
