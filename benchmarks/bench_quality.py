@@ -17,7 +17,12 @@ its `train` split) and the same CPU budget of pretraining:
   the share the main job holds back for checkpoints and its log (`budget.RESERVE`), on the
   main job's packed 128-token blocks of the same split, in --hf-precision (fp32; bf16
   autocast is its faster precision on a CPU with native bf16, as `bench_time_to_loss.py`
-  measures).
+  measures);
+* with --hf-five-times, `transformers-5x`: the same recipe at five times the budget, the
+  direct measure of whether it needs 5x the time to reach the main job's scores. Its step
+  count is fixed when it first starts (`plan.json`) and it saves its whole state about every
+  10 minutes, so that a run stopped part way goes on where it stopped, to the weights of a
+  run never stopped.
 
 Then each model gets `examples/glue.py` on every task in --glue-dir (3 seeds by default, the
 one recipe) and `examples/blimp.py` on --blimp-dir: the full-budget candidates and
@@ -53,6 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 SHARED = ROOT.parent / "shared" / "data"
 HF = "transformers"
+HF5 = f"{HF}-5x"  # transformers' recipe at five times the budget (--hf-five-times)
 
 
 def seconds(text: str) -> float:
@@ -66,9 +72,9 @@ def candidates(args) -> dict[str, list[str]]:
     found = {}
     for text in args.candidate or ["minibert="]:
         name, sep, flags = text.partition("=")
-        if not sep or not name or name == HF or name.endswith(("-fifth", "-random")):
-            sys.exit(f"--candidate {text!r}: give NAME=\"FLAGS\", a NAME other than "
-                     f"{HF!r} and not ending in -fifth or -random")
+        if not sep or not name or name.startswith(HF) or name.endswith(("-fifth", "-random")):
+            sys.exit(f"--candidate {text!r}: give NAME=\"FLAGS\", a NAME that does not "
+                     f"start with {HF!r} or end in -fifth or -random")
         found[name] = shlex.split(flags)
     return found
 
@@ -78,7 +84,8 @@ def model_names(args) -> list[str]:
     budget and transformers' recipe first (the comparison that picks the main job's model),
     then each candidate's random weights and its fifth of the budget."""
     return ([*candidates(args), HF] +
-            [f"{c}{end}" for end in ("-random", "-fifth") for c in candidates(args)])
+            [f"{c}{end}" for end in ("-random", "-fifth") for c in candidates(args)] +
+            ([HF5] if args.hf_five_times else []))
 
 
 def tokenizer_folder(args) -> Path:
@@ -99,7 +106,7 @@ def stages(args, budget: float) -> list[tuple[str, list, Path, list[str]]]:
     """(name, command, the file it leaves when done, the stages it waits for), in order."""
     me = [sys.executable, Path(__file__).resolve()]
     common = ["--out", args.out, "--data-dir", args.data_dir, "--hf-precision",
-              args.hf_precision, "--budget", args.budget]
+              args.hf_precision]
     out = []
     for name, flags in candidates(args).items():
         for run, share in ((name, 1.0), (f"{name}-fifth", 0.2)):
@@ -112,7 +119,11 @@ def stages(args, budget: float) -> list[tuple[str, list, Path, list[str]]]:
         out.append((f"pretrain {name}-random", me + ["random", "--like", args.out / name / "final",
                                                       *common],
                     args.out / f"{name}-random" / "final" / "config.json", [f"pretrain {name}"]))
-    out.append((f"pretrain {HF}", me + [HF, *common], args.out / HF / "train.json", []))
+    out.append((f"pretrain {HF}", me + [HF, *common, "--budget", args.budget],
+                args.out / HF / "train.json", []))
+    if args.hf_five_times:
+        out.append((f"pretrain {HF5}", me + [HF, *common, "--budget", f"{5 * budget:.0f}s",
+                                             "--name", HF5], args.out / HF5 / "train.json", []))
     for model in model_names(args):
         random = model.endswith("-random")
         init = args.out / (model[:-len("-random")] if random else model) / "final"
@@ -178,32 +189,48 @@ def pretrain_transformers(args) -> None:
     """transformers' recipe for as many steps as fit the budget at the step time measured
     over 20 steps here, less the share of the budget the main job holds back for its
     checkpoints and log (`budget.RESERVE`); saved as a transformers folder with the main
-    job's tokenizer, then `train.json`, the stage's mark of done."""
+    job's tokenizer, then `train.json`, the stage's mark of done. The plan (`plan.json`) is
+    fixed at the first start, and the state saved about every 10 minutes (`state.pt`), which
+    a stage run again goes on from."""
     import minibert
     from minibert.data import PackedMLMDataset, load_corpus, tokenize_to_memmap
     from bench_time_to_loss import HF_RECIPE, run_transformers
     from minibert.training.budget import RESERVE
 
     budget = seconds(args.budget)
-    folder = args.out / HF / "final"
+    stage = args.out / args.name
+    folder = stage / "final"
     tok = minibert.Tokenizer.from_pretrained(tokenizer_folder(args))
     corpus = load_corpus(args.data_dir)
     tokens = tokenize_to_memmap(corpus.splits["train"], tok,
                                 args.out / "cache" / f"hf-{tok.fingerprint[:16]}-train.tok")
     blocks = PackedMLMDataset(tokens, 128)
-    probe = run_transformers(tok, blocks, [], 25, eval_every=0, precision=args.hf_precision)
-    per_step = statistics.median(probe["step_seconds"][5:])
-    steps = max(1, int(budget * (1 - RESERVE) / per_step))
-    warmup = max(1, round(steps * HF_RECIPE["warmup"] / HF_RECIPE["steps"]))  # its share
-    print(f"transformers: {per_step:.3f} s/step -> {steps} steps in {budget:.0f} s, "
-          f"warmup {warmup}", flush=True)
+    plan_file = stage / "plan.json"
+    if plan_file.is_file():  # a stage stopped part way: its plan, not a new probe's
+        plan = json.loads(plan_file.read_text())
+    else:
+        probe = run_transformers(tok, blocks, [], 25, eval_every=0,
+                                 precision=args.hf_precision)
+        per_step = statistics.median(probe["step_seconds"][5:])
+        steps = max(1, int(budget * (1 - RESERVE) / per_step))
+        plan = {"steps": steps, "seconds_per_step_probe": per_step, "budget_seconds": budget,
+                "warmup": max(1, round(steps * HF_RECIPE["warmup"] / HF_RECIPE["steps"]))}
+        stage.mkdir(parents=True, exist_ok=True)
+        plan_file.write_text(json.dumps(plan, indent=2))
+    steps, per_step = plan["steps"], plan["seconds_per_step_probe"]
+    print(f"{args.name}: {per_step:.3f} s/step -> {steps} steps in {plan['budget_seconds']:.0f}"
+          f" s, warmup {plan['warmup']}", flush=True)
+    state = stage / "state.pt"
     result = run_transformers(tok, blocks, [], steps, eval_every=0, precision=args.hf_precision,
-                              horizon=steps, warmup=warmup, keep_model=True)
+                              horizon=steps, warmup=plan["warmup"], keep_model=True,
+                              checkpoint=state, save_every=max(1, round(600 / per_step)))
     result["model"].save_pretrained(folder)
     tok.save(folder)
-    (args.out / HF / "train.json").write_text(json.dumps(  # last: the stage is done
+    (stage / "train.json").write_text(json.dumps(  # last: the stage is done
         {k: result[k] for k in ("steps", "train_seconds", "precision")} |
-        {"seconds_per_step_probe": per_step, "budget_seconds": budget}, indent=2))
+        {"seconds_per_step_probe": per_step, "budget_seconds": plan["budget_seconds"]},
+        indent=2))
+    state.unlink()  # the weights are in final/
 
 
 def random_folder(args) -> None:
@@ -241,6 +268,9 @@ def main() -> None:
     p.add_argument("--blimp-dir", type=Path, default=SHARED / "blimp-sample")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--hf-precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--hf-five-times", action="store_true", help=f"also {HF5}: transformers' "
+                   "recipe at five times --budget, resumable (5 hours of one core at 1h)")
+    p.add_argument("--name", default=HF, help=argparse.SUPPRESS)
     p.add_argument("--like", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "quality")
     args = p.parse_args()
@@ -287,8 +317,8 @@ def _pretraining_seconds(out: Path, name: str) -> tuple[float, float]:
     steps took, which a busier machine makes longer: 0 and 0 for random weights."""
     if name.endswith("-random"):
         return 0.0, 0.0
-    if name == HF:
-        record = json.loads((out / HF / "train.json").read_text())
+    if name.startswith(HF):
+        record = json.loads((out / name / "train.json").read_text())
         return record["budget_seconds"], record["train_seconds"]
     from minibert.cli.pretrain import recorded_budget
     return (recorded_budget(out / name)["seconds"],

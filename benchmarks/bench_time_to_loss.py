@@ -147,10 +147,16 @@ def hf_evaluate(model, batches, precision: str) -> float:
 
 def run_transformers(tok, train_set, evals, steps: int, eval_every: int, precision: str,
                      horizon: int = HF_RECIPE["steps"], warmup: int = HF_RECIPE["warmup"],
-                     keep_model: bool = False) -> dict:
+                     keep_model: bool = False, checkpoint: Path | None = None,
+                     save_every: int = 0) -> dict:
     """Train with transformers' recipe for `steps` steps of a `horizon`-step schedule in
     `precision` (fp32 or bf16 autocast); evaluate every `eval_every` steps (0: never).
-    Returns the curve and the step times, and with `keep_model` the trained `model`."""
+    Returns the curve and the step times, and with `keep_model` the trained `model`.
+
+    With `checkpoint`, the whole state (weights, AdamW, schedule, the data order, torch's
+    generator that draws the masks and the dropout) is saved there every `save_every` steps
+    and at the end, and a run that finds one goes on from it: its weights are those of a run
+    never stopped, so a pretraining longer than one sitting can be done in several."""
     import torch
 
     model, collator = hf_model_and_collator(tok)
@@ -158,8 +164,29 @@ def run_transformers(tok, train_set, evals, steps: int, eval_every: int, precisi
     g = torch.Generator().manual_seed(0)
     order: list[int] = []
     curve, step_seconds, trained = [], [], 0.0
+    done = 0
+    if checkpoint is not None and checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["schedule"])
+        g.set_state(state["order_generator"])
+        torch.set_rng_state(state["torch_rng"])
+        order, curve, step_seconds = state["order"], state["curve"], state["step_seconds"]
+        done, trained = state["step"], state["train_seconds"]
+        print(f"transformers: going on from step {done} ({checkpoint})", flush=True)
+
+    def save(step: int) -> None:
+        tmp = checkpoint.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                    "schedule": sched.state_dict(), "order_generator": g.get_state(),
+                    "torch_rng": torch.get_rng_state(), "order": order, "curve": curve,
+                    "step_seconds": step_seconds, "step": step, "train_seconds": trained},
+                   tmp)
+        os.replace(tmp, checkpoint)  # a stop while saving leaves the last checkpoint whole
+
     model.train()
-    for step in range(1, steps + 1):
+    for step in range(done + 1, steps + 1):
         t0 = time.perf_counter()
         if len(order) < BATCH:  # a fresh shuffle of the blocks each epoch
             order = torch.randperm(len(train_set), generator=g).tolist()
@@ -179,6 +206,8 @@ def run_transformers(tok, train_set, evals, steps: int, eval_every: int, precisi
                           "eval_loss": round(hf_evaluate(model, evals, precision), 4)})
             print(f"transformers step {step}: eval loss {curve[-1]['eval_loss']:.4f}, "
                   f"{trained:.0f} s of training", flush=True)
+        if checkpoint is not None and (step == steps or save_every and step % save_every == 0):
+            save(step)
     return {"curve": curve, "step_seconds": step_seconds, "steps": steps,
             "train_seconds": round(trained, 2), "precision": precision,
             **({"model": model} if keep_model else {})}

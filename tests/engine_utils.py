@@ -148,11 +148,12 @@ def from_checkpoint(argv: list) -> list:
     return out
 
 
-def load_example(name: str):
-    """Import examples/<name>.py as a module (the examples folder is not a package)."""
+def load_example(name: str, folder: str = "examples"):
+    """Import <folder>/<name>.py as a module (examples/ and benchmarks/ are not packages);
+    a script's main() does not run."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+    path = Path(__file__).resolve().parents[1] / folder / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -23,6 +23,7 @@ import torch
 import minibert
 from minibert.machine.meters import flops_per_token
 from conftest import tiny_config
+from engine_utils import load_example
 from facts import assert_carries
 
 import minibert.machine.meters as meters
@@ -411,15 +412,7 @@ def test_environment_warns_when_cuda_is_requested_without_cuda(caplog):
 # (here rather than in a file of their own: they test how scripts use cpu_bf16_native)
 
 def _benchmark(name: str):
-    """A script of benchmarks/ imported as a module (its main() does not run)."""
-    import importlib.util
-    from pathlib import Path
-
-    folder = Path(__file__).resolve().parents[1] / "benchmarks"
-    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example(name, "benchmarks")
 
 
 def test_bench_train_rows_stay_fp32_without_bf16():
