@@ -19,10 +19,10 @@ its `train` split) and the same CPU budget of pretraining:
   autocast is its faster precision on a CPU with native bf16, as `bench_time_to_loss.py`
   measures);
 * with --hf-five-times, `transformers-5x`: the same recipe at five times the budget, the
-  direct measure of whether it needs 5x the time to reach the main job's scores. Its step
-  count is fixed when it first starts (`plan.json`) and it saves its whole state about every
-  10 minutes, so that a run stopped part way goes on where it stopped, to the weights of a
-  run never stopped.
+  direct measure of whether it needs 5x the time to reach the main job's scores: five times
+  the steps of `transformers`' stage. Its plan is fixed when it first starts (`plan.json`),
+  and it saves its whole state about every 10 minutes, so that a run stopped part way goes
+  on where it stopped, to the weights of a run never stopped.
 
 Then each model gets `examples/glue.py` on every task in --glue-dir (3 seeds by default, the
 one recipe) and `examples/blimp.py` on --blimp-dir: the full-budget candidates and
@@ -123,7 +123,8 @@ def stages(args, budget: float) -> list[tuple[str, list, Path, list[str]]]:
                 args.out / HF / "train.json", []))
     if args.hf_five_times:
         out.append((f"pretrain {HF5}", me + [HF, *common, "--budget", f"{5 * budget:.0f}s",
-                                             "--name", HF5], args.out / HF5 / "train.json", []))
+                                             "--name", HF5], args.out / HF5 / "train.json",
+                    [f"pretrain {HF}"]))  # it reads that stage's step time
     for model in model_names(args):
         random = model.endswith("-random")
         init = args.out / (model[:-len("-random")] if random else model) / "final"
@@ -189,9 +190,10 @@ def pretrain_transformers(args) -> None:
     """transformers' recipe for as many steps as fit the budget at the step time measured
     over 20 steps here, less the share of the budget the main job holds back for its
     checkpoints and log (`budget.RESERVE`); saved as a transformers folder with the main
-    job's tokenizer, then `train.json`, the stage's mark of done. The plan (`plan.json`) is
-    fixed at the first start, and the state saved about every 10 minutes (`state.pt`), which
-    a stage run again goes on from."""
+    job's tokenizer, then `train.json`, the stage's mark of done. `transformers-5x` takes
+    five times the steps of `transformers`' stage, where that has run. The plan (`plan.json`)
+    is fixed at the first start, and the state saved about every 10 minutes (`state.pt`),
+    which a stage run again goes on from."""
     import minibert
     from minibert.data import PackedMLMDataset, load_corpus, tokenize_to_memmap
     from bench_time_to_loss import HF_RECIPE, run_transformers
@@ -206,13 +208,18 @@ def pretrain_transformers(args) -> None:
                                 args.out / "cache" / f"hf-{tok.fingerprint[:16]}-train.tok")
     blocks = PackedMLMDataset(tokens, 128)
     plan_file = stage / "plan.json"
+    one = args.out / HF / "train.json"
     if plan_file.is_file():  # a stage stopped part way: its plan, not a new probe's
         plan = json.loads(plan_file.read_text())
     else:
-        probe = run_transformers(tok, blocks, [], 25, eval_every=0,
-                                 precision=args.hf_precision)
-        per_step = statistics.median(probe["step_seconds"][5:])
-        steps = max(1, int(budget * (1 - RESERVE) / per_step))
+        if args.name == HF5 and one.is_file():  # five times the steps of the budget's stage
+            done = json.loads(one.read_text())
+            per_step, steps = done["seconds_per_step_probe"], 5 * done["steps"]
+        else:
+            probe = run_transformers(tok, blocks, [], 25, eval_every=0,
+                                     precision=args.hf_precision)
+            per_step = statistics.median(probe["step_seconds"][5:])
+            steps = max(1, int(budget * (1 - RESERVE) / per_step))
         plan = {"steps": steps, "seconds_per_step_probe": per_step, "budget_seconds": budget,
                 "warmup": max(1, round(steps * HF_RECIPE["warmup"] / HF_RECIPE["steps"]))}
         stage.mkdir(parents=True, exist_ok=True)
