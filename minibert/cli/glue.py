@@ -120,8 +120,9 @@ def task_settings(data: GlueData, tok: Tokenizer, init_from: Path, cfg: TrainCon
     return {"--init-from": str(Path(init_from).resolve()), "--random-weights": random_weights,
             "--epochs": epochs, "--batch-size": cfg.batch_size, "--lr": cfg.lr,
             "--warmup-ratio": cfg.warmup, "--weight-decay": cfg.weight_decay,
-            "--dropout": OWN if dropout is None else dropout, "--seq-len": seq_len, "--precision": cfg.precision,
-            "--max-train-examples": len(data.train), "the tokenizer": tok.fingerprint}
+            "--dropout": OWN if dropout is None else dropout, "--seq-len": seq_len,
+            "--precision": cfg.precision, "--max-train-examples": len(data.train),
+            "the tokenizer": tok.fingerprint}
 
 
 def check_scored(out: Path, settings: dict[str, Any]) -> None:
