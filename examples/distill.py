@@ -157,8 +157,7 @@ def student_config(args, teacher: minibert.BertForMaskedLM,
     overrides = pretrain.architecture_overrides(args)
     if args.attention:
         overrides["attention"] = args.attention
-    if args.dropout is not None:
-        overrides.update(hidden_dropout=args.dropout, attention_dropout=args.dropout)
+    overrides.update(cli.dropout_fields(args.dropout))
     return cli.in_flag_names(lambda: minibert.BertConfig.preset(
         args.student_preset, vocab_size=teacher.config.vocab_size, pad_token_id=tok.pad_id,
         **overrides), pretrain.ARCHITECTURE_FLAGS)

@@ -160,8 +160,7 @@ def build_model(args, tok) -> minibert.BertForMaskedLM:
         overrides["attention"] = args.attention
     dropout = (pretrain.MAIN_JOB.dropout if args.dropout is None and not args.init_from
                else args.dropout)
-    if dropout is not None:
-        overrides.update(hidden_dropout=dropout, attention_dropout=dropout)
+    overrides.update(cli.dropout_fields(dropout))
     if args.init_from:
         # its architecture flags were checked against it in prepare (check_model_fits)
         model = minibert.BertForMaskedLM.from_pretrained(

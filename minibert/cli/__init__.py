@@ -124,6 +124,12 @@ class ArgumentParser(argparse.ArgumentParser):
         return parsed
 
 
+def dropout_fields(rate: Optional[float]) -> dict[str, float]:
+    """--dropout as config fields: the hidden and the attention rate both, or none where
+    `rate` is None, so that the config's own rates stand."""
+    return {} if rate is None else {"hidden_dropout": rate, "attention_dropout": rate}
+
+
 def given(args: Any, flag: str) -> bool:
     """Whether the command line gave `flag` (its first option string, e.g. "--bias" for
     --no-bias too), rather than argparse filling in its default."""

@@ -17,8 +17,8 @@ import tokenizers
 import torch.nn as nn
 
 from ..atomic import write_files_atomically, writing
-from . import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, finite_flags, in_flag_names,
-                  model_flag_names, model_source, refuse_shaping_flags)
+from . import (SEQ_LEN_FLAG, Job, add_flags, check_numbers, dropout_fields, finite_flags,
+               in_flag_names, model_flag_names, model_source, refuse_shaping_flags)
 from ..model.config import ALL_PRESETS, BertConfig
 from ..data.sampler import batches_per_epoch
 from ..data.tasks import TaskData, word_predictions
@@ -193,7 +193,7 @@ def build_model(cls: Any, args: Any, tok: Tokenizer, **head: Any) -> nn.Module:
     `head["id2label"]` gets a new head (its classifier would score the wrong classes).
     --random-weights: new weights of --init-from's config, drawn from torch's generator."""
     rate = dropout_rate(args)
-    dropout = {} if rate is None else {"hidden_dropout": rate, "attention_dropout": rate}
+    dropout = dropout_fields(rate)
     if args.init_from:
         config = config_from_hf(read_config(args.init_from), **dropout)
     else:

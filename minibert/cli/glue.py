@@ -18,7 +18,7 @@ from typing import Any, Optional
 import numpy as np
 import torch.nn as nn
 
-from . import Job, finished, in_flag_names
+from . import Job, dropout_fields, finished, in_flag_names
 from ..atomic import write_files_atomically, writing
 from ..data.sampler import batches_per_epoch
 from ..data.tasks import TaskCollator
@@ -60,13 +60,12 @@ def glue_model(init_from: Path, data: GlueData, dropout: Optional[float],
     task = data.task
     head = {"num_labels": task.num_labels,
             "id2label": list(task.labels) if task.labels else None}
-    dropout_fields = ({} if dropout is None else
-                      {"hidden_dropout": dropout, "attention_dropout": dropout})
+    rates = dropout_fields(dropout)
     if random_weights:
-        config = config_from_hf(read_config(init_from), **dropout_fields)
+        config = config_from_hf(read_config(init_from), **rates)
         return BertForSequenceClassification(config, **head)
     return BertForSequenceClassification.from_pretrained(
-        init_from, on_other_labels="new_head", **head, **dropout_fields)
+        init_from, on_other_labels="new_head", **head, **rates)
 
 
 def finetune_task(data: GlueData, tok: Tokenizer, init_from: Path, cfg: TrainConfig,
