@@ -38,8 +38,9 @@ where it stopped:
 Each pretraining measures its step time when it starts and fixes its step count from it, so
 keep the machine quiet at those moments; after that, a busier machine makes a stage slower,
 not different. GLUE and BLiMP are not timed. Outputs under --out (default
-benchmarks/out/quality): one folder per model and stage, `quality.json`, `quality.md` and
-`quality.png` (GLUE and BLiMP against the pretraining budget).
+benchmarks/out/quality): one folder per model and stage, `quality.json`, `quality.md` (the
+table, and whether each candidate meets the aims: `aims`) and `quality.png` (GLUE and BLiMP
+against the pretraining budget).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -313,10 +315,67 @@ def report(args) -> None:
         lines.append(f"| {name} | {r['budget_seconds'] / 60:.0f} | {' | '.join(cells)} | "
                      f"{glue_cell} | {blimp_cell} |")
     table = "\n".join(lines) + "\n"
+    verdicts = {c: aims(rows, c) for c in candidates(args) if c in rows}
+    for c, found in verdicts.items():
+        table += f"\n{c}'s aims, on the means of the seeds:\n\n" + "\n".join(
+            aim_lines(found)) + "\n"
     (args.out / "quality.md").write_text(table)
-    (args.out / "quality.json").write_text(json.dumps(rows, indent=2))
+    (args.out / "quality.json").write_text(json.dumps(
+        {"models": rows, "aims": {c: [a._asdict() for a in v] for c, v in verdicts.items()}},
+        indent=2))
     print(table)
     plot(args.out, rows)
+
+
+# The aims bench_quality measures, for each candidate (issue text in docs/quality.md).
+AHEAD = "ahead of transformers' recipe at the budget, on the GLUE average and on BLiMP"
+FIVE_TIMES = "transformers' recipe at five times the budget still below both scores"
+FIFTH = "at a fifth of the budget, level with or above transformers' recipe at the budget"
+
+
+class Aim(NamedTuple):
+    """One aim for one candidate: `met` is None where a score it needs was not measured."""
+
+    claim: str
+    evidence: str
+    met: Optional[bool]
+
+
+def aims(rows: dict, candidate: str) -> list[Aim]:
+    """The aims for `candidate`, each read from the means of the seeds (GLUE's average) and
+    BLiMP's overall accuracy in `rows` (report's, by model name). "Ahead" and "below" are
+    strict: a tie reaches the other score. The fifth reads the 5x ratio from the main job's
+    side (its fifth of the budget against transformers' whole); the five times, from
+    transformers' side, is the direct measure."""
+
+    def scores(name: str) -> Optional[tuple[float, float]]:
+        r = rows.get(name)
+        return None if r is None or "blimp" not in r else (r["glue"]["mean"], 100 * r["blimp"])
+
+    def said(name: str) -> str:
+        s = scores(name)
+        minutes = rows[name]["budget_seconds"] / 60 if name in rows else 0
+        return (f"{name} ({minutes:.0f} min) GLUE {s[0]:.1f}, BLiMP {s[1]:.1f}" if s else
+                f"{name}: not measured")
+
+    def above(a: str, b: str) -> Optional[bool]:  # `a` strictly above `b` on both scores
+        sa, sb = scores(a), scores(b)
+        return None if sa is None or sb is None else sa[0] > sb[0] and sa[1] > sb[1]
+
+    def at_least(a: str, b: str) -> Optional[bool]:
+        sa, sb = scores(a), scores(b)
+        return None if sa is None or sb is None else sa[0] >= sb[0] and sa[1] >= sb[1]
+
+    fifth = f"{candidate}-fifth"
+    return [Aim(AHEAD, f"{said(candidate)} against {said(HF)}", above(candidate, HF)),
+            Aim(FIVE_TIMES, f"{said(HF5)} against {said(candidate)}", above(candidate, HF5)),
+            Aim(FIFTH, f"{said(fifth)} against {said(HF)}", at_least(fifth, HF))]
+
+
+def aim_lines(found: list[Aim]) -> list[str]:
+    """The aims as quality.md lists them: each claim, its verdict and its numbers."""
+    word = {True: "met", False: "not met", None: "not measured"}
+    return [f"- {a.claim}: **{word[a.met]}** ({a.evidence})" for a in found]
 
 
 def _pretraining_seconds(out: Path, name: str) -> tuple[float, float]:
