@@ -4,6 +4,7 @@
     python examples/distill.py --teacher bert-base-uncased-folder --student-preset mini \\
         --alpha 0.5 --temperature 2 --data-dir DIR --out runs/distill
     python examples/distill.py --teacher runs/mini/final --out runs/distill --resume
+    python examples/distill.py --teacher runs/mini/final --time-budget 1h --out runs/d1h
 
 Knowledge distillation (Hinton et al. 2015, "Distilling the Knowledge in a Neural Network";
 for BERT, Sanh et al. 2019, DistilBERT): the student learns from the teacher's whole output
@@ -13,7 +14,8 @@ The loss is  alpha * T^2 * KL(p_teacher^T || p_student^T) + (1 - alpha) * CE(stu
 The loss and the module the engine trains are `minibert.tasks.distill`'s. The teacher's data path
 is pretrain_wikitext.py's (same flags from `minibert.cli.pretrain`, same cached files), with the
 teacher's tokenizer: teacher and student share one vocabulary. The same student is then
-trained again without the teacher (plain MLM, same seed, same steps), and the three are
+trained again without the teacher (plain MLM, same seed, same steps: under --time-budget,
+the steps the distillation fits), and the three are
 evaluated on the same masked evaluation blocks. Outputs in --out: eval.json (teacher,
 distilled, baseline), metrics.jsonl and checkpoints/ of the distillation, baseline/ (the same
 for the run without the teacher) and final/ (the distilled student with the tokenizer,
@@ -33,6 +35,7 @@ if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
     # traceback.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
+import argparse
 import logging
 import sys
 from pathlib import Path
@@ -76,8 +79,10 @@ def parse_args(argv=None):
     pretrain.add_architecture_args(m, job)  # the student's switches; unset, its preset's own
     cli.add_flags(m, job, ["--attention", "--dropout", "--compile", "--gradient-checkpointing"])
     pretrain.add_training_args(p, job)
+    pretrain.add_budget_args(p.add_argument_group("compute budget"))
     pretrain.add_run_args(p, default_out=Path("runs/distill"), job=job)
-    args = p.parse_args(argv)
+    # --max-steps left out stays None, so that --time-budget can tell it from one given.
+    args = p.parse_args(argv, argparse.Namespace(max_steps=None))
     # What minibert.cli.pretrain reads: the teacher's folder supplies the tokenizer
     # (`init_from`), and the student preset is the one to build (`preset`).
     args.init_from, args.preset, args.vocab_size = args.teacher, args.student_preset, None
@@ -97,8 +102,9 @@ def main(argv=None) -> int:
 
 def prepare(args, ctx) -> SimpleNamespace:
     """Everything that can be checked, before --out is touched: the flags, the teacher (its
-    tokenizer and positions), the corpus (read, tokenized into the cache), the student, and
-    what --resume compares for each of the two runs (their `RunPlan`s)."""
+    tokenizer and positions), the corpus (read, tokenized into the cache), the student, the
+    plan (its steps under --time-budget), and what --resume compares for each of the two
+    runs (their `RunPlan`s)."""
     check_alpha_temperature(args.alpha, args.temperature)
     check_readable(args.teacher, "--teacher", MODEL_FOLDER)  # there to read, or said why not
     if args.teacher.is_file():
@@ -128,15 +134,26 @@ def prepare(args, ctx) -> SimpleNamespace:
     # class and config, without memory or random draws.
     minibert.set_seed(args.seed, deterministic=args.deterministic)
     distiller = Distiller(student_model(args, student), teacher, args.alpha, args.temperature)
+    minibert.fast(distiller)  # the CPU kernels (docs/machine-room.md), as the plan times it
     with torch.device("meta"):
         plain = minibert.BertForMaskedLM(student)
+    tok = data.tokenizer
+    collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed,
+                          whole_word_mask=args.whole_word_mask)
+    # The plan, said in one summary, from a few steps of the distillation timed on a copy
+    # (the teacher's forward counted). Under --time-budget they fit its steps, which the run
+    # without the teacher then takes too: the two differ in the teacher alone.
+    cfg = pretrain.plan_run(args, cfg, distiller, data.splits[args.train_split], collate, ctx,
+                            distill_identity)
+    if pretrain.BUDGET in distill_identity:
+        identity[pretrain.BUDGET] = distill_identity[pretrain.BUDGET]
     # Resumed, the baseline goes on from its checkpoint; one stopped before its first
     # checkpoint has only a log, of steps it will compute again, so it starts over. (One
     # whose checkpoints are all damaged is resumed, and refused: nothing is deleted.)
     base_out = args.out / "baseline"
     base_resumed = args.resume and checkpoint_written(base_out / "checkpoints")
     return SimpleNamespace(cfg=cfg, teacher=teacher, student=student, data=data,
-                           identity=identity, distill_identity=distill_identity,
+                           collate=collate, identity=identity, distill_identity=distill_identity,
                            distiller=distiller, base_out=base_out,
                            base_resumed=base_resumed, runs=[
                                RunPlan(distiller, cfg, distill_identity, args.out, args.resume),
@@ -178,8 +195,7 @@ def run(args, ctx, p: SimpleNamespace) -> None:
         save_prepared(args.out, data)  # the run's tokenizer and its corpus keys
     tok = data.tokenizer
     train_set, eval_set = data.splits[args.train_split], data.splits[args.eval_split]
-    collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed,
-                          whole_word_mask=args.whole_word_mask)
+    collate = p.collate
     # Scored as the main job scores: single tokens at --eval-mask-prob, whatever trains.
     eval_collate = MLMCollator(tok, mlm_probability=args.eval_mask_prob, seed=args.seed)
 
@@ -196,7 +212,6 @@ def run(args, ctx, p: SimpleNamespace) -> None:
              args.teacher, rows["teacher"]["parameters"] / 1e6, args.student_preset,
              n_student / 1e6, args.alpha, args.temperature)
     cli.apply_keep_freed_memory(args.keep_freed_memory, ctx)  # on by default on a CPU
-    minibert.fast(distiller)  # the CPU kernels, swapped in (docs/machine-room.md)
     distilled = train(distiller, train_set, collate, cfg, args.out, ctx=ctx,
                       resume=args.resume, data_identity=p.distill_identity,
                       eval_fn=lambda m, precision: mlm_metrics(m.student, precision))

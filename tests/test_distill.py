@@ -19,7 +19,7 @@ from minibert.training.engine import TrainConfig, train
 from minibert.interop.hf import model_type
 from minibert.training.optim import build_optimizer
 
-from engine_utils import load_example, wikitext_folder
+from engine_utils import load_example, weights_file, wikitext_folder
 from facts import assert_carries, raises
 
 distill = load_example("distill")
@@ -355,3 +355,87 @@ def test_bad_input_gets_one_line(data_dir, teacher_dir, cache, tmp_path, capsys)
     empty.mkdir()
     assert_carries(_error_line(capsys, args(teacher=empty)), str(empty / "config.json"))
 
+
+
+# ---- a compute budget ------------------------------------------------------------------------
+
+def _budget_args(data_dir, teacher_dir, out, cache, *extra):
+    """The script's flags without --max-steps, which --time-budget replaces."""
+    argv = _args(data_dir, teacher_dir, out, cache, *extra)
+    at = argv.index("--max-steps")
+    return argv[:at] + argv[at + 2:]
+
+
+@pytest.fixture
+def one_second_steps(monkeypatch):
+    """Every timed step and evaluation batch takes 1 s (test_budget.py's clock): 23.2 s of
+    budget less 5% then fits 20 steps and the final evaluation of 2 batches."""
+    import itertools
+
+    from minibert.training import budget
+    ticks = itertools.count()
+    readings = []
+
+    def clock() -> float:
+        readings.append(None)
+        return float(next(ticks))
+
+    monkeypatch.setattr(budget, "clock", clock)
+    return readings
+
+
+def test_a_time_budget_fits_the_distillation_and_the_baseline_takes_its_steps(
+        data_dir, teacher_dir, cache, tmp_path, one_second_steps, caplog):
+    import logging
+    out = tmp_path / "run"
+    with caplog.at_level(logging.INFO):
+        assert distill.main(_budget_args(data_dir, teacher_dir, out, cache,
+                                         "--time-budget", "23.2s", "--dropout", "0.1")) == 0
+    assert one_second_steps  # measured
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert_carries(said, "--time-budget 23.2s", "20 steps", "--max-steps 20")
+    rows = json.loads((out / "eval.json").read_text())
+    assert rows["distilled"]["steps"] == rows["baseline"]["steps"] == 20
+    for run in (out, out / "baseline"):
+        saved = load_checkpoint(latest_checkpoint(run / "checkpoints"))
+        assert saved["train_config"]["max_steps"] == saved["train_config"]["decay_steps"] == 20
+        assert saved["data_identity"]["--time-budget"] == {"seconds": 23.2, "steps": 20}
+    # Measuring trained a copy and put every generator back: the run of --max-steps 20.
+    steps = tmp_path / "steps"
+    argv = _budget_args(data_dir, teacher_dir, steps, cache, "--max-steps", "20",
+                        "--dropout", "0.1")
+    assert distill.main(argv) == 0
+    for name in (weights_file(out / "final").name, "config.json"):
+        assert (out / "final" / name).read_bytes() == (steps / "final" / name).read_bytes()
+
+
+def test_a_budget_run_resumed_keeps_its_steps_and_refuses_another_budget(
+        data_dir, teacher_dir, cache, tmp_path, one_second_steps, capsys):
+    out = tmp_path / "run"
+    flags = ["--time-budget", "23.2s", "--save-every", "10"]
+    assert distill.main(_budget_args(data_dir, teacher_dir, out, cache, *flags)) == 0
+    rows = json.loads((out / "eval.json").read_text())
+    # Stopped after the baseline's checkpoint at step 10: it goes on to the same 20 steps.
+    shutil.rmtree(out / "baseline" / "checkpoints" / "step_00000020")
+    (out / "eval.json").unlink()
+    one_second_steps.clear()
+    assert distill.main(_budget_args(data_dir, teacher_dir, out, cache, *flags,
+                                     "--resume")) == 0
+    assert not one_second_steps  # nothing measured again
+    assert _timeless(json.loads((out / "eval.json").read_text())) == _timeless(rows)
+    for extra, facts in [(["--time-budget", "1h"], ["--time-budget", "23.2", "3600"]),
+                         ([], ["--time-budget", "not set"])]:
+        err = _error_line(capsys, _budget_args(data_dir, teacher_dir, out, cache, "--resume",
+                                               "--save-every", "10", *extra))
+        assert_carries(err, *facts)
+
+
+def test_a_budget_with_a_step_count_is_refused_before_anything_is_written(
+        data_dir, teacher_dir, cache, tmp_path, one_second_steps, capsys):
+    out = tmp_path / "run"
+    for extra, facts in [(["--max-steps", "6"], ["--time-budget", "--max-steps"]),
+                         (["--decay-steps", "6"], ["--time-budget", "--decay-steps"]),
+                         ([], ["--time-budget 2s", "one step"])]:  # measured, then refused
+        argv = _budget_args(data_dir, teacher_dir, out, cache, "--time-budget", "2s", *extra)
+        assert_carries(_error_line(capsys, argv), *facts)
+        assert not out.exists(), extra

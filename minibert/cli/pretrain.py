@@ -163,7 +163,7 @@ def add_training_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB) -
 
 
 def add_budget_args(group: argparse._ArgumentGroup) -> None:
-    """--time-budget, the main job's: its length as a time (`plan_run`)."""
+    """--time-budget, the main job's and distillation's: a run's length as a time (`plan_run`)."""
     group.add_argument("--time-budget", metavar="DURATION", help="train for as many steps "
                        "as fit this time (90s, 45m, 1h, 1.5h, or seconds), measured at the "
                        "start and kept on --resume; warmup and decay fit those steps, and the "
@@ -350,7 +350,7 @@ BUDGET = "--time-budget"  # its record in the run's identity: {"seconds": ..., "
 
 def budget_seconds(args: Any) -> Optional[float]:
     """--time-budget in seconds (None: not given), refused with another length of the run."""
-    text = getattr(args, "time_budget", None)  # the main job's flag alone: distill.py has none
+    text = args.time_budget
     if text is None:
         return None
     for flag, value in (("--max-steps", args.max_steps), ("--decay-steps", args.decay_steps)):
