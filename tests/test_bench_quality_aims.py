@@ -2,6 +2,9 @@
 recipe at the budget, and transformers' recipe short of the main job's scores at five times
 the budget, each read from the means of the seeds."""
 
+import json
+from types import SimpleNamespace
+
 import pytest
 
 from engine_utils import load_example
@@ -58,10 +61,46 @@ def test_the_fifth_reads_the_same_ratio_from_the_main_jobs_side(bench):
     assert _verdicts(bench, rows)[bench.FIFTH] is True
 
 
-def test_the_report_writes_the_verdicts(bench, tmp_path):
+def test_the_fifth_counts_a_tie_as_reached(bench):
     rows = {"main": _row(41.3, 61.2), "transformers": _row(38.1, 57.9),
-            "transformers-5x": _row(40.0, 60.0, minutes=300)}
-    lines = bench.aim_lines(bench.aims(rows, "main"))
-    assert len(lines) == 3
-    assert "41.3" in lines[0] and "38.1" in lines[0]
-    assert "40.0" in lines[1] and "300" in lines[1]
+            "main-fifth": _row(38.1, 57.9, minutes=12)}
+    assert _verdicts(bench, rows)[bench.FIFTH] is True
+
+
+def test_glue_averages_over_other_tasks_do_not_compare(bench):
+    rows = {"main": _row(41.3, 61.2), "transformers": _row(38.1, 57.9)}
+    rows["main"]["tasks"] = {"CoLA": {}, "RTE": {}}
+    rows["transformers"]["tasks"] = {"CoLA": {}, "RTE": {}, "MRPC": {}}
+    assert _verdicts(bench, rows)[bench.AHEAD] is None
+
+
+def _results(out, name, glue, blimp=None):
+    """What glue.py and blimp.py leave for `name` (the fields report reads)."""
+    tasks = {"CoLA": {"score": {"mean": glue}}, "RTE": {"score": {"mean": glue}}}
+    (out / f"glue-{name}").mkdir(parents=True)
+    (out / f"glue-{name}" / "results.json").write_text(json.dumps(
+        {"glue": {"tasks": list(tasks), "mean": glue, "std": 0.5}, "tasks": tasks}))
+    if blimp is not None:
+        (out / f"blimp-{name}").mkdir()
+        (out / f"blimp-{name}" / "results.json").write_text(json.dumps({"overall": blimp / 100}))
+
+
+def test_the_report_writes_the_verdicts_of_every_candidate(bench, tmp_path, monkeypatch):
+    minutes = {"main": 60, "transformers": 60, "transformers-5x": 300, "main-fifth": 12}
+    monkeypatch.setattr(bench, "_pretraining_seconds",
+                        lambda out, name: (60.0 * minutes.get(name, 0), 0.0))
+    monkeypatch.setattr(bench, "plot", lambda out, rows: None)
+    _results(tmp_path, "main", 41.3, 61.2)
+    _results(tmp_path, "transformers", 38.1, 57.9)
+    _results(tmp_path, "transformers-5x", 40.0, 60.0)  # there, though not asked for
+    _results(tmp_path, "main-fifth", 37.4, 60.8)
+    args = SimpleNamespace(out=tmp_path, candidate=["main=", "other=--flag"],
+                           hf_five_times=False)
+    bench.report(args)
+    found = json.loads((tmp_path / "quality.json").read_text())["aims"]
+    met = {c: {a["claim"]: a["met"] for a in aims} for c, aims in found.items()}
+    assert met["main"] == {bench.AHEAD: True, bench.FIVE_TIMES: True, bench.FIFTH: False}
+    # a candidate whose runs are not there yet: every aim said, none decided
+    assert met["other"] == {bench.AHEAD: None, bench.FIVE_TIMES: None, bench.FIFTH: None}
+    table = (tmp_path / "quality.md").read_text()
+    assert "transformers-5x" in table and "other" in table
