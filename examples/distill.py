@@ -79,7 +79,9 @@ def parse_args(argv=None):
     pretrain.add_architecture_args(m, job)  # the student's switches; unset, its preset's own
     cli.add_flags(m, job, ["--attention", "--dropout", "--compile", "--gradient-checkpointing"])
     pretrain.add_training_args(p, job)
-    pretrain.add_budget_args(p.add_argument_group("compute budget"))
+    pretrain.add_budget_args(p.add_argument_group("compute budget"), also=". It fits the "
+                             "distillation; the run without the teacher then trains the same "
+                             "steps, outside the budget")
     pretrain.add_run_args(p, default_out=Path("runs/distill"), job=job)
     # --max-steps left out stays None, so that --time-budget can tell it from one given.
     args = p.parse_args(argv, argparse.Namespace(max_steps=None))
@@ -141,10 +143,11 @@ def prepare(args, ctx) -> SimpleNamespace:
     collate = MLMCollator(tok, mlm_probability=args.mask_prob, seed=args.seed,
                           whole_word_mask=args.whole_word_mask)
     # The plan, said in one summary, from a few steps of the distillation timed on a copy
-    # (the teacher's forward counted). Under --time-budget they fit its steps, which the run
-    # without the teacher then takes too: the two differ in the teacher alone.
+    # (the teacher's forward counted; an evaluation scores the student alone, and is timed
+    # so). Under --time-budget they fit its steps, which the run without the teacher then
+    # takes too: the two differ in the teacher alone.
     cfg = pretrain.plan_run(args, cfg, distiller, data.splits[args.train_split], collate, ctx,
-                            distill_identity)
+                            distill_identity, evaluated=lambda d: d.student)
     if pretrain.BUDGET in distill_identity:
         identity[pretrain.BUDGET] = distill_identity[pretrain.BUDGET]
     # Resumed, the baseline goes on from its checkpoint; one stopped before its first

@@ -259,7 +259,7 @@ def test_a_budget_run_is_a_max_steps_run_of_its_steps_bit_for_bit(data_dir, tmp_
 
 
 def test_a_resume_keeps_the_steps_and_never_measures_again(data_dir, tmp_path, monkeypatch,
-                                                           capsys):
+                                                           capsys, caplog):
     """A budget run cut short after its checkpoint at step 15, resumed on a machine now ten
     times slower, goes on to its 20 steps and ends with the uninterrupted run's weights."""
     _clock(monkeypatch, 1.0)
@@ -283,9 +283,14 @@ def test_a_resume_keeps_the_steps_and_never_measures_again(data_dir, tmp_path, m
     capsys.readouterr()
     # A finished budget run resumed: nothing to do, at its own 20 steps.
     _run(data_dir, out, cache, *flags, "--resume")
-    assert_carries(capsys.readouterr().out, "complete", "step 20")
-    # Another budget, or none, is another run: refused by name.
+    said = capsys.readouterr().out
+    assert_carries(said, "complete", "step 20")
+    assert "--max-steps" not in said  # beside a budget it is refused: no such advice
+    # Another budget, or none, is another run: refused by name, and not said to be kept.
     for extra, facts in [(["--time-budget", "1h"], ["--time-budget", "23.2", "3600"]),
                          ([], ["--time-budget", "not set"])]:
-        err = _error_line(capsys, _args(data_dir, out, cache, "--resume", *extra))
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            err = _error_line(capsys, _args(data_dir, out, cache, "--resume", *extra))
         assert_carries(err, *facts)
+        assert "fitted at its start" not in caplog.text

@@ -400,7 +400,7 @@ def test_a_time_budget_fits_the_distillation_and_the_baseline_takes_its_steps(
         saved = load_checkpoint(latest_checkpoint(run / "checkpoints"))
         assert saved["train_config"]["max_steps"] == saved["train_config"]["decay_steps"] == 20
         assert saved["data_identity"]["--time-budget"] == {"seconds": 23.2, "steps": 20}
-    # Measuring trained a copy and put every generator back: the run of --max-steps 20.
+    # The budget's 20 steps are the run of --max-steps 20, bit for bit.
     steps = tmp_path / "steps"
     argv = _budget_args(data_dir, teacher_dir, steps, cache, "--max-steps", "20",
                         "--dropout", "0.1")
@@ -439,3 +439,19 @@ def test_a_budget_with_a_step_count_is_refused_before_anything_is_written(
         argv = _budget_args(data_dir, teacher_dir, out, cache, "--time-budget", "2s", *extra)
         assert_carries(_error_line(capsys, argv), *facts)
         assert not out.exists(), extra
+
+
+def test_the_plan_times_an_evaluation_of_the_student_alone(data_dir, teacher_dir, cache,
+                                                          tmp_path, monkeypatch):
+    """The run's evaluations score the student without its teacher, so the plan's timed
+    evaluation batch does too: the distiller (student and teacher) runs only to train."""
+    modes = []
+    real = Distiller.forward
+
+    def spy(self, *args, **kwargs):
+        modes.append(self.training)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Distiller, "forward", spy)
+    assert distill.main(_args(data_dir, teacher_dir, tmp_path / "run", cache)) == 0
+    assert modes and all(modes)

@@ -491,9 +491,12 @@ class Script:
         steps = [(check_resume(plan, ctx.device), plan.cfg.max_steps) for plan in runs]
         if resume and all_gather_objects(self._folder.finished(steps), ctx)[0]:
             if ctx.is_main:  # [0]: rank 0's word, which every rank follows
+                # A budget's steps are the run's own: --max-steps beside it is refused.
+                budgeted = any("--time-budget" in plan.data_identity for plan in runs)
                 _said.info("--resume: the run in %s is complete, at step %d, where it stops, "
-                           "with its outputs written; nothing is done and nothing is written "
-                           "(a larger --max-steps trains it further)", args.out, steps[0][1])
+                           "with its outputs written; nothing is done and nothing is written%s",
+                           args.out, steps[0][1], "" if budgeted else
+                           " (a larger --max-steps trains it further)")
             return False
         self._folder.__enter__()
         self._holding = True

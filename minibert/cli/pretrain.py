@@ -162,13 +162,14 @@ def add_training_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB) -
         "--allow-vocab-mismatch"])
 
 
-def add_budget_args(group: argparse._ArgumentGroup) -> None:
-    """--time-budget, the main job's and distillation's: a run's length as a time (`plan_run`)."""
+def add_budget_args(group: argparse._ArgumentGroup, also: str = "") -> None:
+    """--time-budget, the main job's and distillation's: a run's length as a time (`plan_run`);
+    `also`: what a script adds to its help."""
     group.add_argument("--time-budget", metavar="DURATION", help="train for as many steps "
                        "as fit this time (90s, 45m, 1h, 1.5h, or seconds), measured at the "
                        "start and kept on --resume; warmup and decay fit those steps, and the "
                        "run stops at the last of them, whatever the clock says (docs/runs.md, "
-                       "'A compute budget'). Instead of --max-steps and --decay-steps")
+                       "'A compute budget'). Instead of --max-steps and --decay-steps" + also)
 
 
 def add_eval_blimp_args(group: argparse._ArgumentGroup) -> None:
@@ -365,7 +366,8 @@ def budget_seconds(args: Any) -> Optional[float]:
 
 def plan_run(args: Any, cfg: TrainConfig, model: nn.Module, train_set: Dataset,
              collate: Callable, ctx: DistContext, identity: dict[str, Any],
-             extra: Optional[budget.ExtraScores] = None) -> TrainConfig:
+             extra: Optional[budget.ExtraScores] = None,
+             evaluated: Callable[[nn.Module], nn.Module] = lambda m: m) -> TrainConfig:
     """The run's settings once its length is known, said in one summary before --out is
     touched: its steps, its schedules and the time it is estimated to take.
 
@@ -377,7 +379,8 @@ def plan_run(args: Any, cfg: TrainConfig, model: nn.Module, train_set: Dataset,
     measures nothing (the engine says the time left at each evaluation, from the run's own
     speed). `identity` (the data's, which a resume compares) records the budget and its
     steps, so that a resume under another budget, or none, is refused by name. `extra`: what
-    each evaluation scores beyond its batches (`blimp_scoring`), timed and counted too."""
+    each evaluation scores beyond its batches (`blimp_scoring`), timed and counted too;
+    `evaluated`: the part of `model` an evaluation runs (budget.measure_step_times)."""
     seconds = budget_seconds(args)
     if args.resume:
         record = recorded_budget(args.out) if seconds is not None else None
@@ -389,7 +392,7 @@ def plan_run(args: Any, cfg: TrainConfig, model: nn.Module, train_set: Dataset,
             cfg = replace(cfg, max_steps=record["steps"])
         if ctx.is_main:
             log.info("%s", describe_plan(cfg, args.seq_len, None))
-            if record is not None:
+            if record is not None and record["seconds"] == seconds:  # else refused next
                 log.info("--time-budget %s: the run keeps the %s fitted at its start, "
                          "measured then and not again", args.time_budget,
                          _counted(record["steps"], "step"))
@@ -400,7 +403,8 @@ def plan_run(args: Any, cfg: TrainConfig, model: nn.Module, train_set: Dataset,
     began = time.perf_counter()
     times = budget.measure_step_times(model, train_set, collate, cfg, ctx,
                                       budget.measured_lengths(full, start),
-                                      resolve_precision(cfg.precision, ctx.device), extra=extra)
+                                      resolve_precision(cfg.precision, ctx.device), extra=extra,
+                                      evaluated=evaluated)
     took = time.perf_counter() - began
     fitted = None
     if seconds is not None:

@@ -181,12 +181,15 @@ def fit_steps(budget: float, times: StepTimes, cfg: TrainConfig, full: int,
 def measure_step_times(model: nn.Module, train_set: Dataset, collate: Callable,
                        cfg: TrainConfig, ctx: DistContext, lengths: Sequence[int],
                        precision: str, evaluates: bool = True, repeats: int = REPEATS,
-                       extra: Optional[ExtraScores] = None) -> StepTimes:
+                       extra: Optional[ExtraScores] = None,
+                       evaluated: Callable[[nn.Module], nn.Module] = lambda m: m) -> StepTimes:
     """Time training steps of `model` at each of `lengths`, and (`evaluates`) an evaluation
     batch at full length, as `train` would take them: this rank's share of a global batch
     of `train_set`'s first examples, in `cfg`'s micro-batches, forward and backward under
     `precision`, clipped, and AdamW's update. `extra`: what each evaluation scores beyond
-    its batches, timed once on the same model after an untimed call.
+    its batches, timed once on the same model after an untimed call. `evaluated`: the part of
+    the model an evaluation runs, where it is not the whole (a distillation scores its
+    student, without the teacher the steps run).
 
     The steps train a copy of the model with an optimizer of its own, and every random
     generator is put back afterwards: the model, and the run that follows, are as they would
@@ -195,7 +198,7 @@ def measure_step_times(model: nn.Module, train_set: Dataset, collate: Callable,
     saved = rng_state()
     try:
         times = _timed(model, train_set, collate, cfg, ctx, lengths, precision, evaluates,
-                       repeats, extra)
+                       repeats, extra, evaluated)
     finally:
         set_rng_state(saved)  # dropout drew from them: the run draws as if never measured
     ranks = all_gather_objects(times, ctx)
@@ -205,7 +208,8 @@ def measure_step_times(model: nn.Module, train_set: Dataset, collate: Callable,
 
 def _timed(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainConfig,
            ctx: DistContext, lengths: Sequence[int], precision: str, evaluates: bool,
-           repeats: int, extra: Optional[ExtraScores]) -> tuple[dict[int, float], float, float]:
+           repeats: int, extra: Optional[ExtraScores],
+           evaluated: Callable[[nn.Module], nn.Module]) -> tuple[dict[int, float], float, float]:
     """(seconds per step at each length, per evaluation batch, per evaluation's extra
     scores) on this rank."""
     device = ctx.device
@@ -234,7 +238,7 @@ def _timed(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCo
         with torch.no_grad(), autocast_context(precision, device):
             for i in range(0, per_rank, micro):
                 batch = collate(examples[i:i + micro], epoch=0)
-                copied(**to_device(batch, device))
+                evaluated(copied)(**to_device(batch, device))
 
     by_length = {n: _median_seconds(lambda: step(n), repeats, device) for n in lengths}
     eval_batch = eval_extra = 0.0
@@ -243,7 +247,8 @@ def _timed(model: nn.Module, train_set: Dataset, collate: Callable, cfg: TrainCo
         eval_batch = _median_seconds(evaluation, repeats, device)
         if extra is not None:  # as train calls an eval_fn: in eval mode, without gradients
             with torch.no_grad():
-                part = _median_seconds(lambda: extra.score(copied, precision), 1, device)
+                part = _median_seconds(lambda: extra.score(evaluated(copied), precision), 1,
+                                       device)
             eval_extra = part / extra.share
     return by_length, eval_batch, eval_extra
 
