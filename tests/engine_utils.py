@@ -148,6 +148,24 @@ def from_checkpoint(argv: list) -> list:
     return out
 
 
+def step_clock(monkeypatch, seconds: float) -> list:
+    """A budget's clock (training/budget.py) under which every timed step and evaluation batch
+    takes `seconds`: it advances by that much each time it is read, so what a --time-budget
+    fits does not depend on this machine. Returns the list of readings, to see it was read."""
+    import itertools
+
+    from minibert.training import budget
+    readings = []
+    ticks = itertools.count()
+
+    def clock() -> float:
+        readings.append(None)
+        return next(ticks) * seconds
+
+    monkeypatch.setattr(budget, "clock", clock)
+    return readings
+
+
 def load_example(name: str, folder: str = "examples"):
     """Import <folder>/<name>.py as a module (examples/ and benchmarks/ are not packages);
     a script's main() does not run."""

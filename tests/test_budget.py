@@ -3,7 +3,6 @@
 The measured times are injected (a clock that advances by a fixed amount each time it is
 read), so what these tests choose does not depend on this machine's speed."""
 
-import itertools
 import json
 import logging
 import shutil
@@ -16,7 +15,7 @@ from minibert.training import budget
 from minibert.training.checkpoint import latest_checkpoint, load_checkpoint
 from minibert.training.state import TrainConfig
 
-from engine_utils import load_example, weights_file, wikitext_folder
+from engine_utils import load_example, step_clock, weights_file, wikitext_folder
 from facts import assert_carries, raises, without
 
 pretrain = load_example("pretrain_wikitext")
@@ -32,20 +31,6 @@ def _args(data_dir, out, cache, *extra):
             "--preset", "tiny", "--vocab-size", "200", "--seq-len", "32", "--batch-size", "8",
             "--log-every", "1", "--no-progress", "--eval-batches", "2",
             "--precision", "fp32", *extra]
-
-
-def _clock(monkeypatch, seconds: float) -> list:
-    """Every timed step (and evaluation batch) takes `seconds`: the clock advances by that
-    much each time it is read. Returns the list of readings, to see it was read."""
-    readings = []
-    ticks = itertools.count()
-
-    def clock() -> float:
-        readings.append(None)
-        return next(ticks) * seconds
-
-    monkeypatch.setattr(budget, "clock", clock)
-    return readings
 
 
 # ---- the duration -----------------------------------------------------------------------------
@@ -160,7 +145,7 @@ def _error_line(capsys, argv):
 
 
 def test_refusals_name_the_flags_and_leave_no_out(data_dir, tmp_path, capsys, monkeypatch):
-    readings = _clock(monkeypatch, 1.0)
+    readings = step_clock(monkeypatch, 1.0)
     out, cache = tmp_path / "run", tmp_path / "cache"
     cases = [
         (["--time-budget", "1h", "--max-steps", "6"], ["--time-budget", "--max-steps"]),
@@ -195,7 +180,7 @@ def test_the_budget_sets_the_steps_and_the_schedule_fits_them(data_dir, tmp_path
     """Each step measures 1 s and each evaluation batch 1 s: 23.2 s less 5% is 22.04 s, the
     final evaluation of 2 batches takes 2, so 20 steps fit. The main job's fractions then
     apply to 20: a learning-rate warmup of 2 steps and a sequence-length warmup of 10."""
-    _clock(monkeypatch, 1.0)
+    step_clock(monkeypatch, 1.0)
     out = tmp_path / "run"
     with caplog.at_level(logging.INFO):
         _run(data_dir, out, tmp_path / "cache", "--time-budget", "23.2s")
@@ -220,7 +205,7 @@ def test_the_budget_counts_eval_blimps_scoring(data_dir, tmp_path, monkeypatch, 
     is timed, at 1 s, so an evaluation costs its 2 batches and 10 s of scoring: 23.2 s less
     5% (22.04 s) then fits 10 steps, where without it 20 fit (test_the_budget_sets_...)."""
     from engine_utils import blimp_folder
-    _clock(monkeypatch, 1.0)
+    step_clock(monkeypatch, 1.0)
     (tmp_path / "blimp").mkdir()
     blimp = blimp_folder(tmp_path / "blimp")
     out = tmp_path / "run"
@@ -236,7 +221,7 @@ def test_every_fresh_start_says_its_plan_and_the_time_it_will_take(data_dir, tmp
                                                                    monkeypatch, caplog):
     """Each step measures 1 s and each evaluation batch 1 s: 6 steps and the final evaluation
     of 2 batches make 8 s (how the lengths count: test_the_step_count_integrates_...)."""
-    _clock(monkeypatch, 1.0)
+    step_clock(monkeypatch, 1.0)
     with caplog.at_level(logging.INFO):
         _run(data_dir, tmp_path / "run", tmp_path / "cache", "--max-steps", "6")
     said = "\n".join(r.getMessage() for r in caplog.records)
@@ -248,7 +233,7 @@ def test_a_budget_run_is_a_max_steps_run_of_its_steps_bit_for_bit(data_dir, tmp_
                                                                    monkeypatch):
     """Measuring trains a copy, and puts every generator back: with dropout drawing from
     torch's generator, the budget's 20 steps give the very weights --max-steps 20 gives."""
-    readings = _clock(monkeypatch, 1.0)
+    readings = step_clock(monkeypatch, 1.0)
     cache = tmp_path / "cache"
     _run(data_dir, tmp_path / "budget", cache, "--time-budget", "23.2s", "--dropout", "0.1")
     assert readings
@@ -262,7 +247,7 @@ def test_a_resume_keeps_the_steps_and_never_measures_again(data_dir, tmp_path, m
                                                            capsys, caplog):
     """A budget run cut short after its checkpoint at step 15, resumed on a machine now ten
     times slower, goes on to its 20 steps and ends with the uninterrupted run's weights."""
-    _clock(monkeypatch, 1.0)
+    step_clock(monkeypatch, 1.0)
     cache, out, whole = tmp_path / "cache", tmp_path / "run", tmp_path / "whole"
     flags = ["--time-budget", "23.2s", "--save-every", "5"]
     _run(data_dir, whole, cache, *flags)
@@ -274,7 +259,7 @@ def test_a_resume_keeps_the_steps_and_never_measures_again(data_dir, tmp_path, m
             child.unlink() if child.is_file() else child.rmdir()
         target.rmdir() if target.is_dir() else target.unlink()
 
-    readings = _clock(monkeypatch, 10.0)  # measured now, 20 steps would not fit
+    readings = step_clock(monkeypatch, 10.0)  # measured now, 20 steps would not fit
     _run(data_dir, out, cache, *flags, "--resume")
     assert not readings  # nothing measured
     assert _saved_config(out)[0]["max_steps"] == 20

@@ -19,7 +19,7 @@ from minibert.training.engine import TrainConfig, train
 from minibert.interop.hf import model_type
 from minibert.training.optim import build_optimizer
 
-from engine_utils import load_example, weights_file, wikitext_folder
+from engine_utils import load_example, step_clock, weights_file, wikitext_folder
 from facts import assert_carries, raises
 
 distill = load_example("distill")
@@ -368,20 +368,9 @@ def _budget_args(data_dir, teacher_dir, out, cache, *extra):
 
 @pytest.fixture
 def one_second_steps(monkeypatch):
-    """Every timed step and evaluation batch takes 1 s (test_budget.py's clock): 23.2 s of
-    budget less 5% then fits 20 steps and the final evaluation of 2 batches."""
-    import itertools
-
-    from minibert.training import budget
-    ticks = itertools.count()
-    readings = []
-
-    def clock() -> float:
-        readings.append(None)
-        return float(next(ticks))
-
-    monkeypatch.setattr(budget, "clock", clock)
-    return readings
+    """Every timed step and evaluation batch takes 1 s: 23.2 s of budget less 5% then fits 20
+    steps and the final evaluation of 2 batches (test_budget.py)."""
+    return step_clock(monkeypatch, 1.0)
 
 
 def test_a_time_budget_fits_the_distillation_and_the_baseline_takes_its_steps(
