@@ -154,6 +154,20 @@ def test_pll_refuses_what_it_cannot_score(bert_dir, tok):
         pseudo_log_likelihood(model, tok, "the cat")
 
 
+def test_pll_refuses_a_model_without_a_masked_lm_head(tok):
+    """An encoder or a classifier decodes no vocabulary: refused by name, not by a shape
+    error from inside its forward."""
+    config = tiny_config(vocab_size=tok.vocab_size)
+    models = [minibert.BertModel(config), minibert.BertForSequenceClassification(config)]
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=32)
+    models += [transformers.BertModel(hf), transformers.BertForSequenceClassification(hf)]
+    for model in models:
+        with raises(TypeError, type(model).__name__, "masked LM"):
+            pseudo_log_likelihood(model, tok, SENTENCES)
+
+
 # ---- accuracies ------------------------------------------------------------------------------
 
 def _pair(paradigm, field, k=0):

@@ -207,13 +207,21 @@ def pseudo_log_likelihood(model: nn.Module, tokenizer: Tokenizer, sentences: Seq
     model: a masked LM called as `model(input_ids, attention_mask, labels=labels)`, with
         `.logits` either (N, V), the labelled positions only (minibert's sparse prediction,
         which runs the decoder on one position per copy instead of T), or (R, T, V). It is
-        put in eval mode (dropout off) and back; its device is the one of its parameters.
+        put in eval mode (dropout off) and back; its device is the one of its parameters. A
+        model that says it decodes no vocabulary (an encoder, a classifier) is refused.
     precision: "fp32" (the default, exact), "bf16", "fp16" or "auto", an autocast around the
         forward (`machine.precision`); the log-softmax is always taken in fp32.
     """
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be a whole number >= 1 (masked "
                          f"copies per forward)")
+    # minibert's and transformers' models say whether they decode the vocabulary; a module of
+    # one's own that does not say is taken at its word.
+    decoder = getattr(model, "get_output_embeddings", None)
+    if decoder is not None and decoder() is None:
+        raise TypeError(f"{type(model).__name__} has no masked LM head to predict a masked "
+                        f"token with; a PLL needs a masked LM (minibert.BertForMaskedLM, or "
+                        f"transformers' *ForMaskedLM)")
     device = next(model.parameters()).device
     precision = resolve_precision(precision, device)
     ids = _encode(tokenizer, sentences, _max_positions(model))
