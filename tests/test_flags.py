@@ -214,6 +214,21 @@ def test_every_flag_says_what_it_does(script, monkeypatch):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
+def test_every_help_names_only_the_scripts_own_flags(script, monkeypatch):
+    """A help that points to another flag points to one the script has (distill.py's spoke of
+    --init-from, which only the main job and the fine-tuning scripts take)."""
+    import argparse
+    import re
+
+    parser = _parser(script, monkeypatch)
+    own = set(parser._option_string_actions)
+    named = {flag: a.option_strings[0] for a in parser._actions
+             if a.help and a.help != argparse.SUPPRESS
+             for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9]", a.help)}
+    assert {f: where for f, where in named.items() if f not in own} == {}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_keep_freed_memory_has_both_forms_wherever_it_is(script, monkeypatch):
     """--keep-freed-memory / --no-keep-freed-memory in every script that has the flag, each
     script keeping its default (on a CPU for pretraining: None; off for fine-tuning)."""

@@ -161,7 +161,8 @@ class Job:
     """A kind of run's defaults, which `flag_specs` gives its flags (`pretrain.MAIN_JOB`,
     `finetune.FINETUNE`). A run in `epochs` warms up by a share (--warmup-ratio), one in
     steps (`epochs` None) by a count. `lr_init_from`: --lr's default with --init-from;
-    `dropout_init_from`: --dropout's (None: the checkpoint's own)."""
+    `dropout_init_from`: --dropout's (None: the checkpoint's own). `init_from`: whether the
+    script can start from a checkpoint (--init-from), which some defaults then depend on."""
 
     train: TrainConfig
     preset: str = "mini"
@@ -172,6 +173,7 @@ class Job:
     lr_init_from: Optional[float] = None
     dropout_init_from: Optional[float] = None
     keep_freed_memory: Optional[bool] = None  # None: on a CPU (apply_keep_freed_memory)
+    init_from: bool = True
 
     def flags(self) -> dict[str, str]:
         """TrainConfig's fields as the flags that set them, for its messages."""
@@ -230,6 +232,7 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
         "--vocab-size": dict(type=int, default=job.vocab_size, help="the size of the "
                              "WordPiece vocabulary trained for the run, without --init-from"),
         "--dropout": dict(type=float, help="hidden and attention dropout; default " + (
+            scratch_dropout if not job.init_from else
             f"from random weights {scratch_dropout}, from a checkpoint its own"
             if job.dropout_init_from is None else
             f"{job.dropout_init_from:g} from a checkpoint too, as BERT fine-tunes: a "
@@ -270,7 +273,7 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
         "--min-lr": dict(type=float, default=t.min_lr, help="the rate at the horizon and after"),
         # A share of a schedule whose length is not known yet, or a step count.
         "--warmup-ratio": dict(type=float, default=t.warmup, help="the learning rate's "
-                               "linear warmup, as a fraction of --decay-steps"),
+                               "linear warmup, as a fraction of the steps it decays over"),
         "--warmup-steps": dict(type=int, help="steps of the learning rate's linear warmup; "
                                f"default {t.warmup * 100:.0f}%% of --decay-steps"),
         "--schedule": dict(choices=["linear", "cosine"], default=t.schedule,

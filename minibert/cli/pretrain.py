@@ -74,7 +74,7 @@ MAIN_JOB = PretrainJob(
 
 # Distillation (examples/distill.py): the main job's training, a `tiny` student with its
 # preset's own switches.
-DISTILL = replace(MAIN_JOB, preset="tiny", position=None, dropout=None)
+DISTILL = replace(MAIN_JOB, preset="tiny", position=None, dropout=None, init_from=False)
 
 # The BertConfig fields the architecture flags set (architecture_overrides), as those flags.
 ARCHITECTURE_FLAGS = {"norm_position": "--norm", "position": "--position", "mlp": "--mlp",
@@ -144,9 +144,10 @@ def add_data_args(p: argparse.ArgumentParser, job: PretrainJob = MAIN_JOB
     d.add_argument("--seq-len-warmup", type=int, help="sequence-length warmup: training "
                    "batches grow from --seq-len-start positions to --seq-len over this many "
                    f"steps (Li et al. 2022); default {warmup * 100:.0f}%% of the "
-                   "schedule (--decay-steps, else --max-steps), 0 = off; 0 with --init-from, "
-                   "whose model has learned its full length (give one to restart the "
-                   "warmup). It is the largest lever on the time to a given loss "
+                   "schedule (--decay-steps, else --max-steps), 0 = off" + (
+                       "; 0 with --init-from, whose model has learned its full length (give "
+                       "one to restart the warmup)" if job.init_from else "") +
+                   ". It is the largest lever on the time to a given loss "
                    "(benchmarks/RESULTS.md)")
     d.add_argument("--seq-len-start", type=int, help="positions per sequence at the first "
                    f"step of the sequence-length warmup; default {start} (no warmup "
