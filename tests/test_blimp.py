@@ -199,7 +199,21 @@ def test_accuracies_per_paradigm_field_and_overall_on_known_answers():
     assert "| a | syntax | 4 | 75.0 |" in table and "| syntax | 6 | 50.0 |" in table
     as_json = result.to_dict()
     assert as_json["paradigms"]["c"] == {"field": "morphology", "accuracy": 1.0, "pairs": 1}
-    assert as_json["pairs"] == 7
+    assert as_json["pairs"] == 7 and as_json["tied"] == 1
+
+
+def test_a_pair_the_tokenizer_cannot_tell_apart_is_counted_and_said(bert_dir, tok, caplog):
+    """Words outside the vocabulary both become [UNK]: the two sentences are one, their
+    PLLs tie, and the pair counts wrong. The log and results.json say how many."""
+    model = minibert.BertForMaskedLM.from_pretrained(bert_dir)
+    good, bad = "the cat sat on \u2603", "the cat sat on \u2602"  # neither in the vocabulary
+    assert tok.encode(good) == tok.encode(bad)
+    pairs = {"p": [MinimalPair(good, bad, "p", "syntax", "p", 1),
+                   MinimalPair("the cat sat", "cat the sat", "p", "syntax", "p", 2)]}
+    with caplog.at_level("WARNING"):
+        result = evaluate_blimp(model, tok, pairs)
+    assert result.to_dict()["tied"] == 1
+    assert_carries(caplog.text, "1 of 2 pairs", "[UNK]")
 
 
 def test_scoring_pairs_with_a_model_gives_its_plls(bert_dir, tok):

@@ -351,8 +351,10 @@ class BlimpResult:
                                                 compare=False)
 
     def to_dict(self) -> dict:
-        """The accuracies as results.json writes them (no per-sentence scores)."""
+        """The accuracies as results.json writes them (no per-sentence scores), with the
+        pairs whose two sentences score the same (`tied`, counted wrong)."""
         return {"overall": self.overall, "pairs": sum(self.pairs.values()),
+                "tied": _ties(self.scores),
                 "paradigms": {name: {"field": self.field_of[name], "accuracy": acc,
                                      "pairs": self.pairs[name]}
                               for name, acc in self.paradigms.items()},
@@ -372,6 +374,11 @@ class BlimpResult:
         return "\n".join(lines) + "\n"
 
 
+def _ties(scores: Sequence[PairScore]) -> int:
+    """The pairs whose two sentences have the same PLL."""
+    return sum(s.good == s.bad for s in scores)
+
+
 def blimp_accuracy(scores: Sequence[PairScore]) -> BlimpResult:
     """The accuracies of `scores` per paradigm, per field and overall (`BlimpResult`)."""
     if not scores:
@@ -387,6 +394,11 @@ def blimp_accuracy(scores: Sequence[PairScore]) -> BlimpResult:
     if bad:
         logger.warning("%d of %d pairs have a score that is not finite (counted wrong): "
                        "are the model's weights finite?", bad, len(scores))
+    tied = _ties(scores)
+    if tied:
+        logger.warning("%d of %d pairs score the same for both sentences (counted wrong): "
+                       "most often the tokenizer encodes the two alike, the words that differ "
+                       "being outside its vocabulary ([UNK])", tied, len(scores))
     paradigms = {name: sum(r) / len(r) for name, r in right.items()}
     return BlimpResult(overall=sum(paradigms.values()) / len(paradigms),
                        paradigms=paradigms,
