@@ -9,9 +9,10 @@ pseudo-log-likelihood (Salazar et al. 2020); the method, the sample and how the 
 averaged: minibert/tasks/blimp.py and docs/quality.md. --model is any masked-LM folder minibert
 loads with its tokenizer (a pretraining run's final/, a transformers BERT or ModernBERT
 folder). --out is a folder; it gets results.json (the accuracies per paradigm, per field and
-overall, and the settings), results.md (the same as tables) and scores.jsonl (each pair's two
-scores). Every input is read and checked first: bad input ends with one line on stderr and
-exit status 2, before --out is touched (minibert/cli/__init__.py).
+overall, the pairs whose two sentences tie, and the settings), results.md (the same as
+tables) and scores.jsonl (each pair's two scores). Every input is read and checked first:
+bad input ends with one line on stderr and exit status 2, before --out is touched
+(minibert/cli/__init__.py).
 """
 
 from __future__ import annotations

@@ -158,12 +158,13 @@ def test_pll_refuses_a_model_without_a_masked_lm_head(tok):
     """An encoder or a classifier decodes no vocabulary: refused by name, not by a shape
     error from inside its forward."""
     config = tiny_config(vocab_size=tok.vocab_size)
-    models = [minibert.BertModel(config), minibert.BertForSequenceClassification(config)]
+    for model in (minibert.BertModel(config), minibert.BertForSequenceClassification(config)):
+        with raises(TypeError, type(model).__name__, "masked LM"):
+            pseudo_log_likelihood(model, tok, SENTENCES)
     transformers = pytest.importorskip("transformers")
     hf = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1,
                                  num_attention_heads=2, intermediate_size=32)
-    models += [transformers.BertModel(hf), transformers.BertForSequenceClassification(hf)]
-    for model in models:
+    for model in (transformers.BertModel(hf), transformers.BertForSequenceClassification(hf)):
         with raises(TypeError, type(model).__name__, "masked LM"):
             pseudo_log_likelihood(model, tok, SENTENCES)
 
@@ -200,6 +201,19 @@ def test_accuracies_per_paradigm_field_and_overall_on_known_answers():
     as_json = result.to_dict()
     assert as_json["paradigms"]["c"] == {"field": "morphology", "accuracy": 1.0, "pairs": 1}
     assert as_json["pairs"] == 7 and as_json["tied"] == 1
+
+
+def test_sentences_that_encode_alike_score_alike_in_any_batch(bert_dir, tok):
+    """Two sentences the tokenizer makes one are one sentence: the same PLL to the bit, so
+    their pair ties (and counts wrong) whatever the batch size puts beside their copies."""
+    model = minibert.BertForMaskedLM.from_pretrained(bert_dir)
+    words = SENTENCES[:3] * 4
+    pairs = {"p": [MinimalPair(f"{w} \u2603", f"{w} \u2602", "p", "syntax", "p", k + 1)
+                   for k, w in enumerate(words)]}
+    for batch_size in (3, 7, 64):
+        result = evaluate_blimp(model, tok, pairs, batch_size=batch_size)
+        assert result.to_dict()["tied"] == len(words), batch_size
+        assert result.overall == 0.0
 
 
 def test_a_pair_the_tokenizer_cannot_tell_apart_is_counted_and_said(bert_dir, tok, caplog):

@@ -202,7 +202,7 @@ def pseudo_log_likelihood(model: nn.Module, tokenizer: Tokenizer, sentences: Seq
     learned to predict them. The copies of all sentences are put in one sequence, ordered by
     length, and cut into forwards of `batch_size` rows, padded to the longest row of each
     with `attention_mask` 0: a sentence's score does not depend on its neighbours (to fp32
-    rounding).
+    rounding). Sentences that encode alike are scored once, so their scores are equal.
 
     model: a masked LM called as `model(input_ids, attention_mask, labels=labels)`, with
         `.logits` either (N, V), the labelled positions only (minibert's sparse prediction,
@@ -224,7 +224,12 @@ def pseudo_log_likelihood(model: nn.Module, tokenizer: Tokenizer, sentences: Seq
                         f"transformers' *ForMaskedLM)")
     device = next(model.parameters()).device
     precision = resolve_precision(precision, device)
-    ids = _encode(tokenizer, sentences, _max_positions(model))
+    encoded = _encode(tokenizer, sentences, _max_positions(model))
+    # Sentences the tokenizer makes one (words outside its vocabulary, all [UNK]) are scored
+    # once: the same PLL to the bit, so that their pair ties whatever shares their forwards.
+    distinct: dict[tuple[int, ...], int] = {}
+    which = [distinct.setdefault(tuple(x), len(distinct)) for x in encoded]  # (S,) -> distinct
+    ids = [list(x) for x in distinct]
     # Every masked copy is (sentence, position): the positions 1 .. n of each sentence, the
     # sentences shortest first (stable), so that rows of one forward need little padding.
     order = sorted(range(len(ids)), key=lambda s: len(ids[s]))
@@ -266,7 +271,7 @@ def pseudo_log_likelihood(model: nn.Module, tokenizer: Tokenizer, sentences: Seq
         model.train(was_training)
     logger.debug("PLL of %d sentences: %d masked copies in %.1f s", len(ids), len(rows),
                  time.perf_counter() - start)
-    return totals.tolist()
+    return [float(totals[k]) for k in which]
 
 
 def _encode(tokenizer: Tokenizer, sentences: Sequence[str], limit: Optional[int]
