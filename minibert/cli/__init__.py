@@ -213,10 +213,9 @@ def flag_specs(job: Job, unit: str = "sequences", out: str = "runs",
     """Every shared flag, declared once: option string -> `add_argument` arguments, defaults
     from `job`. `unit`: what a batch holds; `out`: the default --out; `epoch`: --epochs'."""
     t, by_epochs = job.train, job.epochs is not None
-    scratch_dropout = ("the preset's" if job.dropout is None else
-                       f"{job.dropout:g} (as in Cramming and ModernBERT: in a short "
-                       "pretraining run there is no overfitting to prevent, and dropout "
-                       "slows learning)")
+    scratch_dropout = ("the preset's" if job.dropout is None else f"{job.dropout:g}" + (
+        " (as in Cramming and ModernBERT: in a short pretraining run there is no overfitting "
+        "to prevent, and dropout slows learning)" if job.dropout == 0 else ""))
     return {
         **PLAIN_FLAGS,
         # model

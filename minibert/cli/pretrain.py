@@ -384,16 +384,18 @@ def plan_run(args: Any, cfg: TrainConfig, model: nn.Module, train_set: Dataset,
     `evaluated`: the part of `model` an evaluation runs (budget.measure_step_times)."""
     seconds = budget_seconds(args)
     if args.resume:
-        record = recorded_budget(args.out) if seconds is not None else None
+        record = recorded_budget(args.out)
         if seconds is not None:
             # no checkpoint, or a run without a budget: check_resume says which
             identity[BUDGET] = {"seconds": seconds, **({"steps": record["steps"]} if record
                                                        else {})}
-        if record is not None:
-            cfg = replace(cfg, max_steps=record["steps"])
-        if ctx.is_main:
+            if record is not None:
+                cfg = replace(cfg, max_steps=record["steps"])
+        # Another budget than the run's, or none where it had one, is refused next
+        # (check_resume): no plan of a run that will not happen.
+        if ctx.is_main and (record or {}).get("seconds") == seconds:
             log.info("%s", describe_plan(cfg, args.seq_len, None))
-            if record is not None and record["seconds"] == seconds:  # else refused next
+            if record is not None:
                 log.info("--time-budget %s: the run keeps the %s fitted at its start, "
                          "measured then and not again", args.time_budget,
                          _counted(record["steps"], "step"))
