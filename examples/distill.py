@@ -15,14 +15,14 @@ The loss and the module the engine trains are `minibert.tasks.distill`'s. The te
 is pretrain_wikitext.py's (same flags from `minibert.cli.pretrain`, same cached files), with the
 teacher's tokenizer: teacher and student share one vocabulary. The same student is then
 trained again without the teacher (plain MLM, same seed, same steps: under --time-budget,
-the steps the distillation fits), and the three are
-evaluated on the same masked evaluation blocks. Outputs in --out: eval.json (teacher,
-distilled, baseline), metrics.jsonl and checkpoints/ of the distillation, baseline/ (the same
-for the run without the teacher) and final/ (the distilled student with the tokenizer,
-loadable by transformers when its switches are BERT's or ModernBERT's; --norm, --position
-and the other architecture flags are pretrain_wikitext.py's, applied to the student). Bad
-input ends with one line on stderr and exit status 2, before --out is touched; the exit
-status says how a run ended (minibert/cli.py).
+the steps the distillation fits), and the three are evaluated on the same masked evaluation
+blocks. Outputs in --out: eval.json (teacher, distilled, baseline), metrics.jsonl and
+checkpoints/ of the distillation, baseline/ (the same for the run without the teacher) and
+final/ (the distilled student with the tokenizer, loadable by transformers when its
+switches are BERT's or ModernBERT's; --norm, --position and the other architecture flags are
+pretrain_wikitext.py's, applied to the student). Bad input ends with one line on stderr and
+exit status 2, before --out is touched; the exit status says how a run ended
+(minibert/cli.py).
 """
 
 from __future__ import annotations
